@@ -1,0 +1,1 @@
+"""LLM backends (anthropic, command, manual, scripted)."""

@@ -1,0 +1,453 @@
+"""Kernel specs: one fused op described completely, as validated data.
+
+A spec lives in ``kernel_specs/<name>/`` as two files:
+
+* ``spec.toml`` -- the data below (validated by pydantic: :class:`KernelSpec`);
+* ``reference.py`` -- trusted PyTorch code: the op written from its *standard*
+  (not reparameterized) definition, plus the baselines it is benchmarked against.
+
+Design
+------
+The spec is the single contract shared by the agent (it renders it into the task
+prompt), the verifier (it generates inputs, checks outputs and gradients, times the
+benchmark shapes) and the regression (it hashes the spec so an accepted kernel is
+re-verified when its contract changes).
+
+Shapes are written in symbolic dims (``["M", "2*I"]``); a shape case binds each dim
+to an integer. Dim expressions and input scales are tiny arithmetic expressions over
+the dims (``"1/sqrt(K)"``), evaluated by :func:`eval_expr` -- never ``eval``.
+
+Reference module contract (``reference.py``), all functions keyword-only over the
+spec's input names, any dtype in/out (the verifier calls them with fp32-upcast inputs
+for ``ref32`` and with the low-precision inputs for ``ref_lowp``):
+
+* ``reference(**inputs) -> dict[str, Tensor]`` -- every output that is *not*
+  declared as a gradient;
+* the function named by an output's ``gradient.of`` -- a differentiable forward
+  ``f(**inputs_without_upstream) -> Tensor``; the output is checked against
+  ``torch.autograd.grad(f(...), inputs[wrt], grad_outputs=inputs[upstream])``;
+* ``baseline(**inputs) -> dict[str, Tensor]`` -- the standard unfused PyTorch code the
+  fused kernel replaces (timed eager and under ``torch.compile``);
+* ``bare_gemm(**inputs) -> Tensor`` -- the plain GEMM of the same M/N/K (the speed of
+  light for an epilogue that hides under the mainloop);
+* optionally ``quack_library(**inputs) -> dict`` -- quack's hand-written equivalent.
+
+Errors: :func:`load_spec` raises :class:`SpecError` whose message names the file,
+the field path and what was expected.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import importlib.util
+import json
+import math
+import tomllib
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+DTYPES = ("bfloat16", "float16", "float32", "int32", "int64")
+"""dtype names a spec may use (torch attribute names)."""
+
+SPEC_FILE = "spec.toml"
+REFERENCE_FILE = "reference.py"
+
+
+class SpecError(ValueError):
+    """A spec that cannot be loaded; the message names the file, field and expectation."""
+
+
+# --------------------------------------------------------------------------- expressions
+
+_ALLOWED_FUNCS = {"sqrt": math.sqrt, "min": min, "max": max, "ceil": math.ceil}
+
+
+def eval_expr(expr: str | int | float, dims: dict[str, int]) -> float | int:
+    """Evaluate a dim expression such as ``"2*I"`` or ``"1/sqrt(K)"``.
+
+    Only numbers, dim names, ``+ - * / // % **``, parentheses and ``sqrt/min/max/ceil``
+    are accepted. Raises ``ValueError`` naming the unknown dim or the bad construct.
+    """
+    if isinstance(expr, (int, float)):
+        return expr
+    tree = ast.parse(expr, mode="eval")
+
+    def ev(node: ast.AST):
+        if isinstance(node, ast.Expression):
+            return ev(node.body)
+        if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)):
+            return node.value
+        if isinstance(node, ast.Name):
+            if node.id not in dims:
+                raise ValueError(f"unknown dim {node.id!r} in {expr!r} (known: {sorted(dims)})")
+            return dims[node.id]
+        if isinstance(node, ast.BinOp):
+            a, b = ev(node.left), ev(node.right)
+            ops = {
+                ast.Add: lambda: a + b, ast.Sub: lambda: a - b, ast.Mult: lambda: a * b,
+                ast.Div: lambda: a / b, ast.FloorDiv: lambda: a // b, ast.Mod: lambda: a % b,
+                ast.Pow: lambda: a**b,
+            }
+            if type(node.op) in ops:
+                return ops[type(node.op)]()
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+            return -ev(node.operand)
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in _ALLOWED_FUNCS
+            and not node.keywords
+        ):
+            return _ALLOWED_FUNCS[node.func.id](*[ev(a) for a in node.args])
+        raise ValueError(f"unsupported construct {ast.dump(node)[:60]} in expression {expr!r}")
+
+    return ev(tree)
+
+
+def expr_names(expr: str | int | float) -> set[str]:
+    """The dim names an expression refers to (empty for numbers)."""
+    if isinstance(expr, (int, float)):
+        return set()
+    return {
+        n.id for n in ast.walk(ast.parse(expr, mode="eval"))
+        if isinstance(n, ast.Name) and n.id not in _ALLOWED_FUNCS
+    }
+
+
+def _check_expr(v: str | int | float) -> str | int | float:
+    if isinstance(v, str):
+        try:
+            tree = ast.parse(v, mode="eval")
+        except SyntaxError as e:
+            raise ValueError(f"not an arithmetic expression: {v!r} ({e.msg})") from None
+        for node in ast.walk(tree):
+            ok = (
+                ast.Expression, ast.Constant, ast.Name, ast.BinOp, ast.UnaryOp, ast.Call,
+                ast.Add, ast.Sub, ast.Mult, ast.Div, ast.FloorDiv, ast.Mod, ast.Pow, ast.USub,
+                ast.Load,
+            )
+            if not isinstance(node, ok):
+                raise ValueError(f"unsupported construct in expression {v!r}")
+    return v
+
+
+# --------------------------------------------------------------------------- models
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class InitSpec(_Strict):
+    """How an input tensor is drawn (fresh per trial, on the GPU, from a seeded generator).
+
+    ``dist="normal"``: ``mean + std * N(0, 1)``; ``dist="uniform"``: U(low, high);
+    ``dist="randint"``: integers in [low, high) (e.g. class indices). ``std``/``low``/``high``
+    may be dim expressions (``"1/sqrt(K)"``) chosen so that outputs are O(1), never ~0.
+    """
+
+    dist: Literal["normal", "uniform", "randint"] = "normal"
+    mean: float = 0.0
+    std: str | float = 1.0
+    low: str | float = -1.0
+    high: str | float = 1.0
+
+    _v = field_validator("std", "low", "high")(lambda cls, v: _check_expr(v))
+
+
+class TensorSpec(_Strict):
+    """One input or output tensor of the entry point.
+
+    ``shape`` is a list of dim expressions (``["M", "2*I"]``); ``dtype`` a torch dtype name.
+    """
+
+    name: str = Field(pattern=r"^[a-z_][a-z0-9_]*$")
+    shape: list[str | int]
+    dtype: Literal["bfloat16", "float16", "float32", "int32", "int64"]
+    description: str = ""
+
+    _v = field_validator("shape")(lambda cls, v: [_check_expr(x) for x in v])
+
+
+class GradientSpec(_Strict):
+    """Declares an output to be a gradient, checked against ``torch.autograd``.
+
+    The output must equal ``d f(**inputs) / d inputs[wrt]`` contracted with
+    ``inputs[upstream]``, where ``f`` is ``reference.<of>`` (computed in fp32 from
+    upcast inputs for the reference, and in the low precision for the tolerance).
+    """
+
+    of: str = Field(description="name of the differentiable forward in reference.py")
+    wrt: str = Field(description="input the gradient is taken with respect to")
+    upstream: str = Field(description="input holding the upstream gradient (grad_outputs)")
+
+
+class InputSpec(TensorSpec):
+    """An entry-point input: a tensor spec plus how to draw it."""
+
+    init: InitSpec = InitSpec()
+    layout: str = Field("", description="free text for the prompt, e.g. 'gate/up interleaved along N'")
+
+
+class OutputSpec(TensorSpec):
+    """An entry-point output; ``gradient`` set means it is checked through autograd."""
+
+    gradient: GradientSpec | None = None
+
+
+class EntrySpec(_Strict):
+    """The function the candidate module must export.
+
+    ``function(*inputs in order) -> tuple(outputs in order)`` (a single output may be
+    returned bare). ``max_launches`` bounds the CUDA kernels one call may launch
+    (counted with the profiler; CODA requires one launch per fused op).
+    """
+
+    function: str = Field(pattern=r"^[a-z_][a-z0-9_]*$")
+    inputs: list[InputSpec] = Field(min_length=1)
+    outputs: list[OutputSpec] = Field(min_length=1)
+    max_launches: int = Field(1, ge=1)
+    allowed_torch: list[str] = Field(
+        default_factory=list,
+        description="torch functions/methods host code may call beyond allocation and "
+        "views (e.g. 'rsqrt' for a finalize step)",
+    )
+
+
+class ToleranceSpec(_Strict):
+    """Per-output acceptance rule.
+
+    ``rule="coda"`` (CODA paper, correctness criterion):
+    ``max|out - ref32| <= factor * max|ref_lowp - ref32| + floor`` for every output.
+    ``rule="abs"``: ``max|out - ref32| <= floor``.
+    """
+
+    rule: Literal["coda", "abs"] = "coda"
+    factor: float = Field(2.0, gt=0)
+    floor: float = Field(1e-6, ge=0)
+
+
+class ShapeCase(_Strict):
+    """One binding of the symbolic dims to integers; ``name`` labels benchmark rows."""
+
+    name: str = ""
+    dims: dict[str, int]
+
+    @field_validator("dims")
+    @classmethod
+    def _positive(cls, v: dict[str, int]) -> dict[str, int]:
+        bad = {k: x for k, x in v.items() if x <= 0}
+        if bad:
+            raise ValueError(f"dims must be positive integers, got {bad}")
+        return v
+
+
+class ShapesSpec(_Strict):
+    """Correctness shapes (small, at least one ragged: some dim not a multiple of 128)
+    and benchmark shapes (Llama-3 sizes)."""
+
+    correctness: list[ShapeCase] = Field(min_length=1)
+    benchmark: list[ShapeCase] = Field(default_factory=list)
+    seeds: list[int] = Field(default_factory=lambda: [0, 1])
+
+    @model_validator(mode="after")
+    def _ragged(self) -> "ShapesSpec":
+        if not any(any(x % 128 for x in c.dims.values()) for c in self.correctness):
+            raise ValueError(
+                "correctness shapes need at least one case whose dims are not all multiples "
+                "of 128 (ragged tiles)"
+            )
+        return self
+
+
+Baseline = Literal["torch_eager", "torch_compile", "bare_gemm", "quack_library", "liger"]
+
+
+class BenchSpec(_Strict):
+    """What the benchmark measures. ``flops`` is a dim expression (GEMM FLOPs: 2*M*N*K);
+    bytes moved are computed from the inputs and outputs (each read/written once).
+    ``bar`` maps a baseline to the largest acceptable time ratio fused/baseline
+    (e.g. ``{bare_gemm = 1.03}``); it is reported, the prompt shows it."""
+
+    flops: str
+    baselines: list[Baseline] = Field(default_factory=lambda: ["torch_eager", "torch_compile", "bare_gemm"])
+    bar: dict[str, float] = Field(default_factory=dict)
+
+    _v = field_validator("flops")(lambda cls, v: _check_expr(v))
+
+
+class KernelSpec(_Strict):
+    """A fused op: math, entry point, reference, inputs, shapes, tolerance, baselines."""
+
+    name: str = Field(pattern=r"^[a-z][a-z0-9_]*$")
+    description: str = Field(min_length=20)
+    pattern: Literal["forward", "backward"]
+    catalogue_item: int | None = None
+    math: str = Field(min_length=10, description="the op's math, rendered into the prompt")
+    entry: EntrySpec
+    tolerance: ToleranceSpec = ToleranceSpec()
+    shapes: ShapesSpec
+    bench: BenchSpec
+    hints: list[str] = Field(default_factory=list, description="extra notes for the prompt")
+    timeout_s: float = Field(600.0, gt=0, description="wall-clock limit for the GPU stages")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "KernelSpec":
+        names = [t.name for t in self.entry.inputs] + [t.name for t in self.entry.outputs]
+        dup = {n for n in names if names.count(n) > 1}
+        if dup:
+            raise ValueError(f"entry: duplicate tensor names {sorted(dup)}")
+        inputs = {t.name for t in self.entry.inputs}
+        for o in self.entry.outputs:
+            g = o.gradient
+            if g and (g.wrt not in inputs or g.upstream not in inputs):
+                raise ValueError(
+                    f"entry.outputs[{o.name}].gradient: wrt/upstream must name inputs "
+                    f"{sorted(inputs)}, got wrt={g.wrt!r} upstream={g.upstream!r}"
+                )
+        dims_used = set().union(*(expr_names(s) for t in self.entry.inputs + self.entry.outputs for s in t.shape))
+        for group, cases in (("correctness", self.shapes.correctness), ("benchmark", self.shapes.benchmark)):
+            for i, c in enumerate(cases):
+                missing = dims_used - set(c.dims)
+                if missing:
+                    raise ValueError(f"shapes.{group}[{i}]: dims {sorted(missing)} are not bound")
+        return self
+
+    # -- helpers used by the agent and the verifier -------------------------------
+    def dims_of(self, case: ShapeCase) -> dict[str, int]:
+        """The dims of a shape case (validated to bind every symbol)."""
+        return dict(case.dims)
+
+    def shape_of(self, t: TensorSpec, dims: dict[str, int]) -> tuple[int, ...]:
+        """Concrete shape of tensor ``t`` under ``dims``."""
+        return tuple(int(eval_expr(s, dims)) for s in t.shape)
+
+    @property
+    def gradient_outputs(self) -> list[OutputSpec]:
+        return [o for o in self.entry.outputs if o.gradient is not None]
+
+    @property
+    def value_outputs(self) -> list[OutputSpec]:
+        return [o for o in self.entry.outputs if o.gradient is None]
+
+    def signature(self) -> str:
+        """The entry point as a Python signature with shapes in comments."""
+        args = ", ".join(t.name for t in self.entry.inputs)
+        outs = ", ".join(t.name for t in self.entry.outputs)
+        return f"def {self.entry.function}({args}) -> ({outs})"
+
+
+class LoadedSpec(BaseModel):
+    """A validated spec plus where it came from and its content hash."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    spec: KernelSpec
+    directory: Path
+    spec_hash: str = Field(description="sha256 over spec.toml and reference.py bytes")
+    raw: dict[str, Any] = Field(description="the parsed TOML, for field-level diffs")
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def reference_path(self) -> Path:
+        return self.directory / REFERENCE_FILE
+
+    def load_reference(self) -> ModuleType:
+        """Import ``reference.py`` (trusted code) as a fresh module."""
+        path = self.reference_path
+        modname = f"coda_reference_{self.spec.name}"
+        mspec = importlib.util.spec_from_file_location(modname, path)
+        if mspec is None or mspec.loader is None:
+            raise SpecError(f"{path}: cannot import")
+        mod = importlib.util.module_from_spec(mspec)
+        mspec.loader.exec_module(mod)
+        return mod
+
+
+def _format_validation_error(path: Path, err: ValidationError) -> str:
+    lines = [f"{path}: invalid kernel spec ({err.error_count()} problem(s))"]
+    for e in err.errors():
+        loc = ".".join(str(x) for x in e["loc"]) or "<top level>"
+        got = e.get("input")
+        got_s = "" if isinstance(got, dict) else f" (got {got!r})"
+        lines.append(f"  field '{loc}': {e['msg']}{got_s}")
+    return "\n".join(lines)
+
+
+def spec_hash(directory: Path) -> str:
+    """sha256 over the spec's two files (name-prefixed, so moving bytes between them counts)."""
+    h = hashlib.sha256()
+    for fname in (SPEC_FILE, REFERENCE_FILE):
+        p = directory / fname
+        h.update(fname.encode() + b"\0")
+        h.update(p.read_bytes() if p.exists() else b"<missing>")
+    return h.hexdigest()
+
+
+REQUIRED_REFERENCE_FUNCS = ("reference", "baseline", "bare_gemm")
+
+
+def load_spec(path: str | Path) -> LoadedSpec:
+    """Load and validate ``kernel_specs/<name>/`` (or a path to its ``spec.toml``).
+
+    Raises :class:`SpecError` naming the file, field and what was expected when the
+    directory, TOML syntax, any field, or the reference module's functions are wrong.
+    The reference module is checked statically (function names), not imported.
+    """
+    p = Path(path)
+    directory = p.parent if p.name == SPEC_FILE else p
+    toml_path = directory / SPEC_FILE
+    if not toml_path.is_file():
+        raise SpecError(f"{toml_path}: no spec file (expected kernel_specs/<name>/{SPEC_FILE})")
+    try:
+        raw = tomllib.loads(toml_path.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise SpecError(f"{toml_path}: not valid TOML: {e}") from None
+    try:
+        spec = KernelSpec.model_validate(raw)
+    except ValidationError as e:
+        raise SpecError(_format_validation_error(toml_path, e)) from None
+    if spec.name != directory.name:
+        raise SpecError(
+            f"{toml_path}: field 'name': expected the folder name {directory.name!r}, got {spec.name!r}"
+        )
+    ref = directory / REFERENCE_FILE
+    if not ref.is_file():
+        raise SpecError(f"{ref}: missing (every spec needs a PyTorch reference module)")
+    try:
+        tree = ast.parse(ref.read_text(), filename=str(ref))
+    except SyntaxError as e:
+        raise SpecError(f"{ref}:{e.lineno}: syntax error: {e.msg}") from None
+    defined = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
+    needed = set(REQUIRED_REFERENCE_FUNCS) | {o.gradient.of for o in spec.gradient_outputs}
+    if "quack_library" in spec.bench.baselines:
+        needed.add("quack_library")
+    missing = sorted(needed - defined)
+    if missing:
+        raise SpecError(f"{ref}: missing function(s) {missing} (the spec's fields refer to them)")
+    return LoadedSpec(spec=spec, directory=directory, spec_hash=spec_hash(directory), raw=raw)
+
+
+def find_specs(root: str | Path) -> list[LoadedSpec]:
+    """Load every ``kernel_specs/*/spec.toml`` under the workspace ``root``, sorted by name."""
+    base = Path(root) / "kernel_specs"
+    return [load_spec(d) for d in sorted(base.iterdir()) if (d / SPEC_FILE).is_file()]
+
+
+def diff_fields(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
+    """Dotted field paths whose values differ between two parsed spec TOMLs."""
+    out: list[str] = []
+    for k in sorted(set(old) | set(new)):
+        a, b = old.get(k), new.get(k)
+        path = f"{prefix}{k}"
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += diff_fields(a, b, path + ".")
+        elif json.dumps(a, sort_keys=True, default=str) != json.dumps(b, sort_keys=True, default=str):
+            out.append(path)
+    return out

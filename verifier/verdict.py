@@ -1,0 +1,103 @@
+"""Structured results of the verifier: one :class:`StageResult` per stage, one :class:`Verdict`.
+
+Every stage is a pure function ``(inputs) -> StageResult``; the pipeline stops at the
+first stage that does not pass. The same objects are rendered three ways: a rich table
+(cli.py), the feedback text of the repair prompt (verifier/feedback.py) and JSON on disk
+(``verdict.json`` in a run directory, ``manifest.json`` of an accepted kernel), always
+with sorted keys so diffs stay reviewable.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+Stage = Literal["static", "compile", "correctness", "gradients", "bench", "accept"]
+STAGES: tuple[str, ...] = ("static", "compile", "correctness", "gradients", "bench", "accept")
+Status = Literal["pass", "fail", "skip", "error"]
+
+
+class Finding(BaseModel):
+    """One problem (or observation) found by a stage.
+
+    ``line`` is the 1-based line in the candidate file when the finding points at code;
+    ``output``/``case`` name the tensor and the shape case for numerical findings.
+    """
+
+    kind: str = Field(description="machine-readable tag, e.g. 'banned-import', 'tolerance'")
+    message: str
+    line: int | None = None
+    output: str | None = None
+    case: str | None = None
+
+
+class StageResult(BaseModel):
+    """The outcome of one stage. ``metrics`` holds numbers (errors, times) by name."""
+
+    stage: Stage
+    status: Status
+    summary: str = ""
+    findings: list[Finding] = Field(default_factory=list)
+    metrics: dict[str, Any] = Field(default_factory=dict)
+    duration_s: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.status in ("pass", "skip")
+
+
+class Environment(BaseModel):
+    """Where a verdict was produced: GPU (None when CPU-only), driver and versions."""
+
+    gpu: str | None = None
+    compute_capability: str | None = None
+    driver: str | None = None
+    cuda: str | None = None
+    torch: str | None = None
+    cutlass_dsl: str | None = None
+    quack: str | None = None
+    python: str | None = None
+    hostname: str | None = None
+
+
+class Verdict(BaseModel):
+    """The verifier's word on one candidate for one spec.
+
+    ``accepted_ready`` is true only when every stage through ``bench`` passed *on a GPU*;
+    a CPU-only verdict can pass static + compile but is never "verified".
+    """
+
+    spec: str
+    spec_hash: str
+    candidate_hash: str
+    stages: list[StageResult] = Field(default_factory=list)
+    environment: Environment = Field(default_factory=Environment)
+    cpu_only: bool = False
+    started_at: str = ""
+    wall_s: float = 0.0
+
+    @property
+    def failed_stage(self) -> StageResult | None:
+        return next((s for s in self.stages if not s.ok), None)
+
+    @property
+    def passed(self) -> bool:
+        return self.failed_stage is None and bool(self.stages)
+
+    @property
+    def gpu_verified(self) -> bool:
+        done = {s.stage for s in self.stages if s.status == "pass"}
+        return self.passed and not self.cpu_only and {"correctness", "bench"} <= done
+
+    def stage(self, name: str) -> StageResult | None:
+        return next((s for s in self.stages if s.stage == name), None)
+
+    @property
+    def furthest_stage(self) -> str:
+        """The last stage that ran (for run summaries)."""
+        return self.stages[-1].stage if self.stages else "none"
+
+    def to_json(self) -> str:
+        return json.dumps(self.model_dump(mode="json"), indent=2, sort_keys=True) + "\n"

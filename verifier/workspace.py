@@ -1,0 +1,69 @@
+"""Where the living files are, and how they are written.
+
+coda-agent works on a *workspace*: a checkout holding ``kernel_specs/``,
+``generated_kernels/``, ``primitives_docs/`` and ``tricks_log.md`` (humans edit these;
+the package never writes into site-packages). The workspace is ``$CODA_ROOT`` when set,
+else the nearest folder at or above the current directory holding ``kernel_specs/``.
+
+Every file the tool writes goes through :func:`atomic_write_text`/:func:`atomic_write_bytes`
+(write a temporary file in the same folder, fsync, ``os.replace``), so an interrupted
+run never leaves a half-written manifest or kernel behind.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from pathlib import Path
+
+
+class WorkspaceError(RuntimeError):
+    """No workspace could be found (message says where it looked)."""
+
+
+def find_root(start: str | Path | None = None) -> Path:
+    """The workspace root. Raises :class:`WorkspaceError` when none is found."""
+    env = os.environ.get("CODA_ROOT")
+    if env:
+        p = Path(env).resolve()
+        if not (p / "kernel_specs").is_dir():
+            raise WorkspaceError(f"CODA_ROOT={env}: no kernel_specs/ folder there")
+        return p
+    here = Path(start or Path.cwd()).resolve()
+    for d in (here, *here.parents):
+        if (d / "kernel_specs").is_dir():
+            return d
+    raise WorkspaceError(
+        f"no coda-agent workspace at or above {here} (a folder holding kernel_specs/); "
+        "run from a checkout or set CODA_ROOT"
+    )
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def sha256_file(path: str | Path) -> str:
+    return sha256_bytes(Path(path).read_bytes())
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically (temp file in the same folder + os.replace)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    """Text flavour of :func:`atomic_write_bytes` (UTF-8)."""
+    atomic_write_bytes(path, text.encode())
