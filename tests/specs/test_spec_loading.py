@@ -1,0 +1,133 @@
+"""Spec loading: the shipped specs validate; malformed specs fail naming file, field, expectation."""
+
+import shutil
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from coda_agent.verifier.spec import SpecError, diff_fields, eval_expr, find_specs, load_spec
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_shipped_specs_load():
+    specs = {s.name: s for s in find_specs(ROOT)}
+    assert {"swiglu_fwd", "swiglu_bwd"} <= set(specs)
+    bwd = specs["swiglu_bwd"].spec
+    assert bwd.pattern == "backward"
+    assert [o.name for o in bwd.gradient_outputs] == ["dpreact"]
+    assert bwd.gradient_outputs[0].gradient.wrt == "preact"
+    # at least one ragged correctness case, and the Llama-3 1B/8B/70B benchmark sizes
+    assert any(any(v % 128 for v in c.dims.values()) for c in bwd.shapes.correctness)
+    ks = {c.dims["K"] for c in bwd.shapes.benchmark}
+    assert ks == {2048, 4096, 8192}
+    assert {c.dims["M"] for c in bwd.shapes.benchmark} == {8192, 16384}
+
+
+def test_shapes_and_scales_evaluate():
+    fwd = load_spec(ROOT / "kernel_specs" / "swiglu_fwd").spec
+    dims = fwd.shapes.correctness[0].dims
+    w1 = next(t for t in fwd.entry.inputs if t.name == "w1")
+    assert fwd.shape_of(w1, dims) == (2 * dims["I"], dims["K"])
+    assert eval_expr(w1.init.std, dims) == pytest.approx(dims["K"] ** -0.5)
+    assert eval_expr(fwd.bench.flops, {"M": 2, "K": 3, "I": 5}) == 2 * 2 * 3 * 2 * 5
+
+
+def test_eval_expr_rejects_code():
+    with pytest.raises(ValueError, match="unknown dim 'Q'"):
+        eval_expr("2*Q", {"M": 1})
+    with pytest.raises(ValueError, match="unsupported construct"):
+        eval_expr("__import__('os')", {})
+
+
+def _copy_spec(tmp_path: Path, name: str = "swiglu_bwd") -> Path:
+    dst = tmp_path / "kernel_specs" / name
+    shutil.copytree(ROOT / "kernel_specs" / name, dst)
+    return dst
+
+
+def _edit(path: Path, old: str, new: str) -> None:
+    text = path.read_text()
+    assert old in text, old
+    path.write_text(text.replace(old, new, 1))
+
+
+@pytest.mark.parametrize(
+    "old,new,expect",
+    [
+        ('dtype = "bfloat16"', 'dtype = "bf16"', r"field 'entry\.inputs\.0\.dtype'.*'bfloat16'"),
+        ('function = "swiglu_bwd"', 'function = "Swiglu-Bwd"', r"field 'entry\.function'.*pattern"),
+        ('pattern = "backward"', 'pattern = "sideways"', r"field 'pattern'.*'forward' or 'backward'"),
+        ('max_launches = 1', 'max_launches = 0', r"field 'entry\.max_launches'.*greater than or equal to 1"),
+        ('std = "1/sqrt(K)"', 'std = "1/sqrt(K"', r"field 'entry\.inputs\.1\.init\.std'.*not an arithmetic expression"),
+        ('wrt = "preact"', 'wrt = "preactivation"', r"gradient: wrt/upstream must name inputs"),
+        ('flops = "2*M*K*I"', 'flop = "2*M*K*I"', r"field 'bench\.flops'.*Field required"),
+        ("M = 333, K = 320, I = 200", "M = 333, K = 320", r"shapes\.correctness\[1\]: dims \['I'\] are not bound"),
+        ("factor = 2.0", "factor = -1.0", r"field 'tolerance\.factor'.*greater than 0"),
+        ('name = "swiglu_bwd"', 'name = "other_name"', r"field 'name': expected the folder name 'swiglu_bwd'"),
+        ("[tolerance]", "[tolerence]", r"field 'tolerence'.*Extra inputs are not permitted"),
+    ],
+)
+def test_invalid_field_is_named(tmp_path, old, new, expect):
+    d = _copy_spec(tmp_path)
+    _edit(d / "spec.toml", old, new)
+    with pytest.raises(SpecError, match=expect) as e:
+        load_spec(d)
+    assert str(d / "spec.toml") in str(e.value)
+
+
+def test_all_aligned_correctness_shapes_rejected(tmp_path):
+    d = _copy_spec(tmp_path)
+    text = (d / "spec.toml").read_text()
+    text = text.replace("M = 333, K = 320, I = 200", "M = 384, K = 256, I = 256")
+    text = text.replace("M = 517, K = 264, I = 328", "M = 512, K = 256, I = 384")
+    (d / "spec.toml").write_text(text)
+    with pytest.raises(SpecError, match="not all multiples of 128"):
+        load_spec(d)
+
+
+def test_bad_toml_and_missing_files(tmp_path):
+    d = _copy_spec(tmp_path)
+    (d / "spec.toml").write_text("name = [unclosed\n")
+    with pytest.raises(SpecError, match=r"spec\.toml: not valid TOML"):
+        load_spec(d)
+    with pytest.raises(SpecError, match="no spec file"):
+        load_spec(tmp_path / "kernel_specs" / "nope")
+
+
+def test_reference_must_define_what_spec_names(tmp_path):
+    d = _copy_spec(tmp_path)
+    _edit(d / "reference.py", "def forward(", "def forward_renamed(")
+    with pytest.raises(SpecError, match=r"reference\.py: missing function\(s\) \['forward'\]"):
+        load_spec(d)
+    (d / "reference.py").write_text("def reference(:\n")
+    with pytest.raises(SpecError, match=r"reference\.py:1: syntax error"):
+        load_spec(d)
+
+
+def test_spec_hash_and_field_diff(tmp_path):
+    d = _copy_spec(tmp_path)
+    before = load_spec(d)
+    _edit(d / "spec.toml", "factor = 2.0", "factor = 3.0")
+    after = load_spec(d)
+    assert before.spec_hash != after.spec_hash
+    assert diff_fields(before.raw, after.raw) == ["tolerance.factor"]
+
+
+def test_reference_module_runs_on_cpu():
+    """The reference's gradient definition agrees with its explicit unfused baseline."""
+    import torch
+
+    loaded = load_spec(ROOT / "kernel_specs" / "swiglu_bwd")
+    ref = loaded.load_reference()
+    g = torch.Generator().manual_seed(0)
+    M, K, I = 8, 16, 12
+    dout = torch.randn(M, K, generator=g, dtype=torch.float64)
+    w = torch.randn(K, I, generator=g, dtype=torch.float64) / K**0.5
+    preact = torch.randn(M, 2 * I, generator=g, dtype=torch.float64, requires_grad=True)
+    out = ref.forward(w_down=w, preact=preact)
+    (grad,) = torch.autograd.grad(out, preact, dout)
+    base = ref.baseline(dout=dout, w_down=w, preact=preact.detach())
+    torch.testing.assert_close(base["dpreact"], grad)
+    torch.testing.assert_close(base["postact"], ref.reference(dout=dout, w_down=w, preact=preact.detach())["postact"])
