@@ -1,6 +1,390 @@
-"""coda-agent command line (placeholder until the CLI lands)."""
+"""coda-agent command line: the only module that prints.
+
+Every command is a thin shell over a pure function elsewhere (agent.loop, verifier.*),
+rendered with rich. Exit codes are part of the interface (CI and scripts rely on them):
+
+* 0 -- ok;
+* 1 -- a check failed (a candidate rejected, a regression, a run out of attempts);
+* 2 -- usage or input error (unknown spec, malformed spec file, missing file, refused
+  overwrite, no LLM backend configured).
+
+argparse (stdlib) is used rather than typer/click: the surface is small, and it keeps
+the dependency list to what the design card names.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+console = Console()
+err = Console(stderr=True)
+
+OK, FAILED, USAGE = 0, 1, 2
 
 
-def main() -> int:
-    print("coda-agent")
-    return 0
+class UsageError(Exception):
+    """Bad input from the user: printed as one clear line, exit code 2."""
+
+
+# --------------------------------------------------------------------------- helpers
+
+def _root(args) -> Path:
+    from coda_agent.verifier.workspace import WorkspaceError, find_root
+
+    try:
+        return find_root(getattr(args, "root", None))
+    except WorkspaceError as e:
+        raise UsageError(str(e)) from None
+
+
+def _spec(root: Path, name_or_path: str):
+    """Resolve SPEC (a name under kernel_specs/ or a path) to a LoadedSpec."""
+    from coda_agent.verifier.spec import SpecError, load_spec
+
+    p = Path(name_or_path)
+    if not p.exists():
+        p = root / "kernel_specs" / name_or_path
+    if not p.exists():
+        known = sorted(d.name for d in (root / "kernel_specs").iterdir() if d.is_dir())
+        raise UsageError(f"unknown spec {name_or_path!r}; known specs: {', '.join(known)}")
+    try:
+        return load_spec(p)
+    except SpecError as e:
+        raise UsageError(str(e)) from None
+
+
+def _status_style(status: str) -> str:
+    return {"pass": "green", "fail": "red", "error": "red", "skip": "yellow"}.get(status, "white")
+
+
+def print_verdict(verdict) -> None:
+    """One row per stage: status, summary, time; then the findings of failed stages."""
+    t = Table(title=f"verdict: {verdict.spec}  (candidate {verdict.candidate_hash[:12]})")
+    t.add_column("stage")
+    t.add_column("status")
+    t.add_column("summary", overflow="fold")
+    t.add_column("s", justify="right")
+    for s in verdict.stages:
+        t.add_row(s.stage, f"[{_status_style(s.status)}]{s.status}[/]", s.summary, f"{s.duration_s:.1f}")
+    console.print(t)
+    env = verdict.environment
+    where = f"GPU: {env.gpu} (sm {env.compute_capability})" if env.gpu else "no GPU (CPU-only)"
+    console.print(f"{where}; torch {env.torch}, cutlass-dsl {env.cutlass_dsl}, quack {env.quack}")
+    for s in verdict.stages:
+        if s.status in ("fail", "error"):
+            for f in s.findings[:20]:
+                loc = f" line {f.line}" if f.line else ""
+                console.print(f"  [red]{s.stage}[/] [{f.kind}]{loc}: {f.message}")
+    if verdict.stage("bench") and verdict.stage("bench").metrics.get("rows"):
+        print_bench_rows(verdict.stage("bench").metrics["rows"])
+    if verdict.gpu_verified:
+        console.print("[green]verified on the GPU[/]")
+    elif verdict.passed:
+        console.print("[yellow]passed the stages that ran, but NOT verified on a GPU[/]")
+
+
+def print_bench_rows(rows: list[dict]) -> None:
+    """Benchmark rows as written by verifier.bench (median ms, ratios fused/baseline)."""
+    if not rows:
+        return
+    baselines = sorted({b for r in rows for b in r.get("baselines_ms", {})})
+    t = Table(title="benchmark (median ms; ratio = fused / baseline, < 1 is faster)")
+    t.add_column("shape")
+    t.add_column("fused ms", justify="right")
+    t.add_column("TFLOP/s", justify="right")
+    for b in baselines:
+        t.add_column(f"{b} ms", justify="right")
+        t.add_column("ratio", justify="right")
+    for r in rows:
+        cells = [r.get("shape", "?"), f"{r.get('fused_ms', float('nan')):.3f}", f"{r.get('tflops', 0):.0f}"]
+        for b in baselines:
+            ms = r.get("baselines_ms", {}).get(b)
+            ratio = r.get("ratios", {}).get(b)
+            cells += [f"{ms:.3f}" if ms else "-", f"{ratio:.3f}" if ratio else "-"]
+        t.add_row(*cells)
+    console.print(t)
+
+
+# --------------------------------------------------------------------------- commands
+
+def cmd_list(args) -> int:
+    """Specs and accepted kernels with their status."""
+    from coda_agent.verifier.spec import SpecError, load_spec
+
+    root = _root(args)
+    t = Table(title=f"coda-agent workspace: {root}")
+    for c in ("spec", "pattern", "entry", "accepted kernel", "GPU verified", "spec changed"):
+        t.add_column(c)
+    problems = 0
+    for d in sorted((root / "kernel_specs").iterdir()):
+        if not (d / "spec.toml").exists():
+            continue
+        try:
+            ls = load_spec(d)
+        except SpecError as e:
+            problems += 1
+            t.add_row(d.name, "[red]invalid[/]", str(e).splitlines()[0], "", "", "")
+            continue
+        man_path = root / "generated_kernels" / ls.name / "manifest.json"
+        if man_path.exists():
+            man = json.loads(man_path.read_text())
+            env = man.get("environment", {})
+            acc = f"yes ({man.get('accepted_at', '?')[:10]})"
+            gpu = env.get("gpu") or "no"
+            changed = "[red]yes: re-verify[/]" if man.get("spec_hash") != ls.spec_hash else "no"
+        else:
+            acc, gpu, changed = "[yellow]not yet[/]", "-", "-"
+        t.add_row(ls.name, ls.spec.pattern, ls.spec.entry.function, acc, gpu, changed)
+    console.print(t)
+    return USAGE if problems else OK
+
+
+def cmd_prompt(args) -> int:
+    """Print exactly what the model would receive for SPEC, with a token estimate."""
+    from coda_agent.agent.context import build_context
+    from coda_agent.agent.render import render_initial
+
+    root = _root(args)
+    loaded = _spec(root, args.spec)
+    prompt = render_initial(loaded, build_context(root, loaded))
+    text = prompt.as_text()
+    if args.out:
+        Path(args.out).write_text(text)
+        err.print(f"wrote {args.out}")
+    else:
+        console.print(text, markup=False, highlight=False, soft_wrap=True)
+    err.print(f"~{prompt.estimate_tokens()} tokens (estimate: characters / 4)")
+    return OK
+
+
+def _verifier_fn(cpu_only: bool, bench: bool = True):
+    from coda_agent.verifier.pipeline import verify
+
+    def run(loaded, candidate: Path, workdir: Path):
+        return verify(loaded, candidate, cpu_only=cpu_only, bench=bench, workdir=workdir)
+
+    return run
+
+
+def cmd_verify(args) -> int:
+    """Run every verifier stage on CANDIDATE.py; --accept writes generated_kernels/."""
+    root = _root(args)
+    loaded = _spec(root, args.spec)
+    cand = Path(args.candidate)
+    if not cand.is_file():
+        raise UsageError(f"candidate file not found: {cand}")
+    from coda_agent.verifier.pipeline import verify
+
+    verdict = verify(loaded, cand, cpu_only=args.cpu_only, bench=not args.no_bench)
+    print_verdict(verdict)
+    if args.json:
+        Path(args.json).write_text(verdict.to_json())
+    if not verdict.passed:
+        return FAILED
+    if args.accept:
+        from coda_agent.verifier.accept import AcceptError, accept
+
+        try:
+            dest = accept(loaded, cand, verdict, root=root, force=args.force,
+                          provenance={"backend": "human", "source": str(cand)})
+        except AcceptError as e:
+            raise UsageError(str(e)) from None
+        console.print(f"[green]accepted[/] -> {dest}")
+    return OK
+
+
+def cmd_generate(args) -> int:
+    """The main job: spec -> LLM -> verifier -> (repair)* -> accepted kernel."""
+    from coda_agent.agent.llm import default_backend_name, make_backend
+    from coda_agent.agent.loop import generate
+
+    root = _root(args)
+    loaded = _spec(root, args.spec)
+    name = args.llm or default_backend_name()
+    if name is None and not args.resume:
+        raise UsageError(
+            "no LLM backend: set ANTHROPIC_API_KEY (uses the Anthropic API), or choose one:\n"
+            "  --llm manual              write each prompt to the run folder; answer it yourself\n"
+            "                            (or with any agent), then rerun with --resume RUN\n"
+            '  --llm command "CMD"       pipe each prompt into CMD and read the answer from its stdout'
+        )
+    opts = {}
+    if args.model:
+        opts["model"] = args.model
+    if name == "command":
+        if not args.command:
+            raise UsageError('--llm command needs the command: --llm command --command "CMD"')
+        opts["command"] = args.command
+    backend = make_backend(name or "manual", **opts)
+    accept_fn = None
+    if not args.no_accept:
+        from coda_agent.verifier.accept import accept as accept_fn  # noqa: F811
+    summary = generate(
+        loaded,
+        root=root,
+        backend=backend,
+        verifier=_verifier_fn(args.cpu_only),
+        max_attempts=args.max_attempts,
+        resume=Path(args.resume) if args.resume else None,
+        accept_fn=accept_fn,
+        force=args.force,
+        cpu_only=args.cpu_only,
+    )
+    console.print(summary.render() if hasattr(summary, "render") else summary)
+    status = getattr(summary, "status", "")
+    if status == "accepted":
+        return OK
+    if status == "waiting-for-answer":
+        return OK
+    return FAILED
+
+
+def cmd_bench(args) -> int:
+    from coda_agent.verifier.benchrun import bench_kernels
+
+    root = _root(args)
+    names = None if args.all else [args.spec]
+    if not args.all and not args.spec:
+        raise UsageError("bench needs SPEC or --all")
+    report = bench_kernels(root, names, out_dir=Path(args.out) if args.out else None)
+    for name, verdict in report.verdicts.items():
+        print_verdict(verdict)
+    if report.markdown_path:
+        console.print(f"wrote {report.markdown_path}")
+    return OK if report.ok else FAILED
+
+
+def cmd_regress(args) -> int:
+    from coda_agent.verifier.regress import regress
+
+    root = _root(args)
+    rep = regress(root, kernels=args.kernels or None, cpu_only=args.cpu_only, tolerance=args.tolerance)
+    t = Table(title=f"regression over generated_kernels/ ({'CPU-only' if args.cpu_only else 'GPU'})")
+    for c in ("kernel", "status", "stage", "ratio now vs accepted", "message"):
+        t.add_column(c, overflow="fold")
+    for r in rep.rows:
+        t.add_row(r.kernel, f"[{_status_style(r.status)}]{r.status}[/]", r.stage, r.ratio_text, r.message)
+    console.print(t)
+    if args.json:
+        Path(args.json).write_text(rep.to_json())
+    return OK if rep.ok else FAILED
+
+
+def cmd_tricks(args) -> int:
+    from coda_agent.agent.tricks import add_from_run, add_trick
+
+    root = _root(args)
+    if args.from_run:
+        entry = add_from_run(root, Path(args.from_run))
+    elif args.text:
+        entry = add_trick(root, args.text, kernel=args.kernel)
+    else:
+        raise UsageError('tricks add needs "TEXT" or --from-run RUN')
+    console.print(f"appended to tricks_log.md:\n{entry}", markup=False)
+    return OK
+
+
+def cmd_review(args) -> int:
+    from coda_agent.verifier.review import review_text
+
+    root = _root(args)
+    loaded = _spec(root, args.spec)
+    console.print(review_text(root, loaded), markup=False, highlight=False, soft_wrap=True)
+    return OK
+
+
+# --------------------------------------------------------------------------- parser
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="coda-agent",
+        description="An LLM writes fused GEMM-epilogue kernels (CODA); a verifier proves them "
+        "correct and fast on Hopper before they enter generated_kernels/.",
+    )
+    p.add_argument("--root", help="workspace root (default: $CODA_ROOT or the nearest folder with kernel_specs/)")
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+
+    g = sub.add_parser("generate", help="write a kernel for SPEC with an LLM, verify, repair, accept")
+    g.add_argument("spec")
+    g.add_argument("--llm", choices=["anthropic", "command", "manual", "scripted"],
+                   help="LLM backend (default: anthropic when ANTHROPIC_API_KEY is set)")
+    g.add_argument("--command", help='shell command for --llm command (prompt on stdin, answer on stdout)')
+    g.add_argument("--model", help="model id for --llm anthropic (default: $CODA_MODEL or the built-in default)")
+    g.add_argument("--max-attempts", type=int, default=5)
+    g.add_argument("--resume", metavar="RUN", help="continue runs/<RUN> (e.g. after --llm manual)")
+    g.add_argument("--cpu-only", action="store_true", help="static + compile only (never accepts)")
+    g.add_argument("--no-accept", action="store_true", help="verify but do not write generated_kernels/")
+    g.add_argument("--force", action="store_true", help="replace an accepted kernel (old one kept in history/)")
+    g.set_defaults(fn=cmd_generate)
+
+    pr = sub.add_parser("prompt", help="print exactly what the model would receive for SPEC")
+    pr.add_argument("spec")
+    pr.add_argument("--out", help="write to a file instead of stdout")
+    pr.set_defaults(fn=cmd_prompt)
+
+    v = sub.add_parser("verify", help="run the verifier on a candidate module")
+    v.add_argument("spec")
+    v.add_argument("candidate")
+    v.add_argument("--accept", action="store_true", help="on success, write generated_kernels/<spec>/")
+    v.add_argument("--force", action="store_true", help="with --accept: replace an accepted kernel")
+    v.add_argument("--cpu-only", action="store_true", help="static + sm_90a compile only (not verification)")
+    v.add_argument("--no-bench", action="store_true", help="skip the benchmark stage")
+    v.add_argument("--json", help="also write the verdict as JSON")
+    v.set_defaults(fn=cmd_verify)
+
+    b = sub.add_parser("bench", help="benchmark accepted kernels against their baselines (GPU)")
+    b.add_argument("spec", nargs="?")
+    b.add_argument("--all", action="store_true")
+    b.add_argument("--out", help="results folder (default benchmarks/results)")
+    b.set_defaults(fn=cmd_bench)
+
+    r = sub.add_parser("regress", help="re-check every accepted kernel (integrity, static, compile; GPU: numerics, perf ratios)")
+    r.add_argument("kernels", nargs="*")
+    r.add_argument("--cpu-only", action="store_true")
+    r.add_argument("--tolerance", type=float, default=0.10, help="allowed worsening of perf ratios (default 0.10)")
+    r.add_argument("--json", help="write the report as JSON")
+    r.set_defaults(fn=cmd_regress)
+
+    ls = sub.add_parser("list", help="specs and accepted kernels with status")
+    ls.set_defaults(fn=cmd_list)
+
+    t = sub.add_parser("tricks", help="the living tricks log")
+    tsub = t.add_subparsers(dest="tricks_cmd", required=True, metavar="ACTION")
+    ta = tsub.add_parser("add", help='append a dated entry: tricks add "..." [--kernel K] | --from-run RUN')
+    ta.add_argument("text", nargs="?")
+    ta.add_argument("--kernel")
+    ta.add_argument("--from-run", metavar="RUN", help="append the lesson proposed in a run (after reading it)")
+    ta.set_defaults(fn=cmd_tricks)
+
+    rv = sub.add_parser("review", help="what a human reviewer needs: diff vs previous version, numbers, provenance")
+    rv.add_argument("spec")
+    rv.set_defaults(fn=cmd_review)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``coda-agent`` console script. Returns the exit code."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # argparse: --help -> 0, usage error -> 2
+        return int(e.code or 0)
+    try:
+        return args.fn(args)
+    except UsageError as e:
+        err.print(Text("error: ", style="red") + Text(str(e)), highlight=False)
+        return USAGE
+    except KeyboardInterrupt:
+        err.print("interrupted")
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
