@@ -1,0 +1,57 @@
+"""Packaging: everything installs under the one import name `coda_agent`.
+
+Builds the wheel exactly as `pip install .` would (no build isolation, so no network),
+checks it leaks no generic top-level names (`agent`, `verifier`, `cli`, `generated_kernels`),
+then installs it into an empty folder and imports it from a process whose working
+directory is elsewhere -- the plain (non-editable) install path.
+"""
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_wheel_layout_and_plain_install(tmp_path):
+    wheel_dir = tmp_path / "wheel"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+         "-w", str(wheel_dir), str(ROOT)],
+        check=True, cwd=tmp_path,
+    )
+    (wheel,) = wheel_dir.glob("coda_agent-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
+    assert tops == {"coda_agent"}, tops
+    for must in ("coda_agent/cli.py", "coda_agent/agent/__init__.py", "coda_agent/verifier/spec.py",
+                 "coda_agent/kernels/__init__.py"):
+        assert must in names, must
+    assert any(n.startswith("coda_agent/agent/prompts/") and n.endswith(".j2") for n in names) or not list(
+        (ROOT / "agent" / "prompts").glob("*.j2")
+    )
+    # accepted kernels ship with the package (kernel.py + manifest)
+    for k in (ROOT / "generated_kernels").glob("*/kernel.py"):
+        assert f"coda_agent/kernels/{k.parent.name}/kernel.py" in names
+        assert f"coda_agent/kernels/{k.parent.name}/manifest.json" in names
+    entry = next(n for n in names if n.endswith("entry_points.txt"))
+    assert "coda-agent = coda_agent.cli:main" in zipfile.ZipFile(wheel).read(entry).decode()
+
+    target = tmp_path / "site"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(wheel)],
+        check=True,
+    )
+    code = (
+        "import coda_agent.cli, coda_agent.verifier.spec, coda_agent.agent, coda_agent.kernels, sys;"
+        "import importlib.util as u;"
+        "assert u.find_spec('agent') is None and u.find_spec('verifier') is None;"
+        "print(coda_agent.cli.__file__)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-I", "-c", f"import sys; sys.path.insert(0, {str(target)!r}); "
+         + "sys.path.extend(" + repr([p for p in sys.path if "site-packages" in p]) + "); " + code],
+        check=True, capture_output=True, text=True, cwd=tmp_path,
+    )
+    assert out.stdout.strip().startswith(str(target))
