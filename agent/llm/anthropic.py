@@ -1,0 +1,207 @@
+"""The Anthropic backend (official ``anthropic`` SDK).
+
+Design
+------
+* **Prompt caching.** The system prompt goes as a list of text blocks; the last static
+  block (rules + docs + examples + tricks: identical for every attempt of a run and for
+  the lesson call) carries ``cache_control: {"type": "ephemeral"}``, and so does the
+  task message (identical in every repair prompt). Attempts 2..n then read that prefix
+  from the cache; ``usage.cache_read_input_tokens`` shows it in the run summary.
+* **Retries, two layers.** The SDK client retries quickly (``max_retries``, honouring
+  ``retry-after``) on 408/409/429/5xx and connection errors. Above it, a bounded loop
+  with exponential backoff + jitter (``attempts``, ``backoff_base_s`` ... capped at
+  ``backoff_max_s``) rides out longer rate limiting and ``overloaded`` (529) spells
+  without failing a generation run that may already have spent GPU time.
+* **Errors a user can act on** become :class:`LLMError` with a plain message; a rejected
+  key (401/403) is :class:`LLMAuthError` and is never retried.
+* **The key is a secret.** It is passed to the SDK client and never stored on this
+  object, never logged and never written to run files; ``repr`` shows it redacted.
+* Non-streaming ``messages.create`` with an explicit ``timeout`` (default 600 s):
+  ``max_tokens`` 16000 of code is well inside that.
+
+Configuration: ``model`` (``--model``) > ``$CODA_MODEL`` > :data:`DEFAULT_MODEL`;
+``$CODA_MAX_TOKENS``; ``$CODA_THINKING`` (``adaptive`` or a budget in tokens) enables
+extended thinking when set.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import time
+from typing import Any, Callable
+
+from coda_agent.agent.llm.base import LLMAuthError, LLMError, LLMResponse, Usage
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MODEL = "claude-opus-5-5"
+"""The newest Opus id in the installed SDK's model literals (anthropic 2.14)."""
+DEFAULT_MAX_TOKENS = 16000
+DEFAULT_TIMEOUT_S = 600.0
+
+RETRYABLE_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504, 529})
+
+
+def redact(secret: str | None) -> str:
+    """A secret shown safely: ``sk-ant-…(redacted)`` style, never the value."""
+    if not secret:
+        return "<unset>"
+    return f"{secret[:6]}…(redacted)" if len(secret) > 12 else "…(redacted)"
+
+
+def _thinking_param(value: str | int | None) -> dict[str, Any] | None:
+    if value in (None, "", "off", "none", "0", 0):
+        return None
+    if str(value) == "adaptive":
+        return {"type": "adaptive"}
+    try:
+        budget = int(value)  # type: ignore[arg-type]
+    except ValueError:
+        raise LLMError(f"thinking must be 'adaptive' or a token budget (int), got {value!r}") from None
+    return {"type": "enabled", "budget_tokens": budget}
+
+
+class AnthropicBackend:
+    """Claude through the official SDK; see the module docstring for the design."""
+
+    name = "anthropic"
+
+    def __init__(
+        self,
+        model: str | None = None,
+        *,
+        api_key: str | None = None,
+        max_tokens: int | None = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        max_retries: int = 2,
+        attempts: int = 4,
+        backoff_base_s: float = 5.0,
+        backoff_max_s: float = 60.0,
+        thinking: str | int | None = None,
+        temperature: float | None = None,
+        client: Any = None,
+        http_client: Any = None,
+        sleep: Callable[[float], None] = time.sleep,
+    ):
+        self.model = model or os.environ.get("CODA_MODEL") or DEFAULT_MODEL
+        self.max_tokens = int(max_tokens or os.environ.get("CODA_MAX_TOKENS") or DEFAULT_MAX_TOKENS)
+        self.timeout_s = timeout_s
+        self.attempts = max(1, attempts)
+        self.backoff_base_s = backoff_base_s
+        self.backoff_max_s = backoff_max_s
+        self.thinking = _thinking_param(thinking if thinking is not None else os.environ.get("CODA_THINKING"))
+        self.temperature = temperature
+        self._sleep = sleep
+        if client is None:
+            import anthropic
+
+            key = api_key or os.environ.get("ANTHROPIC_API_KEY")
+            if not key:
+                raise LLMError(
+                    "ANTHROPIC_API_KEY is not set: export it, or use --llm manual "
+                    '(answer in a file) or --llm command "CMD" (pipe the prompt to a command)'
+                )
+            kw: dict[str, Any] = {"api_key": key, "timeout": timeout_s, "max_retries": max_retries}
+            if http_client is not None:
+                kw["http_client"] = http_client
+            client = anthropic.Anthropic(**kw)
+            self._key_hint = redact(key)
+        else:
+            self._key_hint = "<client supplied>"
+        self._client = client
+
+    def __repr__(self) -> str:
+        return f"AnthropicBackend(model={self.model!r}, max_tokens={self.max_tokens}, api_key={self._key_hint!r})"
+
+    # -- request ------------------------------------------------------------------
+    def request_params(self, prompt: Any) -> dict[str, Any]:
+        """The ``messages.create`` keyword arguments for ``prompt`` (no secrets)."""
+        system: list[dict[str, Any]] = []
+        for i, text in enumerate(prompt.system_blocks):
+            block: dict[str, Any] = {"type": "text", "text": text}
+            if i == prompt.cache_block_index:
+                block["cache_control"] = {"type": "ephemeral"}
+            system.append(block)
+        messages: list[dict[str, Any]] = []
+        for i, m in enumerate(prompt.messages):
+            block = {"type": "text", "text": m["content"]}
+            # Breakpoints: at most 4 per request; we use <= 2 (system + task message).
+            if i in prompt.cache_messages:
+                block["cache_control"] = {"type": "ephemeral"}
+            messages.append({"role": m["role"], "content": [block]})
+        params: dict[str, Any] = {
+            "model": self.model,
+            "max_tokens": self.max_tokens,
+            "system": system,
+            "messages": messages,
+        }
+        if self.thinking is not None:
+            params["thinking"] = self.thinking
+        if self.temperature is not None:
+            params["temperature"] = self.temperature
+        return params
+
+    def _backoff(self, attempt: int) -> float:
+        base = min(self.backoff_max_s, self.backoff_base_s * (2 ** (attempt - 1)))
+        return base * (0.5 + random.random() / 2)  # jitter in [base/2, base]
+
+    def complete(self, prompt: Any) -> LLMResponse:
+        """One completion, retried on rate limits / overload / connection errors."""
+        import anthropic
+
+        params = self.request_params(prompt)
+        last: Exception | None = None
+        what = ""
+        for attempt in range(1, self.attempts + 1):
+            try:
+                return to_response(self._client.messages.create(**params))
+            except (anthropic.AuthenticationError, anthropic.PermissionDeniedError) as e:
+                raise LLMAuthError(
+                    f"ANTHROPIC_API_KEY rejected by the Anthropic API (HTTP {e.status_code}): check that "
+                    "the key is current and has access to model "
+                    f"{self.model!r} (or choose another with --model / CODA_MODEL)"
+                ) from None
+            except anthropic.NotFoundError as e:
+                raise LLMError(f"Anthropic API: model {self.model!r} not found (HTTP {e.status_code}); "
+                               "choose another with --model / CODA_MODEL") from None
+            except anthropic.APIStatusError as e:
+                overloaded = "overloaded" in str(e).lower()
+                if e.status_code not in RETRYABLE_STATUS and not overloaded:
+                    raise LLMError(f"Anthropic API error (HTTP {e.status_code}): {_short(e)}") from None
+                last = e
+                what = f"HTTP {e.status_code}" + (" overloaded" if overloaded or e.status_code == 529 else "")
+            except anthropic.APIConnectionError as e:  # includes APITimeoutError
+                last = e
+                what = f"connection error ({type(e).__name__})"
+            if attempt < self.attempts:
+                delay = self._backoff(attempt)
+                log.warning("anthropic: %s; retry %d/%d in %.1fs", what, attempt, self.attempts - 1, delay)
+                self._sleep(delay)
+        raise LLMError(
+            f"Anthropic API still failing after {self.attempts} attempts ({what}): {_short(last)}; "
+            "resume the run later with --resume RUN_DIR"
+        )
+
+
+def _short(e: BaseException | None, n: int = 300) -> str:
+    s = str(e) if e is not None else ""
+    return s if len(s) <= n else s[:n] + "…"
+
+
+def to_response(msg: Any) -> LLMResponse:
+    """An SDK ``Message`` as :class:`LLMResponse` (text blocks joined; thinking dropped)."""
+    text = "".join(getattr(b, "text", "") for b in msg.content if getattr(b, "type", None) == "text")
+    u = msg.usage
+    return LLMResponse(
+        text=text,
+        model=msg.model,
+        stop_reason=msg.stop_reason,
+        usage=Usage(
+            input_tokens=u.input_tokens or 0,
+            output_tokens=u.output_tokens or 0,
+            cache_read_input_tokens=u.cache_read_input_tokens or 0,
+            cache_creation_input_tokens=u.cache_creation_input_tokens or 0,
+        ),
+    )

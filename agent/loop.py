@@ -1,0 +1,659 @@
+"""The generate loop: prompt -> LLM -> extract -> verify -> (repair ...) -> accept.
+
+Design
+------
+A generation run may take an hour of GPU verification and real money in tokens, so it
+is a *resumable state machine on disk*. Each attempt owns a folder and each finished
+step leaves a file there; the presence of the file is the proof the step is done:
+
+    runs/<UTC time>-<spec>/
+      run.json                 the state: spec, spec_hash, backend, model, status,
+                               attempts (stage reached, tokens, cache hits, wall time)
+      attempt-<k>/
+        prompt.md              the exact prompt text (Prompt.as_text)
+        prompt.json            the structured prompt (system blocks, messages)
+        response.json          model, usage, stop reason, LLM wall time
+        response.md            the raw response          <- "LLM step done"
+        candidate.py           the extracted module      (re-derived from response.md)
+        verify/                the verifier's workdir
+        verdict.json           the Verdict               <- "verify step done"
+        feedback.md            what the next repair prompt tells the model
+      lesson/prompt.md, lesson/response.md   the lesson call (fail -> pass)
+      proposed_trick.md        the one-sentence lesson (NOT appended to tricks_log.md)
+
+``run.json`` is rewritten atomically after every step (``status``: ``running``,
+``waiting-for-answer``, ``accepted``, ``passed`` (verified, no accept requested),
+``passed-cpu-only`` (static + compile passed without a GPU; never accepted),
+``out-of-attempts``, ``failed``, ``interrupted``). Resuming (``resume=RUN_DIR``) walks
+the attempts again and skips every step whose file exists: a response present but no
+verdict -> verify; a failed verdict -> the next attempt's repair prompt. An LLM call
+that finished is therefore never paid for twice, whatever interrupted the run.
+
+Other decisions:
+
+* The system blocks and the task message are rendered once (attempt 1) and reused
+  verbatim by every repair and the lesson prompt, so the prompt-cache prefix stays
+  byte-identical and the run is reproducible even if docs change mid-run.
+* An extraction failure is a failed attempt whose feedback is the extraction error.
+* The verifier is injected (``verifier(loaded, candidate_path, workdir) -> Verdict``);
+  :func:`default_verifier` wraps ``coda_agent.verifier.pipeline.verify`` lazily.
+* Backend errors the user can act on (``LLMError``) end the run as ``failed`` with the
+  message; ``AwaitingAnswer`` (manual backend) ends it as ``waiting-for-answer``
+  with the path where the answer goes. Anything else (Ctrl-C, a verifier crash) marks
+  it ``interrupted``/``failed`` and propagates; ``--resume`` continues either way.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import difflib
+import fcntl
+import json
+import re
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from pydantic import BaseModel, Field, computed_field
+
+from coda_agent.agent.context import gather_context
+from coda_agent.agent.extract import ExtractError, extract_module
+from coda_agent.agent.llm.base import AwaitingAnswer, LLMError, LLMResponse, Usage
+from coda_agent.agent.render import (
+    Prompt,
+    build_lesson_prompt,
+    build_repair_prompt,
+    build_task_prompt,
+)
+from coda_agent.verifier.verdict import Verdict
+from coda_agent.verifier.workspace import atomic_write_text
+
+RUN_FILE = "run.json"
+PROPOSED_TRICK = "proposed_trick.md"
+TERMINAL = ("accepted", "passed", "passed-cpu-only", "out-of-attempts")
+
+Verifier = Callable[[Any, Path, Path], Verdict]
+
+
+class RunError(RuntimeError):
+    """The run cannot start or resume (message says why and what to do)."""
+
+
+class AttemptRecord(BaseModel):
+    """One attempt as recorded in ``run.json``."""
+
+    k: int
+    kind: str = "task"
+    step: str = "started"  # started -> prompted -> responded -> verified
+    stage_reached: str | None = None  # "extract" when no module could be extracted
+    passed: bool | None = None
+    failed_stage: str | None = None
+    extract_error: str | None = None
+    backend: str | None = None
+    model: str | None = None
+    stop_reason: str | None = None
+    usage: Usage = Usage()
+    prompt_sha256: str | None = None
+    estimated_prompt_tokens: int | None = None
+    llm_wall_s: float = 0.0
+    verify_wall_s: float = 0.0
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def wall_s(self) -> float:
+        """LLM + verifier wall time of this attempt (seconds, summed over resumes)."""
+        return round(self.llm_wall_s + self.verify_wall_s, 3)
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def cache_hit(self) -> bool:
+        """The LLM call read its prefix from the prompt cache."""
+        return self.usage.cache_read_input_tokens > 0
+
+
+class LessonRecord(BaseModel):
+    """The fail -> pass lesson: ``status`` proposed / waiting-for-answer / error / skipped."""
+
+    status: str
+    failed_attempt: int | None = None
+    path: str | None = None
+    text: str | None = None
+    answer_path: str | None = None
+    error: str | None = None
+    usage: Usage = Usage()
+
+
+class RunState(BaseModel):
+    """The content of ``run.json``."""
+
+    version: int = 1
+    spec: str
+    spec_hash: str
+    spec_dir: str
+    root: str
+    backend: str
+    model: str
+    status: str = "running"
+    max_attempts: int
+    cpu_only: bool = False
+    force: bool = False
+    created_at: str
+    updated_at: str = ""
+    attempts: list[AttemptRecord] = Field(default_factory=list)
+    answer_path: str | None = None
+    accepted_path: str | None = None
+    lesson: LessonRecord | None = None
+    error: str | None = None
+
+    def attempt(self, k: int) -> AttemptRecord:
+        """The record of attempt ``k`` (created, in order, when new)."""
+        for a in self.attempts:
+            if a.k == k:
+                return a
+        rec = AttemptRecord(k=k)
+        self.attempts.append(rec)
+        self.attempts.sort(key=lambda a: a.k)
+        return rec
+
+
+class RunSummary(BaseModel):
+    """What :func:`generate` returns: the run's final state plus totals and a rendering."""
+
+    model_config = {"arbitrary_types_allowed": True}
+
+    run_dir: Path
+    state: RunState
+
+    @property
+    def status(self) -> str:
+        return self.state.status
+
+    @property
+    def attempts(self) -> list[AttemptRecord]:
+        return self.state.attempts
+
+    @property
+    def usage(self) -> Usage:
+        total = Usage()
+        for a in self.state.attempts:
+            total = total + a.usage
+        if self.state.lesson:
+            total = total + self.state.lesson.usage
+        return total
+
+    @property
+    def cache_hits(self) -> int:
+        """LLM calls that read from the prompt cache."""
+        n = sum(1 for a in self.state.attempts if a.cache_hit)
+        if self.state.lesson and self.state.lesson.usage.cache_read_input_tokens > 0:
+            n += 1
+        return n
+
+    @property
+    def wall_s(self) -> float:
+        return sum(a.wall_s for a in self.state.attempts)
+
+    @property
+    def proposed_trick(self) -> Path | None:
+        p = self.run_dir / PROPOSED_TRICK
+        return p if p.is_file() else None
+
+    def render(self) -> str:
+        """A plain-text summary for the CLI."""
+        s = self.state
+        lines = [f"run {self.run_dir}: {s.status}" + (f" -> {s.accepted_path}" if s.accepted_path else "")]
+        lines.append(f"spec {s.spec}  backend {s.backend}  model {s.model}")
+        lines.append(f"{'attempt':>7}  {'stage reached':<14} {'result':<7} {'in/out tokens':>15} {'cache read':>10} {'wall s':>8}")
+        for a in s.attempts:
+            res = "pass" if a.passed else ("fail" if a.passed is False else a.step)
+            tok = f"{a.usage.input_tokens}/{a.usage.output_tokens}"
+            lines.append(
+                f"{a.k:>7}  {a.stage_reached or '-':<14} {res:<7} {tok:>15} "
+                f"{a.usage.cache_read_input_tokens:>10} {a.wall_s:>8.1f}"
+            )
+        u = self.usage
+        lines.append(
+            f"total: {len(s.attempts)} attempt(s), tokens in {u.input_tokens} / out {u.output_tokens}, "
+            f"cache hits {self.cache_hits} ({u.cache_read_input_tokens} tokens read, "
+            f"{u.cache_creation_input_tokens} written), wall {self.wall_s:.1f} s"
+        )
+        if s.status == "waiting-for-answer" and s.answer_path:
+            lines.append(
+                f"waiting for the answer: read {Path(s.answer_path).with_name('prompt.md')}, write the "
+                f"model's reply to {s.answer_path}, then resume with --resume {self.run_dir}"
+            )
+        if s.status == "passed-cpu-only":
+            lines.append("passed the CPU stages only; verify on a GPU before it can be accepted")
+        if s.error:
+            lines.append(f"error: {s.error}")
+        if s.lesson:
+            if s.lesson.status == "proposed":
+                lines.append(
+                    f"proposed trick ({s.lesson.path}): {s.lesson.text}\n"
+                    f"  add it with: coda-agent tricks add --from-run {self.run_dir}"
+                )
+            elif s.lesson.status == "waiting-for-answer":
+                lines.append(f"lesson: waiting for an answer at {s.lesson.answer_path} (then --resume)")
+            elif s.lesson.status == "error":
+                lines.append(f"lesson: not proposed ({s.lesson.error})")
+        return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- helpers
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def _save(run_dir: Path, state: RunState) -> None:
+    state.updated_at = _now()
+    atomic_write_text(run_dir / RUN_FILE, json.dumps(state.model_dump(mode="json"), indent=2, sort_keys=True) + "\n")
+
+
+def load_run(run_dir: str | Path) -> RunSummary:
+    """The summary of an existing run directory (raises :class:`RunError` if none)."""
+    run_dir = Path(run_dir)
+    p = run_dir / RUN_FILE
+    if not p.is_file():
+        raise RunError(f"{run_dir}: not a run directory (no {RUN_FILE})")
+    return RunSummary(run_dir=run_dir, state=RunState.model_validate_json(p.read_text()))
+
+
+def new_run_dir(root: Path, spec_name: str) -> Path:
+    """``<root>/runs/<UTC YYYYmmddTHHMMSSZ>-<spec>`` (suffixed when it exists)."""
+    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    base = Path(root) / "runs" / f"{stamp}-{spec_name}"
+    d, i = base, 2
+    while d.exists():
+        d = base.with_name(f"{base.name}-{i}")
+        i += 1
+    return d
+
+
+def default_verifier(*, cpu_only: bool = False, bench: bool = True, timeout_s: float | None = None) -> Verifier:
+    """A verifier callable over ``coda_agent.verifier.pipeline.verify`` (imported lazily)."""
+
+    def run(loaded: Any, candidate: Path, workdir: Path) -> Verdict:
+        from coda_agent.verifier.pipeline import verify
+
+        return verify(loaded, candidate, cpu_only=cpu_only, bench=bench, workdir=workdir, timeout_s=timeout_s)
+
+    return run
+
+
+def minimal_feedback(verdict: Verdict, source: str) -> str:
+    """Fallback rendering when ``verifier/feedback.py`` is unavailable."""
+    st = verdict.failed_stage
+    if st is None:
+        return "All stages passed."
+    lines = [f"Stage `{st.stage}` {st.status}: {st.summary}".rstrip(": ")]
+    src = source.splitlines()
+    for f in st.findings:
+        where = []
+        if f.line:
+            where.append(f"line {f.line}")
+        if f.output:
+            where.append(f"output {f.output}")
+        if f.case:
+            where.append(f"case {f.case}")
+        loc = f" ({', '.join(where)})" if where else ""
+        lines.append(f"- [{f.kind}]{loc} {f.message}")
+        if f.line and 0 < f.line <= len(src):
+            lines.append(f"    {f.line} | {src[f.line - 1]}")
+    return "\n".join(lines)
+
+
+def feedback_text(verdict: Verdict, source: str) -> str:
+    """The verifier's feedback for the repair prompt (verifier/feedback.py when present)."""
+    try:
+        from coda_agent.verifier.feedback import render_feedback
+    except ImportError:
+        return minimal_feedback(verdict, source)
+    try:
+        return render_feedback(verdict, source)
+    except Exception as e:  # a rendering bug must not lose the attempt
+        return minimal_feedback(verdict, source) + f"\n\n(feedback renderer failed: {type(e).__name__}: {e})"
+
+
+def _lesson_sentence(text: str) -> str:
+    """First meaningful line of a lesson reply, cleaned to one sentence-ish line."""
+    for line in text.replace("\r", "").splitlines():
+        s = line.strip().strip("`").strip()
+        s = re.sub(r"^([-*]|\d+[.)])\s+", "", s)
+        s = re.sub(r"^\**\s*(lesson|trick)\s*(:\s*\**|\**\s*:)\s*", "", s, flags=re.I)
+        s = s.strip().strip('"').strip()
+        if s and not s.startswith("```"):
+            return " ".join(s.split())[:500]
+    return ""
+
+
+# --------------------------------------------------------------------------- the loop
+
+class _Run:
+    def __init__(self, loaded: Any, root: Path, run_dir: Path, state: RunState, backend: Any,
+                 verifier: Verifier, accept_fn: Callable[..., Any] | None):
+        self.loaded, self.root, self.run_dir, self.state = loaded, root, run_dir, state
+        self.backend, self.verifier, self.accept_fn = backend, verifier, accept_fn
+        self.max_examples = 3
+
+    def save(self) -> None:
+        _save(self.run_dir, self.state)
+
+    def adir(self, k: int) -> Path:
+        return self.run_dir / f"attempt-{k}"
+
+    # -- prompts ------------------------------------------------------------------
+    def base_prompt(self) -> Prompt:
+        p = self.adir(1) / "prompt.json"
+        if p.is_file():
+            return Prompt.from_json(p.read_text())
+        ctx = gather_context(self.root, self.loaded, max_examples=self.max_examples)
+        return build_task_prompt(self.loaded, ctx)
+
+    def prompt_for(self, k: int) -> Prompt:
+        d = self.adir(k)
+        if (d / "prompt.json").is_file():
+            return Prompt.from_json((d / "prompt.json").read_text())
+        base = self.base_prompt()
+        if k == 1:
+            prompt = base
+        else:
+            prev = self.adir(k - 1)
+            cand = prev / "candidate.py"
+            prompt = build_repair_prompt(
+                base,
+                previous_response=(prev / "response.md").read_text(),
+                previous_candidate=cand.read_text() if cand.is_file() else None,
+                feedback=(prev / "feedback.md").read_text(),
+                attempt=k,
+                max_attempts=self.state.max_attempts,
+            )
+        d.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(d / "prompt.md", prompt.as_text())
+        atomic_write_text(d / "prompt.json", prompt.to_json())
+        return prompt
+
+    # -- LLM ----------------------------------------------------------------------
+    def call(self, prompt: Prompt, d: Path) -> tuple[LLMResponse, float]:
+        """Call the backend for ``prompt`` whose files live in ``d``; persist the reply."""
+        if hasattr(self.backend, "bind"):
+            self.backend.bind(d)
+        t0 = time.monotonic()
+        resp = self.backend.complete(prompt)
+        wall = time.monotonic() - t0
+        meta = {
+            "backend": getattr(self.backend, "name", "?"),
+            "model": resp.model,
+            "stop_reason": resp.stop_reason,
+            "usage": resp.usage.model_dump(),
+            "wall_s": round(wall, 3),
+            "finished_at": _now(),
+        }
+        atomic_write_text(d / "response.json", json.dumps(meta, indent=2, sort_keys=True) + "\n")
+        atomic_write_text(d / "response.md", resp.text)  # last: its presence means "done"
+        return resp, wall
+
+    @staticmethod
+    def read_response(d: Path) -> tuple[str, dict[str, Any]]:
+        text = (d / "response.md").read_text()
+        meta: dict[str, Any] = {}
+        if (d / "response.json").is_file():
+            try:
+                meta = json.loads((d / "response.json").read_text())
+            except ValueError:
+                meta = {}
+        return text, meta
+
+    # -- one attempt ----------------------------------------------------------------
+    def attempt(self, k: int) -> Verdict | None:
+        """Run (or resume) attempt ``k``. Returns its verdict (None: extraction failed).
+        Raises AwaitingAnswer / LLMError from the backend."""
+        d = self.adir(k)
+        rec = self.state.attempt(k)
+        prompt = self.prompt_for(k)
+        rec.kind = prompt.kind
+        rec.prompt_sha256 = prompt.sha256()
+        rec.estimated_prompt_tokens = prompt.estimate_tokens()
+        if rec.step == "started":
+            rec.step = "prompted"
+        self.save()
+
+        if not (d / "response.md").is_file():
+            rec.backend = getattr(self.backend, "name", None)
+            self.save()
+            self.call(prompt, d)
+        text, meta = self.read_response(d)
+        rec.backend = meta.get("backend", rec.backend or "manual")
+        rec.model = meta.get("model", rec.model)
+        rec.stop_reason = meta.get("stop_reason")
+        rec.usage = Usage(**meta.get("usage", {}))
+        rec.llm_wall_s = float(meta.get("wall_s", 0.0))
+        if rec.step in ("started", "prompted"):
+            rec.step = "responded"
+        self.save()
+
+        cand = d / "candidate.py"
+        try:
+            source = extract_module(text)
+        except ExtractError as e:
+            msg = str(e)
+            if rec.stop_reason == "max_tokens":
+                msg += " (Your response stopped at the output token limit.)"
+            cand.unlink(missing_ok=True)
+            atomic_write_text(d / "feedback.md", "Your response could not be used.\n\n" + msg + "\n")
+            rec.extract_error, rec.stage_reached, rec.passed, rec.failed_stage = msg, "extract", False, "extract"
+            rec.step = "verified"
+            self.save()
+            return None
+        rec.extract_error = None
+        if not cand.is_file() or cand.read_text() != source:
+            atomic_write_text(cand, source)
+
+        vpath = d / "verdict.json"
+        if vpath.is_file():
+            verdict = Verdict.model_validate_json(vpath.read_text())
+        else:
+            t0 = time.monotonic()
+            verdict = self.verifier(self.loaded, cand, d / "verify")
+            rec.verify_wall_s = time.monotonic() - t0
+            atomic_write_text(vpath, verdict.to_json())
+        rec.stage_reached = verdict.furthest_stage
+        rec.passed = verdict.passed
+        rec.failed_stage = verdict.failed_stage.stage if verdict.failed_stage else None
+        if not verdict.passed and not (d / "feedback.md").is_file():
+            atomic_write_text(d / "feedback.md", feedback_text(verdict, source).rstrip() + "\n")
+        rec.step = "verified"
+        self.save()
+        return verdict
+
+    # -- after a pass -----------------------------------------------------------------
+    def finish(self, k: int, verdict: Verdict, force: bool) -> None:
+        s = self.state
+        cand = self.adir(k) / "candidate.py"
+        if not verdict.gpu_verified:
+            s.status = "passed-cpu-only"
+        elif self.accept_fn is None:
+            s.status = "passed"
+        elif s.accepted_path is None:
+            rec = s.attempt(k)
+            provenance = {
+                "backend": rec.backend or getattr(self.backend, "name", "?"),
+                "model": rec.model or getattr(self.backend, "model", "?"),
+                "prompt_sha256": rec.prompt_sha256,
+                "attempts": k,
+                "run_dir": str(self.run_dir),
+            }
+            try:
+                path = self.accept_fn(self.loaded, cand, verdict, root=self.root, provenance=provenance, force=force)
+            except Exception as e:
+                s.status, s.error = "failed", f"accept refused: {type(e).__name__}: {e}"
+                self.save()
+                self.lesson(k)
+                return
+            s.accepted_path = str(path)
+            s.status = "accepted"
+        else:
+            s.status = "accepted"
+        s.error = None
+        self.save()
+        self.lesson(k)
+
+    def lesson(self, k: int) -> None:
+        """Propose a one-sentence trick when attempt k-1 failed (with a module) and k passed."""
+        s = self.state
+        if k < 2 or (self.run_dir / PROPOSED_TRICK).is_file():
+            return
+        prev, cur = self.adir(k - 1), self.adir(k)
+        if not (prev / "candidate.py").is_file() or not (prev / "feedback.md").is_file():
+            s.lesson = LessonRecord(status="skipped", failed_attempt=k - 1,
+                                    error="the failed attempt had no module (extraction error)")
+            self.save()
+            return
+        ldir = self.run_dir / "lesson"
+        prompt_path = ldir / "prompt.json"
+        if prompt_path.is_file():
+            prompt = Prompt.from_json(prompt_path.read_text())
+        else:
+            diff = "".join(
+                difflib.unified_diff(
+                    (prev / "candidate.py").read_text().splitlines(keepends=True),
+                    (cur / "candidate.py").read_text().splitlines(keepends=True),
+                    fromfile=f"attempt-{k - 1}/candidate.py",
+                    tofile=f"attempt-{k}/candidate.py",
+                )
+            )
+            prompt = build_lesson_prompt(
+                self.base_prompt(), kernel=s.spec, failed_attempt=k - 1,
+                feedback=(prev / "feedback.md").read_text(), diff=diff,
+            )
+            ldir.mkdir(parents=True, exist_ok=True)
+            atomic_write_text(ldir / "prompt.md", prompt.as_text())
+            atomic_write_text(prompt_path, prompt.to_json())
+        try:
+            if not (ldir / "response.md").is_file():
+                self.call(prompt, ldir)
+        except AwaitingAnswer as w:
+            s.lesson = LessonRecord(status="waiting-for-answer", failed_attempt=k - 1, answer_path=str(w.answer_path))
+            self.save()
+            return
+        except LLMError as e:
+            s.lesson = LessonRecord(status="error", failed_attempt=k - 1, error=str(e))
+            self.save()
+            return
+        text, meta = self.read_response(ldir)
+        sentence = _lesson_sentence(text)
+        if not sentence:
+            s.lesson = LessonRecord(status="error", failed_attempt=k - 1, error="empty lesson reply")
+            self.save()
+            return
+        atomic_write_text(self.run_dir / PROPOSED_TRICK, sentence + "\n")
+        s.lesson = LessonRecord(
+            status="proposed", failed_attempt=k - 1, path=str(self.run_dir / PROPOSED_TRICK),
+            text=sentence, usage=Usage(**meta.get("usage", {})),
+        )
+        self.save()
+
+
+def generate(
+    loaded_spec: Any,
+    *,
+    root: str | Path,
+    backend: Any,
+    verifier: Verifier | None = None,
+    max_attempts: int = 5,
+    run_dir: str | Path | None = None,
+    resume: str | Path | None = None,
+    accept_fn: Callable[..., Any] | None = None,
+    force: bool = False,
+    cpu_only: bool = False,
+    max_examples: int = 3,
+) -> RunSummary:
+    """Generate a kernel for ``loaded_spec`` (a ``LoadedSpec``) and return the run summary.
+
+    * ``backend``: an LLM backend (``make_backend(...)``).
+    * ``verifier``: ``verifier(loaded, candidate_path, workdir) -> Verdict``; default
+      :func:`default_verifier` (``pipeline.verify`` with ``cpu_only``).
+    * ``run_dir``: where a new run goes (default ``<root>/runs/<UTC>-<spec>``);
+      ``resume``: an existing run directory to continue (same spec and spec hash).
+    * ``accept_fn``: called on a GPU-verified pass as
+      ``accept_fn(loaded, candidate, verdict, root=root, provenance={...}, force=force)``
+      (``verifier.accept.accept`` fits); its return value is recorded as
+      ``accepted_path``.
+    * ``max_attempts``: attempts in total (on resume, raising it continues an
+      ``out-of-attempts`` run).
+
+    Returns with ``status`` ``accepted`` / ``passed`` / ``passed-cpu-only`` /
+    ``out-of-attempts`` / ``waiting-for-answer`` / ``failed`` (backend error or accept
+    refused, message in ``state.error``). Ctrl-C or an unexpected error propagates
+    after recording ``interrupted`` / ``failed`` in ``run.json``.
+    """
+    root = Path(root)
+    if verifier is None:
+        verifier = default_verifier(cpu_only=cpu_only)
+    if max_attempts < 1:
+        raise RunError("max_attempts must be >= 1")
+    backend_name = getattr(backend, "name", type(backend).__name__)
+    backend_model = getattr(backend, "model", "?")
+    if resume is not None:
+        run_dir = Path(resume)
+        state = load_run(run_dir).state
+        if state.spec != loaded_spec.name:
+            raise RunError(f"{run_dir} is a run of spec {state.spec!r}, not {loaded_spec.name!r}")
+        if state.spec_hash != loaded_spec.spec_hash:
+            raise RunError(
+                f"{run_dir}: spec {state.spec!r} changed since the run started "
+                f"(hash {state.spec_hash[:12]} -> {loaded_spec.spec_hash[:12]}); start a new run"
+            )
+        state.max_attempts = max_attempts
+        state.backend, state.model = backend_name, backend_model
+        state.cpu_only, state.force = cpu_only, force
+    else:
+        run_dir = Path(run_dir) if run_dir is not None else new_run_dir(root, loaded_spec.name)
+        if (run_dir / RUN_FILE).exists():
+            raise RunError(f"{run_dir} already holds a run; continue it with --resume {run_dir}")
+        run_dir.mkdir(parents=True, exist_ok=True)
+        state = RunState(
+            spec=loaded_spec.name, spec_hash=loaded_spec.spec_hash, spec_dir=str(loaded_spec.directory),
+            root=str(root), backend=backend_name, model=backend_model, max_attempts=max_attempts,
+            cpu_only=cpu_only, force=force, created_at=_now(),
+        )
+    state.status, state.error, state.answer_path = "running", None, None
+    run = _Run(loaded_spec, root, run_dir, state, backend, verifier, accept_fn)
+    run.max_examples = max_examples
+
+    lock = open(run_dir / ".lock", "a")
+    try:
+        try:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise RunError(f"{run_dir} is being run by another process") from None
+        run.save()
+        try:
+            k = 1
+            while True:
+                try:
+                    verdict = run.attempt(k)
+                except AwaitingAnswer as w:
+                    state.status, state.answer_path = "waiting-for-answer", str(w.answer_path)
+                    run.save()
+                    break
+                except LLMError as e:
+                    state.status, state.error = "failed", str(e)
+                    run.save()
+                    break
+                if verdict is not None and verdict.passed:
+                    run.finish(k, verdict, force)
+                    break
+                if k >= max_attempts:
+                    state.status = "out-of-attempts"
+                    run.save()
+                    break
+                k += 1
+        except BaseException as e:
+            state.status = "interrupted" if isinstance(e, KeyboardInterrupt) else "failed"
+            state.error = f"{type(e).__name__}: {e}".rstrip(": ")
+            run.save()
+            raise
+    finally:
+        lock.close()
+    return RunSummary(run_dir=run_dir, state=state)

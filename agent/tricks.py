@@ -1,0 +1,212 @@
+"""The tricks log: dated lessons (kernel, symptom -> fix) fed back into every prompt.
+
+Design
+------
+``tricks_log.md`` is a human-curated file that goes verbatim into the static system
+prompt, so the tool only ever *appends*: :func:`add_trick` re-reads the file under an
+exclusive lock, writes old text + one new bullet through an atomic replace, and checks
+that the old text is an exact prefix of the new one -- an existing entry is never
+rewritten, reordered or reformatted. Lessons proposed by a run (``proposed_trick.md``,
+written by the loop when attempt k failed and k+1 passed) are never appended
+automatically: a human reads them and runs ``coda-agent tricks add --from-run RUN``.
+
+Appended entries are single bullets::
+
+    - **2026-03-05** `swiglu_bwd`: <one sentence: symptom -> fix>
+
+:func:`parse_entries` reads both that form and the hand-written form of dated
+sections (``## 2026-03-05 swiglu_fwd: title`` + body), for listing and rendering.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import fcntl
+import hashlib
+import json
+import re
+import tempfile
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from coda_agent.verifier.workspace import atomic_write_text
+
+TRICKS_FILE = "tricks_log.md"
+PROPOSED_FILE = "proposed_trick.md"
+HEADER = "# Tricks log\n\nLessons from kernel generations (date, kernel: symptom -> fix). Append-only.\n"
+
+_DATE_RE = re.compile(r"\b(\d{4}-\d{2}-\d{2})\b")
+_KERNEL_RE = re.compile(r"`([a-z][a-z0-9_]*)`")
+_LEAD_KERNEL_RE = re.compile(r"(`?)([a-z][a-z0-9_]*)`?(\s*:)?(?=[\s:]|$)")
+_HEADING_RE = re.compile(r"^(#{1,6})\s+(.*)$")
+_BULLET_RE = re.compile(r"^[-*]\s+(.*)$")
+_NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
+
+
+class TrickError(ValueError):
+    """A trick could not be added (message says why)."""
+
+
+class TrickEntry(BaseModel):
+    """One entry of the log: its date and kernel when stated, its text and raw markdown."""
+
+    date: str | None = None
+    kernel: str | None = None
+    text: str
+    raw: str
+    style: str = "bullet"
+
+
+def _clean(text: str) -> str:
+    return " ".join(text.split())
+
+
+def format_entry(text: str, kernel: str | None, date: str) -> str:
+    """The bullet line :func:`add_trick` appends."""
+    k = f" `{kernel}`" if kernel else ""
+    return f"- **{date}**{k}: {text}"
+
+
+def parse_entries(text: str) -> list[TrickEntry]:
+    """Entries of a tricks log: dated bullets and dated sections (undated top-level
+    bullets outside any section count too, with ``date=None``)."""
+    entries: list[TrickEntry] = []
+    cur: list[str] | None = None
+    style = "bullet"
+
+    def flush() -> None:
+        nonlocal cur
+        if cur:
+            raw = "\n".join(cur).rstrip()
+            first = cur[0]
+            head = first.lstrip("#-* ").strip()
+            date_m = _DATE_RE.search(raw if style == "section" else first)
+            body = _clean(" ".join([head, *cur[1:]]))
+            body = re.sub(r"^\**\d{4}-\d{2}-\d{2}\**[\s:·—–-]*", "", body)
+            kernel = None
+            km = _LEAD_KERNEL_RE.match(body)
+            if km and (km.group(1) or "_" in km.group(2) or km.group(3)):
+                kernel = km.group(2)
+                body = body[km.end():].lstrip(" :·—–-")
+            else:
+                bm = _KERNEL_RE.search(first)
+                kernel = bm.group(1) if bm else None
+            entries.append(
+                TrickEntry(
+                    date=date_m.group(1) if date_m else None,
+                    kernel=kernel,
+                    text=body,
+                    raw=raw,
+                    style=style,
+                )
+            )
+        cur = None
+
+    for line in text.splitlines():
+        h = _HEADING_RE.match(line)
+        if h:
+            flush()
+            if len(h.group(1)) >= 2 and _DATE_RE.search(h.group(2)):
+                cur, style = [line], "section"
+            continue
+        b = _BULLET_RE.match(line)
+        if b:
+            dated = bool(_DATE_RE.search(b.group(1)[:40]))
+            if cur is not None and style == "section" and not dated:
+                cur.append(line)  # a list inside a dated section's body
+                continue
+            flush()
+            cur, style = [line], "bullet"
+            continue
+        if cur is not None:
+            if not line.strip() and style == "bullet":
+                flush()
+            else:
+                cur.append(line)
+    flush()
+    return entries
+
+
+def read_entries(root: str | Path) -> list[TrickEntry]:
+    """Parsed entries of ``<root>/tricks_log.md`` (empty when the file is absent)."""
+    p = Path(root) / TRICKS_FILE
+    return parse_entries(p.read_text()) if p.is_file() else []
+
+
+def add_trick(root: str | Path, text: str, kernel: str | None = None, date: str | None = None) -> TrickEntry:
+    """Append one dated entry to ``<root>/tricks_log.md`` atomically; return it.
+
+    ``text`` is collapsed to one line; ``date`` defaults to today (UTC, ``YYYY-MM-DD``).
+    Raises :class:`TrickError` for empty text, a bad date or kernel name, or text that
+    is already in the log. Existing content is never modified.
+    """
+    body = _clean(text)
+    if not body:
+        raise TrickError("empty trick text")
+    if kernel is not None and not _NAME_RE.match(kernel):
+        raise TrickError(f"kernel must be a spec name like 'swiglu_fwd', got {kernel!r}")
+    if date is None:
+        date = _dt.datetime.now(_dt.timezone.utc).date().isoformat()
+    else:
+        try:
+            _dt.date.fromisoformat(date)
+        except ValueError:
+            raise TrickError(f"date must be YYYY-MM-DD, got {date!r}") from None
+    root = Path(root)
+    path = root / TRICKS_FILE
+    root.mkdir(parents=True, exist_ok=True)
+    # The lock lives outside the workspace (nothing untracked appears in the checkout).
+    digest = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:16]
+    lock_path = Path(tempfile.gettempdir()) / f"coda-agent-tricks-{digest}.lock"
+    with open(lock_path, "a") as lock:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+        try:
+            old = path.read_text() if path.is_file() else ""
+            if body in _clean(old):
+                raise TrickError(f"this trick is already in {path}")
+            line = format_entry(body, kernel, date)
+            base = old if old else HEADER
+            if not base.endswith("\n"):
+                base += "\n"
+            # A blank line keeps the new bullet out of a preceding section's body.
+            sep = "" if base.endswith("\n\n") or _last_is_bullet(base) else "\n"
+            new = base + sep + line + "\n"
+            assert new.startswith(old), "tricks log append must keep the existing text as a prefix"
+            atomic_write_text(path, new)
+        finally:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
+    return TrickEntry(date=date, kernel=kernel, text=body, raw=line)
+
+
+def _last_is_bullet(text: str) -> bool:
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    if not lines:
+        return False
+    entries = parse_entries(text)
+    return bool(entries) and entries[-1].style == "bullet" and entries[-1].raw.splitlines()[-1] == lines[-1]
+
+
+def add_from_run(root: str | Path, run_dir: str | Path, date: str | None = None) -> TrickEntry:
+    """Append the lesson a run proposed (``<run_dir>/proposed_trick.md``).
+
+    The kernel is the run's spec (``run.json``). Raises :class:`TrickError` when the
+    run proposed nothing (a lesson is proposed only when attempt k failed and k+1
+    passed) or when the lesson is already in the log.
+    """
+    run_dir = Path(run_dir)
+    p = run_dir / PROPOSED_FILE
+    if not p.is_file():
+        raise TrickError(
+            f"{p}: no proposed trick in this run (one is proposed only when an attempt failed "
+            "and the next one passed)"
+        )
+    text = "\n".join(ln for ln in p.read_text().splitlines() if not ln.lstrip().startswith("<!--"))
+    kernel = None
+    rj = run_dir / "run.json"
+    if rj.is_file():
+        try:
+            kernel = json.loads(rj.read_text()).get("spec")
+        except ValueError:
+            kernel = None
+    return add_trick(root, text, kernel=kernel, date=date)

@@ -1,0 +1,225 @@
+"""The anthropic backend against a mocked HTTP transport (the real SDK, no network)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import anthropic
+import httpx2
+import pytest
+import typing_extensions
+from agent_helpers import GOOD_MODULE, FakeVerifier, reply
+
+from coda_agent.agent.llm import default_backend_name, make_backend
+from coda_agent.agent.llm.anthropic import DEFAULT_MODEL, AnthropicBackend
+from coda_agent.agent.llm.base import LLMAuthError, LLMError
+from coda_agent.agent.loop import generate
+from coda_agent.agent.render import build_repair_prompt, render_prompt
+
+SECRET = "sk-ant-api03-TOPSECRET-abcdef0123456789"
+
+
+def message_body(text="```python\nx = 1\n```\n", *, cache_read=7000, cache_write=0, model="claude-opus-5-5"):
+    return {
+        "id": "msg_01",
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": [{"type": "text", "text": text}],
+        "stop_reason": "end_turn",
+        "stop_sequence": None,
+        "usage": {
+            "input_tokens": 1234,
+            "output_tokens": 567,
+            "cache_read_input_tokens": cache_read,
+            "cache_creation_input_tokens": cache_write,
+        },
+    }
+
+
+def error_body(kind: str, msg: str) -> dict:
+    return {"type": "error", "error": {"type": kind, "message": msg}}
+
+
+class Server:
+    """A scripted Messages API: each request pops the next (status, body[, headers])."""
+
+    def __init__(self, *replies):
+        self.replies = list(replies)
+        self.requests: list[httpx2.Request] = []
+
+    def __call__(self, request: httpx2.Request) -> httpx2.Response:
+        self.requests.append(request)
+        item = self.replies.pop(0)
+        if isinstance(item, Exception):
+            raise item
+        status, body, *headers = item
+        return httpx2.Response(status, json=body, headers=headers[0] if headers else {})
+
+    def body(self, i: int = 0) -> dict:
+        return json.loads(self.requests[i].content)
+
+
+def backend(server: Server, **kw) -> tuple[AnthropicBackend, list[float]]:
+    sleeps: list[float] = []
+    kw.setdefault("max_retries", 0)  # exercise our own retry loop deterministically
+    b = AnthropicBackend(
+        api_key=SECRET,
+        http_client=httpx2.Client(transport=httpx2.MockTransport(server)),
+        sleep=sleeps.append,
+        **kw,
+    )
+    return b, sleeps
+
+
+def test_request_shape_and_usage(workspace, fwd_spec, monkeypatch):
+    monkeypatch.delenv("CODA_MODEL", raising=False)
+    monkeypatch.delenv("CODA_THINKING", raising=False)
+    server = Server((200, message_body(cache_read=7000, cache_write=12)))
+    b, _ = backend(server)
+    prompt = render_prompt(fwd_spec, workspace)
+    r = b.complete(prompt)
+    assert r.text == "```python\nx = 1\n```\n" and r.model == "claude-opus-5-5" and r.stop_reason == "end_turn"
+    assert r.usage.input_tokens == 1234 and r.usage.output_tokens == 567
+    assert r.usage.cache_read_input_tokens == 7000 and r.usage.cache_creation_input_tokens == 12
+
+    req = server.requests[0]
+    assert req.url.path == "/v1/messages" and SECRET in (req.headers.get("x-api-key", "") + req.headers.get("authorization", ""))
+    body = server.body()
+    assert body["model"] == DEFAULT_MODEL == "claude-opus-5-5"
+    assert body["max_tokens"] == 16000
+    assert "thinking" not in body
+    system = body["system"]
+    assert [blk["text"] for blk in system] == prompt.system_blocks
+    assert [("cache_control" in blk) for blk in system] == [False, False, False, True]
+    assert system[-1]["cache_control"] == {"type": "ephemeral"}
+    assert body["messages"] == [
+        {"role": "user", "content": [{"type": "text", "text": prompt.messages[0]["content"],
+                                      "cache_control": {"type": "ephemeral"}}]}
+    ]
+
+
+def test_repair_request_keeps_cache_prefix(workspace, fwd_spec):
+    server = Server((200, message_body()))
+    b, _ = backend(server)
+    base = render_prompt(fwd_spec, workspace)
+    rp = build_repair_prompt(base, previous_response="```python\nx=1\n```", previous_candidate="x=1\n",
+                             feedback="bad", attempt=2, max_attempts=5)
+    b.complete(rp)
+    body = server.body()
+    assert [m["role"] for m in body["messages"]] == ["user", "assistant", "user"]
+    assert body["messages"][0]["content"][0]["cache_control"] == {"type": "ephemeral"}
+    assert "cache_control" not in body["messages"][1]["content"][0]
+    assert "cache_control" not in body["messages"][2]["content"][0]
+    assert sum("cache_control" in blk for blk in body["system"]) == 1
+
+
+def test_default_model_is_in_sdk_literals():
+    models = typing_extensions.get_args(typing_extensions.get_args(anthropic.types.Model)[0])
+    assert DEFAULT_MODEL in models
+
+
+def test_model_from_env_and_flag(monkeypatch):
+    monkeypatch.setenv("CODA_MODEL", "claude-sonnet-5-5")
+    server = Server()
+    assert backend(server)[0].model == "claude-sonnet-5-5"
+    assert backend(server, model="claude-opus-4-8")[0].model == "claude-opus-4-8"
+
+
+@pytest.mark.parametrize(
+    "first",
+    [
+        (429, error_body("rate_limit_error", "Number of requests has exceeded your rate limit")),
+        (529, error_body("overloaded_error", "Overloaded")),
+        httpx2.ConnectError("connection refused"),
+    ],
+    ids=["429", "529", "connect"],
+)
+def test_transient_errors_retried(workspace, fwd_spec, first):
+    server = Server(first, (200, message_body()))
+    b, sleeps = backend(server, attempts=3, backoff_base_s=2.0)
+    r = b.complete(render_prompt(fwd_spec, workspace))
+    assert r.usage.cache_read_input_tokens == 7000
+    assert len(server.requests) == 2
+    assert len(sleeps) == 1 and 1.0 <= sleeps[0] <= 2.0  # base 2 s, jitter in [base/2, base]
+
+
+def test_sdk_level_retry_honours_retry_after(workspace, fwd_spec):
+    server = Server((429, error_body("rate_limit_error", "slow down"), {"retry-after-ms": "1"}), (200, message_body()))
+    b, sleeps = backend(server, max_retries=2, attempts=1)
+    assert b.complete(render_prompt(fwd_spec, workspace)).text.startswith("```python")
+    assert len(server.requests) == 2 and sleeps == []  # the SDK retried, not our loop
+
+
+def test_retries_are_bounded_with_exponential_backoff(workspace, fwd_spec):
+    server = Server(*[(529, error_body("overloaded_error", "Overloaded"))] * 4)
+    b, sleeps = backend(server, attempts=4, backoff_base_s=1.0, backoff_max_s=3.0)
+    with pytest.raises(LLMError, match=r"still failing after 4 attempts \(HTTP 529 overloaded\)"):
+        b.complete(render_prompt(fwd_spec, workspace))
+    assert len(server.requests) == 4 and len(sleeps) == 3
+    assert 0.5 <= sleeps[0] <= 1.0 and 1.0 <= sleeps[1] <= 2.0 and 1.5 <= sleeps[2] <= 3.0  # capped at 3
+
+
+def test_auth_error_is_clear_and_not_retried(workspace, fwd_spec):
+    server = Server((401, error_body("authentication_error", "invalid x-api-key")))
+    b, sleeps = backend(server, attempts=3)
+    with pytest.raises(LLMAuthError) as ei:
+        b.complete(render_prompt(fwd_spec, workspace))
+    msg = str(ei.value)
+    assert msg.startswith("ANTHROPIC_API_KEY rejected") and "HTTP 401" in msg
+    assert SECRET not in msg and len(server.requests) == 1 and sleeps == []
+
+
+def test_bad_request_not_retried(workspace, fwd_spec):
+    server = Server((400, error_body("invalid_request_error", "max_tokens: too large")))
+    b, sleeps = backend(server, attempts=3)
+    with pytest.raises(LLMError, match=r"HTTP 400.*max_tokens: too large"):
+        b.complete(render_prompt(fwd_spec, workspace))
+    assert len(server.requests) == 1 and sleeps == []
+
+
+def test_missing_key_explains_choices(monkeypatch):
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    assert default_backend_name() is None
+    with pytest.raises(LLMError, match=r"ANTHROPIC_API_KEY is not set.*--llm manual.*--llm command"):
+        make_backend("anthropic")
+    monkeypatch.setenv("ANTHROPIC_API_KEY", SECRET)
+    assert default_backend_name() == "anthropic"
+    b = make_backend("anthropic", model=None, max_tokens=8000)
+    assert isinstance(b, AnthropicBackend) and b.max_tokens == 8000
+
+
+def test_thinking_option(workspace, fwd_spec):
+    server = Server((200, message_body()), (200, message_body()))
+    b, _ = backend(server, thinking="adaptive")
+    b.complete(render_prompt(fwd_spec, workspace))
+    assert server.body()["thinking"] == {"type": "adaptive"}
+    b2, _ = backend(server, thinking=4096)
+    b2.complete(render_prompt(fwd_spec, workspace))
+    assert server.body(1)["thinking"] == {"type": "enabled", "budget_tokens": 4096}
+
+
+def test_key_never_in_repr_logs_or_run_files(workspace, fwd_spec, caplog, monkeypatch):
+    monkeypatch.setenv("ANTHROPIC_API_KEY", SECRET)
+    caplog.set_level(logging.DEBUG)
+    server = Server(
+        (529, error_body("overloaded_error", "Overloaded")),
+        (200, message_body(reply("bad module, no marker\nx = 1\n"), cache_read=0, cache_write=9000)),
+        (200, message_body(reply(GOOD_MODULE), cache_read=9000)),
+        (200, message_body("Write the ragged tile.", cache_read=9000)),
+    )
+    b, _ = backend(server, attempts=3)
+    assert SECRET not in repr(b) and "redacted" in repr(b)
+    run_dir = workspace / "runs" / "anthropic"
+    s = generate(fwd_spec, root=workspace, backend=b, verifier=FakeVerifier(), run_dir=run_dir)
+    assert s.status == "passed" and len(server.requests) == 4
+    assert s.attempts[1].usage.cache_read_input_tokens == 9000 and s.cache_hits == 2
+    assert run_dir.is_dir()
+    for p in Path(run_dir).rglob("*"):
+        if p.is_file():
+            assert SECRET not in p.read_text(errors="replace"), p
+            assert "TOPSECRET" not in p.read_text(errors="replace"), p
+    assert SECRET not in caplog.text and "TOPSECRET" not in caplog.text
+    assert SECRET not in s.render()

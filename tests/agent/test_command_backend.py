@@ -1,0 +1,66 @@
+"""The command backend pipes the prompt into a shell command and reads its stdout."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+
+import pytest
+from agent_helpers import GOOD_MODULE, FakeVerifier
+
+from coda_agent.agent.llm import make_backend
+from coda_agent.agent.llm.base import LLMError
+from coda_agent.agent.llm.command import CommandBackend
+from coda_agent.agent.loop import generate
+from coda_agent.agent.render import render_prompt
+
+PY = shlex.quote(sys.executable)
+
+
+def test_cat_echoes_the_exact_prompt(workspace, fwd_spec):
+    prompt = render_prompt(fwd_spec, workspace)
+    r = CommandBackend("cat").complete(prompt)
+    assert r.text == prompt.as_text()
+    assert r.model == "command:cat" and r.usage.input_tokens == 0
+
+
+def test_python_command_reads_stdin_and_prompt_files(workspace, fwd_spec):
+    script = (
+        "import sys, os, json; t = sys.stdin.read(); "
+        "f = open(os.environ['CODA_PROMPT_FILE']).read(); "
+        "j = json.load(open(os.environ['CODA_PROMPT_JSON'])); "
+        "print(len(t) == len(f), j['kind'], len(j['system_blocks']), 'swiglu_fwd' in t)"
+    )
+    r = CommandBackend(f"{PY} -c {shlex.quote(script)}").complete(render_prompt(fwd_spec, workspace))
+    assert r.text == "True task 4 True\n"
+
+
+def test_nonzero_exit_is_a_clear_error(workspace, fwd_spec):
+    b = CommandBackend(f"{PY} -c 'import sys; sys.stderr.write(\"quota exceeded\\n\"); sys.exit(3)'")
+    with pytest.raises(LLMError) as ei:
+        b.complete(render_prompt(fwd_spec, workspace))
+    msg = str(ei.value)
+    assert "exited with status 3" in msg and "quota exceeded" in msg
+
+
+def test_timeout_and_empty_output(workspace, fwd_spec):
+    with pytest.raises(LLMError, match=r"did not finish within 0.5 s"):
+        CommandBackend("sleep 5", timeout_s=0.5).complete(render_prompt(fwd_spec, workspace))
+    with pytest.raises(LLMError, match=r"printed nothing on stdout"):
+        CommandBackend("cat > /dev/null").complete(render_prompt(fwd_spec, workspace))
+
+
+def test_factory_and_loop_with_a_command(workspace, fwd_spec, tmp_path):
+    answer = tmp_path / "answer.md"
+    answer.write_text(f"```python\n{GOOD_MODULE}```\n")
+    b = make_backend("command", command=f"cat > /dev/null; cat {shlex.quote(str(answer))}", model=None)
+    assert isinstance(b, CommandBackend)
+    s = generate(fwd_spec, root=workspace, backend=b, verifier=FakeVerifier(), run_dir=workspace / "runs" / "cmd")
+    assert s.status == "passed" and s.attempts[0].backend == "command"
+    assert (s.run_dir / "attempt-1" / "candidate.py").read_text() == GOOD_MODULE
+    with pytest.raises(LLMError, match="needs the command line"):
+        make_backend("command")
+    with pytest.raises(LLMError, match="unknown LLM backend 'openai'"):
+        make_backend("openai")
+    with pytest.raises(LLMError, match="no LLM backend configured"):
+        make_backend(None)

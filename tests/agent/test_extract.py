@@ -1,0 +1,106 @@
+"""extract_module: exactly one Python module out of a model reply, or a clear error."""
+
+from __future__ import annotations
+
+import pytest
+
+from coda_agent.agent.extract import ExtractError, extract_module
+
+MOD = "import torch\n\n\ndef f(x):\n    return x\n"
+
+
+def test_single_block_with_prose_around():
+    r = f"Sure! Here is the kernel:\n\n```python\n{MOD}```\n\nIt fuses everything. Let me know.\n"
+    assert extract_module(r) == MOD
+
+
+@pytest.mark.parametrize("label", ["py", "python3", "Python", "python title=kernel.py"])
+def test_label_variants(label):
+    assert extract_module(f"```{label}\n{MOD}```") == MOD
+
+
+def test_crlf_and_cr_line_endings():
+    r = "Intro\r\n```python\r\n" + MOD.replace("\n", "\r\n") + "```\r\nbye\r\n"
+    assert extract_module(r) == MOD
+    assert extract_module(r.replace("\r\n", "\r")) == MOD
+
+
+def test_single_unlabeled_block_with_python_ok():
+    assert extract_module(f"text\n```\n{MOD}```\n") == MOD
+
+
+def test_unlabeled_non_python_block_is_not_a_module():
+    with pytest.raises(ExtractError, match=r"no ```python code block"):
+        extract_module("Run this:\n```\n$ make -j && ./run --flag=[\n```\n")
+
+
+def test_two_python_blocks_rejected_with_lines():
+    r = f"Part 1\n```python\n{MOD}```\nPart 2\n```python\nx = 1\n```\n"
+    with pytest.raises(ExtractError) as ei:
+        extract_module(r)
+    msg = str(ei.value)
+    assert "2 ```python blocks" in msg and "lines 2, 10" in msg and "single block" in msg
+
+
+def test_no_block_rejected():
+    with pytest.raises(ExtractError) as ei:
+        extract_module("I think the kernel should use acc_pair mode.")
+    assert "no ```python code block" in str(ei.value)
+    assert "exactly ONE fenced code block" in str(ei.value)
+
+
+def test_other_language_blocks_ignored():
+    r = f"```bash\npip install quack\n```\n\n```python\n{MOD}```\n```text\noutput\n```\n"
+    assert extract_module(r) == MOD
+
+
+def test_only_other_language_blocks_named_in_error():
+    with pytest.raises(ExtractError, match=r"found only blocks labelled bash"):
+        extract_module("```bash\nls\n```\n")
+
+
+def test_fenced_snippet_inside_docstring_keeps_whole_module():
+    mod = (
+        '"""Kernel.\n\nUsage:\n\n```python\nout = f(x)\n```\n"""\n'
+        "import torch\n\n\ndef f(x):\n    return x\n"
+    )
+    assert extract_module(f"Here:\n```python\n{mod}```\nDone.\n") == mod
+
+
+def test_longer_fence_contains_triple_backticks():
+    mod = 'S = """\n```\nnot a fence for the outer block\n```\n"""\n'
+    assert extract_module(f"````python\n{mod}````\n") == mod
+
+
+def test_inline_backticks_in_strings_are_fine():
+    mod = 'x = "```python"\ny = 1  # ``` inline\n'
+    assert extract_module(f"```python\n{mod}```") == mod
+
+
+def test_tilde_fence_and_indented_fence():
+    assert extract_module(f"~~~python\n{MOD}~~~\n") == MOD
+    assert extract_module(f"   ```python\n{MOD}   ```\n") == MOD
+
+
+def test_unclosed_block_is_an_error():
+    with pytest.raises(ExtractError, match=r"never closed.*cut off"):
+        extract_module(f"```python\n{MOD}")
+
+
+def test_closed_block_then_truncated_second_python_block():
+    with pytest.raises(ExtractError, match=r"2 ```python blocks"):
+        extract_module(f"```python\n{MOD}```\nAnd usage:\n```python\nf(")
+
+
+def test_empty_block_is_an_error():
+    with pytest.raises(ExtractError, match=r"is empty"):
+        extract_module("```python\n\n```")
+
+
+def test_result_ends_with_single_newline():
+    assert extract_module("```python\n\n\nx = 1   \n\n\n```") == "x = 1\n"
+
+
+def test_unlabeled_block_plus_python_block_takes_python():
+    r = f"```\nsome output\n```\n```python\n{MOD}```"
+    assert extract_module(r) == MOD

@@ -1,0 +1,343 @@
+"""The generate loop: repair on feedback, lessons, acceptance, and resumability."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+from agent_helpers import BAD_MODULE, FAIL_MESSAGE, GOOD_MODULE, FakeVerifier, reply
+
+from coda_agent.agent.llm.base import LLMError, LLMResponse, Usage
+from coda_agent.agent.llm.manual import ManualBackend
+from coda_agent.agent.llm.scripted import ScriptedBackend
+from coda_agent.agent.loop import RunError, generate, load_run
+from coda_agent.verifier.spec import load_spec
+
+LESSON = "Write every column of the ragged last N tile: poisoned NaN memory shows any tile you skip."
+
+
+class Acceptor:
+    def __init__(self, fail: Exception | None = None):
+        self.calls: list[dict] = []
+        self.fail = fail
+
+    def __call__(self, loaded, candidate, verdict, *, root, provenance, force):
+        self.calls.append(dict(loaded=loaded, candidate=Path(candidate), verdict=verdict, root=root,
+                               provenance=provenance, force=force, source=Path(candidate).read_text()))
+        if self.fail:
+            raise self.fail
+        return Path(root) / "generated_kernels" / loaded.name
+
+
+def run_json(run_dir: Path) -> dict:
+    return json.loads((run_dir / "run.json").read_text())
+
+
+def test_fail_feedback_pass_lesson_accept(workspace, fwd_spec, fake_verifier):
+    backend = ScriptedBackend([
+        LLMResponse(text=reply(BAD_MODULE), model="m-1",
+                    usage=Usage(input_tokens=9000, output_tokens=800, cache_creation_input_tokens=8000)),
+        LLMResponse(text=reply(GOOD_MODULE), model="m-1",
+                    usage=Usage(input_tokens=1500, output_tokens=900, cache_read_input_tokens=8000)),
+        LLMResponse(text=f"{LESSON}\n", model="m-1",
+                    usage=Usage(input_tokens=700, output_tokens=40, cache_read_input_tokens=8000)),
+    ])
+    acc = Acceptor()
+    run_dir = workspace / "runs" / "r1"
+    s = generate(fwd_spec, root=workspace, backend=backend, verifier=fake_verifier,
+                 run_dir=run_dir, accept_fn=acc, force=True)
+    assert s.status == "accepted"
+    assert [a.stage_reached for a in s.attempts] == ["correctness", "bench"]
+    assert [a.passed for a in s.attempts] == [False, True]
+    assert [a.kind for a in s.attempts] == ["task", "repair"]
+    assert len(fake_verifier.calls) == 2
+    assert fake_verifier.calls[1][1] == run_dir / "attempt-2" / "candidate.py"
+    assert fake_verifier.calls[1][2] == run_dir / "attempt-2" / "verify"
+
+    # the repair prompt carries the verifier feedback and the previous candidate
+    repair = backend.prompts[1]
+    assert repair.kind == "repair"
+    last = repair.messages[-1]["content"]
+    assert FAIL_MESSAGE in last
+    assert "# attempt one" in last  # the previous candidate
+    assert repair.system_blocks == backend.prompts[0].system_blocks  # cache prefix unchanged
+    fb = (run_dir / "attempt-1" / "feedback.md").read_text()
+    assert FAIL_MESSAGE in fb
+
+    # files of each attempt
+    for k in (1, 2):
+        d = run_dir / f"attempt-{k}"
+        for f in ("prompt.md", "prompt.json", "response.md", "response.json", "candidate.py", "verdict.json"):
+            assert (d / f).is_file(), (k, f)
+    assert (run_dir / "attempt-2" / "prompt.md").read_text() == repair.as_text()
+    assert (run_dir / "attempt-2" / "candidate.py").read_text() == GOOD_MODULE
+    v = json.loads((run_dir / "attempt-1" / "verdict.json").read_text())
+    assert v["stages"][2]["findings"][0]["message"] == FAIL_MESSAGE
+
+    # accept_fn got the candidate, the verdict and the provenance
+    assert len(acc.calls) == 1
+    call = acc.calls[0]
+    assert call["source"] == GOOD_MODULE and call["force"] is True and call["root"] == workspace
+    assert call["verdict"].gpu_verified
+    prov = call["provenance"]
+    assert prov == {
+        "backend": "scripted",
+        "model": "m-1",
+        "prompt_sha256": hashlib.sha256((run_dir / "attempt-2" / "prompt.md").read_bytes()).hexdigest(),
+        "attempts": 2,
+        "run_dir": str(run_dir),
+    }
+    assert s.state.accepted_path == str(workspace / "generated_kernels" / "swiglu_fwd")
+
+    # the lesson: asked with the failure feedback and the diff, saved, NOT appended
+    lesson_prompt = backend.prompts[2]
+    assert lesson_prompt.kind == "lesson"
+    assert FAIL_MESSAGE in lesson_prompt.messages[0]["content"]
+    assert "+# FIXED: write the ragged tile" in lesson_prompt.messages[0]["content"]
+    assert (run_dir / "proposed_trick.md").read_text() == LESSON + "\n"
+    assert s.state.lesson.status == "proposed" and s.state.lesson.text == LESSON
+    assert LESSON not in (workspace / "tricks_log.md").read_text()
+
+    # totals and the summary
+    assert s.usage.input_tokens == 11200 and s.usage.output_tokens == 1740
+    assert s.usage.cache_read_input_tokens == 16000 and s.cache_hits == 2
+    rj = run_json(run_dir)
+    assert rj["status"] == "accepted" and rj["spec"] == "swiglu_fwd" and rj["spec_hash"] == fwd_spec.spec_hash
+    assert rj["backend"] == "scripted"
+    assert rj["attempts"][0]["usage"]["cache_creation_input_tokens"] == 8000
+    text = s.render()
+    assert "accepted" in text and "cache hits 2" in text and "coda-agent tricks add --from-run" in text
+
+
+def test_run_json_written_after_every_step(workspace, fwd_spec):
+    seen = []
+
+    def verifier(loaded, candidate, workdir):
+        rj = run_json(candidate.parent.parent)
+        seen.append((rj["status"], rj["attempts"][-1]["step"], (candidate.parent / "response.md").is_file()))
+        return FakeVerifier()(loaded, candidate, workdir)
+
+    generate(fwd_spec, root=workspace, backend=ScriptedBackend([reply(GOOD_MODULE)]), verifier=verifier,
+             run_dir=workspace / "runs" / "r")
+    assert seen == [("running", "responded", True)]
+
+
+def test_out_of_attempts(workspace, fwd_spec, fake_verifier):
+    backend = ScriptedBackend([reply(BAD_MODULE)] * 3)
+    acc = Acceptor()
+    s = generate(fwd_spec, root=workspace, backend=backend, verifier=fake_verifier, max_attempts=3,
+                 run_dir=workspace / "runs" / "r", accept_fn=acc)
+    assert s.status == "out-of-attempts"
+    assert len(s.attempts) == 3 and len(fake_verifier.calls) == 3 and backend.calls == 3
+    assert acc.calls == [] and s.proposed_trick is None
+    assert "attempt 3 of 3" in backend.prompts[2].messages[-1]["content"]
+    # resuming with a higher limit continues from attempt 4 without redoing 1..3
+    backend2 = ScriptedBackend([reply(GOOD_MODULE), LESSON])
+    s2 = generate(fwd_spec, root=workspace, backend=backend2, verifier=fake_verifier, max_attempts=4,
+                  resume=s.run_dir, accept_fn=acc)
+    assert s2.status == "accepted" and len(s2.attempts) == 4
+    assert backend2.calls == 2 and len(fake_verifier.calls) == 4
+
+
+def test_extraction_error_is_fed_back(workspace, fwd_spec, fake_verifier):
+    backend = ScriptedBackend(["I would use acc_pair mode here, no code yet.", reply(GOOD_MODULE)])
+    s = generate(fwd_spec, root=workspace, backend=backend, verifier=fake_verifier, run_dir=workspace / "runs" / "r",
+                 accept_fn=Acceptor())
+    assert s.status == "accepted"
+    a1 = s.attempts[0]
+    assert a1.stage_reached == "extract" and a1.passed is False and "no ```python code block" in a1.extract_error
+    assert len(fake_verifier.calls) == 1  # nothing to verify in attempt 1
+    assert not (s.run_dir / "attempt-1" / "candidate.py").exists()
+    repair = backend.prompts[1].messages[-1]["content"]
+    assert "no ```python code block" in repair and "No module could be extracted" in repair
+    assert backend.prompts[1].messages[1]["content"] == "I would use acc_pair mode here, no code yet."
+    # no lesson from an extraction failure (nothing to diff)
+    assert s.state.lesson.status == "skipped" and backend.calls == 2
+
+
+def test_manual_backend_stops_and_resumes(workspace, fwd_spec, fake_verifier):
+    acc = Acceptor()
+    s = generate(fwd_spec, root=workspace, backend=ManualBackend(), verifier=fake_verifier,
+                 run_dir=workspace / "runs" / "m", accept_fn=acc)
+    a1 = s.run_dir / "attempt-1"
+    assert s.status == "waiting-for-answer"
+    assert s.state.answer_path == str(a1 / "response.md")
+    assert (a1 / "prompt.md").read_text().startswith("=== SYSTEM ===")
+    assert "waiting for the answer" in s.render() and str(a1 / "response.md") in s.render()
+    assert run_json(s.run_dir)["status"] == "waiting-for-answer"
+    # resume without an answer: still waiting, nothing verified
+    s = generate(fwd_spec, root=workspace, backend=ManualBackend(), verifier=fake_verifier, resume=s.run_dir,
+                 accept_fn=acc)
+    assert s.status == "waiting-for-answer" and fake_verifier.calls == []
+
+    (a1 / "response.md").write_text(reply(BAD_MODULE))
+    s = generate(fwd_spec, root=workspace, backend=ManualBackend(), verifier=fake_verifier, resume=s.run_dir,
+                 accept_fn=acc)
+    assert s.status == "waiting-for-answer" and s.state.answer_path.endswith("attempt-2/response.md")
+    assert FAIL_MESSAGE in (s.run_dir / "attempt-2" / "prompt.md").read_text()
+
+    (s.run_dir / "attempt-2" / "response.md").write_text(reply(GOOD_MODULE))
+    s = generate(fwd_spec, root=workspace, backend=ManualBackend(), verifier=fake_verifier, resume=s.run_dir,
+                 accept_fn=acc)
+    assert s.status == "accepted" and len(acc.calls) == 1
+    assert s.state.lesson.status == "waiting-for-answer"
+    lesson_dir = s.run_dir / "lesson"
+    assert s.state.lesson.answer_path == str(lesson_dir / "response.md")
+    assert "ONE sentence" in (lesson_dir / "prompt.md").read_text()
+
+    (lesson_dir / "response.md").write_text(f"- {LESSON}\n")
+    s = generate(fwd_spec, root=workspace, backend=ManualBackend(), verifier=fake_verifier, resume=s.run_dir,
+                 accept_fn=acc)
+    assert s.status == "accepted" and len(acc.calls) == 1  # not accepted twice
+    assert (s.run_dir / "proposed_trick.md").read_text() == LESSON + "\n"
+    assert len(fake_verifier.calls) == 2
+
+
+def test_resume_after_interrupt_in_verifier(workspace, fwd_spec):
+    verifier = FakeVerifier(raise_on_call={1: KeyboardInterrupt()})
+    backend = ScriptedBackend([reply(GOOD_MODULE)])
+    run_dir = workspace / "runs" / "i"
+    with pytest.raises(KeyboardInterrupt):
+        generate(fwd_spec, root=workspace, backend=backend, verifier=verifier, run_dir=run_dir)
+    rj = run_json(run_dir)
+    assert rj["status"] == "interrupted" and rj["attempts"][0]["step"] == "responded"
+    assert (run_dir / "attempt-1" / "response.md").is_file()
+    assert not (run_dir / "attempt-1" / "verdict.json").exists()
+
+    fresh = ScriptedBackend([])  # any LLM call would fail the run
+    s = generate(fwd_spec, root=workspace, backend=fresh, verifier=verifier, resume=run_dir,
+                 accept_fn=Acceptor())
+    assert s.status == "accepted" and fresh.calls == 0
+    assert len(verifier.calls) == 2 and (run_dir / "attempt-1" / "verdict.json").is_file()
+
+
+def test_resume_after_interrupt_in_llm_call(workspace, fwd_spec, fake_verifier):
+    backend = ScriptedBackend([reply(BAD_MODULE), KeyboardInterrupt()])
+    run_dir = workspace / "runs" / "j"
+    with pytest.raises(KeyboardInterrupt):
+        generate(fwd_spec, root=workspace, backend=backend, verifier=fake_verifier, run_dir=run_dir)
+    assert run_json(run_dir)["status"] == "interrupted"
+    assert (run_dir / "attempt-2" / "prompt.json").is_file() and not (run_dir / "attempt-2" / "response.md").exists()
+    prompt2 = (run_dir / "attempt-2" / "prompt.md").read_text()
+
+    backend2 = ScriptedBackend([reply(GOOD_MODULE), LESSON])
+    s = generate(fwd_spec, root=workspace, backend=backend2, verifier=fake_verifier, resume=run_dir,
+                 accept_fn=Acceptor())
+    assert s.status == "accepted"
+    assert backend2.calls == 2  # attempt 2 + lesson; attempt 1 not asked again
+    assert backend2.prompts[0].as_text() == prompt2  # the saved prompt is reused verbatim
+    assert len(fake_verifier.calls) == 2  # attempt 1 not verified again
+    assert (run_dir / "proposed_trick.md").is_file()
+
+
+def test_llm_error_fails_run_and_resume_continues(workspace, fwd_spec, fake_verifier):
+    backend = ScriptedBackend([LLMError("ANTHROPIC_API_KEY rejected by the Anthropic API (HTTP 401)")])
+    run_dir = workspace / "runs" / "e"
+    s = generate(fwd_spec, root=workspace, backend=backend, verifier=fake_verifier, run_dir=run_dir)
+    assert s.status == "failed" and "rejected" in s.state.error
+    assert "error: ANTHROPIC_API_KEY rejected" in s.render()
+    s = generate(fwd_spec, root=workspace, backend=ScriptedBackend([reply(GOOD_MODULE)]), verifier=fake_verifier,
+                 resume=run_dir)
+    assert s.status == "passed" and s.state.error is None  # verified, no accept_fn given
+
+
+def test_cpu_only_pass_is_not_accepted(workspace, fwd_spec):
+    acc = Acceptor()
+    s = generate(fwd_spec, root=workspace, backend=ScriptedBackend([reply(GOOD_MODULE)]),
+                 verifier=FakeVerifier(cpu_only=True), run_dir=workspace / "runs" / "c", accept_fn=acc, cpu_only=True)
+    assert s.status == "passed-cpu-only" and acc.calls == []
+    assert s.attempts[0].stage_reached == "correctness"
+
+
+def test_accept_refusal_is_reported(workspace, fwd_spec, fake_verifier):
+    acc = Acceptor(fail=RuntimeError("kernel already accepted; use --force"))
+    s = generate(fwd_spec, root=workspace, backend=ScriptedBackend([reply(GOOD_MODULE)]), verifier=fake_verifier,
+                 run_dir=workspace / "runs" / "a", accept_fn=acc)
+    assert s.status == "failed" and "accept refused" in s.state.error and "--force" in s.state.error
+
+
+def test_resume_refuses_changed_spec_and_existing_run(workspace, fwd_spec, fake_verifier):
+    run_dir = workspace / "runs" / "h"
+    generate(fwd_spec, root=workspace, backend=ScriptedBackend([reply(GOOD_MODULE)]), verifier=fake_verifier,
+             run_dir=run_dir)
+    with pytest.raises(RunError, match="already holds a run"):
+        generate(fwd_spec, root=workspace, backend=ScriptedBackend([]), verifier=fake_verifier, run_dir=run_dir)
+    toml = workspace / "kernel_specs" / "swiglu_fwd" / "spec.toml"
+    toml.write_text(toml.read_text().replace('hints = [', 'hints = [\n    "an extra hint",'))
+    changed = load_spec(toml.parent)
+    with pytest.raises(RunError, match="changed since the run started"):
+        generate(changed, root=workspace, backend=ScriptedBackend([]), verifier=fake_verifier, resume=run_dir)
+    bwd = load_spec(workspace / "kernel_specs" / "swiglu_bwd")
+    with pytest.raises(RunError, match="not 'swiglu_bwd'"):
+        generate(bwd, root=workspace, backend=ScriptedBackend([]), verifier=fake_verifier, resume=run_dir)
+
+
+def test_default_run_dir_and_load_run(workspace, fwd_spec, fake_verifier):
+    s = generate(fwd_spec, root=workspace, backend=ScriptedBackend([reply(GOOD_MODULE)]), verifier=fake_verifier)
+    assert s.run_dir.parent == workspace / "runs"
+    assert s.run_dir.name.endswith("-swiglu_fwd") and s.run_dir.name[8] == "T"
+    again = load_run(s.run_dir)
+    assert again.status == "passed" and again.attempts[0].stage_reached == "bench"
+
+
+def test_verifier_crash_marks_failed_and_propagates(workspace, fwd_spec):
+    verifier = FakeVerifier(raise_on_call={1: ValueError("pipeline bug")})
+    with pytest.raises(ValueError):
+        generate(fwd_spec, root=workspace, backend=ScriptedBackend([reply(GOOD_MODULE)]), verifier=verifier,
+                 run_dir=workspace / "runs" / "v")
+    rj = run_json(workspace / "runs" / "v")
+    assert rj["status"] == "failed" and rj["error"] == "ValueError: pipeline bug"
+
+
+def test_with_real_accept_kernel_becomes_example_for_others_only(workspace, fwd_spec, fake_verifier):
+    accept_mod = pytest.importorskip("coda_agent.verifier.accept")
+    from coda_agent.agent.render import render_prompt
+
+    s = generate(fwd_spec, root=workspace, backend=ScriptedBackend([reply(GOOD_MODULE)]), verifier=fake_verifier,
+                 run_dir=workspace / "runs" / "real", accept_fn=accept_mod.accept, force=True)
+    assert s.status == "accepted", s.state.error
+    dest = workspace / "generated_kernels" / "swiglu_fwd"
+    assert (dest / "kernel.py").read_text() == GOOD_MODULE
+    manifest = json.loads((dest / "manifest.json").read_text())
+    assert manifest["provenance"]["backend"] == "scripted" and manifest["provenance"]["attempts"] == 1
+    bwd = load_spec(workspace / "kernel_specs" / "swiglu_bwd")
+    assert "# FIXED: write the ragged tile" in render_prompt(bwd, workspace).as_text()
+    assert "# FIXED: write the ragged tile" not in render_prompt(fwd_spec, workspace, max_examples=10).as_text()
+
+
+def test_run_json_records_per_attempt_accounting(workspace, fwd_spec, fake_verifier):
+    backend = ScriptedBackend([
+        LLMResponse(text=reply(BAD_MODULE), model="m", usage=Usage(input_tokens=10, output_tokens=5)),
+        LLMResponse(text=reply(GOOD_MODULE), model="m",
+                    usage=Usage(input_tokens=3, output_tokens=6, cache_read_input_tokens=99)),
+        "A lesson.",
+    ])
+    s = generate(fwd_spec, root=workspace, backend=backend, verifier=fake_verifier, run_dir=workspace / "runs" / "acc")
+    rj = run_json(s.run_dir)
+    a1, a2 = rj["attempts"]
+    assert (a1["cache_hit"], a2["cache_hit"]) == (False, True)
+    assert a1["stage_reached"] == "correctness" and a1["failed_stage"] == "correctness"
+    assert a2["usage"] == {"input_tokens": 3, "output_tokens": 6, "cache_read_input_tokens": 99,
+                           "cache_creation_input_tokens": 0}
+    assert a1["wall_s"] >= 0 and a1["prompt_sha256"] == hashlib.sha256(
+        (s.run_dir / "attempt-1" / "prompt.md").read_bytes()).hexdigest()
+    assert rj["lesson"]["status"] == "proposed" and rj["lesson"]["text"] == "A lesson."
+    assert load_run(s.run_dir).state.attempts[1].cache_hit is True
+
+
+@pytest.mark.parametrize(
+    "raw, want",
+    [
+        ("**Lesson:** Write every column.\n", "Write every column."),
+        ("**Lesson**: Write every column.", "Write every column."),
+        ("\n- Trick: round once at the store\n", "round once at the store"),
+        ('"Quoted sentence."', "Quoted sentence."),
+        ("Trickle-down stores need masks.", "Trickle-down stores need masks."),
+    ],
+)
+def test_lesson_sentence_cleaning(raw, want):
+    from coda_agent.agent.loop import _lesson_sentence
+
+    assert _lesson_sentence(raw) == want

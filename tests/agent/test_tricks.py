@@ -1,0 +1,108 @@
+"""tricks_log.md: append-only dated entries; proposed tricks from runs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from coda_agent.agent.tricks import TrickError, add_from_run, add_trick, parse_entries, read_entries
+
+HAND_WRITTEN = """# Tricks log
+
+Hand-written intro paragraph.
+
+## 2026-01-05 swiglu_bwd: packed C needs 16-bit dtype
+
+Symptom: compile error "packed_cd_b16x2 requires 16-bit C".
+Fix: keep preact bf16; never upcast on the host.
+
+- **2026-01-10** `swiglu_fwd`: NaN in the last N tile -> write every output column.
+"""
+
+
+def test_add_to_missing_file_creates_header(tmp_path):
+    e = add_trick(tmp_path, "  Use  acc_pair for\n gated forwards. ", kernel="swiglu_fwd", date="2026-02-01")
+    assert e.raw == "- **2026-02-01** `swiglu_fwd`: Use acc_pair for gated forwards."
+    text = (tmp_path / "tricks_log.md").read_text()
+    assert text.startswith("# Tricks log\n") and text.endswith(e.raw + "\n")
+    [entry] = read_entries(tmp_path)
+    assert (entry.date, entry.kernel, entry.text) == ("2026-02-01", "swiglu_fwd", "Use acc_pair for gated forwards.")
+
+
+def test_append_never_rewrites_existing_entries(tmp_path):
+    log = tmp_path / "tricks_log.md"
+    log.write_text(HAND_WRITTEN)
+    add_trick(tmp_path, "Round once, at the store.", kernel="rms_fwd", date="2026-02-02")
+    add_trick(tmp_path, "Ragged M needs no masking in host code.", date="2026-02-03")
+    text = log.read_text()
+    assert text.startswith(HAND_WRITTEN)
+    assert text[len(HAND_WRITTEN):] == (
+        "- **2026-02-02** `rms_fwd`: Round once, at the store.\n"
+        "- **2026-02-03**: Ragged M needs no masking in host code.\n"
+    )
+    entries = parse_entries(text)
+    assert [(e.date, e.kernel, e.style) for e in entries] == [
+        ("2026-01-05", "swiglu_bwd", "section"),
+        ("2026-01-10", "swiglu_fwd", "bullet"),
+        ("2026-02-02", "rms_fwd", "bullet"),
+        ("2026-02-03", None, "bullet"),
+    ]
+    assert "Fix: keep preact bf16" in entries[0].text
+
+
+def test_section_at_end_gets_a_separating_blank_line(tmp_path):
+    log = tmp_path / "tricks_log.md"
+    log.write_text("# Tricks\n\n## 2026-01-05 `x_fwd`\nbody line")
+    add_trick(tmp_path, "New lesson.", date="2026-02-02")
+    assert log.read_text() == "# Tricks\n\n## 2026-01-05 `x_fwd`\nbody line\n\n- **2026-02-02**: New lesson.\n"
+    assert [e.style for e in read_entries(tmp_path)] == ["section", "bullet"]
+
+
+def test_refusals(tmp_path):
+    add_trick(tmp_path, "Once only.", date="2026-02-02")
+    with pytest.raises(TrickError, match="already in"):
+        add_trick(tmp_path, "Once   only.")
+    with pytest.raises(TrickError, match="empty"):
+        add_trick(tmp_path, "   ")
+    with pytest.raises(TrickError, match="YYYY-MM-DD"):
+        add_trick(tmp_path, "x", date="02/02/2026")
+    with pytest.raises(TrickError, match="spec name"):
+        add_trick(tmp_path, "x", kernel="Bad Name")
+
+
+def test_default_date_is_today_utc(tmp_path):
+    import datetime as dt
+
+    e = add_trick(tmp_path, "Dated today.")
+    assert e.date == dt.datetime.now(dt.timezone.utc).date().isoformat()
+
+
+def test_add_from_run(tmp_path):
+    root = tmp_path / "ws"
+    run = root / "runs" / "20260101T000000Z-swiglu_fwd"
+    run.mkdir(parents=True)
+    (run / "run.json").write_text(json.dumps({"spec": "swiglu_fwd", "status": "accepted"}))
+    with pytest.raises(TrickError, match="no proposed trick"):
+        add_from_run(root, run)
+    (run / "proposed_trick.md").write_text("Write every column of the ragged tile.\n")
+    e = add_from_run(root, run, date="2026-03-01")
+    assert e.kernel == "swiglu_fwd"
+    assert (root / "tricks_log.md").read_text().endswith(
+        "- **2026-03-01** `swiglu_fwd`: Write every column of the ragged tile.\n"
+    )
+    with pytest.raises(TrickError, match="already in"):
+        add_from_run(root, run)
+
+
+def test_parse_entry_texts():
+    entries = parse_entries(HAND_WRITTEN)
+    assert entries[0].text.startswith("packed C needs 16-bit dtype Symptom: compile error")
+    assert entries[1].text == "NaN in the last N tile -> write every output column."
+    [plain] = parse_entries("- 2026-01-01 use acc_pair for gated forwards\n")
+    assert plain.kernel is None and plain.text == "use acc_pair for gated forwards"
+
+
+def test_no_stray_files_in_workspace(tmp_path):
+    add_trick(tmp_path, "Only the log changes.", date="2026-02-02")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tricks_log.md"]
