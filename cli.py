@@ -148,29 +148,19 @@ def cmd_list(args) -> int:
 
 def cmd_prompt(args) -> int:
     """Print exactly what the model would receive for SPEC, with a token estimate."""
-    from coda_agent.agent.context import build_context
-    from coda_agent.agent.render import render_initial
+    from coda_agent.agent.render import render_prompt
 
     root = _root(args)
     loaded = _spec(root, args.spec)
-    prompt = render_initial(loaded, build_context(root, loaded))
+    prompt = render_prompt(loaded, root)
     text = prompt.as_text()
     if args.out:
         Path(args.out).write_text(text)
         err.print(f"wrote {args.out}")
     else:
         console.print(text, markup=False, highlight=False, soft_wrap=True)
-    err.print(f"~{prompt.estimate_tokens()} tokens (estimate: characters / 4)")
+    err.print(f"~{prompt.estimate_tokens()} tokens (estimate: characters / 4); prompt sha256 {prompt.sha256()[:12]}")
     return OK
-
-
-def _verifier_fn(cpu_only: bool, bench: bool = True):
-    from coda_agent.verifier.pipeline import verify
-
-    def run(loaded, candidate: Path, workdir: Path):
-        return verify(loaded, candidate, cpu_only=cpu_only, bench=bench, workdir=workdir)
-
-    return run
 
 
 def cmd_verify(args) -> int:
@@ -202,48 +192,53 @@ def cmd_verify(args) -> int:
 
 def cmd_generate(args) -> int:
     """The main job: spec -> LLM -> verifier -> (repair)* -> accepted kernel."""
-    from coda_agent.agent.llm import default_backend_name, make_backend
-    from coda_agent.agent.loop import generate
+    from coda_agent.agent.llm import NO_BACKEND_HELP, LLMError, default_backend_name, make_backend
+    from coda_agent.agent.loop import RunError, generate, load_run
 
     root = _root(args)
     loaded = _spec(root, args.spec)
-    name = args.llm or default_backend_name()
-    if name is None and not args.resume:
-        raise UsageError(
-            "no LLM backend: set ANTHROPIC_API_KEY (uses the Anthropic API), or choose one:\n"
-            "  --llm manual              write each prompt to the run folder; answer it yourself\n"
-            "                            (or with any agent), then rerun with --resume RUN\n"
-            '  --llm command "CMD"       pipe each prompt into CMD and read the answer from its stdout'
-        )
-    opts = {}
-    if args.model:
-        opts["model"] = args.model
-    if name == "command":
-        if not args.command:
-            raise UsageError('--llm command needs the command: --llm command --command "CMD"')
-        opts["command"] = args.command
-    backend = make_backend(name or "manual", **opts)
+    name, command = (args.llm or [None])[0], args.command
+    if args.llm and len(args.llm) > 2:
+        raise UsageError('--llm takes a backend name and, for "command", the command: --llm command "CMD"')
+    if args.llm and len(args.llm) == 2:
+        if name != "command":
+            raise UsageError(f"--llm {name} takes no argument (got {args.llm[1]!r})")
+        command = args.llm[1]
+    if name not in (None, "anthropic", "command", "manual", "scripted"):
+        raise UsageError(f"--llm: unknown backend {name!r} (anthropic, command, manual)")
+    if name is None and args.resume:
+        try:  # a resumed run keeps the backend it started with
+            name = load_run(Path(args.resume)).state.backend
+        except Exception as e:  # noqa: BLE001 - reported as a usage error below
+            raise UsageError(f"--resume {args.resume}: {e}") from None
+    name = name or default_backend_name()
+    if name is None:
+        raise UsageError(NO_BACKEND_HELP)
+    if name == "command" and not command:
+        raise UsageError('--llm command needs the command: --llm command "CMD"')
+    try:
+        backend = make_backend(name, model=args.model, command=command)
+    except LLMError as e:
+        raise UsageError(str(e)) from None
     accept_fn = None
     if not args.no_accept:
-        from coda_agent.verifier.accept import accept as accept_fn  # noqa: F811
-    summary = generate(
-        loaded,
-        root=root,
-        backend=backend,
-        verifier=_verifier_fn(args.cpu_only),
-        max_attempts=args.max_attempts,
-        resume=Path(args.resume) if args.resume else None,
-        accept_fn=accept_fn,
-        force=args.force,
-        cpu_only=args.cpu_only,
-    )
-    console.print(summary.render() if hasattr(summary, "render") else summary)
-    status = getattr(summary, "status", "")
-    if status == "accepted":
-        return OK
-    if status == "waiting-for-answer":
-        return OK
-    return FAILED
+        from coda_agent.verifier.accept import accept as accept_fn
+    try:
+        summary = generate(
+            loaded,
+            root=root,
+            backend=backend,
+            verifier=None,
+            max_attempts=args.max_attempts,
+            resume=Path(args.resume) if args.resume else None,
+            accept_fn=accept_fn,
+            force=args.force,
+            cpu_only=args.cpu_only,
+        )
+    except RunError as e:
+        raise UsageError(str(e)) from None
+    console.print(summary.render(), markup=False, highlight=False)
+    return OK if summary.status in ("accepted", "passed", "passed-cpu-only", "waiting-for-answer") else FAILED
 
 
 def cmd_bench(args) -> int:
@@ -265,7 +260,10 @@ def cmd_regress(args) -> int:
     from coda_agent.verifier.regress import regress
 
     root = _root(args)
-    rep = regress(root, kernels=args.kernels or None, cpu_only=args.cpu_only, tolerance=args.tolerance)
+    try:
+        rep = regress(root, kernels=args.kernels or None, cpu_only=args.cpu_only, tolerance=args.tolerance)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     t = Table(title=f"regression over generated_kernels/ ({'CPU-only' if args.cpu_only else 'GPU'})")
     for c in ("kernel", "status", "stage", "ratio now vs accepted", "message"):
         t.add_column(c, overflow="fold")
@@ -313,9 +311,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = sub.add_parser("generate", help="write a kernel for SPEC with an LLM, verify, repair, accept")
     g.add_argument("spec")
-    g.add_argument("--llm", choices=["anthropic", "command", "manual", "scripted"],
-                   help="LLM backend (default: anthropic when ANTHROPIC_API_KEY is set)")
-    g.add_argument("--command", help='shell command for --llm command (prompt on stdin, answer on stdout)')
+    g.add_argument("--llm", nargs="+", metavar="BACKEND",
+                   help='anthropic (default when ANTHROPIC_API_KEY is set) | manual | command "CMD" '
+                   "(prompt on CMD's stdin, answer on its stdout)")
+    g.add_argument("--command", help=argparse.SUPPRESS)
     g.add_argument("--model", help="model id for --llm anthropic (default: $CODA_MODEL or the built-in default)")
     g.add_argument("--max-attempts", type=int, default=5)
     g.add_argument("--resume", metavar="RUN", help="continue runs/<RUN> (e.g. after --llm manual)")

@@ -1,0 +1,195 @@
+"""Regression over accepted kernels: nothing may silently break an accepted kernel.
+
+For each ``generated_kernels/<name>/`` (``coda-agent regress``), in order, stopping at the
+first failure of that kernel:
+
+1. **integrity** -- ``kernel.py``'s sha256 equals the manifest's (an edit after
+   verification is a failure: re-verify and re-accept with ``--force``);
+2. **spec** -- the spec's hash equals the one the kernel was accepted against; if not,
+   the row says "needs re-verification" and names the spec fields that changed (the
+   manifest keeps the accepted spec's parsed TOML for this);
+3. **static** and **compile** (sm_90a; works without a GPU) -- catches dependency bumps
+   (cutlass-dsl / quack) that break the kernel;
+4. with a Hopper GPU (not ``cpu_only``): the full correctness, gradient and benchmark
+   stages. Performance is judged only as *ratios* fused/baseline measured in the same
+   run, compared with the ratios recorded at acceptance: a ratio worse by more than
+   ``tolerance`` (default 10 %) fails. Absolute times are never compared across runs.
+
+The report is data (:class:`RegressReport`); cli.py renders it and ``--json`` saves it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from coda_agent.verifier.spec import SpecError, diff_fields, load_spec
+from coda_agent.verifier.workspace import sha256_file
+
+RowStatus = Literal["pass", "fail", "needs-reverify", "skip"]
+
+
+class RegressRow(BaseModel):
+    """One kernel's outcome. ``stage`` is where it stopped (or the last stage run)."""
+
+    kernel: str
+    status: RowStatus
+    stage: str
+    message: str = ""
+    worst_ratio_change: float | None = Field(
+        None, description="max over shapes/baselines of ratio_now / ratio_accepted (1.0 = unchanged)"
+    )
+    worst_at: str = ""
+    ratios: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def ratio_text(self) -> str:
+        if self.worst_ratio_change is None:
+            return "-"
+        return f"{self.worst_ratio_change:.3f}x accepted ({self.worst_at})"
+
+
+class RegressReport(BaseModel):
+    """All rows plus how the run was made."""
+
+    cpu_only: bool
+    tolerance: float
+    rows: list[RegressRow] = Field(default_factory=list)
+    environment: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return all(r.status in ("pass", "skip") for r in self.rows)
+
+    def to_json(self) -> str:
+        d = self.model_dump(mode="json")
+        d["ok"] = self.ok
+        return json.dumps(d, indent=2, sort_keys=True) + "\n"
+
+
+def compare_ratios(accepted_shapes: dict[str, Any], now_shapes: dict[str, Any], tolerance: float) -> dict[str, Any]:
+    """Compare fused/baseline ratios per (shape, baseline) between acceptance and now.
+
+    Both arguments are bench-stage ``metrics["shapes"]``: ``{shape: {"baselines":
+    {name: {"ratio": float, ...}}}}``. Returns ``{"worst": float | None, "worst_at": str,
+    "regressed": [str], "pairs": {"shape/baseline": [accepted, now, change]}}`` where
+    change = now / accepted (> 1 means slower relative to the baseline).
+    """
+    pairs: dict[str, list[float]] = {}
+    for shape, acc in accepted_shapes.items():
+        now = now_shapes.get(shape)
+        if not now:
+            continue
+        for b, r in acc.get("baselines", {}).items():
+            ra, rn = r.get("ratio"), now.get("baselines", {}).get(b, {}).get("ratio")
+            if ra and rn:
+                pairs[f"{shape}/{b}"] = [ra, rn, rn / ra]
+    if not pairs:
+        return {"worst": None, "worst_at": "", "regressed": [], "pairs": {}}
+    worst_at, (_, _, worst) = max(pairs.items(), key=lambda kv: kv[1][2])
+    regressed = sorted(k for k, v in pairs.items() if v[2] > 1 + tolerance)
+    return {"worst": worst, "worst_at": worst_at, "regressed": regressed, "pairs": pairs}
+
+
+def _kernel_names(root: Path, kernels: list[str] | None) -> list[str]:
+    base = root / "generated_kernels"
+    found = sorted(p.parent.name for p in base.glob("*/manifest.json"))
+    if kernels:
+        unknown = sorted(set(kernels) - set(found))
+        if unknown:
+            raise ValueError(f"not accepted kernels: {unknown} (accepted: {found})")
+        return list(kernels)
+    return found
+
+
+def regress_one(root: Path, name: str, *, cpu_only: bool, tolerance: float, verify_fn=None) -> RegressRow:
+    """Run the regression ladder for one accepted kernel (see module docstring)."""
+    kdir = root / "generated_kernels" / name
+    kernel = kdir / "kernel.py"
+    try:
+        man = json.loads((kdir / "manifest.json").read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        return RegressRow(kernel=name, status="fail", stage="integrity", message=f"manifest.json unreadable: {e}")
+    if not kernel.is_file():
+        return RegressRow(kernel=name, status="fail", stage="integrity", message="kernel.py missing")
+    got = sha256_file(kernel)
+    if got != man.get("kernel_sha256"):
+        return RegressRow(
+            kernel=name, status="fail", stage="integrity",
+            message=f"kernel.py was modified after verification: sha256 {got[:12]} != manifest "
+            f"{str(man.get('kernel_sha256'))[:12]}; re-verify it (coda-agent verify {name} "
+            f"generated_kernels/{name}/kernel.py --accept --force)",
+        )
+    spec_name = man.get("spec", name)
+    try:
+        loaded = load_spec(root / "kernel_specs" / spec_name)
+    except SpecError as e:
+        return RegressRow(kernel=name, status="fail", stage="spec", message=str(e).splitlines()[0])
+    if loaded.spec_hash != man.get("spec_hash"):
+        fields = diff_fields(man.get("spec_raw") or {}, loaded.raw) if man.get("spec_raw") else []
+        what = ", ".join(fields) if fields else "reference.py (or fields not recorded)"
+        return RegressRow(
+            kernel=name, status="needs-reverify", stage="spec",
+            message=f"spec {spec_name} changed since acceptance (changed: {what}); needs re-verification",
+        )
+
+    from coda_agent.verifier.compile import compile_stage
+    from coda_agent.verifier.static import check_static
+
+    st = check_static(loaded.spec, kernel.read_text(), filename=str(kernel))
+    if not st.ok:
+        first = st.findings[0] if st.findings else None
+        msg = f"{st.summary}" + (f"; line {first.line}: {first.message}" if first else "")
+        return RegressRow(kernel=name, status="fail", stage="static", message=msg)
+    cp = compile_stage(loaded, kernel)
+    if not cp.ok:
+        first = cp.findings[0] if cp.findings else None
+        msg = f"no longer compiles for sm_90a: {cp.summary}" + (f"; {first.message}" if first else "")
+        return RegressRow(kernel=name, status="fail", stage="compile", message=msg[:2000])
+    if cpu_only:
+        return RegressRow(kernel=name, status="pass", stage="compile",
+                          message="integrity, spec, static, sm_90a compile ok (CPU-only: numerics and speed not run)")
+
+    if verify_fn is None:
+        from coda_agent.verifier.pipeline import verify as verify_fn
+    verdict = verify_fn(loaded, kernel)
+    failed = verdict.failed_stage
+    if failed is not None:
+        return RegressRow(kernel=name, status="fail", stage=failed.stage,
+                          message=f"{failed.status}: {failed.summary}")
+    bench = verdict.stage("bench")
+    if bench is None or bench.status != "pass":
+        return RegressRow(kernel=name, status="fail", stage="bench",
+                          message="no GPU benchmark ran (needs a Hopper GPU; use --cpu-only elsewhere)")
+    acc_shapes = (man.get("stages", {}).get("bench", {}).get("metrics") or {}).get("shapes") or {}
+    cmp = compare_ratios(acc_shapes, bench.metrics.get("shapes") or {}, tolerance)
+    if cmp["worst"] is None:
+        return RegressRow(kernel=name, status="fail", stage="bench",
+                          message="no comparable (shape, baseline) ratio between acceptance and now")
+    if cmp["regressed"]:
+        k = cmp["regressed"][0]
+        a, n, c = cmp["pairs"][k]
+        return RegressRow(
+            kernel=name, status="fail", stage="bench", worst_ratio_change=cmp["worst"], worst_at=cmp["worst_at"],
+            ratios=cmp["pairs"],
+            message=f"slower relative to its baselines: {len(cmp['regressed'])} (shape, baseline) pair(s) worse "
+            f"by more than {tolerance:.0%}, e.g. {k}: fused/baseline {a:.3f} at acceptance -> {n:.3f} now ({c:.2f}x)",
+        )
+    return RegressRow(kernel=name, status="pass", stage="bench", worst_ratio_change=cmp["worst"],
+                      worst_at=cmp["worst_at"], ratios=cmp["pairs"],
+                      message="correct, gradients ok, perf ratios within tolerance")
+
+
+def regress(root: Path, kernels: list[str] | None = None, *, cpu_only: bool = False,
+            tolerance: float = 0.10, verify_fn=None) -> RegressReport:
+    """Regress every accepted kernel (or ``kernels``). Raises ValueError for unknown names."""
+    from coda_agent.verifier.environment import collect_environment
+
+    rep = RegressReport(cpu_only=cpu_only, tolerance=tolerance,
+                        environment=collect_environment().model_dump(mode="json"))
+    for name in _kernel_names(root, kernels):
+        rep.rows.append(regress_one(root, name, cpu_only=cpu_only, tolerance=tolerance, verify_fn=verify_fn))
+    return rep
