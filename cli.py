@@ -242,17 +242,23 @@ def cmd_generate(args) -> int:
 
 
 def cmd_bench(args) -> int:
+    """Benchmark accepted kernels (GPU) and write benchmarks/results/<date>-<gpu>.md (+ PNG)."""
     from coda_agent.verifier.benchrun import bench_kernels
 
     root = _root(args)
-    names = None if args.all else [args.spec]
     if not args.all and not args.spec:
         raise UsageError("bench needs SPEC or --all")
-    report = bench_kernels(root, names, out_dir=Path(args.out) if args.out else None)
-    for name, verdict in report.verdicts.items():
+    try:
+        report = bench_kernels(root, None if args.all else [args.spec],
+                               out_dir=Path(args.out) if args.out else None, bench_shapes=args.shape or None)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    for verdict in report.verdicts.values():
         print_verdict(verdict)
     if report.markdown_path:
-        console.print(f"wrote {report.markdown_path}")
+        console.print(f"wrote {report.markdown_path}" + (f" and {report.plot_path}" if report.plot_path else ""))
+    else:
+        console.print("[yellow]nothing measured (benchmarks need a Hopper GPU); no results written[/]")
     return OK if report.ok else FAILED
 
 
@@ -342,6 +348,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("spec", nargs="?")
     b.add_argument("--all", action="store_true")
     b.add_argument("--out", help="results folder (default benchmarks/results)")
+    b.add_argument("--shape", action="append", help="only this benchmark shape (repeatable), e.g. llama3-8b/M8192")
     b.set_defaults(fn=cmd_bench)
 
     r = sub.add_parser("regress", help="re-check every accepted kernel (integrity, static, compile; GPU: numerics, perf ratios)")

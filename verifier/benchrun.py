@@ -1,0 +1,134 @@
+"""``coda-agent bench``: benchmark accepted kernels and keep the numbers in the repo.
+
+Each accepted kernel goes through the full verifier again (correctness first: a number
+for a wrong kernel is worthless), with the benchmark stage timing the fused kernel and
+every baseline of its spec in the same run (torch eager, torch.compile, the bare GEMM,
+quack's library equivalent, Liger where listed), at the spec's 1B/8B/70B shapes.
+
+Results are written to ``benchmarks/results/<date>-<gpu>.md`` (medians in ms, ratios
+fused/baseline, TFLOP/s) and, when matplotlib is importable, a PNG of speedups
+(baseline time / fused time, > 1 = the fused kernel is faster) beside it. Only GPU
+runs write results: without a GPU the command reports that nothing was measured.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from coda_agent.verifier.spec import load_spec
+from coda_agent.verifier.verdict import Verdict
+from coda_agent.verifier.workspace import atomic_write_text
+
+
+@dataclass
+class BenchReport:
+    """Verdicts by kernel name and where the results were written."""
+
+    verdicts: dict[str, Verdict] = field(default_factory=dict)
+    markdown_path: Path | None = None
+    plot_path: Path | None = None
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.verdicts) and all(v.gpu_verified for v in self.verdicts.values())
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9]+", "-", text).strip("-").lower() or "cpu"
+
+
+def results_markdown(verdicts: dict[str, Verdict], date: str) -> str:
+    """The results page: one table per kernel, then the environment."""
+    env = next(iter(verdicts.values())).environment if verdicts else None
+    lines = [f"# coda-agent benchmark, {date}", ""]
+    if env is not None:
+        lines += [f"GPU: {env.gpu} (sm {env.compute_capability}), driver {env.driver}, CUDA {env.cuda}; "
+                  f"torch {env.torch}, nvidia-cutlass-dsl {env.cutlass_dsl}, quack-kernels {env.quack}.", ""]
+    lines += ["Median ms (triton.testing.do_bench, L2 flushed, inputs rotated); every baseline measured in the",
+              "same run as the fused kernel. ratio = fused / baseline (< 1: fused is faster).", ""]
+    for name, v in verdicts.items():
+        b = v.stage("bench")
+        shapes = (b.metrics.get("shapes") if b else None) or {}
+        lines.append(f"## {name}: {'verified' if v.gpu_verified else 'NOT verified: ' + (v.failed_stage.summary if v.failed_stage else 'no GPU')}")
+        if not shapes:
+            lines.append("")
+            continue
+        bases = sorted({n for m in shapes.values() for n in m.get("baselines", {})})
+        lines.append("")
+        lines.append("| shape | fused ms | TFLOP/s | " + " | ".join(f"{n} ms | ratio" for n in bases) + " |")
+        lines.append("|" + "---|" * (3 + 2 * len(bases)))
+        for shape, m in shapes.items():
+            cells = [shape, f"{m['fused_ms']:.4f}", f"{m.get('tflops', 0):.0f}"]
+            for n in bases:
+                r = m.get("baselines", {}).get(n, {})
+                cells += [f"{r['ms']:.4f}" if "ms" in r else "error", f"{r['ratio']:.3f}" if "ratio" in r else "-"]
+            lines.append("| " + " | ".join(cells) + " |")
+        lines.append("")
+    return "\n".join(lines) + "\n"
+
+
+def plot_speedups(verdicts: dict[str, Verdict], path: Path) -> bool:
+    """Bar chart of baseline_ms / fused_ms per kernel, shape and baseline. False if no matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    rows: list[tuple[str, str, dict[str, float]]] = []
+    for name, v in verdicts.items():
+        b = v.stage("bench")
+        for shape, m in ((b.metrics.get("shapes") if b else None) or {}).items():
+            sp = {n: r["ms"] / m["fused_ms"] for n, r in m.get("baselines", {}).items() if "ms" in r}
+            rows.append((name, shape, sp))
+    if not rows:
+        return False
+    bases = sorted({n for _, _, sp in rows for n in sp})
+    fig, ax = plt.subplots(figsize=(max(8, len(rows) * 0.9), 4.5))
+    width = 0.8 / max(1, len(bases))
+    for i, n in enumerate(bases):
+        xs = [j + i * width for j in range(len(rows))]
+        ax.bar(xs, [sp.get(n, 0.0) for _, _, sp in rows], width, label=n)
+    ax.axhline(1.0, color="black", lw=0.8)
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(rows))])
+    ax.set_xticklabels([f"{k}\n{s}" for k, s, _ in rows], rotation=60, ha="right", fontsize=7)
+    ax.set_ylabel("speedup of fused kernel (baseline ms / fused ms)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+def bench_kernels(root: Path, names: list[str] | None, *, out_dir: Path | None = None, verify_fn=None,
+                  bench_shapes: list[Any] | None = None) -> BenchReport:
+    """Benchmark the accepted kernels ``names`` (all when None). Raises ValueError for unknown names."""
+    accepted = sorted(p.parent.name for p in (root / "generated_kernels").glob("*/manifest.json"))
+    names = names or accepted
+    unknown = sorted(set(names) - set(accepted))
+    if unknown:
+        raise ValueError(f"no accepted kernel for {unknown} (accepted: {accepted})")
+    if verify_fn is None:
+        from coda_agent.verifier.pipeline import verify as verify_fn
+    rep = BenchReport()
+    for n in names:
+        loaded = load_spec(root / "kernel_specs" / n)
+        rep.verdicts[n] = verify_fn(loaded, root / "generated_kernels" / n / "kernel.py", bench_shapes=bench_shapes)
+    measured = any((v.stage("bench") and v.stage("bench").status == "pass") for v in rep.verdicts.values())
+    if measured:
+        env = next(iter(rep.verdicts.values())).environment
+        date = _dt.date.today().isoformat()
+        out_dir = out_dir or (root / "benchmarks" / "results")
+        stem = f"{date}-{_slug(env.gpu or 'cpu')}"
+        rep.markdown_path = out_dir / f"{stem}.md"
+        atomic_write_text(rep.markdown_path, results_markdown(rep.verdicts, date))
+        png = out_dir / f"{stem}.png"
+        if plot_speedups(rep.verdicts, png):
+            rep.plot_path = png
+    return rep
