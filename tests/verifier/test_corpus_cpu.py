@@ -1,0 +1,137 @@
+"""The corpus (tests/verifier/corpus/) through the CPU stages.
+
+Every file's docstring says which stage must reject it (``EXPECT: <stage> [<kind>]``):
+``static`` candidates are rejected by :func:`check_static` with that kind, on every line
+marked ``# expect: <kind>``; all others pass static; ``pass``/``gpu`` candidates compile
+(the GPU stages are the ones that must catch the ``gpu`` cheats), and ``compile``
+candidates are rejected by :func:`compile_stage` with that kind. The compiles run
+concurrently in one module fixture with a shared compile cache (many candidates share
+an epilogue, so most compile once).
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from coda_agent.verifier.compile import ERROR_KINDS, FAIL_KINDS, compile_stage
+from coda_agent.verifier.spec import load_spec
+from coda_agent.verifier.static import KINDS, check_static
+
+ROOT = Path(__file__).resolve().parents[2]
+CORPUS = Path(__file__).resolve().parent / "corpus"
+SPECS = {name: load_spec(ROOT / "kernel_specs" / name) for name in ("swiglu_bwd", "swiglu_fwd")}
+GPU_KINDS = {"stale-memory", "input-mutation", "output-alias", "constant-output", "partial-output", "crash"}
+HANG_TIMEOUT_S = 20.0
+
+REQUIRED = {
+    "good_swiglu_fwd", "good_swiglu_bwd", "stale_memory", "input_mutation", "side_stream", "fake_output",
+    "timer_patch", "cache_across_calls", "drift_after_n", "zeros_output", "first_tile_only", "shape_overfit",
+    "precision_downgrade", "torch_fallback", "introspection", "crash", "hang", "wrong_return_key",
+    "missing_reduce",
+}
+
+
+@dataclass(frozen=True)
+class Case:
+    path: Path
+    spec: str
+    stage: str  # pass | static | compile | gpu
+    kind: str | None
+    marked: tuple[int, ...]  # lines carrying "# expect: <kind>"
+
+    @property
+    def id(self) -> str:
+        return self.path.stem
+
+
+def _parse(path: Path) -> Case:
+    src = path.read_text()
+    doc = ast.get_docstring(ast.parse(src)) or ""
+    spec = re.search(r"^SPEC: (\S+)\s*$", doc, re.M)
+    exp = re.search(r"^EXPECT: (\S+)(?: (\S+))?\s*$", doc, re.M)
+    assert spec and exp, f"{path.name}: docstring needs SPEC: and EXPECT: lines"
+    kind = exp.group(2)
+    marked = tuple(
+        i for i, ln in enumerate(src.splitlines(), 1)
+        if kind and re.search(rf"#\s*expect:\s*{re.escape(kind)}\s*$", ln)
+    )
+    return Case(path, spec.group(1), exp.group(1), kind, marked)
+
+
+CASES = [_parse(p) for p in sorted(CORPUS.glob("*.py"))]
+COMPILED = [c for c in CASES if c.stage != "static"]
+
+
+def test_corpus_metadata():
+    names = {c.id for c in CASES}
+    assert REQUIRED <= names, f"missing corpus files: {sorted(REQUIRED - names)}"
+    for c in CASES:
+        assert c.spec in SPECS, c.id
+        assert c.stage in ("pass", "static", "compile", "gpu"), c.id
+        if c.stage == "pass":
+            assert c.kind is None, c.id
+        elif c.stage == "static":
+            assert c.kind in KINDS, c.id
+        elif c.stage == "compile":
+            assert c.kind in FAIL_KINDS, c.id
+        else:
+            assert c.kind in GPU_KINDS, c.id
+    assert any(c.stage == "pass" and c.spec == "swiglu_fwd" for c in CASES)
+    assert any(c.stage != "pass" and c.spec == "swiglu_fwd" for c in CASES)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+def test_static_stage(case: Case):
+    res = check_static(SPECS[case.spec].spec, case.path.read_text(), case.path.name)
+    detail = [(f.kind, f.line, f.message) for f in res.findings]
+    if case.stage != "static":
+        assert res.status == "pass", f"{case.id} must pass static, got {detail}"
+        return
+    assert res.status == "fail"
+    hits = [f for f in res.findings if f.kind == case.kind]
+    assert hits, f"{case.id}: expected a {case.kind!r} finding, got {detail}"
+    assert all(f.line is not None for f in hits)
+    for line in case.marked:
+        assert line in [f.line for f in hits], f"{case.id}: no {case.kind} finding on marked line {line}: {detail}"
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory):
+    """compile_stage for every non-static candidate, concurrently, sharing one cache."""
+    cache = tmp_path_factory.mktemp("compile-cache")
+    order = sorted(COMPILED, key=lambda c: c.kind != "timeout")  # start the slow hang first
+    workers = max(2, min(4, os.cpu_count() or 2))
+
+    def run(c: Case):
+        timeout = HANG_TIMEOUT_S if c.kind == "timeout" else 300
+        return c.id, compile_stage(SPECS[c.spec], c.path, timeout_s=timeout, cache_dir=cache)
+
+    with ThreadPoolExecutor(workers) as ex:
+        return dict(ex.map(run, order))
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("case", COMPILED, ids=lambda c: c.id)
+def test_compile_stage(case: Case, compiled):
+    res = compiled[case.id]
+    detail = [(f.kind, f.line, f.case, f.message[:300]) for f in res.findings]
+    assert not any(f.kind in ERROR_KINDS for f in res.findings), detail
+    if case.stage in ("pass", "gpu"):
+        assert res.status == "pass", f"{case.id} must compile: {detail}"
+        assert res.metrics["variants_compiled"] >= 1
+        assert res.metrics["cases"] == ["aligned", "ragged-m"]
+        return
+    assert res.status == "fail", f"{case.id} must fail compile with {case.kind}: {detail}"
+    hits = [f for f in res.findings if f.kind == case.kind]
+    assert hits, f"{case.id}: expected {case.kind!r}, got {detail}"
+    for line in case.marked:
+        assert line in [f.line for f in hits], f"{case.id}: no {case.kind} finding on marked line {line}: {detail}"
+    if case.kind in ("output-shape", "output-dtype"):
+        assert all(f.output and f.case for f in hits)

@@ -1,0 +1,694 @@
+"""Stage 1 (static): every rule of the candidate contract, one small module per rule.
+
+Each test starts from a module that passes (:data:`GOOD`) and changes one thing, so a
+failure names the rule that regressed. The corpus (test_corpus_cpu.py) covers the
+realistic, whole-file cheats.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from coda_agent.verifier.spec import load_spec
+from coda_agent.verifier.static import KINDS, check_static
+
+ROOT = Path(__file__).resolve().parents[2]
+BWD = load_spec(ROOT / "kernel_specs" / "swiglu_bwd").spec
+FWD = load_spec(ROOT / "kernel_specs" / "swiglu_fwd").spec
+
+HEADER = '''\
+"""candidate"""
+import torch
+
+from quack.activation import dswiglu
+from quack.epilogue import gemm_epilogue, pack, unpack
+'''
+
+EPI = '''
+@gemm_epilogue(outputs=("postact",), mode="packed_cd_b16x2")
+def dswiglu_epi(acc, c):
+    gate, up = unpack(c)
+    dgate, dup, postact = dswiglu(gate, up, acc)
+    return {"D": pack(dgate, dup), "postact": postact}
+'''
+
+ENTRY = '''
+def swiglu_bwd(dout, w_down, preact):
+    m = dout.shape[0]
+    i = w_down.shape[1]
+    dpreact = torch.empty(m, 2 * i, dtype=preact.dtype, device=preact.device)
+    postact = torch.empty(m, i, dtype=preact.dtype, device=preact.device)
+    BODY
+    dswiglu_epi(dout, w_down, preact, out={"D": dpreact, "postact": postact}, tuned=False)
+    return dpreact, postact
+'''
+
+GOOD = HEADER + EPI + ENTRY.replace("    BODY\n", "")
+
+
+def module(*, header: str = "", epi: str = EPI, body: str = "", extra: str = "", entry: str | None = None) -> str:
+    """A bwd candidate with ``header`` lines after the imports, ``body`` lines at the top of
+    the entry (indented for you) and ``extra`` module-level code before the entry."""
+    body_s = textwrap.indent(textwrap.dedent(body).strip("\n"), "    ") + "\n" if body else ""
+    entry_s = entry if entry is not None else ENTRY.replace("    BODY\n", body_s)
+    return HEADER + textwrap.dedent(header) + epi + textwrap.dedent(extra) + entry_s
+
+
+def kinds(src: str, spec=BWD) -> list[str]:
+    return [f.kind for f in check_static(spec, src).findings]
+
+
+def line_of(src: str, needle: str) -> int:
+    for i, ln in enumerate(src.splitlines(), 1):
+        if needle in ln:
+            return i
+    raise AssertionError(f"{needle!r} not in source")
+
+
+def assert_flags(src: str, kind: str, needle: str | None = None, spec=BWD) -> None:
+    """``src`` fails with a ``kind`` finding (on the line containing ``needle``)."""
+    res = check_static(spec, src)
+    assert res.status == "fail", src
+    hits = [f for f in res.findings if f.kind == kind]
+    assert hits, f"no {kind!r} finding; got {[(f.kind, f.line, f.message) for f in res.findings]}"
+    if needle is not None:
+        want = line_of(src, needle)
+        assert want in [f.line for f in hits], f"{kind} not on line {want}: {[(f.line, f.message) for f in hits]}"
+
+
+# --------------------------------------------------------------------------- baseline
+
+
+def test_good_module_passes():
+    res = check_static(BWD, GOOD)
+    assert res.stage == "static"
+    assert res.status == "pass", [f.model_dump() for f in res.findings]
+    assert res.summary == "ok"
+    assert res.findings == []
+    assert res.metrics["epilogues"] == ["dswiglu_epi"]
+
+
+def test_allowed_imports_and_epilogue_math_pass():
+    src = module(header='''
+        from __future__ import annotations
+        import functools
+        import math
+        import operator
+        import typing
+        import cutlass
+        import cutlass.cute as cute
+        from cutlass import Float32
+        from quack import activation
+        from quack.gemm_config import GemmConfig
+        from quack.epilogue.ops import ColVecReduce, TileStore
+        import quack.epilogue.library as lib
+        ''', epi='''
+@gemm_epilogue(outputs=(TileStore("postact"),), reduces={"zdz": ColVecReduce("zdz")}, mode="packed_cd_b16x2")
+def dswiglu_epi(acc, c):
+    gate, up = unpack(c)
+    s = 1.0 / (1.0 + cute.math.exp(-gate))
+    dgate, dup, postact = activation.dswiglu(gate, up, acc * Float32(math.sqrt(1.0)))
+    return {"D": pack(dgate, dup), "postact": postact * s / s, "zdz": gate * dgate + up * dup}
+''', body="scale = lambda t: t\nn = operator.add(m, 1)")
+    res = check_static(BWD, src)
+    assert res.status == "pass", [(f.kind, f.line, f.message) for f in res.findings]
+
+
+def test_forward_good_module_passes():
+    src = '''
+import torch
+from quack.activation import swiglu
+from quack.epilogue import gemm_epilogue, unpack
+
+
+@gemm_epilogue(outputs=("postact",), mode="acc_pair")
+def swiglu_epi(acc):
+    gate, up = unpack(acc)
+    return {"postact": swiglu(gate, up)}
+
+
+def swiglu_fwd(x, w1):
+    preact = torch.empty(x.shape[0], w1.shape[0], dtype=x.dtype, device=x.device)
+    postact = torch.empty(x.shape[0], w1.shape[0] // 2, dtype=x.dtype, device=x.device)
+    swiglu_epi(x, w1.T, out={"D": preact, "postact": postact}, tuned=False)
+    return preact, postact
+'''
+    assert check_static(FWD, src).status == "pass"
+
+
+def test_kinds_are_documented():
+    # every kind a test below expects is in the published table
+    for k in ("banned-import", "banned-call", "banned-attribute", "try-except", "module-state-mutation",
+              "torch-math", "entry-signature", "unknown-return-key", "missing-declared-key"):
+        assert k in KINDS
+
+
+# --------------------------------------------------------------------------- parse / structure
+
+
+def test_syntax_error_is_a_finding_with_line():
+    src = GOOD.replace("i = w_down.shape[1]", "i = w_down.shape[1")
+    res = check_static(BWD, src, "cand.py")
+    assert res.status == "fail" and res.summary == "1 violation(s)"
+    (f,) = res.findings
+    assert f.kind == "syntax-error"
+    assert f.line is not None and f.line >= line_of(src, "w_down.shape[1")
+    assert "cand.py" in f.message
+
+
+def test_module_level_call_and_statements():
+    src = module(extra='''
+print("loading")
+for _k in range(3):
+    pass
+if __name__ == "__main__":
+    pass
+''')
+    assert_flags(src, "module-level-call", 'print("loading")')
+    assert_flags(src, "module-level-statement", "for _k in range(3)")
+    assert_flags(src, "module-level-statement", 'if __name__ == "__main__"')
+
+
+def test_module_level_assignments_and_docstring_are_fine():
+    src = module(extra='''
+"""a note"""
+TILE = 128
+_TABLE = {"a": 1}
+_TABLE["b"] = 2
+__all__ = ["swiglu_bwd"]
+''')
+    assert check_static(BWD, src).status == "pass"
+
+
+@pytest.mark.parametrize("stmt,kind", [
+    ("try:\n    pass\nexcept Exception:\n    pass", "try-except"),
+    ("try:\n    pass\nfinally:\n    pass", "try-except"),
+    ("with torch.no_grad():\n    pass", "with-statement"),
+    ("class Box:\n    pass", "class-definition"),
+    ("global TILE", "global-nonlocal"),
+])
+def test_banned_statements(stmt, kind):
+    src = module(body=stmt)
+    assert_flags(src, kind, stmt.splitlines()[0])
+
+
+def test_nonlocal_and_async():
+    src = module(extra='''
+def _outer():
+    n = 0
+    def inner():
+        nonlocal n
+        n += 1
+    return inner
+
+
+async def _later():
+    return 1
+''')
+    assert_flags(src, "global-nonlocal", "nonlocal n")
+    assert_flags(src, "async", "async def _later")
+
+
+def test_lambda_is_allowed():
+    assert check_static(BWD, module(body="f = lambda t: t\nf(dout)")).status == "pass"
+
+
+# --------------------------------------------------------------------------- imports
+
+
+@pytest.mark.parametrize("imp", [
+    "import os", "import sys", "import gc", "import inspect", "import ctypes", "import triton",
+    "import numpy as np", "import quack", "from quack import gemm_interface",
+    "from quack.gemm_interface import gemm", "import torch.nn.functional as F",
+    "from torch.utils import cpp_extension", "import importlib", "import threading",
+])
+def test_banned_imports(imp):
+    assert_flags(module(header=imp + "\n"), "banned-import", imp)
+
+
+def test_star_and_relative_imports():
+    assert_flags(module(header="from quack.epilogue.library import *\n"), "banned-import", "import *")
+    assert_flags(module(header="from . import helpers\n"), "banned-import", "from . import helpers")
+
+
+def test_function_level_import_is_checked():
+    assert_flags(module(body="import os"), "banned-import", "import os")
+
+
+def test_torch_submodule_alias_is_resolved():
+    src = module(header="import torch.nn.functional as F\n", body="y = F.silu(dout)")
+    assert_flags(src, "banned-import", "import torch.nn.functional")
+    assert_flags(src, "torch-math", "F.silu(dout)")
+
+
+def test_from_torch_import_is_checked_like_attribute():
+    src = module(header="from torch import matmul as mm\n", body="y = mm(dout, w_down)")
+    assert_flags(src, "torch-math", "from torch import matmul")
+    assert_flags(src, "torch-math", "y = mm(dout, w_down)")
+
+
+# --------------------------------------------------------------------------- builtins / reflection
+
+
+@pytest.mark.parametrize("call", [
+    'exec("x = 1")', 'eval("1")', 'compile("1", "f", "eval")', 'open("/etc/passwd")',
+    '__import__("os")', 'getattr(torch, "matmul")', 'setattr(torch, "x", 1)', 'delattr(torch, "x")',
+    "globals()", "locals()", "vars(torch)", "id(dout)", "breakpoint()", "input()", "hash(dout)",
+])
+def test_banned_builtins(call):
+    assert_flags(module(body=f"_ = {call}"), "banned-call", call)
+
+
+def test_banned_builtin_referenced_without_call():
+    assert_flags(module(body="g = getattr\ng(torch, 'mm')"), "banned-call", "g = getattr")
+
+
+def test_three_argument_type():
+    assert_flags(module(body='T = type("T", (), {})'), "banned-call", 'type("T"')
+
+
+@pytest.mark.parametrize("expr", ["dout.__class__", "torch.__dict__", "swiglu_bwd.__globals__", "dout.__dict__"])
+def test_dunder_attributes(expr):
+    assert_flags(module(body=f"_ = {expr}"), "banned-attribute", expr)
+
+
+@pytest.mark.parametrize("expr", [
+    "torch.ops.aten.mm(dout, w_down)", "torch._C._get_tracing_state()", "torch.library.Library",
+    "dswiglu_epi._plan_cache", "torch.backends.cuda.matmul", "torch.manual_seed(0)", "torch.cuda.memory_allocated()",
+])
+def test_banned_attributes(expr):
+    assert_flags(module(body=f"_ = {expr}"), "banned-attribute", expr)
+
+
+def test_private_chain_reported_once():
+    res = check_static(BWD, module(body="_ = torch._C._foo._bar"))
+    assert [f.kind for f in res.findings] == ["banned-attribute"]
+
+
+@pytest.mark.parametrize("expr", ["frame.f_back", "frame.f_globals", "gen.gi_frame", "tb.tb_frame"])
+def test_introspection_attributes(expr):
+    assert_flags(module(body=f"_ = {expr}"), "introspection", expr)
+
+
+@pytest.mark.parametrize("expr", [
+    "operator.attrgetter('matmul')(torch)", "operator.methodcaller('sum')(dout)", "operator.setitem(d, 1, 2)",
+])
+def test_operator_indirection(expr):
+    assert_flags(module(header="import operator\n", body=f"_ = {expr}"), "banned-call", expr)
+
+
+def test_operator_matmul_is_torch_math():
+    assert_flags(module(header="import operator\n", body="_ = operator.matmul(dout, w_down)"), "torch-math", "operator.matmul")
+
+
+# --------------------------------------------------------------------------- streams / sync
+
+
+@pytest.mark.parametrize("expr", [
+    "torch.cuda.Stream()", "torch.cuda.Event(enable_timing=True)", "torch.cuda.synchronize()",
+    "torch.cuda.current_stream()", "torch.cuda.CUDAGraph()", "torch.cuda.graph", "dpreact.record_stream(s)",
+    "torch.Stream()", "torch.accelerator.synchronize()",
+])
+def test_streams_events_sync(expr):
+    assert_flags(module(body=f"_ = {expr}"), "stream-or-sync", expr)
+
+
+# --------------------------------------------------------------------------- torch math / api
+
+
+@pytest.mark.parametrize("fn", [
+    "matmul", "mm", "bmm", "addmm", "baddbmm", "einsum", "tensordot", "dot", "mv", "inner", "outer",
+    "sigmoid", "silu", "relu", "tanh", "softmax", "log_softmax", "logsumexp", "exp", "log", "sqrt",
+    "rsqrt", "pow", "sum", "mean", "amax", "max", "min", "norm", "var", "where", "compile", "stack",
+    "zeros", "ones", "full",
+])
+def test_torch_math_functions(fn):
+    assert_flags(module(body=f"_ = torch.{fn}(dout)"), "torch-math", f"torch.{fn}(")
+
+
+@pytest.mark.parametrize("expr", [
+    "torch.nn.functional.silu(dout)", "torch.nn.Linear(4, 4)", "torch.special.expit(dout)",
+    "torch.linalg.norm(dout)", "torch.Tensor.sum(dout)",
+])
+def test_torch_math_namespaces(expr):
+    assert_flags(module(body=f"_ = {expr}"), "torch-math", expr)
+
+
+@pytest.mark.parametrize("meth", [
+    "matmul(w_down)", "mm(w_down)", "sum()", "mean(0)", "exp()", "sigmoid()", "max()", "amax(-1)",
+    "pow(2)", "rsqrt()", "copy_(preact)", "fill_(0)", "zero_()", "clone()", "add_(1)",
+])
+def test_tensor_math_methods(meth):
+    assert_flags(module(body=f"_ = dout.{meth}"), "torch-math", f"dout.{meth}")
+
+
+def test_matmul_operator():
+    assert_flags(module(body="_ = dout @ w_down"), "torch-math", "dout @ w_down")
+    assert_flags(module(body="x = dout\nx @= w_down"), "torch-math", "x @= w_down")
+
+
+@pytest.mark.parametrize("expr", [
+    "dout.float()", "dout.half()", "dout.bfloat16()", "dout.double()", "dout.to(torch.float32)",
+    "dout.to(dtype=torch.float16)", "dout.to(dout.device, torch.float8_e4m3fn)", "dout.type(torch.float16)",
+])
+def test_precision_casts(expr):
+    assert_flags(module(body=f"_ = {expr}"), "precision-cast", expr)
+
+
+def test_to_device_is_not_a_cast():
+    assert check_static(BWD, module(body="_ = dout.to(preact.device)")).status == "pass"
+
+
+@pytest.mark.parametrize("expr", ["dout.data_ptr()", "dout.untyped_storage()", "dout.storage()"])
+def test_pointer_access(expr):
+    assert_flags(module(body=f"_ = {expr}"), "data-ptr", expr)
+
+
+def test_other_torch_functions_are_not_allowed():
+    assert_flags(module(body="_ = torch.nonzero(dout)"), "torch-api", "torch.nonzero")
+
+
+def test_allocation_views_and_dtypes_are_allowed():
+    body = """
+a = torch.empty_like(dout)
+b = torch.empty_strided((4, 4), (4, 1), dtype=torch.bfloat16, device=dout.device)
+g, u = preact[:, 0::2], preact[:, 1::2]
+v = preact.view(m, i, 2).permute(2, 0, 1).reshape(-1)
+w = w_down.T.contiguous()
+t = torch.narrow(dout, 0, 0, 1)
+ok = dout.dtype == torch.bfloat16 and dout.is_contiguous() and dout.ndim == 2
+"""
+    assert check_static(BWD, module(body=body)).status == "pass"
+
+
+def test_allowed_torch_lifts_the_ban():
+    entry = BWD.entry.model_copy(update={"allowed_torch": ["rsqrt", "sum"]})
+    spec = BWD.model_copy(update={"entry": entry})
+    src = module(body="r = torch.rsqrt(dout)\ns = dout.sum(-1)")
+    assert check_static(spec, src).status == "pass"
+    assert "torch-math" in kinds(src)  # the stock spec allows neither
+
+
+# --------------------------------------------------------------------------- attribute writes / state
+
+
+def test_attribute_writes():
+    src = module(extra='''
+torch.cuda.Event = None
+''', body="dswiglu_epi.fn = None\ndout.data = preact")
+    assert_flags(src, "attribute-write", "torch.cuda.Event = None")
+    assert_flags(src, "attribute-write", "dswiglu_epi.fn = None")
+    assert_flags(src, "attribute-write", "dout.data = preact")
+
+
+@pytest.mark.parametrize("stmt", [
+    "_CACHE[m] = dpreact", "_COUNT[0] += 1", "_LOG.append(m)", "_CACHE.update({m: 1})",
+    "_CACHE.setdefault(m, dpreact)", "_CACHE.clear()", "del _CACHE[m]", "_CACHE.pop(m, None)",
+    "_BUF.copy_(dout)", "dict.update(_CACHE, {})", "_CACHE[m], x = 1, 2",
+])
+def test_module_state_mutation(stmt):
+    src = module(extra="\n_CACHE = {}\n_COUNT = [0]\n_LOG = []\n_BUF = None\n", body=stmt)
+    assert_flags(src, "module-state-mutation", stmt)
+
+
+def test_module_state_mutation_through_alias():
+    src = module(extra="\n_CACHE = {}\n", body="c = _CACHE\nc[m] = dpreact")
+    assert_flags(src, "module-state-mutation", "c[m] = dpreact")
+    src = module(extra="\n_STATE = [[0]]\n", body="inner = _STATE[0]\ninner.append(1)")
+    assert_flags(src, "module-state-mutation", "inner.append(1)")
+
+
+def test_module_state_mutation_through_default_parameter():
+    src = module(extra='''
+_CACHE = {}
+
+
+def _remember(key, value, store=_CACHE):
+    store[key] = value
+''')
+    assert_flags(src, "module-state-mutation", "store[key] = value")
+
+
+def test_closure_state_mutation():
+    src = module(extra='''
+def _make():
+    seen = []
+
+    def record(x):
+        seen.append(x)
+        return x
+
+    return record
+
+
+_record = _make()
+''')
+    assert_flags(src, "module-state-mutation", "seen.append(x)")
+
+
+def test_local_containers_are_fine():
+    body = """
+outs = {}
+outs["D"] = dpreact
+outs.update(postact=postact)
+lst = []
+lst.append(m)
+counter = 0
+counter += 1
+"""
+    assert check_static(BWD, module(body=body)).status == "pass"
+
+
+def test_mutable_default_and_lru_cache():
+    src = module(header="import functools\n", extra='''
+def _helper(x, seen={}):
+    return x
+
+
+@functools.lru_cache(maxsize=None)
+def _shapes(m):
+    return m
+''')
+    assert_flags(src, "mutable-default", "seen={}")
+    assert_flags(src, "call-cache", "functools.lru_cache")
+
+
+# --------------------------------------------------------------------------- entry point
+
+
+def test_entry_missing():
+    src = HEADER + EPI + "\n\ndef swiglu_backward(dout, w_down, preact):\n    return dout, dout\n"
+    res = check_static(BWD, src)
+    assert "entry-missing" in [f.kind for f in res.findings]
+
+
+@pytest.mark.parametrize("sig", [
+    "dout, preact, w_down", "dout, w_down", "dout, w_down, preact, extra=None", "*args",
+    "dout, w_down, preact, *rest", "dout, w_down, preact, **kw", "dout, w_down, preact, *, cache=None",
+    "grad_out, w_down, preact",
+])
+def test_entry_signature(sig):
+    src = module(entry=f"\n\ndef swiglu_bwd({sig}):\n    return None\n")
+    assert_flags(src, "entry-signature", "def swiglu_bwd(")
+
+
+def test_entry_redefined():
+    src = GOOD + "\n\nswiglu_bwd = dswiglu_epi\n"
+    assert_flags(src, "name-redefined", "swiglu_bwd = dswiglu_epi")
+
+
+# --------------------------------------------------------------------------- @gemm_epilogue
+
+
+def test_no_epilogue():
+    src = HEADER + ENTRY.replace("    BODY\n", "").replace("dswiglu_epi(", "_run(")
+    src += "\n\ndef _run(*a, **k):\n    return None\n"
+    assert "no-epilogue" in kinds(src)
+
+
+def test_unknown_return_key_with_hint():
+    src = module(epi=EPI.replace('{"D": pack', '{"Dd": pack'))
+    assert_flags(src, "unknown-return-key", '"Dd"')
+    f = next(f for f in check_static(BWD, src).findings if f.kind == "unknown-return-key")
+    assert "silently" in f.message and "raw accumulator" in f.message and "'D'" in f.message
+
+
+def test_missing_declared_output():
+    src = module(epi=EPI.replace(', "postact": postact}', "}"))
+    assert_flags(src, "missing-declared-key", 'return {"D": pack(dgate, dup)}')
+    f = next(f for f in check_static(BWD, src).findings if f.kind == "missing-declared-key")
+    assert "KeyError" in f.message and "'postact'" in f.message
+
+
+def test_missing_declared_reduce_and_outs():
+    epi = '''
+from quack.epilogue.ops import ColVecReduce, OnlineLSEReduce
+
+
+@gemm_epilogue(outputs=("postact",), reduces={"zdz": ColVecReduce("zdz")}, outs={"lse": OnlineLSEReduce("lse")}, mode="packed_cd_b16x2")
+def dswiglu_epi(acc, c):
+    gate, up = unpack(c)
+    dgate, dup, postact = dswiglu(gate, up, acc)
+    return {"D": pack(dgate, dup), "postact": postact}
+'''
+    res = check_static(BWD, module(epi=epi))
+    missing = sorted(f.message.split("declares ")[1].split(" ")[0] for f in res.findings if f.kind == "missing-declared-key")
+    assert missing == ["'lse'", "'zdz'"]
+
+
+def test_every_return_is_checked():
+    epi = '''
+@gemm_epilogue(outputs=("postact",), mode="packed_cd_b16x2")
+def dswiglu_epi(acc, c):
+    gate, up = unpack(c)
+    dgate, dup, postact = dswiglu(gate, up, acc)
+    if 1 > 2:
+        return {"D": pack(dgate, dup)}
+    return {"D": pack(dgate, dup), "postact": postact}
+'''
+    src = module(epi=epi)
+    assert_flags(src, "missing-declared-key", 'return {"D": pack(dgate, dup)}')
+
+
+@pytest.mark.parametrize("ret,kind", [
+    ("return pack(dgate, dup)", "epilogue-return"),
+    ("return dict(D=pack(dgate, dup), postact=postact)", "epilogue-return"),
+    ('return {**{"D": acc}, "postact": postact}', "epilogue-return"),
+    ('return {"D": acc, "postact": postact, "D": acc}', "duplicate-return-key"),
+])
+def test_return_must_be_a_dict_literal(ret, kind):
+    src = module(epi=EPI.replace('return {"D": pack(dgate, dup), "postact": postact}', ret))
+    assert_flags(src, kind, ret.split("(")[0] if kind == "epilogue-return" else '"D": acc, "postact"')
+
+
+def test_epilogue_first_parameter_must_be_acc():
+    src = module(epi=EPI.replace("def dswiglu_epi(acc, c)", "def dswiglu_epi(x, c)").replace("dswiglu(gate, up, acc)", "dswiglu(gate, up, x)"))
+    assert_flags(src, "epilogue-signature", "def dswiglu_epi(x, c)")
+
+
+def test_non_literal_declarations():
+    src = module(extra="", epi='''
+OUTS = ("postact",)
+
+
+@gemm_epilogue(outputs=OUTS, mode=MODE)
+def dswiglu_epi(acc, c):
+    gate, up = unpack(c)
+    dgate, dup, postact = dswiglu(gate, up, acc)
+    return {"D": pack(dgate, dup), "postact": postact}
+''')
+    assert_flags(src, "non-literal-declaration", "@gemm_epilogue(outputs=OUTS")
+    # with a non-literal declaration the return keys are not second-guessed
+    assert "unknown-return-key" not in kinds(src)
+
+
+def test_declared_name_mismatch():
+    epi = EPI.replace('@gemm_epilogue(outputs=("postact",),', '@gemm_epilogue(outputs=("postact",), reduces={"zdz": ColVecReduce("sq")},')
+    epi = epi.replace('"postact": postact}', '"postact": postact, "zdz": gate}')
+    src = module(header="from quack.epilogue.ops import ColVecReduce\n", epi=epi)
+    assert_flags(src, "declared-name-mismatch", 'ColVecReduce("sq")')
+
+
+def test_tilestore_and_positional_outputs_are_read():
+    epi = EPI.replace('@gemm_epilogue(outputs=("postact",),', '@gemm_epilogue((TileStore("postact"),),')
+    src = module(header="from quack.epilogue.ops import TileStore\n", epi=epi)
+    assert check_static(BWD, src).status == "pass"
+
+
+def test_decorator_forms():
+    bare = module(epi=EPI.replace('@gemm_epilogue(outputs=("postact",), mode="packed_cd_b16x2")', "@gemm_epilogue"))
+    assert_flags(bare, "epilogue-decorator", "@gemm_epilogue")
+    call_form = module(extra='''
+def _fn(acc):
+    return {"D": acc}
+
+
+identity = gemm_epilogue()(_fn)
+''')
+    assert_flags(call_form, "epilogue-decorator", "identity = gemm_epilogue()(_fn)")
+    attr_form = module(header="import quack.epilogue.frontend as fe\n", epi=EPI.replace("@gemm_epilogue(", "@fe.gemm_epilogue("))
+    assert check_static(BWD, attr_form).status == "pass"
+    assert check_static(BWD, attr_form.replace('"D": pack', '"DD": pack')).findings[0].kind == "unknown-return-key"
+
+
+def test_epilogue_in_factory_is_flagged():
+    src = module(extra='''
+def _factory(fn):
+    @gemm_epilogue(outputs=("postact",))
+    def inner(acc):
+        return {"D": acc, "postact": fn(acc)}
+    return inner
+''')
+    assert_flags(src, "epilogue-decorator", "def inner(acc)")
+
+
+# --------------------------------------------------------------------------- reporting
+
+
+def test_every_violation_is_reported_sorted_with_lines():
+    src = module(header="import os\n", body="_ = torch.matmul(dout, w_down)\n_ = getattr(torch, 'x')")
+    src = src.replace('"D": pack', '"Dd": pack')
+    res = check_static(BWD, src)
+    got = {f.kind for f in res.findings}
+    assert {"banned-import", "torch-math", "banned-call", "unknown-return-key"} <= got
+    assert res.summary == f"{len(res.findings)} violation(s)"
+    assert res.metrics["violations"] == len(res.findings)
+    lines = [f.line for f in res.findings]
+    assert all(isinstance(x, int) for x in lines) and lines == sorted(lines)
+    assert len({(f.kind, f.line, f.message) for f in res.findings}) == len(res.findings)
+
+
+def test_deterministic():
+    src = module(header="import os\nimport gc\n", body="_ = dout.sum()\n_ = dout.float()")
+    a, b = check_static(BWD, src), check_static(BWD, src)
+    assert a.findings == b.findings and a.summary == b.summary
+
+
+# --------------------------------------------------------------------------- escapes through allowed modules
+
+
+def test_stdlib_reached_through_an_allowed_module():
+    src = module(header="import quack.epilogue.frontend as fe\n", body='_ = fe.sys.modules["os"]\n_ = fe.inspect.stack()')
+    assert_flags(src, "banned-attribute", "fe.sys.modules")
+    assert_flags(src, "banned-attribute", "fe.inspect.stack()")
+    assert_flags(module(header="from quack.epilogue.frontend import sys\n"), "banned-import", "import sys")
+
+
+def test_reflective_attributes():
+    src = module(header="import quack.epilogue.frontend as fe\n", body="_ = fe.importlib_like.import_module('os')")
+    assert_flags(src, "banned-call", "import_module")
+
+
+def test_module_aliases_by_assignment_are_resolved():
+    src = module(extra="\nT = torch\n", body="_ = T.nonzero(dout)\nmm = torch.matmul\n_ = mm(dout, w_down)")
+    assert_flags(src, "torch-api", "T.nonzero(dout)")
+    assert_flags(src, "torch-math", "mm = torch.matmul")
+
+
+def test_torch_module_as_value():
+    src = module(extra="\n\ndef _use(mod, x):\n    return mod.nonzero(x)\n", body="_ = _use(torch, dout)")
+    assert_flags(src, "banned-attribute", "_use(torch, dout)")
+
+
+def test_imported_module_state_mutation():
+    src = module(header="import quack.epilogue.frontend as fe\n", body="fe.TORCH_OP_EPI_MODS.clear()")
+    assert_flags(src, "module-state-mutation", "fe.TORCH_OP_EPI_MODS.clear()")
+    src = module(header="import quack.epilogue.frontend as fe\n", extra='\nfe.TORCH_OP_EPI_MODS["x"] = None\n')
+    assert_flags(src, "module-state-mutation", 'fe.TORCH_OP_EPI_MODS["x"] = None')
+
+
+@pytest.mark.parametrize("body,needle", [
+    ("preact[:] = 0", "preact[:] = 0"),
+    ("g = preact[:, 0::2]\ng[:] = 1", "g[:] = 1"),
+    ("dout[0, 0] += 1", "dout[0, 0] += 1"),
+])
+def test_input_mutation_by_subscript(body, needle):
+    assert_flags(module(body=body), "input-mutation", needle)
+
+
+def test_metadata_of_inputs_is_not_an_alias():
+    body = "shape = list(dout.shape)\nshape[0] = 1\nouts = [dpreact]\nouts[0] = postact"
+    assert check_static(BWD, module(body=body)).status == "pass"

@@ -1,0 +1,1073 @@
+"""Stage 1 of the verifier: a static (``ast``) check of the candidate contract, on the CPU.
+
+The candidate module is untrusted code written by an LLM. Before anything imports it,
+this stage parses it and enforces the contract of ARCHITECTURE.md ("The candidate
+contract"); every violation becomes one :class:`~coda_agent.verifier.verdict.Finding`
+naming the line, so the repair prompt can quote the offending code.
+
+Design
+------
+* **Allow-lists where the surface is small, ban-lists where it is not.** Imports are an
+  allow-list (``torch``, ``math``, ``functools``, ``operator``, ``typing``, ``__future__``,
+  ``cutlass.*``, ``quack.epilogue.*``, ``quack.activation``, ``quack.gemm_config``), so
+  ``gc``/``inspect``/``sys``/``os``/``triton``/``ctypes`` are rejected without being
+  named. Attributes of the ``torch`` module are an allow-list too (allocation, views,
+  dtypes, types, plus the spec's ``entry.allowed_torch``): host code only allocates,
+  makes views and calls the epilogue mods. Methods called on *values* (tensors, whose
+  type ``ast`` cannot see) are a ban-list: the math that does the op's work
+  (``.sum()``, ``.exp()``, ``.matmul()`` ...), precision casts (``.float()``,
+  ``.to(torch.float32)``), pointer access (``.data_ptr()``), streams/events/sync.
+* **Names are resolved through the imports.** ``import torch.nn.functional as F`` makes
+  ``F.silu`` resolve to ``torch.nn.functional.silu``; ``from torch import matmul as mm``
+  makes ``mm`` resolve to ``torch.matmul``. Calls on names rooted in ``cutlass``/``quack``/
+  ``math`` are exempt from the value-method ban-list, which is why epilogue bodies may
+  call ``cute.math.exp`` or ``quack.activation.swiglu`` and do arithmetic with ``*``/``+``.
+  The ``@`` operator is torch math (epilogue values never use it).
+* **State across calls is rejected at its source.** No ``global``/``nonlocal``, no
+  attribute writes anywhere (``torch.cuda.Event = X``, ``mod.fn = g``), and no mutation,
+  from inside a function, of a name the function did not bind itself (module-level
+  dicts/lists, closure cells, locals aliased to them, parameters defaulting to them):
+  subscript stores, augmented assignment, ``del``, and mutating method calls
+  (``.append/.update/.setdefault/...``, tensor in-place ``*_``). This is the static
+  defense against "caching across calls" and "drift after N calls"; the GPU stage's
+  fresh inputs and post-benchmark recheck are the dynamic one. ``functools.lru_cache``
+  and mutable default arguments are rejected for the same reason.
+* **The @gemm_epilogue contract is checked where quack is silent.** quack ignores a
+  returned key that is not declared (a typo such as ``"Dd"`` silently stores the raw
+  accumulator) and fails with a bare ``KeyError`` deep in its tracer when a declared
+  output/reduce is not returned (measured, /work/shared/notes/stack-findings.md). So
+  the declarations (``outputs=``, ``reduces=``, ``outs=``) must be literals and every
+  ``return`` of a decorated fn must be a dict literal with exactly those keys (plus
+  ``"D"`` optionally).
+* **Everything is reported, not just the first problem**, deduplicated and sorted by
+  line, so one repair round can fix them all. The finding ``kind`` tags are stable
+  (tests and the feedback renderer rely on them); see :data:`KINDS`.
+
+This stage is necessary, not sufficient: it cannot see types or values, so elementwise
+host math with operators, wrong numerics, aliasing and launch counts are the GPU
+stages' job (poisoned allocator, input checks, profiler launch count).
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import difflib
+import re
+import time
+from dataclasses import dataclass, field
+
+from coda_agent.verifier.spec import KernelSpec
+from coda_agent.verifier.verdict import Finding, StageResult
+
+# --------------------------------------------------------------------------- kinds
+
+KINDS: dict[str, str] = {
+    "syntax-error": "the module does not parse",
+    "banned-import": "an import outside the allow-list (or a star/relative import)",
+    "banned-call": "exec/eval/compile/open/__import__/getattr/setattr/... or operator.attrgetter-style indirection",
+    "banned-attribute": "dunder or private attribute access, torch.ops, torch.cuda/backends/... runtime control",
+    "introspection": "frame/code/traceback objects (f_back, f_globals, gi_frame, ...)",
+    "stream-or-sync": "CUDA streams, events, synchronize, CUDA graphs",
+    "torch-math": "torch math doing the op's work (matmul, @, sigmoid, exp, sum, nn.functional, ...)",
+    "torch-api": "a torch function outside allocation/views/dtypes and the spec's allowed_torch",
+    "precision-cast": "tensor dtype casts (.float(), .half(), .to(torch.float32), ...)",
+    "data-ptr": "raw pointer or storage access (.data_ptr(), .untyped_storage(), ...)",
+    "try-except": "try/except (a silent fallback path)",
+    "with-statement": "with blocks (contexts, streams, no_grad, ...)",
+    "class-definition": "class definitions",
+    "global-nonlocal": "global/nonlocal declarations",
+    "async": "async functions, await",
+    "attribute-write": "assignment to an attribute of a module/object",
+    "module-state-mutation": "a function mutating state it does not own (module-level/closure containers)",
+    "call-cache": "functools.lru_cache/cache (results cached across calls)",
+    "mutable-default": "a mutable default argument (state kept across calls)",
+    "module-level-statement": "module level may hold only imports, defs, assignments and a docstring",
+    "module-level-call": "a bare call at module level",
+    "entry-missing": "the entry function is not defined at module level",
+    "entry-signature": "the entry function's parameters differ from the spec inputs",
+    "name-redefined": "a module-level entry/epilogue name bound twice",
+    "no-epilogue": "no @gemm_epilogue function is defined",
+    "epilogue-decorator": "gemm_epilogue used other than as a decorator on a module-level def",
+    "epilogue-signature": "an epilogue fn whose first parameter is not 'acc' (or uses *args/**kwargs)",
+    "non-literal-declaration": "outputs=/reduces=/outs=/mode= not written as literals",
+    "declared-name-mismatch": "a reduces/outs key that differs from its op's name",
+    "epilogue-return": "an epilogue return that is not a dict literal with string keys",
+    "unknown-return-key": "a returned key that is not declared (quack ignores it silently)",
+    "missing-declared-key": "a declared output/reduce that a return does not produce (quack KeyError)",
+    "duplicate-return-key": "the same key twice in one returned dict",
+    "input-mutation": "the entry writes into one of its inputs (or a view of it)",
+}
+"""Every finding kind this stage emits, with a one-line meaning (stable tags)."""
+
+# --------------------------------------------------------------------------- tables
+
+ALLOWED_IMPORT_ROOTS = ("torch", "math", "functools", "operator", "typing", "__future__")
+"""Modules importable as themselves only (``import torch.nn`` is not allowed)."""
+
+ALLOWED_IMPORT_TREES = ("cutlass", "quack.epilogue")
+"""Packages importable together with all their submodules."""
+
+ALLOWED_IMPORT_EXACT = ("quack.activation", "quack.gemm_config")
+"""Single quack modules outside the epilogue tree."""
+
+BANNED_BUILTINS = frozenset({
+    "exec", "eval", "compile", "open", "__import__", "getattr", "setattr", "delattr",
+    "globals", "locals", "vars", "id", "breakpoint", "input", "hash", "exit", "quit",
+    "memoryview", "__build_class__", "help", "dir",
+})
+"""Builtins that load code, reach objects by string, read scopes or identity, or do I/O."""
+
+TORCH_ALLOWED = frozenset({
+    # allocation (no kernel launch)
+    "empty", "empty_like", "empty_strided",
+    # views / metadata
+    "as_strided", "narrow", "split", "chunk", "unbind", "movedim", "permute", "transpose",
+    "t", "squeeze", "unsqueeze", "flatten", "unflatten", "reshape", "select", "broadcast_to",
+    "view_as_real", "view_as_complex", "numel", "is_tensor", "is_floating_point",
+    # types and dtypes
+    "Tensor", "dtype", "device", "Size", "finfo", "iinfo", "layout", "strided",
+    "bfloat16", "float16", "half", "float32", "float", "float64", "double",
+    "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu",
+    "float4_e2m1fn_x2", "int8", "uint8", "int16", "int32", "int64", "int", "long",
+    "short", "bool", "uint16", "uint32", "uint64",
+    # grad-mode decorators (with-blocks are banned separately)
+    "no_grad", "inference_mode",
+})
+"""``torch.<name>`` a candidate may use without the spec allowing it."""
+
+TORCH_MATH = frozenset({
+    "matmul", "mm", "bmm", "addmm", "addmv", "addbmm", "baddbmm", "einsum", "linear",
+    "tensordot", "dot", "vdot", "mv", "inner", "outer", "ger", "chain_matmul",
+    "sigmoid", "silu", "relu", "gelu", "tanh", "softmax", "log_softmax", "logsumexp",
+    "exp", "exp2", "expm1", "log", "log2", "log1p", "sqrt", "rsqrt", "pow", "square",
+    "sum", "nansum", "mean", "amax", "amin", "max", "min", "maximum", "minimum", "norm",
+    "var", "std", "var_mean", "std_mean", "cumsum", "cumprod", "prod",
+    "mul", "multiply", "add", "sub", "subtract", "div", "divide", "true_divide",
+    "addcmul", "addcdiv", "lerp", "clamp", "clip", "abs", "neg", "reciprocal",
+    "sin", "cos", "erf", "sign", "where", "stack", "cat", "concat", "concatenate",
+    "cross_entropy", "nll_loss", "layer_norm", "rms_norm", "group_norm", "batch_norm",
+    "dropout", "rot90", "roll", "polar", "view_as_complex_copy",
+    "nn", "special", "linalg", "fft", "compile", "func", "vmap",
+    "zeros", "zeros_like", "ones", "ones_like", "full", "full_like", "fill",
+    "rand", "randn", "rand_like", "randn_like", "randint", "clone", "copy", "tensor",
+    "as_tensor", "from_numpy", "frombuffer", "arange", "linspace",
+})
+"""``torch.<name>`` that computes or fills data (the op's work, or a fake output)."""
+
+TORCH_RUNTIME = frozenset({
+    "ops", "library", "cuda", "backends", "autograd", "jit", "fx", "distributed",
+    "multiprocessing", "profiler", "testing", "hub", "package", "utils", "compiler",
+    "export", "overrides", "classes", "random", "manual_seed", "seed", "initial_seed",
+    "get_rng_state", "set_rng_state", "use_deterministic_algorithms", "load", "save",
+    "from_file", "accelerator", "mps", "xpu", "cpu", "Generator", "storage",
+    "UntypedStorage", "TypedStorage", "set_default_dtype", "set_default_device",
+    "set_float32_matmul_precision", "set_grad_enabled", "set_printoptions",
+})
+"""``torch.<name>`` that reaches the runtime, RNG, dispatcher or global state."""
+
+VALUE_MATH_METHODS = frozenset({
+    "matmul", "mm", "bmm", "addmm", "addmv", "addbmm", "baddbmm", "einsum", "tensordot",
+    "dot", "vdot", "mv", "inner", "outer", "ger", "sigmoid", "sigmoid_", "silu", "relu",
+    "relu_", "gelu", "tanh", "tanh_", "softmax", "log_softmax", "logsumexp", "exp",
+    "exp_", "exp2", "expm1", "log", "log_", "log2", "log1p", "sqrt", "sqrt_", "rsqrt",
+    "rsqrt_", "pow", "pow_", "square", "sum", "nansum", "mean", "amax", "amin", "max",
+    "min", "norm", "var", "std", "cumsum", "cumprod", "prod", "mul", "mul_", "multiply",
+    "add", "add_", "sub", "sub_", "subtract", "div", "div_", "divide", "true_divide",
+    "addcmul", "addcmul_", "addcdiv", "addcdiv_", "lerp", "lerp_", "clamp", "clamp_",
+    "clip", "clip_", "abs", "abs_", "neg", "neg_", "reciprocal", "reciprocal_", "sin",
+    "cos", "erf", "where", "masked_fill", "masked_fill_", "fill_", "zero_", "copy_",
+    "index_put_", "index_copy_", "index_fill_", "scatter_", "scatter_add_", "put_",
+    "masked_scatter_", "normal_", "uniform_", "random_", "set_", "resize_",
+    "resize_as_", "clone", "softplus", "logit",
+})
+"""Methods on values (tensors) that compute, fill or rebind data."""
+
+CAST_METHODS = frozenset({
+    "float", "half", "bfloat16", "double", "int", "long", "short", "char", "byte",
+    "bool", "type", "type_as",
+})
+"""Tensor dtype-cast methods (precision games)."""
+
+POINTER_ATTRS = frozenset({
+    "data_ptr", "untyped_storage", "storage", "storage_offset_ptr", "_cdata",
+    "__cuda_array_interface__", "__dlpack__", "unsafe_get", "unsafe_set",
+})
+"""Raw pointer/storage access (cache keys on pointers, out-of-band aliasing)."""
+
+INTROSPECTION_ATTRS = frozenset({
+    "f_back", "f_globals", "f_locals", "f_builtins", "f_code", "f_trace", "gi_frame",
+    "gi_code", "cr_frame", "cr_code", "ag_frame", "ag_code", "tb_frame", "tb_next",
+    "co_code", "co_consts", "func_globals",
+})
+"""Attributes that reach frames, code objects or tracebacks."""
+
+REEXPORTED_MODULES = frozenset({
+    "sys", "os", "inspect", "gc", "subprocess", "importlib", "builtins", "ctypes", "threading",
+    "multiprocessing", "socket", "shutil", "pathlib", "io", "tempfile", "pickle", "marshal",
+    "types", "weakref", "signal", "atexit", "traceback", "posix", "runpy",
+    "pdb", "cloudpickle", "dill", "triton", "random", "time", "concurrent", "asyncio",
+})
+"""Stdlib/tool modules that allowed packages import for themselves (``quack.epilogue.frontend``
+imports ``sys`` and ``inspect``): reaching them as ``allowed_module.sys`` is an import in
+disguise."""
+
+REFLECTIVE_ATTRS = frozenset({
+    "exec", "eval", "getattr", "setattr", "delattr", "globals", "locals", "vars",
+    "breakpoint", "system", "popen", "spawn", "fork", "execv", "execve", "modules",
+    "import_module", "reload", "load_module", "exec_module", "currentframe", "getframe",
+    "get_objects", "get_referrers", "get_referents", "settrace", "setprofile",
+})
+"""Attribute names that load code, reach objects by name, or walk the heap/frames."""
+
+MUTATING_METHODS = frozenset({
+    "append", "extend", "insert", "pop", "popitem", "remove", "clear", "update",
+    "setdefault", "add", "discard", "sort", "reverse", "appendleft", "extendleft",
+    "popleft", "rotate", "difference_update", "intersection_update",
+    "symmetric_difference_update", "put", "put_nowait", "write", "set", "__setitem__",
+    "__delitem__", "__iadd__",
+})
+"""Container methods that mutate their receiver (plus any tensor in-place ``*_``)."""
+
+OPERATOR_BANNED = {
+    "attrgetter": "banned-call", "methodcaller": "banned-call", "setitem": "banned-call",
+    "delitem": "banned-call", "iadd": "banned-call", "iconcat": "banned-call",
+    "matmul": "torch-math", "imatmul": "torch-math",
+}
+"""``operator.<name>`` that reach objects by string, mutate, or multiply matrices."""
+
+FUNCTOOLS_CACHES = frozenset({"lru_cache", "cache", "cached_property"})
+
+STREAM_RE = re.compile(r"stream|event|synchron|graph", re.IGNORECASE)
+"""Attribute names that touch streams, events, synchronization or CUDA graphs."""
+
+EPILOGUE_MODES = ("element", "acc_pair", "packed_cd_b16x2")
+
+_DECLARATION_KEYS = ("outputs", "reduces", "outs")
+
+# --------------------------------------------------------------------------- helpers
+
+
+@dataclass
+class _Epilogue:
+    """One @gemm_epilogue-decorated function and its literal declarations."""
+
+    fn: ast.FunctionDef
+    outputs: list[str] = field(default_factory=list)
+    sinks: list[str] = field(default_factory=list)
+    literal: bool = True
+
+
+class _Checker:
+    """Walks one parsed module and collects findings (see :func:`check_static`)."""
+
+    def __init__(self, spec: KernelSpec, tree: ast.Module):
+        self.spec = spec
+        self.tree = tree
+        self.findings: list[Finding] = []
+        self.allowed_torch = set(spec.entry.allowed_torch)
+        self.aliases: dict[str, str] = {}  # local name -> dotted module/object path
+        self.parents: dict[ast.AST, ast.AST] = {}
+        self.module_data: set[str] = set()  # module-level names bound by assignment
+        self.module_defs: set[str] = set()
+        self.epilogues: list[_Epilogue] = []
+
+    # -- reporting ---------------------------------------------------------------
+    def add(self, kind: str, node: ast.AST | int | None, message: str) -> None:
+        line = node if isinstance(node, int) or node is None else getattr(node, "lineno", None)
+        self.findings.append(Finding(kind=kind, message=message, line=line))
+
+    # -- entry ------------------------------------------------------------------
+    def run(self) -> None:
+        for node in ast.walk(self.tree):
+            for child in ast.iter_child_nodes(node):
+                self.parents[child] = node
+        self._collect_imports()
+        self._module_level()
+        self._walk_nodes()
+        self._functions()
+        self._epilogue_contract()
+        self._entry_point()
+
+    # -- imports -----------------------------------------------------------------
+    @staticmethod
+    def import_allowed(module: str) -> bool:
+        """True when ``module`` (a dotted name) is on the candidate import allow-list."""
+        if module in ALLOWED_IMPORT_ROOTS or module in ALLOWED_IMPORT_EXACT:
+            return True
+        return any(module == t or module.startswith(t + ".") for t in ALLOWED_IMPORT_TREES)
+
+    def _collect_imports(self) -> None:
+        for node in ast.walk(self.tree):
+            if isinstance(node, ast.Import):
+                for a in node.names:
+                    if not self.import_allowed(a.name):
+                        self.add("banned-import", node, _import_msg(a.name))
+                    if a.asname:
+                        self.aliases[a.asname] = a.name
+                    else:
+                        root = a.name.split(".")[0]
+                        self.aliases[root] = root
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    self.add("banned-import", node, "relative imports are not allowed: the candidate is a single module")
+                    continue
+                mod = node.module or ""
+                for a in node.names:
+                    if a.name == "*":
+                        self.add("banned-import", node, f"`from {mod} import *` hides which names are used; import them by name")
+                        continue
+                    full = f"{mod}.{a.name}"
+                    if a.name in REEXPORTED_MODULES or a.name in REFLECTIVE_ATTRS:
+                        self.add("banned-import", node, f"`from {mod} import {a.name}` reaches `{a.name}` through an allowed package; " + _import_msg(a.name))
+                    # `from quack import activation` imports a module; `from torch import empty`
+                    # imports an attribute (checked like `torch.empty` wherever it is used).
+                    if self.import_allowed(mod) or self.import_allowed(full):
+                        if mod in ALLOWED_IMPORT_ROOTS and mod != "__future__":
+                            # `from torch import matmul` is checked like `torch.matmul`.
+                            self._check_qualified(node, full)
+                    else:
+                        self.add("banned-import", node, _import_msg(full if mod in ("quack", "cutlass") else mod))
+                    self.aliases[a.asname or a.name] = full
+        # `t = torch` / `mm = torch.matmul`: later uses of the name resolve like the original.
+        for _ in range(2):
+            for node in ast.walk(self.tree):
+                if isinstance(node, ast.Assign) and isinstance(node.value, (ast.Name, ast.Attribute)):
+                    q = self.qualname(node.value)
+                    if q is None:
+                        continue
+                    for t in node.targets:
+                        if isinstance(t, ast.Name) and t.id not in self.aliases:
+                            self.aliases[t.id] = q
+
+    # -- module level ------------------------------------------------------------
+    def _module_level(self) -> None:
+        body = self.tree.body
+        for i, node in enumerate(body):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                continue
+            if isinstance(node, ast.FunctionDef):
+                self.module_defs.add(node.name)
+                continue
+            if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                for t in targets:
+                    for n in _names_in_target(t):
+                        if n == "__all__":
+                            continue
+                        self.module_data.add(n)
+                continue
+            if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+                continue  # docstring / string note
+            if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call):
+                self.add(
+                    "module-level-call", node,
+                    f"module-level call `{_src(node.value)}`: module level may hold only imports, "
+                    "defs, assignments and a docstring (no code runs at import time)",
+                )
+                continue
+            if isinstance(node, (ast.Try,) + _TRY_STAR):
+                continue  # reported as try-except by the node walk
+            if isinstance(node, (ast.ClassDef, ast.AsyncFunctionDef, ast.With, ast.AsyncWith, ast.Global, ast.Nonlocal)):
+                continue  # reported by their own kinds
+            what = type(node).__name__.lower()
+            extra = " (remove the __main__/test block)" if isinstance(node, ast.If) else ""
+            self.add(
+                "module-level-statement", node,
+                f"module-level `{what}` statement: module level may hold only imports, defs, "
+                f"assignments and a docstring{extra}",
+            )
+
+    # -- every node --------------------------------------------------------------
+    def _walk_nodes(self) -> None:
+        for node in ast.walk(self.tree):
+            if isinstance(node, (ast.Try,) + _TRY_STAR):
+                self.add("try-except", node, "try/except is not allowed: a failing kernel must fail loudly, never fall back silently")
+            elif isinstance(node, (ast.With, ast.AsyncWith)):
+                self.add("with-statement", node, "`with` blocks are not allowed (no contexts, streams or grad modes in candidate code)")
+            elif isinstance(node, ast.ClassDef):
+                self.add("class-definition", node, f"class definitions are not allowed (class {node.name}); write plain functions")
+            elif isinstance(node, (ast.Global, ast.Nonlocal)):
+                self.add("global-nonlocal", node, f"`{type(node).__name__.lower()} {', '.join(node.names)}` is not allowed: no state may live across calls")
+            elif isinstance(node, (ast.AsyncFunctionDef, ast.Await, ast.AsyncFor)):
+                self.add("async", node, "async code is not allowed")
+            elif isinstance(node, ast.Name):
+                self._check_name(node)
+            elif isinstance(node, ast.Attribute):
+                self._check_attribute(node)
+            elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.MatMult):
+                self._matmul_op(node)
+            elif isinstance(node, ast.AugAssign) and isinstance(node.op, ast.MatMult):
+                self._matmul_op(node)
+            elif isinstance(node, ast.Call):
+                self._check_call(node)
+            if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign, ast.Delete)):
+                targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [node.target]
+                for t in targets:
+                    for sub in ast.walk(t):
+                        if isinstance(sub, ast.Attribute) and isinstance(sub.ctx, (ast.Store, ast.Del)):
+                            root = self.qualname(sub)
+                            whose = f" (an attribute of the imported `{root.rsplit('.', 1)[0]}`)" if root else ""
+                            self.add(
+                                "attribute-write", sub,
+                                f"assignment to attribute `{_src(sub)}`{whose}: candidate code must not "
+                                "patch modules, functions or objects",
+                            )
+            if isinstance(node, (ast.FunctionDef, ast.Lambda)):
+                args = node.args
+                for d in list(args.defaults) + [d for d in args.kw_defaults if d is not None]:
+                    if isinstance(d, (ast.Dict, ast.List, ast.Set, ast.DictComp, ast.ListComp, ast.SetComp)) or (
+                        isinstance(d, ast.Call) and isinstance(d.func, ast.Name) and d.func.id in ("dict", "list", "set", "bytearray")
+                    ):
+                        self.add("mutable-default", d, f"mutable default argument `{_src(d)}`: it keeps state across calls")
+
+    def qualname(self, node: ast.AST) -> str | None:
+        """Dotted path of a Name/Attribute chain rooted at an imported name, else None."""
+        parts: list[str] = []
+        while isinstance(node, ast.Attribute):
+            parts.append(node.attr)
+            node = node.value
+        if isinstance(node, ast.Name) and node.id in self.aliases:
+            return ".".join([self.aliases[node.id], *reversed(parts)])
+        return None
+
+    def _is_chain_top(self, node: ast.AST) -> bool:
+        parent = self.parents.get(node)
+        return not (isinstance(parent, ast.Attribute) and parent.value is node)
+
+    def _check_name(self, node: ast.Name) -> None:
+        if node.id in BANNED_BUILTINS and isinstance(node.ctx, ast.Load) and node.id not in self.aliases:
+            self.add("banned-call", node, _builtin_msg(node.id))
+            return
+        if _is_dunder(node.id):
+            if node.id == "__all__" and isinstance(node.ctx, ast.Store):
+                return
+            self.add("banned-attribute", node, f"dunder name `{node.id}` is not allowed (no reflection on modules/builtins)")
+            return
+        if self._is_chain_top(node) and node.id in self.aliases and isinstance(node.ctx, ast.Load):
+            q = self.aliases[node.id]
+            parent = self.parents.get(node)
+            if q == "torch" and not isinstance(parent, (ast.Import, ast.ImportFrom)):
+                self.add("banned-attribute", node, "the torch module may only be used as `torch.<name>` (not passed around or stored as a value)")
+                return
+            self._check_qualified(node, q)
+
+    def _check_attribute(self, node: ast.Attribute) -> None:
+        attr = node.attr
+        if attr.startswith("_") and _inner_private(node.value):
+            return  # reported once, at the first private link of the chain
+        if _is_dunder(attr):
+            self.add("banned-attribute", node, f"dunder attribute `.{attr}` is not allowed (no reflection: {_src(node)})")
+            return
+        if attr in INTROSPECTION_ATTRS:
+            self.add("introspection", node, f"`.{attr}` reaches frames/code objects; candidate code must not inspect the harness")
+            return
+        if attr in REEXPORTED_MODULES and not (isinstance(node.value, ast.Name) and self.aliases.get(node.value.id) == "torch"
+                                              and attr in TORCH_RUNTIME | TORCH_MATH):
+            self.add("banned-attribute", node, f"`{_src(node)}` reaches the `{attr}` module through another module: an import in disguise")
+            return
+        if attr in REFLECTIVE_ATTRS:
+            self.add("banned-call", node, f"`{_src(node)}`: loading code, reaching objects by name and walking frames/the heap are not allowed")
+            return
+        if attr in POINTER_ATTRS:
+            self.add("data-ptr", node, f"`.{attr}` exposes raw pointers/storage: outputs must not depend on addresses (no pointer-keyed caches)")
+            return
+        if attr.startswith("_"):
+            self.add("banned-attribute", node, f"private attribute `{_src(node)}` is not allowed (private APIs bypass the contract)")
+            return
+        if not self._is_chain_top(node):
+            return
+        q = self.qualname(node)
+        if q is not None:
+            self._check_qualified(node, q)
+            return
+        if STREAM_RE.search(attr):
+            self.add("stream-or-sync", node, f"`{_src(node)}`: streams, events, synchronization and CUDA graphs are not allowed in candidate code")
+
+    def _torch_allowed(self, parts: list[str]) -> bool:
+        tail = ".".join(parts[1:])
+        return parts[1] in self.allowed_torch or tail in self.allowed_torch
+
+    def _check_qualified(self, node: ast.AST, q: str) -> None:
+        parts = q.split(".")
+        if any(STREAM_RE.search(p) for p in parts[1:]) and parts[0] in ("torch", "cutlass", "quack"):
+            self.add("stream-or-sync", node, f"`{q}`: streams, events, synchronization and CUDA graphs are not allowed in candidate code")
+            return
+        root = parts[0]
+        if root == "torch" and len(parts) >= 2:
+            x = parts[1]
+            if x.startswith("_"):
+                self.add("banned-attribute", node, f"`{q}`: private torch APIs are not allowed")
+            elif x in ("ops", "library"):
+                self.add("banned-attribute", node, f"`{q}`: torch.ops/torch.library reach kernels behind the verifier's back")
+            elif self._torch_allowed(parts):
+                pass
+            elif x in TORCH_MATH:
+                self.add("torch-math", node, _torch_math_msg(q, self.spec))
+            elif x in TORCH_RUNTIME:
+                self.add("banned-attribute", node, f"`{q}`: the torch runtime, RNG, dispatcher and global settings are off limits to candidate code")
+            elif x in TORCH_ALLOWED:
+                rest = [p for p in parts[2:] if p in VALUE_MATH_METHODS or p in CAST_METHODS]
+                if rest:
+                    self.add("torch-math", node, _torch_math_msg(q, self.spec))
+            else:
+                self.add("torch-api", node, _torch_api_msg(q, self.spec))
+        elif root == "operator" and len(parts) >= 2 and parts[1] in OPERATOR_BANNED:
+            kind = OPERATOR_BANNED[parts[1]]
+            msg = (
+                _torch_math_msg(q, self.spec) if kind == "torch-math"
+                else f"`{q}` reaches objects by string or mutates them; not allowed in candidate code"
+            )
+            self.add(kind, node, msg)
+        elif root == "functools" and len(parts) >= 2 and parts[1] in FUNCTOOLS_CACHES:
+            self.add("call-cache", node, f"`{q}` caches results across calls; every call must recompute from its inputs")
+
+    def _matmul_op(self, node: ast.AST) -> None:
+        if "matmul" in self.allowed_torch or "@" in self.allowed_torch:
+            return
+        self.add("torch-math", node, f"the `@` operator (`{_src(node)}`) computes the GEMM outside the fused kernel; the GEMM must run inside the @gemm_epilogue mod")
+
+    def _check_call(self, node: ast.Call) -> None:
+        func = node.func
+        if isinstance(func, ast.Name) and func.id == "type" and len(node.args) == 3 and "type" not in self.aliases:
+            self.add("banned-call", node, "3-argument type() creates classes; not allowed")
+            return
+        if not isinstance(func, ast.Attribute):
+            return
+        name = func.attr
+        if self.qualname(func) is not None:
+            return  # module functions are checked by _check_qualified
+        if name in self.allowed_torch:
+            return
+        if name in VALUE_MATH_METHODS:
+            self.add("torch-math", node, f"`.{name}()` in `{_src(node)}` does the op's work (or fills data) outside the fused kernel"
+                     + _allowed_hint(self.spec))
+        elif name in CAST_METHODS and _looks_like_cast(node):
+            self.add("precision-cast", node, f"`{_src(node)}` casts a tensor's dtype; outputs and intermediates must keep the spec's dtypes (no precision games)")
+        elif name == "to" and any(self._is_dtype_expr(a) for a in [*node.args, *(k.value for k in node.keywords if k.arg == "dtype")]):
+            self.add("precision-cast", node, f"`{_src(node)}` casts a tensor's dtype; outputs and intermediates must keep the spec's dtypes (no precision games)")
+
+    def _is_dtype_expr(self, node: ast.AST) -> bool:
+        q = self.qualname(node)
+        return bool(q and q.startswith("torch.") and q.split(".")[1] in _TORCH_DTYPES) or (
+            isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in _TORCH_DTYPES
+        )
+
+    # -- functions: state mutation --------------------------------------------------
+    def _functions(self) -> None:
+        for node in ast.walk(self.tree):
+            if isinstance(node, (ast.FunctionDef, ast.Lambda)):
+                self._function_state(node)
+        self._imported_state()
+
+    def _imported_state(self) -> None:
+        """Subscript stores and mutating calls on objects reached through an import
+        (``fe.TORCH_OP_EPI_MODS.clear()``), anywhere in the module."""
+
+        def imported(node: ast.AST) -> bool:
+            r = _root_name(node)
+            return r is not None and r in self.aliases and self.aliases[r].split(".")[0] in ("torch", "quack", "cutlass")
+
+        for n in ast.walk(self.tree):
+            targets: list[ast.AST] = []
+            if isinstance(n, ast.Assign):
+                targets = list(n.targets)
+            elif isinstance(n, (ast.AugAssign, ast.AnnAssign)):
+                targets = [n.target]
+            elif isinstance(n, ast.Delete):
+                targets = list(n.targets)
+            for t in targets:
+                for e in (t.elts if isinstance(t, (ast.Tuple, ast.List)) else [t]):
+                    if isinstance(e, ast.Subscript) and imported(e):
+                        self.add("module-state-mutation", n, f"`{_src(n)}` mutates state of an imported module")
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and isinstance(n.func.value, (ast.Attribute, ast.Subscript)):
+                meth = n.func.attr
+                if meth in MUTATING_METHODS and imported(n.func.value):
+                    self.add("module-state-mutation", n, f"`{_src(n)}` mutates state of an imported module")
+
+    def _function_state(self, fn: ast.FunctionDef | ast.Lambda) -> None:
+        args = fn.args
+        params = [a.arg for a in [*args.posonlyargs, *args.args, *args.kwonlyargs]]
+        if args.vararg:
+            params.append(args.vararg.arg)
+        if args.kwarg:
+            params.append(args.kwarg.arg)
+        body_nodes = list(_own_nodes(fn))
+        local: set[str] = set(params)
+        for n in body_nodes:
+            if isinstance(n, ast.Name) and isinstance(n.ctx, (ast.Store, ast.Del)):
+                local.add(n.id)
+            elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and n is not fn:
+                local.add(n.name)
+            elif isinstance(n, (ast.Import, ast.ImportFrom)):
+                for a in n.names:
+                    local.add((a.asname or a.name).split(".")[0])
+        # Parameters whose default is shared state, and locals aliasing shared state.
+        tainted: set[str] = set()
+        all_defaults = list(zip(reversed([*args.posonlyargs, *args.args]), reversed(args.defaults)))
+        all_defaults += [(a, d) for a, d in zip(args.kwonlyargs, args.kw_defaults) if d is not None]
+        for a, d in all_defaults:
+            r = _root_name(d)
+            if r is not None and r in self.module_data:
+                tainted.add(a.arg)
+
+        def shared(name: str | None) -> bool:
+            if name is None:
+                return False
+            if name in tainted:
+                return True
+            if name in local or name in self.aliases or name in self.module_defs:
+                return False
+            return name not in BANNED_BUILTINS and name not in _BUILTIN_NAMES
+
+        for _ in range(2):  # aliasing fixpoint (a = SHARED; b = a[0])
+            for n in body_nodes:
+                if isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name):
+                    if _is_alias_expr(n.value) and shared(_root_name(n.value)):
+                        tainted.add(n.targets[0].id)
+
+        label = "lambda" if isinstance(fn, ast.Lambda) else f"function `{fn.name}`"
+        is_entry = isinstance(fn, ast.FunctionDef) and fn.name == self.spec.entry.function and fn in self.tree.body
+        inputs: set[str] = set()
+        if is_entry:
+            inputs = {a.arg for a in [*args.posonlyargs, *args.args]}
+            for _ in range(2):
+                for n in body_nodes:
+                    if isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name):
+                        if isinstance(n.value, (ast.Name, ast.Subscript, ast.Attribute)) and _root_name(n.value) in inputs:
+                            if not (isinstance(n.value, ast.Attribute) and n.value.attr in _METADATA_ATTRS):
+                                inputs.add(n.targets[0].id)
+        for n in body_nodes:
+            if is_entry and isinstance(n, (ast.Assign, ast.AugAssign)):
+                tgts = n.targets if isinstance(n, ast.Assign) else [n.target]
+                for t in tgts:
+                    for e in (t.elts if isinstance(t, (ast.Tuple, ast.List)) else [t]):
+                        if isinstance(e, ast.Subscript) and _root_name(e) in inputs:
+                            self.add(
+                                "input-mutation", n,
+                                f"`{_src(n)}` writes into the input `{_root_name(e)}` (or a view of it): "
+                                "inputs are read-only; write results into fresh outputs",
+                            )
+        for n in body_nodes:
+            targets: list[ast.AST] = []
+            if isinstance(n, ast.Assign):
+                targets = list(n.targets)
+            elif isinstance(n, (ast.AugAssign, ast.AnnAssign)):
+                targets = [n.target]
+            elif isinstance(n, ast.Delete):
+                targets = list(n.targets)
+            for t in targets:
+                if isinstance(t, (ast.Tuple, ast.List)):
+                    elts = list(t.elts)
+                else:
+                    elts = [t]
+                for e in elts:
+                    if isinstance(e, ast.Starred):
+                        e = e.value
+                    if isinstance(e, ast.Subscript) and shared(_root_name(e)):
+                        self.add(
+                            "module-state-mutation", n,
+                            f"{label} mutates `{_root_name(e)}`, which it does not own (`{_src(n)}`): "
+                            "state kept across calls (caches, counters) is not allowed",
+                        )
+                    elif isinstance(e, ast.Name) and isinstance(n, ast.AugAssign) and e.id in tainted:
+                        self.add(
+                            "module-state-mutation", n,
+                            f"{label} updates `{e.id}` in place, an alias of state it does not own (`{_src(n)}`)",
+                        )
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute):
+                meth = n.func.attr
+                recv = n.func.value
+                if (meth in MUTATING_METHODS or (meth.endswith("_") and not meth.startswith("_"))) and shared(_root_name(recv)):
+                    self.add(
+                        "module-state-mutation", n,
+                        f"{label} calls `.{meth}()` on `{_root_name(recv)}`, which it does not own "
+                        f"(`{_src(n)}`): state kept across calls (caches, counters) is not allowed",
+                    )
+            if (
+                isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+                and isinstance(n.func.value, ast.Name) and n.func.value.id in ("dict", "list", "set")
+                and n.func.attr in MUTATING_METHODS and n.args and shared(_root_name(n.args[0]))
+            ):
+                self.add("module-state-mutation", n, f"{label} mutates `{_root_name(n.args[0])}` through `{_src(n.func)}`")
+
+    # -- @gemm_epilogue -----------------------------------------------------------
+    def _is_gemm_epilogue(self, func: ast.AST) -> bool:
+        if isinstance(func, ast.Name):
+            q = self.aliases.get(func.id, "")
+            return func.id == "gemm_epilogue" or q.endswith(".gemm_epilogue")
+        if isinstance(func, ast.Attribute):
+            return func.attr == "gemm_epilogue"
+        return False
+
+    def _epilogue_contract(self) -> None:
+        decorator_calls: set[int] = set()
+        for node in ast.walk(self.tree):
+            if not isinstance(node, ast.FunctionDef):
+                continue
+            for dec in node.decorator_list:
+                if isinstance(dec, ast.Call) and self._is_gemm_epilogue(dec.func):
+                    decorator_calls.add(id(dec))
+                    if node not in self.tree.body:
+                        self.add("epilogue-decorator", node, f"@gemm_epilogue fn `{node.name}` must be defined at module level (no factories)")
+                    self.epilogues.append(self._read_declarations(node, dec))
+                elif self._is_gemm_epilogue(dec):
+                    self.add("epilogue-decorator", dec, "write `@gemm_epilogue(...)` with parentheses (it is a decorator factory)")
+        for node in ast.walk(self.tree):
+            if isinstance(node, ast.Call) and self._is_gemm_epilogue(node.func) and id(node) not in decorator_calls:
+                self.add(
+                    "epilogue-decorator", node,
+                    "apply gemm_epilogue(...) as a decorator on a module-level def, so its return "
+                    "keys can be checked against its declarations",
+                )
+        if not self.epilogues:
+            self.add("no-epilogue", None, "no @gemm_epilogue(...) function is defined: the fused op must be written as a quack epilogue")
+        for ep in self.epilogues:
+            self._check_epilogue_fn(ep)
+
+    def _read_declarations(self, fn: ast.FunctionDef, dec: ast.Call) -> _Epilogue:
+        ep = _Epilogue(fn=fn)
+        kw = {k.arg: k.value for k in dec.keywords if k.arg}
+        if any(k.arg is None for k in dec.keywords):
+            self.add("non-literal-declaration", dec, "`**kwargs` in @gemm_epilogue(...): write the declarations out literally")
+            ep.literal = False
+        if dec.args:
+            kw.setdefault("outputs", dec.args[0])
+            if len(dec.args) > 1:
+                self.add("non-literal-declaration", dec, "pass @gemm_epilogue arguments beyond outputs by keyword (outputs=, reduces=, mode=, ...)")
+        if "outputs" in kw:
+            names = self._names_from_sequence(kw["outputs"], "outputs")
+            if names is None:
+                ep.literal = False
+            else:
+                ep.outputs = names
+        for key in ("reduces", "outs"):
+            if key in kw:
+                names = self._names_from_dict(kw[key], key)
+                if names is None:
+                    ep.literal = False
+                else:
+                    ep.sinks += names
+        if "mode" in kw:
+            m = kw["mode"]
+            if not (isinstance(m, ast.Constant) and (m.value is None or m.value in EPILOGUE_MODES)):
+                self.add("non-literal-declaration", m, f"mode= must be one of {list(EPILOGUE_MODES)} written as a string literal, got `{_src(m)}`")
+        return ep
+
+    def _names_from_sequence(self, node: ast.AST, what: str) -> list[str] | None:
+        if not isinstance(node, (ast.Tuple, ast.List)):
+            self.add("non-literal-declaration", node, f"{what}= must be a literal tuple/list of names (or TileStore(\"name\", ...)), got `{_src(node)}`")
+            return None
+        out: list[str] = []
+        for e in node.elts:
+            name = _literal_name(e)
+            if name is None:
+                self.add("non-literal-declaration", e, f"{what}= entries must be string literals or TileStore(\"name\", ...), got `{_src(e)}`")
+                return None
+            out.append(name)
+        return out
+
+    def _names_from_dict(self, node: ast.AST, what: str) -> list[str] | None:
+        if not isinstance(node, ast.Dict):
+            self.add("non-literal-declaration", node, f"{what}= must be a literal dict {{\"name\": Op(\"name\", ...)}}, got `{_src(node)}`")
+            return None
+        out: list[str] = []
+        for k, v in zip(node.keys, node.values):
+            if not (isinstance(k, ast.Constant) and isinstance(k.value, str)):
+                self.add("non-literal-declaration", k or node, f"{what}= keys must be string literals")
+                return None
+            op_name = _literal_name(v)
+            if op_name is not None and op_name != k.value:
+                self.add(
+                    "declared-name-mismatch", v,
+                    f"{what}={{{k.value!r}: ...}} names its op {op_name!r}; quack requires the key and the op name to match",
+                )
+            out.append(k.value)
+        return out
+
+    def _check_epilogue_fn(self, ep: _Epilogue) -> None:
+        fn = ep.fn
+        a = fn.args
+        params = [p.arg for p in [*a.posonlyargs, *a.args]]
+        if not params or params[0] != "acc":
+            self.add("epilogue-signature", fn, f"epilogue fn `{fn.name}` must take `acc` as its first parameter (got {params or 'none'})")
+        if a.vararg or a.kwarg or a.kwonlyargs:
+            self.add("epilogue-signature", fn, f"epilogue fn `{fn.name}`: operands are named parameters only (no *args, **kwargs or keyword-only)")
+        returns = [n for n in _own_nodes(fn) if isinstance(n, ast.Return)]
+        if not returns:
+            self.add("epilogue-return", fn, f"epilogue fn `{fn.name}` never returns: it must return a dict literal such as {{\"D\": ...}}")
+            return
+        declared = list(dict.fromkeys([*ep.outputs, *ep.sinks]))
+        allowed = {"D", *declared}
+        for r in returns:
+            if not isinstance(r.value, ast.Dict):
+                self.add(
+                    "epilogue-return", r,
+                    f"epilogue fn `{fn.name}` must return a dict literal with string keys (got `{_src(r.value) if r.value else 'None'}`)",
+                )
+                continue
+            keys: list[str] = []
+            key_nodes: list[ast.AST] = []
+            ok = True
+            for k in r.value.keys:
+                if not (isinstance(k, ast.Constant) and isinstance(k.value, str)):
+                    self.add("epilogue-return", k or r, f"epilogue fn `{fn.name}`: returned dict keys must be string literals (no ** or computed keys)")
+                    ok = False
+                    continue
+                if k.value in keys:
+                    self.add("duplicate-return-key", k, f"key {k.value!r} appears twice in the returned dict; the first value is silently dropped")
+                keys.append(k.value)
+                key_nodes.append(k)
+            if not ep.literal:
+                continue
+            for k, knode in zip(keys, key_nodes):
+                if k not in allowed:
+                    close = difflib.get_close_matches(k, sorted(allowed), n=1)
+                    hint = f" Did you mean {close[0]!r}?" if close else ""
+                    self.add(
+                        "unknown-return-key", knode,
+                        f"epilogue fn `{fn.name}` returns key {k!r}, which is neither \"D\" nor a declared "
+                        f"output/reduce ({sorted(declared) or 'none declared'}). quack silently ignores unknown "
+                        f"keys and stores the raw accumulator instead.{hint}",
+                    )
+            if ok:
+                for d in declared:
+                    if d not in keys:
+                        self.add(
+                            "missing-declared-key", r,
+                            f"epilogue fn `{fn.name}` declares {d!r} but this return does not produce it; quack "
+                            f"fails with a bare KeyError({d!r}) while tracing. Return {{..., {d!r}: <value>}} or drop the declaration.",
+                        )
+
+    # -- entry point --------------------------------------------------------------
+    def _entry_point(self) -> None:
+        want = self.spec.entry.function
+        inputs = [t.name for t in self.spec.entry.inputs]
+        defs = [n for n in self.tree.body if isinstance(n, ast.FunctionDef) and n.name == want]
+        rebinds = [
+            n for n in self.tree.body
+            if isinstance(n, (ast.Assign, ast.AnnAssign, ast.AugAssign, ast.Import, ast.ImportFrom))
+            and want in _bound_names(n)
+        ]
+        if not defs:
+            self.add("entry-missing", None, f"no module-level `def {want}({', '.join(inputs)})`: the entry point the spec names is missing")
+            return
+        for extra in defs[1:] + rebinds:
+            self.add("name-redefined", extra, f"`{want}` is bound more than once at module level; define the entry exactly once")
+        fn = defs[0]
+        a = fn.args
+        got = [p.arg for p in [*a.posonlyargs, *a.args]]
+        problems = []
+        if got != inputs:
+            problems.append(f"positional parameters {got} must be exactly the spec inputs {inputs} in order")
+        if a.vararg or a.kwarg:
+            problems.append("no *args/**kwargs")
+        if a.kwonlyargs:
+            problems.append(f"no keyword-only parameters ({[k.arg for k in a.kwonlyargs]})")
+        if problems:
+            self.add("entry-signature", fn, f"entry `def {want}(...)`: " + "; ".join(problems) + f" (expected `{self.spec.signature()}`)")
+        names = {ep.fn.name for ep in self.epilogues}
+        counts: dict[str, int] = {}
+        for n in self.tree.body:
+            for b in _bound_names(n):
+                counts[b] = counts.get(b, 0) + 1
+        for name in sorted(names):
+            if counts.get(name, 0) > 1:
+                self.add("name-redefined", None, f"epilogue `{name}` is bound more than once at module level; the last binding wins")
+
+
+# --------------------------------------------------------------------------- small helpers
+
+_METADATA_ATTRS = frozenset({"shape", "dtype", "device", "ndim", "layout", "is_cuda", "requires_grad"})
+
+_TRY_STAR = (ast.TryStar,) if hasattr(ast, "TryStar") else ()
+
+_TORCH_DTYPES = frozenset({
+    "bfloat16", "float16", "half", "float32", "float", "float64", "double", "float8_e4m3fn",
+    "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "int8", "uint8", "int16", "int32",
+    "int64", "int", "long", "short", "bool",
+})
+
+_BUILTIN_NAMES = frozenset(dir(builtins))
+
+
+def _is_dunder(name: str) -> bool:
+    return len(name) > 4 and name.startswith("__") and name.endswith("__")
+
+
+def _inner_private(node: ast.AST) -> bool:
+    while isinstance(node, ast.Attribute):
+        if node.attr.startswith("_"):
+            return True
+        node = node.value
+    return False
+
+
+def _src(node: ast.AST | None, limit: int = 80) -> str:
+    if node is None:
+        return ""
+    try:
+        s = ast.unparse(node)
+    except Exception:  # pragma: no cover - unparse handles every parsed node
+        s = type(node).__name__
+    s = " ".join(s.split())
+    return s if len(s) <= limit else s[: limit - 3] + "..."
+
+
+def _import_msg(module: str) -> str:
+    allowed = ", ".join([*ALLOWED_IMPORT_ROOTS, "cutlass.*", "quack.epilogue.*", *ALLOWED_IMPORT_EXACT])
+    return f"import of `{module}` is not allowed; candidates may import only: {allowed}"
+
+
+def _builtin_msg(name: str) -> str:
+    return (
+        f"`{name}` is not allowed in candidate code (no dynamic code, attribute access by string, "
+        "scope/identity reflection or I/O)"
+    )
+
+
+def _allowed_hint(spec: KernelSpec) -> str:
+    allowed = spec.entry.allowed_torch
+    return f" (the spec allows only: {allowed})" if allowed else " (the spec allows no torch math in host code)"
+
+
+def _torch_math_msg(q: str, spec: KernelSpec) -> str:
+    return (
+        f"`{q}` does the op's work in PyTorch instead of the fused epilogue; compute it inside the "
+        "@gemm_epilogue fn (quack.activation / cute.math)" + _allowed_hint(spec)
+    )
+
+
+def _torch_api_msg(q: str, spec: KernelSpec) -> str:
+    return (
+        f"`{q}` is not allowed: host code may only allocate (torch.empty/empty_like/empty_strided), "
+        "make views, name dtypes, call the epilogue mods" + _allowed_hint(spec)
+    )
+
+
+def _looks_like_cast(node: ast.Call) -> bool:
+    # `.float()` etc. take no arguments; `.type(x)`/`.type_as(x)` take one.
+    f = node.func
+    assert isinstance(f, ast.Attribute)
+    if f.attr in ("type", "type_as"):
+        return len(node.args) == 1
+    return not node.args and not node.keywords
+
+
+def _literal_name(node: ast.AST) -> str | None:
+    """``"name"`` or ``Op("name", ...)`` / ``Op(name="name")`` -> ``name``."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.Call):
+        if node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str):
+            return node.args[0].value
+        for k in node.keywords:
+            if k.arg == "name" and isinstance(k.value, ast.Constant) and isinstance(k.value.value, str):
+                return k.value.value
+    return None
+
+
+def _root_name(node: ast.AST | None) -> str | None:
+    while isinstance(node, (ast.Attribute, ast.Subscript, ast.Starred)):
+        node = node.value
+    return node.id if isinstance(node, ast.Name) else None
+
+
+def _is_alias_expr(node: ast.AST) -> bool:
+    """Expressions that may evaluate to (part of) the object they start from."""
+    return isinstance(node, (ast.Name, ast.Subscript, ast.Attribute)) or (
+        isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+        and node.func.attr in ("get", "setdefault", "values", "items", "keys")
+    )
+
+
+def _names_in_target(t: ast.AST) -> list[str]:
+    if isinstance(t, ast.Name):
+        return [t.id]
+    if isinstance(t, (ast.Tuple, ast.List)):
+        return [n for e in t.elts for n in _names_in_target(e)]
+    if isinstance(t, ast.Starred):
+        return _names_in_target(t.value)
+    return []
+
+
+def _bound_names(node: ast.AST) -> list[str]:
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return [node.name]
+    if isinstance(node, ast.Assign):
+        return [n for t in node.targets for n in _names_in_target(t)]
+    if isinstance(node, (ast.AnnAssign, ast.AugAssign)):
+        return _names_in_target(node.target)
+    if isinstance(node, (ast.Import, ast.ImportFrom)):
+        return [(a.asname or a.name).split(".")[0] for a in node.names]
+    return []
+
+
+def _own_nodes(fn: ast.AST):
+    """Nodes of a function body, not descending into nested functions/lambdas/classes."""
+    stack = list(ast.iter_child_nodes(fn))
+    while stack:
+        n = stack.pop()
+        yield n
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+            continue
+        stack.extend(ast.iter_child_nodes(n))
+
+
+def _dedupe_sort(findings: list[Finding]) -> list[Finding]:
+    seen: set[tuple] = set()
+    out = []
+    for f in findings:
+        key = (f.kind, f.line, f.message)
+        if key not in seen:
+            seen.add(key)
+            out.append(f)
+    return sorted(out, key=lambda f: (f.line if f.line is not None else 10**9, f.kind, f.message))
+
+
+# --------------------------------------------------------------------------- API
+
+
+def check_static(spec: KernelSpec, source: str, filename: str = "candidate.py") -> StageResult:
+    """Check a candidate module's source against the candidate contract, without importing it.
+
+    Args:
+        spec: the kernel spec (entry name, input names, ``entry.allowed_torch``).
+        source: the candidate module's text.
+        filename: used in the syntax-error message only.
+
+    Returns:
+        A ``StageResult`` with ``stage="static"``: ``status="pass"`` and summary ``"ok"``
+        when nothing was found, else ``status="fail"``, summary ``"N violation(s)"`` and one
+        :class:`Finding` per violation (``kind`` from :data:`KINDS`, 1-based ``line``),
+        sorted by line. ``metrics`` holds ``violations`` and ``epilogues`` (decorated fn
+        names in source order).
+
+    Raises:
+        Nothing for bad candidates (a syntax error is a finding); only programming errors.
+    """
+    t0 = time.perf_counter()
+    try:
+        tree = ast.parse(source, filename=filename)
+    except SyntaxError as e:
+        line = e.lineno
+        msg = f"{filename}:{line}: syntax error: {e.msg}"
+        if e.text:
+            msg += f" (near `{e.text.strip()[:80]}`)"
+        finding = Finding(kind="syntax-error", message=msg, line=line)
+        return StageResult(
+            stage="static", status="fail", summary="1 violation(s)", findings=[finding],
+            metrics={"violations": 1, "epilogues": []}, duration_s=time.perf_counter() - t0,
+        )
+    checker = _Checker(spec, tree)
+    checker.run()
+    findings = _dedupe_sort(checker.findings)
+    n = len(findings)
+    return StageResult(
+        stage="static",
+        status="fail" if n else "pass",
+        summary=f"{n} violation(s)" if n else "ok",
+        findings=findings,
+        metrics={"violations": n, "epilogues": [ep.fn.name for ep in checker.epilogues]},
+        duration_s=time.perf_counter() - t0,
+    )
