@@ -1,0 +1,122 @@
+"""verifier/accept.py: only GPU-verified verdicts, atomic writes, no silent overwrite, history."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+import coda_agent.verifier.accept as acc
+from coda_agent.verifier.accept import AcceptError, accept
+from coda_agent.verifier.spec import load_spec
+from coda_agent.verifier.verdict import Environment, StageResult, Verdict
+from coda_agent.verifier.workspace import sha256_file
+
+ROOT = Path(__file__).resolve().parents[2]
+LOADED = load_spec(ROOT / "kernel_specs" / "swiglu_fwd")
+PROV = {"backend": "scripted", "model": "test-model", "prompt_sha256": "ab" * 32, "attempts": 2, "run_dir": "runs/x"}
+
+
+def _bench_metrics():
+    return {"gpu": "NVIDIA H200", "shapes": {"llama3-1b/M8192": {
+        "fused_ms": 0.81, "tflops": 679.0, "gbps": 1200.0, "sol_ms": 0.56, "wall_ms": 0.9,
+        "baselines": {"bare_gemm": {"ms": 0.88, "ratio": 0.92}, "quack_library": {"error": "x"}}}},
+        "bar": {"bare_gemm": {"limit": 1.03, "met": True, "met_shapes": 1, "shapes": 1}}}
+
+
+def _verdict(cand: Path, *, cpu_only=False, fail=None, bench="pass") -> Verdict:
+    stages = [StageResult(stage=s, status="pass", summary=f"{s} ok") for s in ("static", "compile")]
+    stages.append(StageResult(stage="correctness", status="fail" if fail == "correctness" else "pass", summary="c",
+                              metrics={"worst": {"preact": {"max_err": 0.01, "allowed": 0.03, "ratio": 0.33, "trial": "c0-aligned-s0"}},
+                                       "launches": 1, "max_launches": 1, "kernels": ["gemm_kernel"]}))
+    stages.append(StageResult(stage="gradients", status="skip", summary="none"))
+    stages.append(StageResult(stage="bench", status=bench, summary="b", metrics=_bench_metrics()))
+    return Verdict(spec=LOADED.name, spec_hash=LOADED.spec_hash, candidate_hash=sha256_file(cand), stages=stages,
+                   environment=Environment(gpu="NVIDIA H200", compute_capability="9.0", torch="2.11"), cpu_only=cpu_only)
+
+
+@pytest.fixture
+def cand(tmp_path):
+    p = tmp_path / "candidate.py"
+    p.write_text("def swiglu_fwd(x, w1):\n    return x, w1\n")
+    return p
+
+
+def test_refuses_without_gpu_verification(tmp_path, cand):
+    with pytest.raises(AcceptError, match="not GPU-verified: it comes from a CPU-only run"):
+        accept(LOADED, cand, _verdict(cand, cpu_only=True), root=tmp_path, provenance=PROV)
+    with pytest.raises(AcceptError, match="stage 'correctness' did not pass"):
+        accept(LOADED, cand, _verdict(cand, fail="correctness"), root=tmp_path, provenance=PROV)
+    with pytest.raises(AcceptError, match="not GPU-verified"):
+        accept(LOADED, cand, _verdict(cand, bench="skip"), root=tmp_path, provenance=PROV)
+    assert not (tmp_path / "generated_kernels" / "swiglu_fwd").exists()
+
+
+def test_refuses_other_bytes_or_spec(tmp_path, cand):
+    v = _verdict(cand)
+    cand.write_text(cand.read_text() + "# edited after verification\n")
+    with pytest.raises(AcceptError, match="changed since it was verified"):
+        accept(LOADED, cand, v, root=tmp_path, provenance=PROV)
+    v = _verdict(cand)
+    v.spec_hash = "0" * 64
+    with pytest.raises(AcceptError, match="spec hash differs"):
+        accept(LOADED, cand, v, root=tmp_path, provenance=PROV)
+
+
+def test_writes_kernel_manifest_report(tmp_path, cand):
+    dest = accept(LOADED, cand, _verdict(cand), root=tmp_path, provenance=PROV)
+    assert dest == tmp_path / "generated_kernels" / "swiglu_fwd"
+    assert (dest / "kernel.py").read_bytes() == cand.read_bytes()
+    text = (dest / "manifest.json").read_text()
+    man = json.loads(text)
+    assert text == json.dumps(man, indent=2, sort_keys=True) + "\n"  # sorted keys
+    assert man["spec"] == "swiglu_fwd" and man["spec_hash"] == LOADED.spec_hash
+    assert man["kernel_sha256"] == sha256_file(cand) and man["provenance"] == PROV
+    assert man["environment"]["gpu"] == "NVIDIA H200" and man["gpu_verified"] is True
+    assert man["stages"]["bench"]["metrics"]["shapes"]["llama3-1b/M8192"]["fused_ms"] == 0.81
+    assert man["accepted_at"].endswith("Z")
+    report = (dest / "REPORT.md").read_text()
+    assert "| preact | 0.01 | 0.03 | 0.33 | c0-aligned-s0 |" in report
+    assert "| llama3-1b/M8192 | 0.8100 | 679 | 1200 | 0.5600 | 0.8800 | 0.920 | error | - |" in report
+    assert "Bar fused/bare_gemm <= 1.03: met at 1/1 shapes." in report
+    leftovers = [p.name for p in (tmp_path / "generated_kernels").iterdir() if p.name.startswith(".")]
+    assert leftovers == []
+
+
+def test_no_overwrite_without_force_then_history(tmp_path, cand, monkeypatch):
+    first = accept(LOADED, cand, _verdict(cand), root=tmp_path, provenance=PROV)
+    old_at = json.loads((first / "manifest.json").read_text())["accepted_at"]
+    cand.write_text(cand.read_text() + "# v2\n")
+    v2 = _verdict(cand)
+    with pytest.raises(AcceptError, match=r"already holds an accepted kernel.*--force"):
+        accept(LOADED, cand, v2, root=tmp_path, provenance=PROV)
+    assert "# v2" not in (first / "kernel.py").read_text()
+
+    monkeypatch.setattr(acc, "_now", lambda: "2030-01-01T00:00:00Z")
+    dest = accept(LOADED, cand, v2, root=tmp_path, provenance=PROV, force=True)
+    assert "# v2" in (dest / "kernel.py").read_text()
+    hist = dest / "history" / old_at.replace(":", "-")
+    assert "# v2" not in (hist / "kernel.py").read_text()
+    assert json.loads((hist / "manifest.json").read_text())["accepted_at"] == old_at
+
+    cand.write_text(cand.read_text() + "# v3\n")
+    monkeypatch.setattr(acc, "_now", lambda: "2031-01-01T00:00:00Z")
+    dest = accept(LOADED, cand, _verdict(cand), root=tmp_path, provenance=PROV, force=True)
+    names = sorted(p.name for p in (dest / "history").iterdir())
+    assert names == sorted([old_at.replace(":", "-"), "2030-01-01T00-00-00Z"])
+    assert not (dest / "history" / "2030-01-01T00-00-00Z" / "history").exists()
+
+
+def test_interrupted_write_leaves_old_version(tmp_path, cand, monkeypatch):
+    first = accept(LOADED, cand, _verdict(cand), root=tmp_path, provenance=PROV)
+    before = {p.name: p.read_bytes() for p in first.iterdir() if p.is_file()}
+    cand.write_text(cand.read_text() + "# v2\n")
+
+    def boom(manifest):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(acc, "render_report", boom)
+    with pytest.raises(OSError, match="disk full"):
+        accept(LOADED, cand, _verdict(cand), root=tmp_path, provenance=PROV, force=True)
+    after = {p.name: p.read_bytes() for p in first.iterdir() if p.is_file()}
+    assert after == before
+    assert [p.name for p in (tmp_path / "generated_kernels").iterdir()] == ["swiglu_fwd"]

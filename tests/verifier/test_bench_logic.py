@@ -1,0 +1,124 @@
+"""verifier/bench.py on synthetic numbers: speed of light, wall cross-check, ratios, bars."""
+
+from pathlib import Path
+
+import pytest
+
+from coda_agent.verifier.bench import (
+    bench_stage,
+    peaks_for,
+    shape_metrics,
+    speed_of_light_ms,
+    throughput,
+    untimed_work,
+)
+from coda_agent.verifier.gpu_results import GpuRun
+from coda_agent.verifier.protocol import BenchShape, Plan
+from coda_agent.verifier.sandbox import WorkerOutcome
+from coda_agent.verifier.spec import load_spec
+
+ROOT = Path(__file__).resolve().parents[2]
+FWD = load_spec(ROOT / "kernel_specs" / "swiglu_fwd")
+BWD = load_spec(ROOT / "kernel_specs" / "swiglu_bwd")
+DIMS = {"M": 8192, "K": 2048, "I": 8192}  # llama3-1b/M8192
+
+
+def test_peaks_table():
+    assert peaks_for("NVIDIA H200") == (989e12, 4.8e12)
+    assert peaks_for("NVIDIA H100 80GB HBM3") == (989e12, 3.35e12)
+    assert peaks_for(None) == peaks_for("NVIDIA A100") == (989e12, 3.35e12)
+
+
+def test_speed_of_light_compute_and_memory_bound():
+    s = speed_of_light_ms(989e12, 1e9, "H200")  # 1 s of FLOPs, 0.2 ms of bytes
+    assert s["bound"] == "compute" and s["sol_ms"] == pytest.approx(1000.0)
+    s = speed_of_light_ms(1e9, 4.8e12, "H200")
+    assert s["bound"] == "memory" and s["sol_ms"] == pytest.approx(1000.0)
+
+
+def test_untimed_work_rule():
+    assert not untimed_work(0.80, 0.90)
+    assert not untimed_work(0.80, 1.60)  # exactly half: 0.8 < 0.8 - 0.05 is false
+    assert untimed_work(0.01, 0.90)  # side stream: events saw almost nothing
+    assert not untimed_work(0.01, 0.11)  # tiny shapes: launch overhead within the slack
+
+
+def test_throughput_units():
+    tf, gb = throughput(2e12, 1e9, 1.0)
+    assert tf == pytest.approx(2000.0) and gb == pytest.approx(1000.0)
+
+
+def test_shape_metrics_fwd_llama1b():
+    flops = 2 * 8192 * 2048 * 2 * 8192
+    m, problems = shape_metrics(FWD, DIMS, 0.81, 0.90, {"bare_gemm": {"ms": 0.88}, "torch_compile": {"ms": 0.95},
+                                                        "quack_library": {"error": "boom"}}, "NVIDIA H200")
+    assert m["flops"] == flops
+    # bytes: x (M,K) + w1 (2I,K) + preact (M,2I) + postact (M,I), bf16
+    assert m["bytes"] == 2 * (8192 * 2048 + 16384 * 2048 + 8192 * 16384 + 8192 * 8192)
+    assert m["tflops"] == pytest.approx(flops / 0.81e-3 / 1e12)
+    assert m["baselines"]["bare_gemm"]["ratio"] == pytest.approx(0.81 / 0.88)
+    assert m["bar"]["bare_gemm"]["met"] is True
+    assert m["bar"]["quack_library"]["met"] is None
+    kinds = [k for k, _ in problems]
+    assert kinds == ["baseline-error"]
+    assert m["sol_ms"] == pytest.approx(flops / 989e12 * 1e3)
+
+
+def test_faster_than_light_and_untimed():
+    _, problems = shape_metrics(FWD, DIMS, 0.2, 0.9, {"bare_gemm": {"ms": 0.88}}, "NVIDIA H200")
+    kinds = {k for k, _ in problems}
+    assert {"speed-of-light", "untimed-work"} <= kinds
+    msg = dict(problems)["speed-of-light"]
+    assert "faster than speed of light: investigate" in msg
+
+
+def test_bar_missed_is_a_warning():
+    _, problems = shape_metrics(FWD, DIMS, 1.0, 1.1, {"bare_gemm": {"ms": 0.88}}, "NVIDIA H200")
+    assert [k for k, _ in problems] == ["bar-missed"]
+
+
+def _run(spec, cand_bench, ref_bench, shapes, bench=True, status="ok", died_in=None):
+    plan = Plan(spec_dir=str(spec.directory), runs=[], bench_shapes=shapes, bench=bench)
+    cand = WorkerOutcome(status=status, returncode=0 if status == "ok" else 1, duration_s=1.0,
+                         records=[{"part": "setup", "ok": True, "env": {"gpu": "NVIDIA H200"}}, *cand_bench],
+                         died_in=died_in, timeout_s=60)
+    ref = WorkerOutcome(status="ok", returncode=0, duration_s=1.0, records=[*ref_bench, {"part": "done"}])
+    return GpuRun(workdir=Path("/nonexistent"), plan=plan, cand=cand, ref=ref)
+
+
+SHAPE = BenchShape(name="llama3-1b/M8192", dims=DIMS)
+
+
+def test_bench_stage_pass_with_bar_summary():
+    run = _run(FWD, [{"part": "bench", "shape": SHAPE.name, "event_ms": 0.81, "wall_ms": 0.9, "n_sets": 3}],
+               [{"part": "bench", "shape": SHAPE.name, "baselines": {"bare_gemm": {"ms": 0.88}, "torch_eager": {"ms": 1.13},
+                                                                     "torch_compile": {"ms": 0.95}, "quack_library": {"ms": 0.80}}}],
+               [SHAPE])
+    res = bench_stage(FWD, run)
+    assert res.status == "pass", res
+    assert res.metrics["gpu"] == "NVIDIA H200"
+    assert res.metrics["bar"]["bare_gemm"]["met"] is True
+    assert res.metrics["bar"]["quack_library"]["met"] is True  # 0.81/0.80 = 1.0125 <= 1.02
+    row = res.metrics["rows"][0]
+    assert row["shape"] == SHAPE.name and row["ratios"]["torch_eager"] == pytest.approx(0.81 / 1.13)
+    assert "fused/bare_gemm 0.920x" in res.summary
+
+
+def test_bench_stage_fails_on_speed_of_light():
+    run = _run(BWD, [{"part": "bench", "shape": SHAPE.name, "event_ms": 0.01, "wall_ms": 0.012}],
+               [{"part": "bench", "shape": SHAPE.name, "baselines": {"bare_gemm": {"ms": 0.43}}}], [SHAPE])
+    res = bench_stage(BWD, run)
+    assert res.status == "fail" and [f.kind for f in res.findings if f.kind == "speed-of-light"]
+
+
+def test_bench_stage_crash_during_bench():
+    run = _run(FWD, [], [], [SHAPE], status="signal", died_in=f"bench {SHAPE.name}")
+    run.cand.signal_name = "SIGSEGV"
+    res = bench_stage(FWD, run)
+    assert res.status == "fail" and res.findings[0].kind == "crash"
+    assert "SIGSEGV" in res.findings[0].message
+
+
+def test_bench_stage_skips():
+    assert bench_stage(FWD, _run(FWD, [], [], [SHAPE], bench=False)).status == "skip"
+    assert bench_stage(FWD, _run(FWD, [], [], [], bench=True)).status == "skip"

@@ -1,0 +1,280 @@
+"""verifier/pipeline.py without a GPU.
+
+* ``cpu_only`` and "no CUDA GPU" paths: GPU stages are skipped, never verified;
+* the whole worker protocol (candidate worker -> reference worker -> parent stages) on
+  the CPU *test device*, with pure-torch candidates that cheat in the ways
+  verifier-threats.md lists. The CPU device skips what only a GPU can do (allocator
+  poison, profiler launch count, do_bench) and its verdicts are marked ``cpu_only``.
+
+static.py / compile.py are stubbed: these candidates use torch math on purpose.
+"""
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import coda_agent.verifier.pipeline as pipeline
+from coda_agent.verifier.pipeline import verify
+from coda_agent.verifier.spec import load_spec
+from coda_agent.verifier.verdict import Finding, StageResult
+
+ROOT = Path(__file__).resolve().parents[2]
+FWD = load_spec(ROOT / "kernel_specs" / "swiglu_fwd")
+BWD = load_spec(ROOT / "kernel_specs" / "swiglu_bwd")
+
+
+@pytest.fixture(autouse=True)
+def stub_static_compile(monkeypatch):
+    monkeypatch.setattr(pipeline, "run_static", lambda loaded, cand: StageResult(stage="static", status="pass", summary="stub"))
+    monkeypatch.setattr(pipeline, "run_compile", lambda loaded, cand, timeout_s=300: StageResult(stage="compile", status="pass", summary="stub"))
+
+
+def _write(tmp_path, body: str, name="candidate.py") -> Path:
+    p = tmp_path / name
+    p.write_text(textwrap.dedent(body))
+    return p
+
+
+GOOD_FWD = """
+import torch
+
+def _fwd(x, w1):
+    pre = x.float() @ w1.float().T
+    post = torch.nn.functional.silu(pre[:, 0::2]) * pre[:, 1::2]
+    return pre, post
+
+def swiglu_fwd(x, w1):
+    pre, post = _fwd(x, w1)
+    return pre.to(torch.bfloat16), post.to(torch.bfloat16)
+"""
+
+GOOD_BWD = """
+import torch
+
+def swiglu_bwd(dout, w_down, preact):
+    dpost = dout.float() @ w_down.float()
+    g, u = preact.float()[:, 0::2], preact.float()[:, 1::2]
+    s = torch.sigmoid(g)
+    dg = dpost * u * s * (1 + g * (1 - s))
+    du = dpost * g * s
+    return torch.stack((dg, du), -1).flatten(-2).bfloat16(), (g * s * u).bfloat16()
+"""
+
+
+def test_cpu_only_skips_gpu_stages(tmp_path):
+    cand = _write(tmp_path, GOOD_FWD)
+    v = verify(FWD, cand, cpu_only=True)
+    assert [s.stage for s in v.stages] == ["static", "compile", "correctness", "gradients", "bench"]
+    assert [s.status for s in v.stages[2:]] == ["skip"] * 3
+    assert v.passed and not v.gpu_verified and v.cpu_only
+
+
+def test_no_cuda_gpu_is_not_verified(tmp_path, monkeypatch):
+    monkeypatch.setattr(pipeline, "cuda_available", lambda: False)
+    cand = _write(tmp_path, GOOD_FWD)
+    v = verify(FWD, cand)
+    assert [s.summary for s in v.stages[2:]] == ["no CUDA GPU: not verified"] * 3
+    assert not v.cpu_only and not v.gpu_verified
+    assert v.environment.gpu is None
+
+
+def test_static_failure_stops(tmp_path, monkeypatch):
+    monkeypatch.setattr(pipeline, "run_static", lambda loaded, cand: StageResult(
+        stage="static", status="fail", summary="banned import", findings=[Finding(kind="banned-import", message="os", line=1)]))
+    v = verify(FWD, _write(tmp_path, GOOD_FWD))
+    assert [s.stage for s in v.stages] == ["static"] and v.failed_stage.stage == "static"
+
+
+def test_missing_candidate_raises(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        verify(FWD, tmp_path / "nope.py")
+
+
+def test_stage_builder_bug_becomes_error(tmp_path, monkeypatch):
+    def broken(loaded, cand):
+        raise KeyError("bug")
+
+    monkeypatch.setattr(pipeline, "run_static", broken)
+    v = verify(FWD, _write(tmp_path, GOOD_FWD))
+    assert v.stages[0].status == "error" and "KeyError" in v.stages[0].summary
+
+
+# --------------------------------------------------------------------------- CPU test device
+
+SMALL_BENCH = [{"name": "small", "dims": {"M": 256, "K": 128, "I": 128}}]
+
+
+def _cpu_verify(loaded, cand, tmp_path, bench=False, timeout_s=120):
+    return verify(loaded, cand, device="cpu", bench=bench, bench_shapes=SMALL_BENCH if bench else None,
+                  baselines=["torch_eager", "bare_gemm"], workdir=tmp_path / "work", timeout_s=timeout_s)
+
+
+def test_cpu_device_good_fwd_passes_every_stage(tmp_path):
+    v = _cpu_verify(FWD, _write(tmp_path, GOOD_FWD), tmp_path, bench=True)
+    st = {s.stage: s for s in v.stages}
+    assert all(s.status in ("pass", "skip") for s in v.stages), [(s.stage, s.status, s.summary, s.findings) for s in v.stages]
+    assert st["correctness"].status == "pass" and st["bench"].status == "pass"
+    assert st["gradients"].status == "skip"
+    assert v.cpu_only and not v.gpu_verified  # a CPU-device run is never a GPU verification
+    assert "CPU test device" in st["correctness"].summary
+    worst = st["correctness"].metrics["worst"]
+    assert set(worst) == {"preact", "postact"} and all(w["ratio"] <= 1 for w in worst.values())
+    assert set(st["correctness"].metrics["recheck"]) == {"preact", "postact"}
+    row = st["bench"].metrics["rows"][0]
+    assert row["shape"] == "small" and set(row["baselines_ms"]) == {"torch_eager", "bare_gemm"}
+    files = sorted(p.name for p in (tmp_path / "work" / "cand").iterdir())
+    assert "plan.json" in files and "results.jsonl" in files and "recheck-c2-ragged-all-s1000.pt" in files
+    json.loads(v.to_json())
+
+
+def test_cpu_device_good_bwd_checks_gradients(tmp_path):
+    v = _cpu_verify(BWD, _write(tmp_path, GOOD_BWD), tmp_path)
+    st = {s.stage: s for s in v.stages}
+    assert st["correctness"].status == "pass", st["correctness"]
+    assert st["gradients"].status == "pass", st["gradients"]
+    assert "match torch.autograd" in st["gradients"].summary
+    assert st["bench"].status == "skip"
+
+
+def _kinds(v):
+    return {f.kind for s in v.stages for f in s.findings}
+
+
+def _failed(v):
+    return v.failed_stage.stage if v.failed_stage else None
+
+
+BAD_FWD = {
+    "input-mutated": (GOOD_FWD + """
+_orig = swiglu_fwd
+def swiglu_fwd(x, w1):
+    out = _orig(x, w1)
+    x.add_(1.0)
+    return out
+""", None),
+    "output-aliases-input": (GOOD_FWD + """
+_orig = swiglu_fwd
+def swiglu_fwd(x, w1):
+    pre, post = _orig(x, w1)
+    return pre, w1.view(-1)[: post.numel()].view(post.shape)
+""", None),
+    "output-not-plain-tensor": (GOOD_FWD + """
+class Lazy(torch.Tensor):
+    pass
+_orig = swiglu_fwd
+def swiglu_fwd(x, w1):
+    pre, post = _orig(x, w1)
+    return pre, post.as_subclass(Lazy)
+""", None),
+    "output-dtype": (GOOD_FWD + """
+def swiglu_fwd(x, w1):
+    pre, post = _fwd(x, w1)
+    return pre.to(torch.bfloat16), post
+""", None),
+    "output-count": (GOOD_FWD + """
+_orig = swiglu_fwd
+def swiglu_fwd(x, w1):
+    return _orig(x, w1)[0]
+""", None),
+    "nan-output": (GOOD_FWD + """
+_orig = swiglu_fwd
+def swiglu_fwd(x, w1):
+    pre, post = _orig(x, w1)
+    post[3, 5] = float("nan")
+    return pre, post
+""", "row 3 col 5"),
+    "zero-output": (GOOD_FWD + """
+_orig = swiglu_fwd
+def swiglu_fwd(x, w1):
+    pre, post = _orig(x, w1)
+    return pre, torch.zeros_like(post)
+""", "all zeros"),
+    "stale-memory": (GOOD_FWD + """
+_orig = swiglu_fwd
+def swiglu_fwd(x, w1):
+    pre, post = _orig(x, w1)
+    post[128:].view(torch.int16).fill_(0x7FC1)
+    return pre, post
+""", "only rows beyond the first tile (rows >= 128) wrong"),
+    "tolerance": (GOOD_FWD + """
+_orig = swiglu_fwd
+def swiglu_fwd(x, w1):
+    pre, post = _orig(x, w1)
+    pre = pre.clone()
+    pre[:, 0::2], pre[:, 1::2] = pre[:, 1::2].clone(), pre[:, 0::2].clone()
+    return pre, post
+""", "adjacent column pairs swapped"),
+    "drift-after-timing": (GOOD_FWD + """
+_orig = swiglu_fwd
+_calls = [0]
+def swiglu_fwd(x, w1):
+    _calls[0] += 1
+    pre, post = _orig(x, w1)
+    if _calls[0] > 6:
+        post = (post.float() * 1.05).to(torch.bfloat16)
+    return pre, post
+""", "after timing, with a fresh seed"),
+    "harness-tampered": ("""
+import time
+time.perf_counter = lambda: 0.0
+""" + GOOD_FWD, "time.perf_counter"),
+    "crash": (GOOD_FWD + """
+def swiglu_fwd(x, w1):
+    raise RuntimeError("kernel exploded")
+""", "kernel exploded"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(BAD_FWD))
+def test_cpu_device_rejects(kind, tmp_path):
+    body, needle = BAD_FWD[kind]
+    v = _cpu_verify(FWD, _write(tmp_path, body), tmp_path)
+    assert _failed(v) == "correctness", [(s.stage, s.status, s.summary) for s in v.stages]
+    assert kind in _kinds(v), [(f.kind, f.message[:300]) for s in v.stages for f in s.findings]
+    if needle:
+        msgs = " | ".join(f.message for s in v.stages for f in s.findings if f.kind == kind)
+        assert needle in msgs, msgs
+
+
+def test_cpu_device_ragged_edge_diagnosis(tmp_path):
+    body = GOOD_FWD + """
+_orig = swiglu_fwd
+def swiglu_fwd(x, w1):
+    pre, post = _orig(x, w1)
+    post[256:] = 0
+    return pre, post
+"""
+    v = _cpu_verify(FWD, _write(tmp_path, body), tmp_path)
+    f = [f for f in v.stage("correctness").findings if f.kind == "tolerance"]
+    assert f and {x.case for x in f} == {"ragged-m", "ragged-all"}
+    assert "only the ragged edge (rows >= 256) wrong" in f[0].message
+
+
+def test_cpu_device_segfault_and_hang(tmp_path):
+    seg = GOOD_FWD + """
+import ctypes
+def swiglu_fwd(x, w1):
+    ctypes.string_at(0)
+"""
+    v = _cpu_verify(FWD, _write(tmp_path, seg, "seg.py"), tmp_path)
+    f = v.stage("correctness").findings[0]
+    assert f.kind == "crash" and "SIGSEGV" in f.message and "trial c0-aligned-s0" in f.message
+    hang = GOOD_FWD + """
+import time
+def swiglu_fwd(x, w1):
+    time.sleep(3600)
+"""
+    v = _cpu_verify(FWD, _write(tmp_path, hang, "hang.py"), tmp_path, timeout_s=15)
+    f = v.stage("correctness").findings[0]
+    assert f.kind == "hang" and "no result after 15 s" in f.message
+
+
+def test_cpu_device_wrong_gradient(tmp_path):
+    body = GOOD_BWD.replace("* (1 + g * (1 - s))", "")
+    v = _cpu_verify(BWD, _write(tmp_path, body), tmp_path)
+    assert v.stage("correctness").status == "pass"
+    g = v.stage("gradients")
+    assert g.status == "fail" and {f.kind for f in g.findings} == {"tolerance"}
+    assert all(f.output == "dpreact" for f in g.findings)

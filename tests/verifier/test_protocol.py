@@ -1,0 +1,126 @@
+"""verifier/protocol.py, the worker-side helpers that need no GPU, and worker-outcome handling."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from coda_agent.verifier.correctness import FindingSet, _launch_check, correctness_stage
+from coda_agent.verifier.gpu_results import GpuRun, jsonable
+from coda_agent.verifier.protocol import (
+    Plan,
+    append_record,
+    last_begun,
+    make_bench_shapes,
+    make_runs,
+    read_records,
+)
+from coda_agent.verifier.sandbox import WorkerOutcome
+from coda_agent.verifier.spec import load_spec
+from coda_agent.verifier.worker_candidate import free_block_sizes, tampered
+
+ROOT = Path(__file__).resolve().parents[2]
+FWD = load_spec(ROOT / "kernel_specs" / "swiglu_fwd")
+
+
+def test_runs_cover_cases_seeds_and_one_recheck():
+    runs = make_runs(FWD.spec)
+    normal = [r for r in runs if not r.recheck]
+    assert len(normal) == 3 * 2
+    assert [r.key for r in normal[:2]] == ["c0-aligned-s0", "c0-aligned-s1"]
+    (re,) = [r for r in runs if r.recheck]
+    assert re.seed == 1000 and re.case == "ragged-all" and re.key == "recheck-c2-ragged-all-s1000"
+
+
+def test_bench_shapes_override():
+    assert len(make_bench_shapes(FWD.spec)) == 6
+    (one,) = make_bench_shapes(FWD.spec, ["llama3-8b/M8192"])
+    assert one.dims == {"M": 8192, "K": 4096, "I": 14336}
+    (c,) = make_bench_shapes(FWD.spec, [{"name": "tiny", "dims": {"M": 256, "K": 128, "I": 128}}])
+    assert c.name == "tiny"
+    with pytest.raises(ValueError, match="unknown benchmark shape"):
+        make_bench_shapes(FWD.spec, ["llama9"])
+
+
+def test_plan_roundtrip_and_hash():
+    p = Plan(spec_dir="/x", runs=make_runs(FWD.spec), bench_shapes=make_bench_shapes(FWD.spec), bench=True, candidate="/c.py")
+    q = Plan.from_json(p.to_json())
+    assert q == p
+    assert json.loads(p.to_json()) == json.loads(json.dumps(json.loads(p.to_json()), sort_keys=True))
+    r = Plan.from_json(p.to_json())
+    r.candidate = None
+    assert r.sha256() == p.sha256()  # the candidate path is not part of what both workers must agree on
+
+
+def test_records_torn_line_and_last_begun(tmp_path):
+    f = tmp_path / "r.jsonl"
+    assert read_records(f) == []
+    append_record(f, {"part": "begin", "what": "trial a"})
+    append_record(f, {"part": "trial", "key": "a"})
+    append_record(f, {"part": "begin", "what": "trial b"})
+    with open(f, "a") as fh:
+        fh.write('{"part": "trial", "ke')  # the worker died mid-write
+    recs = read_records(f)
+    assert [r["part"] for r in recs] == ["begin", "trial", "begin"]
+    assert last_begun(recs) == "trial b"
+    assert last_begun(recs[:2]) is None
+
+
+def test_free_block_sizes_from_snapshot():
+    snap = [
+        {"device": 0, "segment_type": "small", "blocks": [
+            {"size": 524288, "state": "active_allocated"}, {"size": 1048576, "state": "inactive"},
+            {"size": 512, "state": "inactive"}]},
+        {"device": 0, "segment_type": "large", "blocks": [{"size": 20971520, "state": "inactive"}]},
+        {"device": 1, "segment_type": "large", "blocks": [{"size": 999424, "state": "inactive"}]},
+    ]
+    assert free_block_sizes(snap, 0) == [20971520, 1048576, 512]
+
+
+def test_tampered_detects_replaced_instruments(monkeypatch):
+    import time
+
+    assert tampered() == []
+    monkeypatch.setattr(time, "perf_counter", lambda: 0.0)
+    assert tampered() == ["time.perf_counter"]
+
+
+def _run_with(records, status="ok"):
+    plan = Plan(spec_dir=str(FWD.directory), runs=make_runs(FWD.spec))
+    cand = WorkerOutcome(status=status, returncode=0, duration_s=1.0, records=records, timeout_s=10)
+    return GpuRun(workdir=Path("/nonexistent"), plan=plan, cand=cand)
+
+
+@pytest.mark.parametrize("rec,kind,err", [
+    ({"part": "launches", "count": 3, "kernels": ["gemm", "silu", "mul"]}, "too-many-launches", None),
+    ({"part": "launches", "count": 0, "kernels": []}, "no-launches", None),
+    ({"part": "launches", "count": 1, "kernels": ["gemm"]}, None, None),
+    ({"part": "launches", "count": None, "reason": "profiler self-test saw 0 kernels"}, None, "cannot count"),
+    ({"part": "launches", "count": None, "reason": "CPU device"}, None, None),
+])
+def test_launch_check(rec, kind, err):
+    f = FindingSet()
+    metrics = {}
+    e = _launch_check(FWD, _run_with([rec]), f, metrics)
+    assert [x.kind for x in f.items] == ([kind] if kind else [])
+    assert (e is None) if err is None else (err in e)
+
+
+def test_not_hopper_is_an_error_not_a_failure():
+    run = _run_with([{"part": "setup", "ok": False, "error": "not-hopper", "message": "this is an A100"}], status="exception")
+    res = correctness_stage(FWD, run)
+    assert res.status == "error" and res.findings[0].kind == "not-hopper"
+
+
+def test_import_failure_is_the_candidates_crash():
+    run = _run_with([{"part": "setup", "ok": True, "env": {}}, {"part": "begin", "what": "import"}], status="exception")
+    run.cand.returncode = 1
+    run.cand.stderr_tail = "SyntaxError: invalid syntax"
+    run.cand.died_in = "import"
+    res = correctness_stage(FWD, run)
+    assert res.status == "fail" and res.findings[0].kind == "crash"
+    assert "during import" in res.findings[0].message and "SyntaxError" in res.findings[0].message
+
+
+def test_jsonable():
+    assert jsonable({"a": float("inf"), "b": [float("nan"), 1.0]}) == {"a": "inf", "b": ["nan", 1.0]}

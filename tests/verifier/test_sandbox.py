@@ -1,0 +1,112 @@
+"""verifier/sandbox.py: workers that finish, raise, segfault, abort, hang or hit a CUDA error."""
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from coda_agent.verifier.sandbox import classify, run_worker, strip_ansi, tail
+
+HERE = Path(__file__).resolve().parent
+
+
+def _env():
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(HERE) + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def _run(name, tmp_path, *extra, timeout=60):
+    results = tmp_path / "results.jsonl"
+    return run_worker(f"sandbox_fixtures.{name}", [str(results), *extra], timeout, cwd=HERE, env=_env(),
+                      results=results, log_dir=tmp_path / "logs")
+
+
+def test_ok_reads_records_not_stdout(tmp_path):
+    out = _run("ok", tmp_path)
+    assert out.status == "ok" and out.ok and out.returncode == 0
+    assert [r["part"] for r in out.records] == ["begin", "work", "done"]
+    assert not any(r.get("forged") for r in out.records)
+    assert out.finished and out.died_in is None
+    assert (tmp_path / "logs" / "ok.stdout").read_text().startswith('{"part": "done"')
+
+
+def test_exception_tail_is_ansi_free(tmp_path):
+    out = _run("raises", tmp_path)
+    assert out.status == "exception" and out.returncode == 1
+    assert "ValueError: candidate exploded on purpose" in out.stderr_tail
+    assert "\x1b[" not in out.stderr_tail and "colored noise" in out.stderr_tail
+    assert out.died_in == "trial c0"
+    assert "Python exception during trial c0" in out.message()
+
+
+def test_segfault_is_a_signal(tmp_path):
+    out = _run("segfault", tmp_path)
+    assert out.status == "signal" and out.signal_name == "SIGSEGV"
+    assert out.died_in == "trial c1"
+    assert "killed by SIGSEGV during trial c1" in out.message()
+    assert "Fatal Python error" in out.stderr_tail  # faulthandler was on
+
+
+def test_abort_is_a_signal(tmp_path):
+    out = _run("segfault", tmp_path, "abort")
+    assert out.status == "signal" and out.signal_name == "SIGABRT"
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    try:  # a zombie waiting for its (re)parent to reap it is dead too
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def test_hang_is_killed_with_its_group(tmp_path):
+    pidfile = tmp_path / "child.pid"
+    t0 = time.monotonic()
+    out = _run("hang", tmp_path, str(pidfile), timeout=4)
+    assert time.monotonic() - t0 < 30
+    assert out.status == "timeout" and out.returncode is None
+    assert out.died_in == "bench big"
+    assert "hang: no result after 4 s during bench big" in out.message()
+    child = int(pidfile.read_text())
+    deadline = time.monotonic() + 10
+    while not _gone(child) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _gone(child), "the worker's child survived the group kill"
+
+
+def test_cuda_error_classified(tmp_path):
+    out = _run("cuda_error", tmp_path)
+    assert out.status == "cuda-error"
+    assert "illegal memory access" in out.stderr_tail
+
+
+def test_missing_module_is_an_exception(tmp_path):
+    out = run_worker("sandbox_fixtures.does_not_exist", [], 30, cwd=HERE, env=_env())
+    assert out.status == "exception" and "No module named" in out.stderr_tail
+
+
+@pytest.mark.parametrize(
+    "rc,stderr,timed_out,expected",
+    [
+        (0, "", False, ("ok", None)),
+        (-11, "", False, ("signal", "SIGSEGV")),
+        (None, "", True, ("timeout", None)),
+        (1, "RuntimeError: CUDA error: misaligned address", False, ("cuda-error", None)),
+        (1, "Traceback...\nKeyError: 'x'", False, ("exception", None)),
+    ],
+)
+def test_classify(rc, stderr, timed_out, expected):
+    assert classify(rc, stderr, timed_out) == expected
+
+
+def test_tail_and_strip():
+    assert strip_ansi("\x1b[1;31mred\x1b[0m") == "red"
+    text = "\n".join(f"line {i}" for i in range(200))
+    t = tail(text, max_lines=5)
+    assert t.splitlines() == [f"line {i}" for i in range(195, 200)]

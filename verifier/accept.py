@@ -1,0 +1,235 @@
+"""Accept a GPU-verified candidate into ``generated_kernels/<spec>/``.
+
+Why so strict: ``generated_kernels/`` is what training code imports
+(``coda_agent.kernels``), so a kernel lands there only with a verdict that passed every
+stage *on a GPU* (``Verdict.gpu_verified``), for exactly this spec (name and spec hash)
+and exactly these bytes (the candidate's sha256 must equal the verdict's).
+
+What is written (JSON with sorted keys):
+
+* ``kernel.py`` -- the candidate, byte for byte;
+* ``manifest.json`` -- spec name/hash/pattern, kernel sha256, provenance (model,
+  backend, prompt hash, attempts, run dir: whatever the caller passes), environment,
+  every stage's status/summary/metrics (all bench numbers included), ``accepted_at``;
+* ``REPORT.md`` -- the same for humans: correctness errors vs allowed per output, the
+  benchmark table fused vs baselines with ratios and TFLOP/s.
+
+Atomicity: the three files are written into a temporary sibling folder, fsynced, and
+the folder is moved into place with ``os.replace``; an interrupted accept leaves either
+the old kernel or the new one, never a mix. An existing accepted kernel is never
+replaced without ``force=True``; with it, the old version (and its own history) is
+carried into ``<spec>/history/<its accepted_at>/`` of the new folder first.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from coda_agent.verifier.spec import LoadedSpec
+from coda_agent.verifier.verdict import Verdict
+from coda_agent.verifier.workspace import sha256_bytes
+
+KERNELS_DIR = "generated_kernels"
+HISTORY_DIR = "history"
+
+
+class AcceptError(RuntimeError):
+    """The candidate cannot be accepted; the message says why and what to do."""
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+
+
+def _why_not_verified(verdict: Verdict) -> str:
+    if verdict.cpu_only:
+        return "it comes from a CPU-only run (static + compile only)"
+    failed = verdict.failed_stage
+    if failed is not None:
+        return f"stage {failed.stage!r} did not pass ({failed.status}: {failed.summary})"
+    done = {s.stage: s.status for s in verdict.stages}
+    missing = [s for s in ("correctness", "bench") if done.get(s) != "pass"]
+    states = ", ".join(f"{s}={done.get(s, 'absent')}" for s in missing)
+    return f"stage(s) {missing} did not pass on a GPU ({states})"
+
+
+def _write(path: Path, data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _stamp(text: str) -> str:
+    return re.sub(r"[^0-9A-Za-z_.-]", "-", text) or "unknown"
+
+
+def build_manifest(loaded: LoadedSpec, kernel_bytes: bytes, verdict: Verdict, provenance: dict[str, Any], accepted_at: str) -> dict[str, Any]:
+    """The manifest.json content (a JSON-safe dict)."""
+    vd = verdict.model_dump(mode="json")
+    spec = loaded.spec
+    return {
+        "spec": spec.name,
+        "spec_hash": loaded.spec_hash,
+        "pattern": spec.pattern,
+        "catalogue_item": spec.catalogue_item,
+        "description": " ".join(spec.description.split()),
+        "entry": spec.entry.function,
+        "kernel_file": "kernel.py",
+        "kernel_sha256": sha256_bytes(kernel_bytes),
+        "provenance": provenance,
+        "environment": vd["environment"],
+        "stages": {s["stage"]: {k: s[k] for k in ("status", "summary", "metrics", "duration_s", "findings")} for s in vd["stages"]},
+        "verdict": {k: vd[k] for k in ("started_at", "wall_s", "cpu_only", "candidate_hash")},
+        "gpu_verified": verdict.gpu_verified,
+        "accepted_at": accepted_at,
+    }
+
+
+def _f(x: Any, fmt: str = ".3g") -> str:
+    if isinstance(x, (int, float)):
+        return format(x, fmt)
+    return "-" if x is None else str(x)
+
+
+def render_report(manifest: dict[str, Any]) -> str:
+    """REPORT.md: stages, correctness/gradient errors vs allowed, and the benchmark table."""
+    env, prov = manifest["environment"], manifest["provenance"]
+    lines = [
+        f"# {manifest['spec']}: accepted kernel",
+        "",
+        f"- accepted at: {manifest['accepted_at']}",
+        f"- kernel sha256: `{manifest['kernel_sha256']}`",
+        f"- spec hash: `{manifest['spec_hash']}`",
+        f"- GPU: {env.get('gpu')} (sm {env.get('compute_capability')}), driver {env.get('driver')}, CUDA {env.get('cuda')}",
+        f"- versions: torch {env.get('torch')}, nvidia-cutlass-dsl {env.get('cutlass_dsl')}, quack-kernels {env.get('quack')}, python {env.get('python')}",
+        "- provenance: " + (", ".join(f"{k}={v}" for k, v in sorted(prov.items())) or "-"),
+        "",
+        "## Stages",
+        "",
+        "| stage | status | summary | s |",
+        "|---|---|---|---|",
+    ]
+    stages = manifest["stages"]
+    for name, s in stages.items():
+        lines.append(f"| {name} | {s['status']} | {str(s['summary']).replace('|', '/')} | {s['duration_s']:.1f} |")
+    for stage, title in (("correctness", "Correctness"), ("gradients", "Gradients (vs torch.autograd)")):
+        worst = (stages.get(stage, {}).get("metrics") or {}).get("worst") or {}
+        if not worst:
+            continue
+        lines += ["", f"## {title}: max |out - ref32| vs allowed (worst trial per output)", "",
+                  "| output | max error | allowed | ratio | trial |", "|---|---|---|---|---|"]
+        for out, m in sorted(worst.items()):
+            lines.append(f"| {out} | {_f(m.get('max_err'))} | {_f(m.get('allowed'))} | {_f(m.get('ratio'), '.2f')} | {m.get('trial')} |")
+    c = stages.get("correctness", {}).get("metrics") or {}
+    if c.get("launches") is not None:
+        lines += ["", f"Kernel launches per call: {c['launches']} (max {c.get('max_launches')}): {', '.join(c.get('kernels', []))}"]
+    b = stages.get("bench", {}).get("metrics") or {}
+    shapes = b.get("shapes") or {}
+    if shapes:
+        names = sorted({n for m in shapes.values() for n in m.get("baselines", {})})
+        head = "| shape | fused ms | TFLOP/s | GB/s | speed of light ms | " + " | ".join(f"{n} ms | fused/{n}" for n in names) + " |"
+        lines += ["", f"## Benchmark on {b.get('gpu')} (median ms; ratio = fused / baseline, < 1 is faster)", "", head,
+                  "|" + "---|" * (5 + 2 * len(names))]
+        for shape, m in shapes.items():
+            cells = [shape, _f(m.get("fused_ms"), ".4f"), _f(m.get("tflops"), ".0f"), _f(m.get("gbps"), ".0f"), _f(m.get("sol_ms"), ".4f")]
+            for n in names:
+                r = m.get("baselines", {}).get(n, {})
+                cells += [_f(r.get("ms"), ".4f") if "ms" in r else "error", _f(r.get("ratio"), ".3f") if "ratio" in r else "-"]
+            lines.append("| " + " | ".join(cells) + " |")
+        for n, v in sorted((b.get("bar") or {}).items()):
+            lines.append(f"\nBar fused/{n} <= {v.get('limit')}: { {True: 'met', False: 'missed'}.get(v.get('met'), 'not measured') } at {v.get('met_shapes')}/{v.get('shapes')} shapes.")
+    return "\n".join(lines) + "\n"
+
+
+def accept(
+    loaded: LoadedSpec,
+    candidate: Path,
+    verdict: Verdict,
+    *,
+    root: Path,
+    provenance: dict[str, Any],
+    force: bool = False,
+) -> Path:
+    """Install ``candidate`` as ``<root>/generated_kernels/<spec>/`` and return that folder.
+
+    Raises :class:`AcceptError` when the verdict is not GPU-verified, belongs to another
+    spec / spec version / file, or an accepted kernel exists and ``force`` is False.
+    """
+    candidate = Path(candidate)
+    if not verdict.gpu_verified:
+        raise AcceptError(f"refusing to accept {candidate}: the verdict is not GPU-verified: {_why_not_verified(verdict)}")
+    if verdict.spec != loaded.name:
+        raise AcceptError(f"the verdict is for spec {verdict.spec!r}, not {loaded.name!r}")
+    if verdict.spec_hash != loaded.spec_hash:
+        raise AcceptError(f"spec {loaded.name!r} changed since it was verified (spec hash differs): verify again")
+    data = candidate.read_bytes()
+    if sha256_bytes(data) != verdict.candidate_hash:
+        raise AcceptError(f"{candidate} changed since it was verified (sha256 differs from the verdict's): verify again")
+    base = Path(root) / KERNELS_DIR
+    base.mkdir(parents=True, exist_ok=True)
+    dest = base / loaded.name
+    old_manifest: dict[str, Any] = {}
+    if dest.exists():
+        try:
+            old_manifest = json.loads((dest / "manifest.json").read_text())
+        except (OSError, ValueError):
+            old_manifest = {}
+        if not force:
+            when = old_manifest.get("accepted_at", "unknown time")
+            raise AcceptError(
+                f"{dest} already holds an accepted kernel (accepted {when}); refusing to overwrite it. "
+                f"Pass --force (force=True) to replace it; the old version is then kept in {dest / HISTORY_DIR}/<accepted_at>/"
+            )
+    accepted_at = _now()
+    manifest = build_manifest(loaded, data, verdict, provenance, accepted_at)
+    tmp = Path(tempfile.mkdtemp(dir=base, prefix=f".{loaded.name}.new-"))
+    try:
+        _write(tmp / "kernel.py", data)
+        _write(tmp / "manifest.json", (json.dumps(manifest, indent=2, sort_keys=True, default=str) + "\n").encode())
+        _write(tmp / "REPORT.md", render_report(manifest).encode())
+        if dest.exists():
+            _carry_history(dest, tmp, old_manifest)
+        if dest.exists():
+            trash = Path(tempfile.mkdtemp(dir=base, prefix=f".{loaded.name}.old-"))
+            os.replace(dest, trash / loaded.name)
+            os.replace(tmp, dest)
+            shutil.rmtree(trash, ignore_errors=True)
+        else:
+            os.replace(tmp, dest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return dest
+
+
+def _carry_history(dest: Path, tmp: Path, old_manifest: dict[str, Any]) -> None:
+    """Copy the old folder's history and the old version itself into ``tmp/history/``."""
+    hist = tmp / HISTORY_DIR
+    if (dest / HISTORY_DIR).is_dir():
+        shutil.copytree(dest / HISTORY_DIR, hist)
+    hist.mkdir(exist_ok=True)
+    when = old_manifest.get("accepted_at")
+    if not when:
+        mt = max((p.stat().st_mtime for p in dest.iterdir()), default=0.0)
+        when = _dt.datetime.fromtimestamp(mt, _dt.timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+    stamp = _stamp(str(when))
+    target, i = hist / stamp, 1
+    while target.exists():
+        i += 1
+        target = hist / f"{stamp}-{i}"
+    target.mkdir()
+    for p in dest.iterdir():
+        if p.name == HISTORY_DIR:
+            continue
+        if p.is_dir():
+            shutil.copytree(p, target / p.name)
+        else:
+            shutil.copy2(p, target / p.name)

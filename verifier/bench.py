@@ -1,0 +1,227 @@
+"""The ``bench`` stage: fused time vs the baselines, and two honesty checks on the timing.
+
+Numbers come from the workers (candidate: ``event_ms`` from
+``triton.testing.do_bench(return_mode="median")`` over rotated input sets with L2
+flushed, and ``wall_ms``, the median host wall time of synchronize-call-synchronize;
+reference: each baseline's ``ms`` measured the same way). Per benchmark shape the
+stage reports the fused median (ms), each baseline (ms) and the ratio fused/baseline,
+TFLOP/s (``spec.bench.flops``) and GB/s (bytes = every input and output at its dtype,
+each moved once).
+
+Two results are *failures*, because they mean the measurement cannot be trusted:
+
+* ``speed-of-light`` -- the fused time is below ``max(flops / peak_flops,
+  bytes / peak_bandwidth)`` for this GPU (:data:`PEAKS`): physically impossible, so
+  the kernel skipped work, cached results or escaped the timer (threats 6, 14);
+* ``untimed-work`` -- the event time is far below the host wall time
+  (``event < 0.5 * wall - 0.05 ms``): work ran outside the timed stream (side
+  stream, thread, deferred work; threat 3).
+
+The spec's ``bench.bar`` (largest acceptable fused/baseline ratio per baseline) is
+reported as met/missed per shape; a missed bar is a warning finding (``bar-missed``),
+not a failure. A baseline that failed to run is a warning (``baseline-error``).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+from coda_agent.verifier.gpu_results import GpuRun, failure_finding, jsonable
+from coda_agent.verifier.inputs import tensor_bytes
+from coda_agent.verifier.spec import LoadedSpec, eval_expr
+from coda_agent.verifier.verdict import Finding, StageResult
+
+PEAKS: dict[str, tuple[float, float]] = {
+    "H200": (989e12, 4.8e12),
+    "H100": (989e12, 3.35e12),
+}
+"""GPU name substring -> (dense bf16 FLOP/s, HBM bytes/s): datasheet peaks, i.e. upper bounds."""
+DEFAULT_PEAKS = PEAKS["H100"]
+
+UNTIMED_RATIO = 0.5
+UNTIMED_SLACK_MS = 0.05
+
+
+def peaks_for(gpu: str | None) -> tuple[float, float]:
+    """(peak FLOP/s, peak bytes/s) for a GPU name (``"NVIDIA H200"``); H100 values otherwise."""
+    name = (gpu or "").upper()
+    for key, val in PEAKS.items():
+        if key in name:
+            return val
+    return DEFAULT_PEAKS
+
+
+def speed_of_light_ms(flops: float, nbytes: float, gpu: str | None) -> dict[str, Any]:
+    """The physical floor of one call in ms.
+
+    Returns ``{"sol_ms", "compute_ms", "memory_ms", "bound", "peak_flops", "peak_bw"}``
+    with ``compute_ms = flops / peak_flops`` and ``memory_ms = nbytes / peak_bw`` (both
+    in ms) and ``sol_ms`` their maximum; ``bound`` is ``"compute"`` or ``"memory"``.
+    """
+    pf, pb = peaks_for(gpu)
+    c, m = flops / pf * 1e3, nbytes / pb * 1e3
+    return {"sol_ms": max(c, m), "compute_ms": c, "memory_ms": m, "bound": "compute" if c >= m else "memory",
+            "peak_flops": pf, "peak_bw": pb}
+
+
+def untimed_work(event_ms: float, wall_ms: float, ratio: float = UNTIMED_RATIO, slack_ms: float = UNTIMED_SLACK_MS) -> bool:
+    """True when the device-event time is implausibly small against the host wall time."""
+    return event_ms < ratio * wall_ms - slack_ms
+
+
+def throughput(flops: float, nbytes: float, ms: float) -> tuple[float, float]:
+    """(TFLOP/s, GB/s) of ``flops`` FLOPs and ``nbytes`` bytes done in ``ms`` milliseconds."""
+    if ms <= 0:
+        return math.inf, math.inf
+    s = ms * 1e-3
+    return flops / s / 1e12, nbytes / s / 1e9
+
+
+def shape_metrics(
+    loaded: LoadedSpec,
+    dims: dict[str, int],
+    event_ms: float,
+    wall_ms: float,
+    baselines: dict[str, dict[str, Any]],
+    gpu: str | None,
+) -> tuple[dict[str, Any], list[tuple[str, str]]]:
+    """Metrics of one benchmark shape and its ``(kind, message)`` problems.
+
+    ``baselines`` maps name -> ``{"ms": float}`` or ``{"error": str}``. Problem kinds:
+    ``speed-of-light`` and ``untimed-work`` (failures), ``bar-missed`` and
+    ``baseline-error`` (warnings).
+    """
+    spec = loaded.spec
+    flops = float(eval_expr(spec.bench.flops, dims))
+    nbytes = float(tensor_bytes(spec, dims, "all"))
+    sol = speed_of_light_ms(flops, nbytes, gpu)
+    tflops, gbps = throughput(flops, nbytes, event_ms)
+    m: dict[str, Any] = {
+        "dims": dict(dims), "fused_ms": event_ms, "wall_ms": wall_ms, "flops": flops, "bytes": nbytes,
+        "tflops": tflops, "gbps": gbps, "sol_ms": sol["sol_ms"], "sol_bound": sol["bound"],
+        "sol_fraction": sol["sol_ms"] / event_ms if event_ms > 0 else math.inf,
+        "baselines": {}, "bar": {},
+    }
+    problems: list[tuple[str, str]] = []
+    if event_ms < sol["sol_ms"]:
+        problems.append(("speed-of-light",
+                         f"fused time {event_ms:.4g} ms is below the speed of light {sol['sol_ms']:.4g} ms "
+                         f"({sol['bound']}-bound: {flops:.3g} FLOP at {sol['peak_flops']:.3g} FLOP/s, "
+                         f"{nbytes:.3g} B at {sol['peak_bw']:.3g} B/s): faster than speed of light: investigate "
+                         "(skipped work, cached results, or work outside the timer)"))
+    if untimed_work(event_ms, wall_ms):
+        problems.append(("untimed-work",
+                         f"device-event time {event_ms:.4g} ms is far below the host wall time {wall_ms:.4g} ms "
+                         f"(< {UNTIMED_RATIO} x wall - {UNTIMED_SLACK_MS} ms): work outside the timed stream "
+                         "(side stream, thread or deferred work)"))
+    for b, r in baselines.items():
+        if "ms" in r and r["ms"]:
+            bt, _ = throughput(flops, nbytes, r["ms"])
+            m["baselines"][b] = {"ms": r["ms"], "ratio": event_ms / r["ms"], "tflops": bt}
+        else:
+            m["baselines"][b] = {"error": r.get("error", "no timing")}
+            problems.append(("baseline-error", f"baseline {b} did not run: {r.get('error', 'no timing')}"))
+    for b, limit in spec.bench.bar.items():
+        got = m["baselines"].get(b, {})
+        if "ratio" not in got:
+            m["bar"][b] = {"limit": limit, "ratio": None, "met": None}
+            continue
+        met = got["ratio"] <= limit
+        m["bar"][b] = {"limit": limit, "ratio": got["ratio"], "met": met}
+        if not met:
+            problems.append(("bar-missed", f"fused/{b} = {got['ratio']:.3f}, bar is <= {limit:g}"))
+    return m, problems
+
+
+FAILING = ("speed-of-light", "untimed-work")
+
+
+def bench_stage(loaded: LoadedSpec, run: GpuRun, gpu: str | None = None) -> StageResult:
+    """Build the ``bench`` StageResult from the workers' bench records.
+
+    ``gpu`` is the GPU name for the speed-of-light peaks (default: what the candidate
+    worker reported). Skips when the plan did not ask for a benchmark.
+    """
+    t0 = time.monotonic()
+    if not run.plan.bench:
+        return StageResult(stage="bench", status="skip", summary="benchmark not run (--no-bench): not verified for speed")
+    if not run.plan.bench_shapes:
+        return StageResult(stage="bench", status="skip", summary="the spec has no benchmark shapes")
+    gpu = gpu or run.gpu_env.get("gpu")
+    cand = {r["shape"]: r for r in run.cand_part("bench")}
+    ref = {r["shape"]: r for r in run.ref_part("bench")}
+    findings: list[Finding] = []
+    shapes: dict[str, Any] = {}
+    for bs in run.plan.bench_shapes:
+        c = cand.get(bs.name)
+        if c is None:
+            fd = failure_finding(run.cand, case=bs.name)
+            if run.cand.status == "ok":
+                fd = Finding(kind="crash", message="the candidate worker produced no timing", case=bs.name)
+            findings.append(fd)
+            break
+        baselines = dict((ref.get(bs.name) or {}).get("baselines") or {})
+        if not baselines and run.ref is not None and not run.ref.finished:
+            baselines = {"reference": {"error": run.ref.message()[:500]}}
+        m, problems = shape_metrics(loaded, bs.dims, float(c["event_ms"]), float(c["wall_ms"]), baselines, gpu)
+        m["n_sets"] = c.get("n_sets")
+        m["wall_samples_ms"] = c.get("wall_samples_ms")
+        shapes[bs.name] = m
+        for kind, msg in problems:
+            findings.append(Finding(kind=kind, message=f"[{bs.name}] {msg}", case=bs.name))
+    pf, pb = peaks_for(gpu)
+    metrics: dict[str, Any] = {"gpu": gpu, "peak_flops": pf, "peak_bw": pb, "shapes": shapes,
+                               "bar": _bar_summary(loaded, shapes), "geomean_ratio": _geomeans(shapes),
+                               "rows": _rows(shapes)}
+    failing = [f for f in findings if f.kind in FAILING or f.kind in ("crash", "hang", "cuda-error")]
+    status = "fail" if failing else "pass"
+    summary = _summary(shapes, metrics, failing)
+    return StageResult(stage="bench", status=status, summary=summary, findings=findings,
+                       metrics=jsonable(metrics), duration_s=time.monotonic() - t0)
+
+
+def _rows(shapes: dict[str, Any]) -> list[dict[str, Any]]:
+    """One flat row per shape (the CLI's benchmark table): ms, TFLOP/s, GB/s, baseline ms and ratios."""
+    rows = []
+    for name, m in shapes.items():
+        ok = {b: r for b, r in m["baselines"].items() if "ms" in r}
+        rows.append({"shape": name, "fused_ms": m["fused_ms"], "wall_ms": m["wall_ms"], "tflops": m["tflops"],
+                     "gbps": m["gbps"], "sol_ms": m["sol_ms"],
+                     "baselines_ms": {b: r["ms"] for b, r in ok.items()},
+                     "ratios": {b: r["ratio"] for b, r in ok.items()}})
+    return rows
+
+
+def _geomeans(shapes: dict[str, Any]) -> dict[str, float]:
+    ratios: dict[str, list[float]] = {}
+    for m in shapes.values():
+        for b, r in m["baselines"].items():
+            if "ratio" in r and r["ratio"] > 0:
+                ratios.setdefault(b, []).append(r["ratio"])
+    return {b: math.exp(sum(math.log(x) for x in v) / len(v)) for b, v in ratios.items()}
+
+
+def _bar_summary(loaded: LoadedSpec, shapes: dict[str, Any]) -> dict[str, Any]:
+    out = {}
+    for b, limit in loaded.spec.bench.bar.items():
+        mets = [m["bar"][b]["met"] for m in shapes.values() if m["bar"].get(b, {}).get("met") is not None]
+        out[b] = {"limit": limit, "met_shapes": sum(mets), "shapes": len(mets), "met": all(mets) if mets else None}
+    return out
+
+
+def _summary(shapes: dict[str, Any], metrics: dict[str, Any], failing: list[Finding]) -> str:
+    if failing:
+        return f"{len(failing)} problem(s): {', '.join(sorted({f.kind for f in failing}))}"
+    if not shapes:
+        return "no benchmark shape was timed"
+    parts = [f"{len(shapes)} shape(s)"]
+    for b, g in sorted(metrics["geomean_ratio"].items()):
+        parts.append(f"fused/{b} {g:.3f}x")
+    bars = metrics["bar"]
+    if bars:
+        state = {True: "met", False: "missed", None: "not measured"}
+        parts.append("bar " + ", ".join(
+            f"{b}<={v['limit']:g}: {state[v['met']]} {v['met_shapes']}/{v['shapes']}" for b, v in sorted(bars.items())))
+    return "; ".join(parts)

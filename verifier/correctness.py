@@ -1,0 +1,299 @@
+"""The ``correctness`` stage: the candidate's value outputs against the trusted references.
+
+Built in the parent from what the two workers saved (see
+:mod:`~coda_agent.verifier.gpu_results`); nothing here touches the GPU. Checks, in the
+order a finding is reported for each output of each trial:
+
+1. the worker reached the candidate (``not-hopper`` refusal or a setup failure is a
+   verifier ``error``; an import failure is the candidate's ``crash``/``cuda-error``);
+   the measuring instruments were not replaced (``harness-tampered``);
+2. the worker's output-contract violations (``output-not-plain-tensor``,
+   ``output-shape``, ``output-dtype``, ``output-aliases-input``, ``output-count`` ...);
+3. inputs unchanged: the candidate's inputs *after* the call are bitwise equal to the
+   reference worker's independently regenerated inputs (``input-mutated``); the inputs
+   *before* the call must match too, else input generation is broken (verifier error);
+4. per output: memory the kernel never wrote (``stale-memory``: the allocator poison),
+   then sanity (``nan-output``, ``zero-output``, ``constant-output``), then the
+   tolerance rule (``tolerance``, with :func:`~coda_agent.verifier.numerics.describe_error`);
+5. kernel launches <= ``spec.entry.max_launches`` (``too-many-launches``; zero kernels
+   seen is ``no-launches``);
+6. the post-timing recheck trial (a fresh seed) passes the same checks
+   (``drift-after-timing``).
+
+Gradient outputs get steps 4 and 6 in the ``gradients`` stage (``gradients.py``),
+which reuses :func:`check_outputs`. Findings repeat at most once per
+(kind, output, shape case): the seeds of one case collapse.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from coda_agent.verifier.gpu_results import GpuRun, failure_finding, jsonable
+from coda_agent.verifier.numerics import (
+    bitwise_equal,
+    describe_error,
+    output_sanity,
+    poison_count,
+    tolerance_check,
+)
+from coda_agent.verifier.protocol import Run
+from coda_agent.verifier.spec import LoadedSpec, OutputSpec, ToleranceSpec
+from coda_agent.verifier.verdict import Finding, StageResult
+
+
+class FindingSet:
+    """Findings with (kind, output, case) de-duplication."""
+
+    def __init__(self) -> None:
+        self.items: list[Finding] = []
+        self._seen: set[tuple] = set()
+
+    def add(self, kind: str, message: str, output: str | None = None, case: str | None = None) -> None:
+        key = (kind, output, case)
+        if key in self._seen:
+            return
+        self._seen.add(key)
+        self.items.append(Finding(kind=kind, message=message, output=output, case=case))
+
+
+def check_output(
+    name: str,
+    out: Any,
+    ref32: Any,
+    ref_lowp: Any,
+    tol: ToleranceSpec,
+    label: str,
+) -> tuple[tuple[str, str] | None, dict[str, Any]]:
+    """Compare one output tensor with its references.
+
+    ``out`` (CPU tensor, declared shape), ``ref32`` (fp32), ``ref_lowp``; ``label`` names
+    the trial in messages. Returns ``((kind, message) or None, metrics)`` where the kind
+    is the first failing check of: ``stale-memory``, ``nan-output``, ``zero-output``,
+    ``constant-output``, ``tolerance``; metrics hold ``max_err``, ``allowed``, ``ratio``,
+    ``ok`` and ``poisoned``.
+    """
+    res = tolerance_check(out, ref32, ref_lowp, tol)
+    metrics = {k: res[k] for k in ("max_err", "allowed", "ratio", "ok", "lowp_err", "worst_index")}
+    n_poison = poison_count(out)
+    metrics["poisoned"] = n_poison
+    if n_poison:
+        where = describe_error(out, ref32, allowed=res["allowed"])
+        return ("stale-memory", f"{name} [{label}]: {n_poison} of {out.numel()} elements still hold the NaN "
+                f"poison the verifier filled free GPU memory with: the kernel never wrote them; {where}"), metrics
+    bad = output_sanity(out, ref32)
+    if bad:
+        return (bad[0], f"{name} [{label}]: {bad[1]}"), metrics
+    if not res["ok"]:
+        if res["rule"] == "coda":
+            rule = (f"allowed {res['allowed']:.3g} = {tol.factor:g} x low-precision reference error "
+                    f"{res['lowp_err']:.3g} + {tol.floor:g}")
+        else:
+            rule = f"allowed {res['allowed']:.3g} (absolute)"
+        diag = describe_error(out, ref32, allowed=res["allowed"])
+        return ("tolerance", f"{name} [{label}]: max|out - ref32| = {res['max_err']:.3g} > {rule}; {diag}"), metrics
+    return None, metrics
+
+
+def check_outputs(
+    loaded: LoadedSpec,
+    run: GpuRun,
+    outputs: list[OutputSpec],
+    trials: list[Run],
+    findings: FindingSet,
+    drift: bool = False,
+) -> tuple[dict[str, Any], str | None]:
+    """Numerical checks of ``outputs`` over ``trials``; appends to ``findings``.
+
+    Returns ``(metrics by trial key, error)`` where ``error`` is a verifier-side problem
+    (missing reference file, ...) that makes the stage an ``error``. With ``drift`` the
+    failures are reported as ``drift-after-timing``, except for outputs that already
+    failed before timing (that is not drift).
+    """
+    already_bad = {x.output for x in findings.items} if drift else set()
+    tol = loaded.spec.tolerance
+    metrics: dict[str, Any] = {}
+    for t in trials:
+        rec = run.cand_trial(t.key)
+        if rec is None:
+            continue
+        try:
+            cand = run.load_cand(t.key)
+            ref = run.load_ref(t.key)
+        except (FileNotFoundError, RuntimeError, OSError) as e:
+            return metrics, f"trial {t.key}: cannot load the saved tensors: {e}"
+        bad_outputs = {v.get("output") for v in rec.get("violations", [])}
+        label = f"{t.case}, seed {t.seed}"
+        per: dict[str, Any] = {}
+        for o in outputs:
+            out = cand["outputs"].get(o.name)
+            if o.name not in ref["ref32"]:
+                return metrics, f"reference worker produced no {o.name!r} for trial {t.key}"
+            if out is None or o.name in bad_outputs or tuple(out.shape) != tuple(ref["ref32"][o.name].shape):
+                continue
+            bad, m = check_output(o.name, out, ref["ref32"][o.name], ref["ref_lowp"].get(o.name), tol, label)
+            per[o.name] = m
+            if bad and o.name not in already_bad:
+                kind, msg = bad
+                if drift:
+                    msg = f"after timing, with a fresh seed ({kind}): {msg}"
+                    kind = "drift-after-timing"
+                findings.add(kind, msg, output=o.name, case=t.case)
+        metrics[t.key] = per
+    return metrics, None
+
+
+def worst(metrics: dict[str, Any]) -> dict[str, Any]:
+    """Per output, the trial with the largest ``ratio`` (max_err / allowed)."""
+    out: dict[str, Any] = {}
+    for key, per in metrics.items():
+        for name, m in per.items():
+            if name not in out or m["ratio"] > out[name]["ratio"]:
+                out[name] = {"max_err": m["max_err"], "allowed": m["allowed"], "ratio": m["ratio"], "trial": key}
+    return out
+
+
+def _contract_checks(loaded: LoadedSpec, run: GpuRun, f: FindingSet, trials: list[Run]) -> str | None:
+    """Steps 2-3 for ``trials``; returns a verifier error or None."""
+    for t in trials:
+        rec = run.cand_trial(t.key)
+        if rec is None:
+            continue
+        for v in rec.get("violations", []):
+            f.add(v.get("kind", "output-contract"), f"[{t.case}, seed {t.seed}] {v.get('message')}",
+                  output=v.get("output"), case=t.case)
+        if run.ref_trial(t.key) is None:
+            why = run.ref.message() if run.ref is not None else "it did not run"
+            return f"the reference worker produced no trial {t.key} (verifier problem): {why}"
+        try:
+            cand = run.load_cand(t.key)
+            ref = run.load_ref(t.key)
+        except (FileNotFoundError, RuntimeError, OSError) as e:
+            return f"trial {t.key}: cannot load the saved tensors: {e}"
+        for name, ref_in in ref["inputs"].items():
+            before, after = cand["inputs_before"].get(name), cand["inputs_after"].get(name)
+            if before is None or not bitwise_equal(before, ref_in):
+                return (f"input {name!r} of trial {t.key} differs between the two workers before the call: "
+                        "input generation is not deterministic (verifier bug)")
+            if after is None or not bitwise_equal(after, ref_in):
+                n = int((after != ref_in).sum()) if after is not None and after.shape == ref_in.shape else -1
+                f.add("input-mutated", f"input {name!r} [{t.case}, seed {t.seed}] was modified by the call "
+                      f"({n if n >= 0 else 'all'} of {ref_in.numel()} elements changed); inputs are read-only",
+                      output=name, case=t.case)
+    return None
+
+
+def _launch_check(loaded: LoadedSpec, run: GpuRun, f: FindingSet, metrics: dict[str, Any]) -> str | None:
+    recs = run.cand_part("launches")
+    if not recs:
+        return None
+    r = recs[-1]
+    count, limit = r.get("count"), loaded.spec.entry.max_launches
+    metrics.update(launches=count, max_launches=limit, kernels=r.get("kernels", []))
+    if count is None:
+        if str(r.get("reason", "")).startswith("CPU"):
+            return None
+        return f"cannot count kernel launches: {r.get('reason')}"
+    if count == 0:
+        f.add("no-launches", "the profiler saw no GPU kernel in one call of the entry point: outputs were not "
+              "computed on the GPU by this call (cached or computed elsewhere)")
+    elif count > limit:
+        names = ", ".join(r.get("kernels", [])[:8])
+        f.add("too-many-launches", f"one call launched {count} GPU kernels, at most {limit} allowed "
+              f"(a fused op is one kernel); kernels: {names}")
+    return None
+
+
+def _prologue(run: GpuRun, stage: str) -> StageResult | None:
+    """Worker-level outcomes that decide the stage before any tensor is compared."""
+    setup = run.setup
+    if setup is not None and not setup.get("ok") and setup.get("error") == "not-hopper":
+        return StageResult(stage=stage, status="error", summary="not a Hopper GPU: not verified",
+                           findings=[Finding(kind="not-hopper", message=str(setup.get("message")))])
+    if setup is None or not setup.get("ok"):
+        return StageResult(stage=stage, status="error", summary="candidate worker failed during setup (verifier problem)",
+                           findings=[failure_finding(run.cand)])
+    imp = run.cand_part("import")
+    if not imp:
+        return StageResult(stage=stage, status="fail", summary="the candidate failed to import on the GPU",
+                           findings=[failure_finding(run.cand)])
+    if imp[-1].get("tampered"):
+        return StageResult(stage=stage, status="fail", summary="the candidate replaced the verifier's instruments",
+                           findings=[Finding(kind="harness-tampered",
+                                             message=f"importing the candidate replaced: {', '.join(imp[-1]['tampered'])}")])
+    return None
+
+
+def correctness_stage(loaded: LoadedSpec, run: GpuRun) -> StageResult:
+    """Build the ``correctness`` StageResult (see module doc). Never raises for candidate behaviour."""
+    t0 = time.monotonic()
+    pre = _prologue(run, "correctness")
+    if pre is not None:
+        pre.duration_s = time.monotonic() - t0
+        return pre
+    for who, recs in (("candidate", run.cand_part("setup")), ("reference", run.ref_part("setup"))):
+        if recs and recs[-1].get("plan_sha256") not in (None, run.plan.sha256()):
+            msg = f"the {who} worker ran a different plan than the parent wrote (plan hash mismatch)"
+            return stage_result("correctness", "error", msg, [Finding(kind="verifier-error", message=msg)], {}, t0)
+    f = FindingSet()
+    metrics: dict[str, Any] = {}
+    trials = run.plan.correctness_runs
+    done = [t for t in trials if run.cand_trial(t.key) is not None]
+    if len(done) < len(trials):
+        missing = trials[len(done)]
+        f.add(*_outcome_kind_msg(run, f"trial {missing.case}, seed {missing.seed}"), case=missing.case)
+    err = _contract_checks(loaded, run, f, done)
+    if err:
+        return stage_result("correctness", "error", err, f.items + [Finding(kind="verifier-error", message=err)], metrics, t0)
+    by_trial, err = check_outputs(loaded, run, loaded.spec.value_outputs, done, f)
+    if err:
+        return stage_result("correctness", "error", err, f.items + [Finding(kind="verifier-error", message=err)], metrics, t0)
+    metrics["trials"] = by_trial
+    metrics["worst"] = worst(by_trial)
+    err = _launch_check(loaded, run, f, metrics)
+    if err:
+        return stage_result("correctness", "error", err, f.items, metrics, t0)
+    # post-timing recheck
+    for t in run.plan.recheck_runs:
+        rec = run.cand_trial(t.key)
+        if rec is None:
+            died = run.cand.died_in or ""
+            if died.startswith("recheck") or (not died.startswith("bench") and run.cand.status != "ok"):
+                kind, msg = _outcome_kind_msg(run, f"the post-timing recheck ({t.case}, seed {t.seed})")
+                f.add(kind, msg, case=t.case)
+            continue
+        err = _contract_checks(loaded, run, f, [t])
+        if err:
+            return stage_result("correctness", "error", err, f.items, metrics, t0)
+        rm, err = check_outputs(loaded, run, loaded.spec.value_outputs, [t], f, drift=True)
+        if err:
+            return stage_result("correctness", "error", err, f.items, metrics, t0)
+        metrics["recheck"] = rm.get(t.key, {})
+    integ = run.cand_part("integrity")
+    if integ and integ[-1].get("tampered"):
+        f.add("harness-tampered", f"during the run the candidate replaced: {', '.join(integ[-1]['tampered'])}")
+    status = "fail" if f.items else "pass"
+    if status == "pass":
+        w = metrics["worst"]
+        summary = f"{len(done)} trials x {len(w)} output(s) within tolerance" + (
+            f"; worst {max(w.items(), key=lambda kv: kv[1]['ratio'])[0]} at "
+            f"{max(m['ratio'] for m in w.values()):.2f} of allowed" if w else "")
+        if metrics.get("launches") is not None:
+            summary += f"; {metrics['launches']} launch(es)"
+    else:
+        kinds = sorted({x.kind for x in f.items})
+        summary = f"{len(f.items)} problem(s): {', '.join(kinds)}"
+    return stage_result("correctness", status, summary, f.items, metrics, t0)
+
+
+def _outcome_kind_msg(run: GpuRun, what: str) -> tuple[str, str]:
+    fd = failure_finding(run.cand)
+    if run.cand.status == "ok":
+        return "crash", f"the candidate worker ended without finishing {what}"
+    return fd.kind, f"{what}: {fd.message}"
+
+
+def stage_result(stage: str, status: str, summary: str, findings: list[Finding], metrics: dict[str, Any], t0: float) -> StageResult:
+    return StageResult(stage=stage, status=status, summary=summary, findings=findings,
+                       metrics=jsonable(metrics), duration_s=time.monotonic() - t0)

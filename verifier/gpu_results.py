@@ -1,0 +1,103 @@
+"""What the two GPU workers left behind, read back by the trusted parent.
+
+Why a separate module: the correctness, gradients and bench stages all read the same
+worker folders (records + ``.pt`` files) and all need to turn a dead worker into a
+finding. :class:`GpuRun` bundles the plan (kept in the parent's memory, never re-read
+from a worker folder), the two :class:`~coda_agent.verifier.sandbox.WorkerOutcome` s and
+the workdir; stages are pure functions of it, so they can be tested on synthetic
+folders without a GPU.
+
+Tensor files are loaded with ``torch.load(weights_only=True)``: the candidate process
+wrote them, and a pickle from it must not be able to run code in the parent.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from coda_agent.verifier.protocol import CAND_DIR, REF_DIR, Plan, records_of
+from coda_agent.verifier.sandbox import WorkerOutcome
+from coda_agent.verifier.verdict import Finding
+
+OUTCOME_KINDS = {"exception": "crash", "signal": "crash", "timeout": "hang", "cuda-error": "cuda-error"}
+"""Finding kind for each non-ok worker outcome status."""
+
+
+@dataclass
+class GpuRun:
+    """Everything the GPU stages read: plan, worker outcomes, and where their files are."""
+
+    workdir: Path
+    plan: Plan
+    cand: WorkerOutcome
+    ref: WorkerOutcome | None = None
+
+    @property
+    def cand_dir(self) -> Path:
+        return self.workdir / CAND_DIR
+
+    @property
+    def ref_dir(self) -> Path:
+        return self.workdir / REF_DIR
+
+    def cand_part(self, part: str) -> list[dict[str, Any]]:
+        return records_of(self.cand.records, part)
+
+    def ref_part(self, part: str) -> list[dict[str, Any]]:
+        return records_of(self.ref.records, part) if self.ref else []
+
+    def cand_trial(self, key: str) -> dict[str, Any] | None:
+        """The candidate's ``trial``/``recheck`` record for ``key``."""
+        for r in self.cand_part("trial") + self.cand_part("recheck"):
+            if r.get("key") == key:
+                return r
+        return None
+
+    def ref_trial(self, key: str) -> dict[str, Any] | None:
+        return next((r for r in self.ref_part("trial") if r.get("key") == key), None)
+
+    def load_cand(self, key: str) -> dict[str, Any]:
+        """``{"outputs", "inputs_before", "inputs_after"}`` of the candidate trial ``key``."""
+        return load_pt(self.cand_dir / f"{key}.pt")
+
+    def load_ref(self, key: str) -> dict[str, Any]:
+        """``{"inputs", "ref32", "ref_lowp"}`` of the reference trial ``key``."""
+        return load_pt(self.ref_dir / f"{key}.pt")
+
+    @property
+    def setup(self) -> dict[str, Any] | None:
+        s = self.cand_part("setup")
+        return s[-1] if s else None
+
+    @property
+    def gpu_env(self) -> dict[str, Any]:
+        """The environment the candidate worker saw (empty when it did not get that far)."""
+        s = self.setup
+        return dict(s.get("env") or {}) if s and s.get("ok") else {}
+
+
+def load_pt(path: Path) -> dict[str, Any]:
+    """Load a worker tensor file safely (``weights_only=True``). Raises ``FileNotFoundError``."""
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def failure_finding(outcome: WorkerOutcome, who: str = "candidate", case: str | None = None) -> Finding:
+    """A finding for a worker that did not finish: kind ``crash`` / ``hang`` / ``cuda-error``."""
+    kind = OUTCOME_KINDS.get(outcome.status, "crash")
+    return Finding(kind=kind, message=f"{who} worker: {outcome.message()}", case=case)
+
+
+def jsonable(x: Any) -> Any:
+    """Metrics-safe value: non-finite floats become the strings "inf"/"-inf"/"nan"."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
+    if isinstance(x, dict):
+        return {str(k): jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [jsonable(v) for v in x]
+    return x

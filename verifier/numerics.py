@@ -1,0 +1,345 @@
+"""Numerical comparison of a candidate's outputs with the trusted references (CPU, pure).
+
+Why this criterion: a fixed absolute or relative tolerance is either too loose (a
+kernel that downgrades precision or skips work passes) or too tight (correct bf16
+kernels fail). CODA derives the tolerance from the data: the low-precision PyTorch
+reference ``ref_lowp`` shows how much error honest low-precision arithmetic makes on
+*these* inputs, and the kernel may make at most ``factor`` times that, measured against
+the fp32-upcast reference ``ref32``::
+
+    max|out - ref32| <= factor * max|ref_lowp - ref32| + floor
+
+Everything is computed in fp64 on the CPU. A failing output also gets a diagnosis
+(:func:`describe_error`) saying *where* and *how* it is wrong, because "max error 3.1"
+does not help a model repair its kernel but "only the ragged edge (rows >= 512) wrong"
+does. :func:`output_sanity` rejects outputs that are trivially fake (all zeros,
+constant, non-finite) and :func:`poison_count` recognises memory the kernel never
+wrote: the candidate worker fills the CUDA caching allocator with the 16-bit word
+:data:`POISON_WORD16` before every trial (a NaN in bf16 and fp16, and ``0x7FC17FC1``,
+also a NaN, in fp32), a bit pattern no arithmetic produces.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+POISON_WORD16 = 0x7FC1
+"""The 16-bit word the candidate worker fills free GPU memory with (a NaN payload)."""
+
+_POISON_BY_SIZE = {
+    2: (torch.int16, POISON_WORD16),
+    4: (torch.int32, (POISON_WORD16 << 16) | POISON_WORD16),
+    8: (torch.int64, (((POISON_WORD16 << 16) | POISON_WORD16) << 32) | (POISON_WORD16 << 16) | POISON_WORD16),
+}
+
+
+def poison_count(t: torch.Tensor) -> int:
+    """How many elements of ``t`` (any shape/dtype, CPU) still hold the allocator poison."""
+    size = t.element_size()
+    if size not in _POISON_BY_SIZE or t.numel() == 0:
+        return 0
+    itype, word = _POISON_BY_SIZE[size]
+    bits = t.detach().contiguous().reshape(-1).view(itype)
+    return int((bits == word).sum())
+
+
+def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """True when ``a`` and ``b`` have the same shape, dtype and bytes (NaNs compare by bits)."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a.numel() == 0:
+        return True
+    return torch.equal(a.contiguous().reshape(-1).view(torch.uint8), b.contiguous().reshape(-1).view(torch.uint8))
+
+
+def _f64(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().to("cpu", torch.float64)
+
+
+def _abs_err(out: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    """|out - ref| in fp64; equal values (incl. matching infs) give 0, NaN/inf mismatches give inf."""
+    diff = (out - ref).abs()
+    diff = torch.where(out == ref, torch.zeros_like(diff), diff)
+    return torch.nan_to_num(diff, nan=math.inf, posinf=math.inf)
+
+
+def _index(flat_idx: int, shape: torch.Size) -> list[int]:
+    idx = []
+    for d in reversed(shape):
+        idx.append(flat_idx % d)
+        flat_idx //= d
+    return list(reversed(idx))
+
+
+def coda_check(
+    out: torch.Tensor,
+    ref32: torch.Tensor,
+    ref_lowp: torch.Tensor,
+    factor: float = 2.0,
+    floor: float = 1e-6,
+) -> dict[str, Any]:
+    """The CODA criterion for one output.
+
+    ``out`` (the candidate's, any float dtype), ``ref32`` (fp32 reference) and
+    ``ref_lowp`` (low-precision reference) must have the same shape. Returns
+    ``{"max_err", "lowp_err", "allowed", "ok", "ratio", "worst_index", "got", "expected",
+    "ref_absmax", "nonfinite", "lowp_nonfinite"}`` where ``max_err = max|out-ref32|``,
+    ``lowp_err = max|ref_lowp-ref32|`` over finite ``ref_lowp`` entries, ``allowed =
+    factor*lowp_err + floor`` and ``ratio = max_err/allowed``. Raises ``ValueError`` on a
+    shape mismatch.
+    """
+    if out.shape != ref32.shape or ref_lowp.shape != ref32.shape:
+        raise ValueError(f"shape mismatch: out {tuple(out.shape)}, ref32 {tuple(ref32.shape)}, ref_lowp {tuple(ref_lowp.shape)}")
+    o, r, lo = _f64(out), _f64(ref32), _f64(ref_lowp)
+    err = _abs_err(o, r)
+    lowp_finite = torch.isfinite(lo)
+    lerr = _abs_err(lo, r)
+    lowp_err = float(lerr[lowp_finite].max()) if bool(lowp_finite.any()) else 0.0
+    res = _summary(o, r, err)
+    allowed = factor * lowp_err + floor
+    res.update(
+        rule="coda",
+        lowp_err=lowp_err,
+        allowed=allowed,
+        ok=bool(res["max_err"] <= allowed),
+        ratio=res["max_err"] / allowed if allowed > 0 else math.inf,
+        lowp_nonfinite=int((~lowp_finite).sum()),
+    )
+    return res
+
+
+def abs_check(out: torch.Tensor, ref32: torch.Tensor, floor: float) -> dict[str, Any]:
+    """``rule="abs"``: ``max|out - ref32| <= floor``; same keys as :func:`coda_check`."""
+    if out.shape != ref32.shape:
+        raise ValueError(f"shape mismatch: out {tuple(out.shape)}, ref32 {tuple(ref32.shape)}")
+    o, r = _f64(out), _f64(ref32)
+    err = _abs_err(o, r)
+    res = _summary(o, r, err)
+    res.update(
+        rule="abs", lowp_err=None, allowed=floor, ok=bool(res["max_err"] <= floor),
+        ratio=res["max_err"] / floor if floor > 0 else (0.0 if res["max_err"] == 0 else math.inf),
+        lowp_nonfinite=0,
+    )
+    return res
+
+
+def tolerance_check(out: torch.Tensor, ref32: torch.Tensor, ref_lowp: torch.Tensor | None, tol: Any) -> dict[str, Any]:
+    """Dispatch on a :class:`~coda_agent.verifier.spec.ToleranceSpec` (``rule``, ``factor``, ``floor``)."""
+    if tol.rule == "abs" or ref_lowp is None:
+        return abs_check(out, ref32, tol.floor)
+    return coda_check(out, ref32, ref_lowp, tol.factor, tol.floor)
+
+
+def _summary(o: torch.Tensor, r: torch.Tensor, err: torch.Tensor) -> dict[str, Any]:
+    if err.numel() == 0:
+        return dict(max_err=0.0, worst_index=[], got=None, expected=None, ref_absmax=0.0, nonfinite=0)
+    flat = int(err.reshape(-1).argmax())
+    return dict(
+        max_err=float(err.reshape(-1)[flat]),
+        worst_index=_index(flat, err.shape),
+        got=float(o.reshape(-1)[flat]),
+        expected=float(r.reshape(-1)[flat]),
+        ref_absmax=float(torch.nan_to_num(r.abs(), nan=0.0, posinf=0.0).max()),
+        nonfinite=int((~torch.isfinite(o)).sum()),
+    )
+
+
+# --------------------------------------------------------------------------- sanity
+
+
+def _first_rc(mask: torch.Tensor) -> tuple[int, int]:
+    """(row, col) of the first True element, rows counted over all leading dims."""
+    idx = _index(int(mask.reshape(-1).nonzero()[0]), mask.shape)
+    if len(idx) == 0:
+        return 0, 0
+    if len(idx) == 1:
+        return idx[0], 0
+    return _row_of(idx, mask.shape), idx[-1]
+
+
+def _row_of(idx: list[int], shape: torch.Size) -> int:
+    row = 0
+    for i, d in zip(idx[:-1], shape[:-1]):
+        row = row * d + i
+    return row
+
+
+def output_sanity(out: torch.Tensor, ref: torch.Tensor | None = None) -> tuple[str, str] | None:
+    """Reject trivially fake outputs; returns ``(kind, message)`` or ``None`` when sane.
+
+    kinds: ``"nan-output"`` (any NaN/inf), ``"zero-output"`` (all zeros),
+    ``"constant-output"`` (every element equal, more than one element). When ``ref`` is
+    given, zero/constant are only reported if the reference itself is not zero/constant.
+    """
+    if out.numel() == 0:
+        return None
+    o = out.detach().cpu()
+    if o.is_floating_point():
+        bad = ~torch.isfinite(o)
+        if bool(bad.any()):
+            n_nan = int(torch.isnan(o).sum())
+            r, c = _first_rc(bad)
+            what = "NaN" if n_nan else "inf"
+            return "nan-output", f"{what} present ({int(bad.sum())} of {o.numel()} non-finite, first at row {r} col {c})"
+    flat = o.reshape(-1)
+    if bool((flat == 0).all()):
+        if ref is None or not bool((ref.reshape(-1) == 0).all()):
+            return "zero-output", f"all zeros ({o.numel()} elements)"
+        return None
+    if o.numel() > 1 and bool((flat == flat[0]).all()):
+        rflat = None if ref is None else ref.detach().cpu().reshape(-1)
+        if rflat is None or not bool((rflat == rflat[0]).all()):
+            return "constant-output", f"constant output (every element = {float(flat[0]):.6g})"
+    return None
+
+
+# --------------------------------------------------------------------------- diagnosis
+
+
+def _as2d(t: torch.Tensor) -> torch.Tensor:
+    t = _f64(t)
+    if t.dim() == 0:
+        return t.reshape(1, 1)
+    if t.dim() == 1:
+        return t.reshape(-1, 1)
+    return t.reshape(-1, t.shape[-1])
+
+
+def _close(a: torch.Tensor, b: torch.Tensor, thr: float) -> bool:
+    return a.shape == b.shape and bool((_abs_err(a, b) <= thr).all())
+
+
+def _whole_tensor_pattern(o: torch.Tensor, r: torch.Tensor, thr: float) -> str | None:
+    rmax = float(r.abs().max()) if r.numel() else 0.0
+    if rmax <= thr:
+        return None
+    if _close(o, -r, thr):
+        return "sign flipped (output = -expected everywhere)"
+    if bool(torch.isfinite(o).all()):
+        rr = float((r * r).sum())
+        if rr > 0:
+            s = float((o * r).sum()) / rr
+            resid = float(((o - s * r) ** 2).sum()) ** 0.5 / rr**0.5
+            if abs(s - 1) > 0.02 and resid < 0.02 and abs(s) > 1e-3:
+                return f"whole tensor off by a constant factor ~{s:.4g} (output = {s:.4g} * expected)"
+    R, C = o.shape
+    if C >= 2 and C % 2 == 0:
+        ev, od = r[:, 0::2], r[:, 1::2]
+        if _close(o[:, 0::2], od, thr) and _close(o[:, 1::2], ev, thr):
+            return ("adjacent column pairs swapped (gate/up interleaving reversed: column 2j holds "
+                    "what column 2j+1 should and vice versa)")
+        if _close(o, torch.cat([ev, od], dim=1), thr):
+            return ("columns laid out as halves [even columns | odd columns] where interleaved "
+                    "columns were expected (gate/up blocked instead of interleaved)")
+        h = C // 2
+        if _close(o[:, 0::2], r[:, :h], thr) and _close(o[:, 1::2], r[:, h:], thr):
+            return ("columns interleaved where halves [first half | second half] were expected "
+                    "(gate/up interleaved instead of blocked)")
+    if R == C and R > 1 and _close(o, r.T, thr):
+        return "output is the transpose of the expected tensor"
+    return None
+
+
+def describe_error(
+    out: torch.Tensor,
+    ref32: torch.Tensor,
+    tile: tuple[int, int] = (128, 128),
+    *,
+    allowed: float | None = None,
+) -> str:
+    """Say where and how ``out`` differs from ``ref32`` (any shape; viewed as 2-D rows x last dim).
+
+    An element is *wrong* when ``|out - ref32| > allowed`` (default ``1e-2 * max|ref32| +
+    1e-6``). Recognised patterns: NaN present, all zeros, constant output, sign flipped,
+    constant factor, gate/up swapped or blocked vs interleaved, transpose, only the ragged
+    edge wrong, only rows/cols beyond the first tile wrong; otherwise how many ``tile``
+    tiles are wrong and where the first is. Always ends with the worst element.
+    """
+    if out.shape != ref32.shape:
+        return f"shape {tuple(out.shape)} but expected {tuple(ref32.shape)}"
+    if out.numel() == 0:
+        return "empty tensor"
+    o, r = _as2d(out), _as2d(ref32)
+    R, C = o.shape
+    N = o.numel()
+    thr = float(allowed) if allowed is not None else 1e-2 * float(torch.nan_to_num(r.abs(), nan=0.0).max()) + 1e-6
+    err = _abs_err(o, r)
+    wrong = err > thr
+    n_wrong = int(wrong.sum())
+    if n_wrong == 0:
+        return f"no element beyond the allowed error {thr:.3g} (max err {float(err.max()):.3g})"
+    parts: list[str] = []
+    nan = torch.isnan(o)
+    if bool(nan.any()):
+        rr, cc = _first_rc(nan)
+        parts.append(f"NaN present ({int(nan.sum())} of {N}, first at row {rr} col {cc})")
+    if bool((o == 0).all()):
+        parts.append("all zeros")
+    elif N > 1 and bool((o == o.reshape(-1)[0]).all()):
+        parts.append(f"constant output (every element = {float(o.reshape(-1)[0]):.6g})")
+    else:
+        pat = _whole_tensor_pattern(o, r, thr)
+        if pat:
+            parts.append(pat)
+    parts.append(_location(wrong, tile))
+    vals = o[wrong]
+    if bool(torch.isnan(vals).all()):
+        parts.append("every wrong element is NaN (never written? the allocator poison is NaN)")
+    elif bool((vals == 0).all()):
+        parts.append("every wrong element is 0 (never computed?)")
+    flat = int(err.reshape(-1).argmax())
+    wr, wc = divmod(flat, C)
+    parts.append(
+        f"{n_wrong} of {N} elements wrong; worst at row {wr} col {wc}: got {float(o[wr, wc]):.6g}, "
+        f"expected {float(r[wr, wc]):.6g} (|err| {float(err[wr, wc]):.3g} > allowed {thr:.3g})"
+    )
+    return "; ".join(parts)
+
+
+def _location(wrong: torch.Tensor, tile: tuple[int, int]) -> str:
+    R, C = wrong.shape
+    tm, tn = max(1, min(tile[0], R)), max(1, min(tile[1], C))
+    full_r, full_c = (R // tm) * tm, (C // tn) * tn
+    rows = wrong.any(1).nonzero().reshape(-1)
+    cols = wrong.any(0).nonzero().reshape(-1)
+    r0, c0 = int(rows[0]), int(cols[0])
+    # tile grid
+    Rt, Ct = -(-R // tm), -(-C // tn)
+    pad = torch.zeros(Rt * tm, Ct * tn, dtype=torch.bool)
+    pad[:R, :C] = wrong
+    tw = pad.reshape(Rt, tm, Ct, tn).any(3).any(1)
+    k, total = int(tw.sum()), Rt * Ct
+    first = tw.reshape(-1).nonzero()[0]
+    ti, tj = divmod(int(first), Ct)
+    tiles = f"{k} of {total} tiles ({tm}x{tn}) wrong, first at tile ({ti}, {tj})"
+    # ragged edge only
+    edge = torch.zeros_like(wrong)
+    edge_desc = []
+    if R % tm and R > tm:
+        edge[full_r:, :] = True
+        edge_desc.append(f"rows >= {full_r}")
+    if C % tn and C > tn:
+        edge[:, full_c:] = True
+        edge_desc.append(f"cols >= {full_c}")
+    if edge_desc and not bool((wrong & ~edge).any()):
+        fr = full_r if R % tm and R > tm else R
+        fc = full_c if C % tn and C > tn else C
+        need = [d for d in edge_desc if (d.startswith("rows") and bool(wrong[fr:, :fc].any()))
+                or (d.startswith("cols") and bool(wrong[:fr, fc:].any()))]
+        joined = " or ".join(need) if need else " and ".join(edge_desc)  # nothing needed alone: the corner
+        return (f"only the ragged edge ({joined}) wrong: the tensor is {R}x{C}, "
+                f"not a multiple of the {tm}x{tn} tile; {tiles}")
+    if Rt * Ct > 1 and not bool(tw[0, 0]):
+        if r0 >= tm and R > tm:
+            return f"only rows beyond the first tile (rows >= {tm}) wrong; {tiles}"
+        if c0 >= tn and C > tn:
+            return f"only cols beyond the first tile (cols >= {tn}) wrong; {tiles}"
+        if k == total - 1:
+            return f"everything except the first tile wrong; {tiles}"
+    frac_r, frac_c = len(rows) / R, len(cols) / C
+    return f"{tiles}; wrong rows {len(rows)}/{R} (first {r0}), wrong cols {len(cols)}/{C} (first {c0})" + (
+        "" if frac_r < 1 or frac_c < 1 else " (wrong everywhere)"
+    )

@@ -1,0 +1,313 @@
+"""The verifier pipeline: static -> compile -> correctness -> gradients -> bench, into a Verdict.
+
+Why this shape: each stage is a function returning a
+:class:`~coda_agent.verifier.verdict.StageResult`, and the pipeline stops at the first
+stage that is not ok, so the repair prompt always gets the *earliest* problem (a
+static violation before a compile error before a wrong number).
+
+GPU stages run in three processes (ARCHITECTURE.md, "GPU stages: three processes"):
+
+1. the candidate worker (:mod:`~coda_agent.verifier.worker_candidate`, untrusted,
+   sandboxed with a timeout) runs every trial, counts launches, times the benchmark
+   shapes and re-checks after timing;
+2. the reference worker (:mod:`~coda_agent.verifier.worker_reference`, trusted, started
+   only after the candidate's process group is gone, in a freshly created folder, with
+   ``PYTHONSAFEPATH=1`` so nothing the candidate left in a folder can shadow a module)
+   computes the references and times the baselines;
+3. this (parent) process compares the saved tensors and builds the stages
+   (:mod:`correctness`, :mod:`gradients`, :mod:`bench`).
+
+Without a CUDA GPU (and without ``cpu_only``) the GPU stages are recorded as
+``skip`` with the summary "no CUDA GPU: not verified"; ``Verdict.gpu_verified`` is
+then False, and :mod:`~coda_agent.verifier.accept` refuses such a verdict.
+
+``static.py`` and ``compile.py`` are imported lazily (another module owns them); a
+missing one makes its stage an ``error``, never a silent pass. A bug in a stage
+builder becomes an ``error`` stage with the traceback, never an exception out of
+:func:`verify`.
+
+Command line (for GPU scripts)::
+
+    python -m coda_agent.verifier.pipeline SPEC_DIR CANDIDATE [--cpu-only] [--no-bench]
+        [--json OUT] [--workdir DIR] [--bench-shape NAME ...] [--timeout S]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as _dt
+import shutil
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable
+
+from coda_agent.verifier.environment import collect_environment, cuda_available
+from coda_agent.verifier.gpu_results import GpuRun
+from coda_agent.verifier.protocol import (
+    CAND_DIR,
+    PLAN_FILE,
+    REF_DIR,
+    RESULTS_FILE,
+    Plan,
+    make_bench_shapes,
+    make_runs,
+    records_of,
+)
+from coda_agent.verifier.sandbox import run_worker
+from coda_agent.verifier.spec import LoadedSpec, load_spec
+from coda_agent.verifier.verdict import Finding, StageResult, Verdict
+from coda_agent.verifier.workspace import atomic_write_text, sha256_file
+
+GPU_STAGES = ("correctness", "gradients", "bench")
+CAND_WORKER = "coda_agent.verifier.worker_candidate"
+REF_WORKER = "coda_agent.verifier.worker_reference"
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+
+
+def _guarded(stage: str, fn: Callable[[], StageResult]) -> StageResult:
+    """Run a stage builder; a bug in it becomes an ``error`` stage with the traceback."""
+    t0 = time.monotonic()
+    try:
+        return fn()
+    except Exception as e:  # noqa: BLE001
+        tb = traceback.format_exc(limit=8)
+        return StageResult(stage=stage, status="error", summary=f"verifier error in the {stage} stage: {type(e).__name__}: {e}",
+                           findings=[Finding(kind="verifier-error", message=tb[-3000:])], duration_s=time.monotonic() - t0)
+
+
+def run_static(loaded: LoadedSpec, candidate: Path) -> StageResult:
+    """The static stage (``verifier/static.py: check_static``), imported lazily."""
+    try:
+        from coda_agent.verifier.static import check_static
+    except ImportError as e:
+        return StageResult(stage="static", status="error", summary=f"static checker unavailable: {e}")
+    return check_static(loaded.spec, candidate.read_text(), str(candidate))
+
+
+def run_compile(loaded: LoadedSpec, candidate: Path, timeout_s: float = 300) -> StageResult:
+    """The compile stage (``verifier/compile.py: compile_stage``), imported lazily."""
+    try:
+        from coda_agent.verifier.compile import compile_stage
+    except ImportError as e:
+        return StageResult(stage="compile", status="error", summary=f"compile stage unavailable: {e}")
+    return compile_stage(loaded, candidate, timeout_s=timeout_s)
+
+
+def run_gpu_workers(
+    loaded: LoadedSpec,
+    candidate: Path,
+    workdir: Path,
+    *,
+    bench: bool = True,
+    bench_shapes: list[Any] | None = None,
+    timeout_s: float | None = None,
+    device: str = "cuda",
+    baselines: list[str] | None = None,
+) -> GpuRun:
+    """Run the candidate worker, then (if it produced any trial) the reference worker.
+
+    ``workdir`` receives ``cand/``, ``ref/`` and ``logs/`` (layout: :mod:`protocol`).
+    ``bench_shapes`` overrides the spec's benchmark shapes (names or ``{"name","dims"}``);
+    ``device="cpu"`` exists for tests only; ``baselines`` overrides the timed baselines.
+    The candidate worker gets ``timeout_s`` (default ``spec.timeout_s``), the reference
+    worker twice that when it times baselines. Raises ``ValueError`` for an unknown bench
+    shape name.
+    """
+    spec = loaded.spec
+    timeout = float(timeout_s or spec.timeout_s)
+    plan = Plan(
+        spec_dir=str(Path(loaded.directory).resolve()),
+        runs=make_runs(spec),
+        bench_shapes=make_bench_shapes(spec, bench_shapes) if bench else [],
+        bench=bench,
+        device=device,
+        candidate=str(Path(candidate).resolve()),
+        baselines=baselines,
+    )
+    workdir = Path(workdir)
+    logs = workdir / "logs"
+    env = _worker_env()
+    cand_dir = _fresh_dir(workdir / CAND_DIR)
+    atomic_write_text(cand_dir / PLAN_FILE, plan.to_json())
+    cand = run_worker(CAND_WORKER, ["--dir", str(cand_dir)], timeout, cwd=cand_dir, env=env,
+                      results=cand_dir / RESULTS_FILE, log_dir=logs)
+    run = GpuRun(workdir=workdir, plan=plan, cand=cand)
+    if records_of(cand.records, "trial"):
+        ref_plan = dataclasses.replace(plan, candidate=None)
+        ref_dir = _fresh_dir(workdir / REF_DIR)
+        atomic_write_text(ref_dir / PLAN_FILE, ref_plan.to_json())
+        # trusted side: torch.compile of the baseline recompiles per bench shape, so allow more time
+        ref_timeout = timeout * 2 if plan.bench and plan.bench_shapes else timeout
+        run.ref = run_worker(REF_WORKER, ["--dir", str(ref_dir)], ref_timeout, cwd=ref_dir, env=env,
+                             results=ref_dir / RESULTS_FILE, log_dir=logs)
+    return run
+
+
+def _fresh_dir(p: Path) -> Path:
+    if p.exists():
+        shutil.rmtree(p)
+    p.mkdir(parents=True)
+    return p
+
+
+def _worker_env() -> dict[str, str]:
+    import os
+
+    env = dict(os.environ)
+    env["PYTHONSAFEPATH"] = "1"  # never put the worker's cwd on sys.path
+    return env
+
+
+def gpu_stages(loaded: LoadedSpec, run: GpuRun) -> list[StageResult]:
+    """correctness -> gradients -> bench from a finished :class:`GpuRun`, stopping at the first failure."""
+    from coda_agent.verifier.bench import bench_stage
+    from coda_agent.verifier.correctness import correctness_stage
+    from coda_agent.verifier.gradients import gradients_stage
+
+    out: list[StageResult] = []
+    for name, fn in (("correctness", correctness_stage), ("gradients", gradients_stage), ("bench", bench_stage)):
+        res = _guarded(name, lambda fn=fn: fn(loaded, run))
+        out.append(res)
+        if not res.ok:
+            break
+    return out
+
+
+def verify(
+    loaded: LoadedSpec,
+    candidate: Path,
+    *,
+    cpu_only: bool = False,
+    bench: bool = True,
+    workdir: Path | None = None,
+    timeout_s: float | None = None,
+    bench_shapes: list[Any] | None = None,
+    device: str = "cuda",
+    baselines: list[str] | None = None,
+) -> Verdict:
+    """Verify ``candidate`` (a .py file) against ``loaded``; never raises for candidate behaviour.
+
+    ``cpu_only``: static + compile only (GPU stages recorded as skipped; never
+    GPU-verified). ``bench=False`` skips timing (the verdict is then not GPU-verified
+    either: acceptance needs a passing bench). ``workdir`` keeps the workers' files (a
+    temporary folder, removed afterwards, otherwise). ``timeout_s`` bounds each GPU
+    worker and the compile stage (default ``spec.timeout_s``). ``bench_shapes`` overrides
+    the benchmark shapes (names from the spec, or ``{"name", "dims"}``). ``device="cpu"``
+    and ``baselines`` exist for tests: a CPU-device verdict is marked ``cpu_only``.
+    Raises ``FileNotFoundError`` when ``candidate`` does not exist.
+    """
+    candidate = Path(candidate)
+    if not candidate.is_file():
+        raise FileNotFoundError(f"candidate not found: {candidate}")
+    t0 = time.monotonic()
+    verdict = Verdict(
+        spec=loaded.name,
+        spec_hash=loaded.spec_hash,
+        candidate_hash=sha256_file(candidate),
+        cpu_only=cpu_only or device != "cuda",
+        started_at=_now(),
+        environment=collect_environment(probe_gpu=False),
+    )
+
+    def finish() -> Verdict:
+        verdict.wall_s = time.monotonic() - t0
+        return verdict
+
+    for name, fn in (("static", lambda: run_static(loaded, candidate)),
+                     ("compile", lambda: run_compile(loaded, candidate, timeout_s=timeout_s or 300))):
+        res = _guarded(name, fn)
+        verdict.stages.append(res)
+        if not res.ok:
+            return finish()
+
+    if cpu_only:
+        verdict.stages += [StageResult(stage=s, status="skip", summary="--cpu-only: not run (not verified on a GPU)") for s in GPU_STAGES]
+        return finish()
+    if device == "cuda" and not cuda_available():
+        verdict.stages += [StageResult(stage=s, status="skip", summary="no CUDA GPU: not verified") for s in GPU_STAGES]
+        return finish()
+
+    tmp = None
+    if workdir is None:
+        tmp = tempfile.TemporaryDirectory(prefix="coda-verify-")
+        workdir = Path(tmp.name)
+    try:
+        try:
+            run = run_gpu_workers(loaded, candidate, Path(workdir), bench=bench, bench_shapes=bench_shapes,
+                                  timeout_s=timeout_s, device=device, baselines=baselines)
+        except Exception as e:  # noqa: BLE001 -- e.g. an unknown bench shape name, a full disk
+            verdict.stages.append(StageResult(stage="correctness", status="error",
+                                              summary=f"could not run the GPU workers: {type(e).__name__}: {e}"))
+            return finish()
+        env = run.gpu_env
+        for k, v in env.items():
+            if v is not None and hasattr(verdict.environment, k):
+                setattr(verdict.environment, k, v)
+        stages = gpu_stages(loaded, run)
+        if device != "cuda":
+            for s in stages:
+                s.summary = f"[CPU test device, not a GPU verification] {s.summary}"
+        verdict.stages += stages
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
+    return finish()
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def _print(verdict: Verdict) -> None:
+    print(f"verdict for {verdict.spec} (candidate sha256 {verdict.candidate_hash[:12]}), {verdict.wall_s:.1f} s")
+    for s in verdict.stages:
+        print(f"  {s.stage:<12} {s.status:<5} {s.summary}")
+        for f in s.findings[:20]:
+            where = f" line {f.line}" if f.line else ""
+            print(f"      [{f.kind}]{where} {f.message}")
+    env = verdict.environment
+    print(f"  environment: {env.gpu or 'no GPU'} (sm {env.compute_capability}), torch {env.torch}, "
+          f"cutlass-dsl {env.cutlass_dsl}, quack {env.quack}")
+    print(f"  passed: {verdict.passed}; GPU verified: {verdict.gpu_verified}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Exit status 0 when the candidate is GPU-verified (with --cpu-only / --no-bench: when
+    every stage that ran passed), 1 otherwise (also: no GPU to verify on), 2 on bad arguments."""
+    ap = argparse.ArgumentParser(prog="python -m coda_agent.verifier.pipeline", description=__doc__.splitlines()[0])
+    ap.add_argument("spec_dir", type=Path)
+    ap.add_argument("candidate", type=Path)
+    ap.add_argument("--cpu-only", action="store_true", help="static + compile only")
+    ap.add_argument("--no-bench", action="store_true", help="skip timing (the verdict is then not GPU-verified)")
+    ap.add_argument("--json", type=Path, help="write the Verdict JSON here")
+    ap.add_argument("--workdir", type=Path, help="keep the workers' files here")
+    ap.add_argument("--bench-shape", action="append", default=None, help="benchmark only this spec shape (repeatable)")
+    ap.add_argument("--timeout", type=float, default=None, help="seconds per GPU worker (default: spec timeout_s)")
+    a = ap.parse_args(argv)
+    try:
+        loaded = load_spec(a.spec_dir)
+    except Exception as e:  # noqa: BLE001
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if not a.candidate.is_file():
+        print(f"error: candidate not found: {a.candidate}", file=sys.stderr)
+        return 2
+    if a.workdir:
+        a.workdir.mkdir(parents=True, exist_ok=True)
+    verdict = verify(loaded, a.candidate, cpu_only=a.cpu_only, bench=not a.no_bench, workdir=a.workdir,
+                     timeout_s=a.timeout, bench_shapes=a.bench_shape)
+    _print(verdict)
+    if a.json:
+        atomic_write_text(a.json, verdict.to_json())
+    ok = verdict.passed if (a.cpu_only or a.no_bench) else verdict.gpu_verified
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,210 @@
+"""The on-disk protocol between the parent verifier and its two GPU workers.
+
+Why files: the candidate worker runs untrusted code and may crash, hang or corrupt
+its own process, so nothing comes back through pipes or stdout. Each worker gets a
+folder and a *plan* written by the parent; it appends one JSON object per finished
+sub-stage to ``results.jsonl`` in that folder (flushed and fsynced line by line), and
+saves tensors with ``torch.save`` next to it. When a worker dies, the lines already
+written say how far it got, and a ``begin`` line names the part it died in.
+
+Layout of a verification workdir::
+
+    <workdir>/cand/plan.json         written by the parent before the candidate worker
+    <workdir>/cand/results.jsonl     candidate worker progress (one JSON per line)
+    <workdir>/cand/<key>.pt          {"outputs", "inputs_before", "inputs_after"} (CPU tensors)
+    <workdir>/ref/plan.json          written by the parent before the reference worker
+    <workdir>/ref/results.jsonl      reference worker progress
+    <workdir>/ref/<key>.pt           {"inputs", "ref32", "ref_lowp"} (CPU tensors)
+
+The parent re-reads the plan from memory (never from the worker folders) and loads
+``.pt`` files with ``weights_only=True`` so a file written by the candidate process
+cannot run code in the parent.
+
+This module is pure (no torch import) so the parent, both workers and the tests
+share one definition of run keys, file names and the JSONL format.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+PLAN_FILE = "plan.json"
+RESULTS_FILE = "results.jsonl"
+CAND_DIR = "cand"
+REF_DIR = "ref"
+RECHECK_SEED_OFFSET = 1000
+"""The post-timing recheck uses seed ``spec.shapes.seeds[0] + RECHECK_SEED_OFFSET``."""
+
+
+@dataclass(frozen=True)
+class Run:
+    """One correctness trial: a shape case bound to a seed.
+
+    ``key`` names the trial's ``.pt`` files; ``recheck`` marks the post-timing run.
+    """
+
+    key: str
+    case: str
+    dims: dict[str, int]
+    seed: int
+    recheck: bool = False
+
+
+@dataclass(frozen=True)
+class BenchShape:
+    """One benchmark shape (name + dims)."""
+
+    name: str
+    dims: dict[str, int]
+
+
+@dataclass
+class Plan:
+    """What the parent asks a worker to do; identical for both workers."""
+
+    spec_dir: str
+    runs: list[Run]
+    bench_shapes: list[BenchShape] = field(default_factory=list)
+    bench: bool = False
+    device: str = "cuda"
+    candidate: str | None = None
+    baselines: list[str] | None = None
+    """Baselines the reference worker times (None: the spec's ``bench.baselines``)."""
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, sort_keys=True) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str) -> "Plan":
+        d = json.loads(text)
+        return cls(
+            spec_dir=d["spec_dir"],
+            runs=[Run(**r) for r in d["runs"]],
+            bench_shapes=[BenchShape(**b) for b in d.get("bench_shapes", [])],
+            bench=bool(d.get("bench", False)),
+            device=d.get("device", "cuda"),
+            candidate=d.get("candidate"),
+            baselines=d.get("baselines"),
+        )
+
+    def sha256(self) -> str:
+        """Hash of the plan minus the candidate path (both workers must agree on it)."""
+        d = asdict(self)
+        d.pop("candidate", None)
+        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()
+
+    @property
+    def correctness_runs(self) -> list[Run]:
+        return [r for r in self.runs if not r.recheck]
+
+    @property
+    def recheck_runs(self) -> list[Run]:
+        return [r for r in self.runs if r.recheck]
+
+
+def _slug(s: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", s).strip("_") or "case"
+
+
+def _ragged(dims: dict[str, int], tile: int = 128) -> bool:
+    return any(v % tile for v in dims.values())
+
+
+def make_runs(spec: Any) -> list[Run]:
+    """Every correctness case x seed, then one post-timing recheck run.
+
+    ``spec`` is a :class:`~coda_agent.verifier.spec.KernelSpec`. The recheck re-runs the
+    last ragged correctness case (the hardest one) with seed ``seeds[0] + 1000``, a seed
+    the candidate never saw before timing.
+    """
+    runs: list[Run] = []
+    for i, case in enumerate(spec.shapes.correctness):
+        name = case.name or f"case{i}"
+        for seed in spec.shapes.seeds:
+            runs.append(Run(key=f"c{i}-{_slug(name)}-s{seed}", case=name, dims=dict(case.dims), seed=seed))
+    cases = list(enumerate(spec.shapes.correctness))
+    ragged = [(i, c) for i, c in cases if _ragged(c.dims)]
+    i, case = (ragged or cases)[-1]
+    name = case.name or f"case{i}"
+    seed = spec.shapes.seeds[0] + RECHECK_SEED_OFFSET
+    runs.append(Run(key=f"recheck-c{i}-{_slug(name)}-s{seed}", case=name, dims=dict(case.dims), seed=seed, recheck=True))
+    return runs
+
+
+def make_bench_shapes(spec: Any, override: list[Any] | None = None) -> list[BenchShape]:
+    """The benchmark shapes to time: the spec's, or ``override``.
+
+    ``override`` items are shape names from ``spec.shapes.benchmark``, ``ShapeCase``
+    objects or ``{"name", "dims"}`` dicts. Raises ``ValueError`` for an unknown name.
+    """
+    known = {c.name: c for c in spec.shapes.benchmark}
+    if override is None:
+        return [BenchShape(name=c.name or f"bench{i}", dims=dict(c.dims)) for i, c in enumerate(spec.shapes.benchmark)]
+    out: list[BenchShape] = []
+    for item in override:
+        if isinstance(item, str):
+            if item not in known:
+                raise ValueError(f"unknown benchmark shape {item!r} (spec has {sorted(known)})")
+            out.append(BenchShape(name=item, dims=dict(known[item].dims)))
+        elif isinstance(item, dict):
+            out.append(BenchShape(name=str(item.get("name", "custom")), dims={k: int(v) for k, v in item["dims"].items()}))
+        else:
+            out.append(BenchShape(name=item.name or "custom", dims=dict(item.dims)))
+    return out
+
+
+# --------------------------------------------------------------------------- JSONL
+
+
+def append_record(path: str | Path, record: dict[str, Any]) -> None:
+    """Append one JSON object (sorted keys) as a line, flushed and fsynced."""
+    line = json.dumps(record, sort_keys=True, default=str) + "\n"
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(line)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def read_records(path: str | Path) -> list[dict[str, Any]]:
+    """All complete JSON lines of a results file (a torn last line is dropped).
+
+    A missing file gives ``[]``; lines that are not JSON objects are skipped.
+    """
+    p = Path(path)
+    if not p.is_file():
+        return []
+    out: list[dict[str, Any]] = []
+    for line in p.read_text(encoding="utf-8", errors="replace").splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(rec, dict):
+            out.append(rec)
+    return out
+
+
+def records_of(records: list[dict[str, Any]], part: str) -> list[dict[str, Any]]:
+    """The records whose ``part`` equals ``part``."""
+    return [r for r in records if r.get("part") == part]
+
+
+def last_begun(records: list[dict[str, Any]]) -> str | None:
+    """What the worker was doing when it stopped: the last ``begin`` not followed by its end."""
+    begun = [r for r in records if r.get("part") == "begin"]
+    if not begun:
+        return None
+    last = begun[-1]
+    idx = records.index(last)
+    if any(r.get("part") not in ("begin",) for r in records[idx + 1:]):
+        return None
+    return str(last.get("what"))

@@ -1,0 +1,213 @@
+"""Run a verifier worker in its own process group, with a timeout, and classify how it ended.
+
+Why a subprocess: the candidate is untrusted GPU code. It may segfault, hang, hit an
+illegal memory access (which poisons the CUDA context for the rest of the process) or
+tamper with anything in its interpreter. Running it as ``python -m <worker>`` in a new
+session means the parent survives all of that and can kill the whole process group
+(workers may spawn compiler subprocesses) when the time is up.
+
+Results never come back through stdout (a candidate could print anything there):
+workers append JSON records to a results file (see :mod:`coda_agent.verifier.protocol`);
+stdout/stderr go to log files and only a short, ANSI-stripped stderr tail is kept, for
+the error message. Classification, in order:
+
+* ``timeout`` -- still running at the deadline (a hang); the group is killed;
+* ``signal``  -- killed by a signal (segfault, abort, OOM killer);
+* ``cuda-error`` -- nonzero exit and stderr mentions a CUDA fault (illegal memory
+  access, launch failure, ``CUDA error``);
+* ``exception`` -- any other nonzero exit (a Python traceback);
+* ``ok`` -- exit status 0.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from coda_agent.verifier.protocol import last_begun, read_records
+
+OutcomeStatus = Literal["ok", "exception", "signal", "timeout", "cuda-error"]
+
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07]*\x07")
+
+CUDA_ERROR_PATTERNS = (
+    "illegal memory access",
+    "illegal address",
+    "misaligned address",
+    "unspecified launch failure",
+    "cudaErrorIllegalAddress",
+    "CUDA_ERROR_ILLEGAL_ADDRESS",
+    "CUDA_ERROR_LAUNCH_FAILED",
+    "CUDA error:",
+    "CUDA_ERROR_",
+    "device-side assert",
+    "an illegal instruction was encountered",
+)
+
+
+def strip_ansi(text: str) -> str:
+    """``text`` without ANSI colour/cursor escape sequences."""
+    return _ANSI.sub("", text)
+
+
+def tail(text: str, max_chars: int = 4000, max_lines: int = 60) -> str:
+    """The last ``max_lines`` lines / ``max_chars`` characters of ``text``, ANSI-stripped."""
+    lines = strip_ansi(text).rstrip().splitlines()[-max_lines:]
+    out = "\n".join(lines)
+    return out[-max_chars:]
+
+
+@dataclass
+class WorkerOutcome:
+    """How a worker process ended.
+
+    ``status``: see the module docstring; ``returncode`` (negative = signal number on
+    POSIX); ``signal_name`` e.g. ``"SIGSEGV"``; ``stderr_tail`` ANSI-stripped; ``records``
+    the JSON records the worker wrote; ``died_in`` the part it had begun and not
+    finished; ``duration_s`` wall seconds.
+    """
+
+    status: OutcomeStatus
+    returncode: int | None
+    duration_s: float
+    stderr_tail: str = ""
+    signal_name: str | None = None
+    records: list[dict[str, Any]] = field(default_factory=list)
+    died_in: str | None = None
+    timeout_s: float | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    @property
+    def finished(self) -> bool:
+        """The worker wrote its final ``done`` record (even if teardown then crashed)."""
+        return any(r.get("part") == "done" for r in self.records)
+
+    def message(self) -> str:
+        """One human-readable paragraph: what happened, where, and the stderr tail."""
+        where = f" during {self.died_in}" if self.died_in else ""
+        if self.status == "ok":
+            return "worker finished"
+        if self.status == "timeout":
+            head = f"hang: no result after {self.timeout_s:.0f} s{where}; the process group was killed"
+        elif self.status == "signal":
+            head = f"crash: killed by {self.signal_name or 'a signal'}{where}"
+        elif self.status == "cuda-error":
+            head = f"CUDA error{where}"
+        else:
+            head = f"Python exception{where} (exit status {self.returncode})"
+        return head + (f"\n{self.stderr_tail}" if self.stderr_tail else "")
+
+
+def classify(returncode: int | None, stderr: str, timed_out: bool) -> tuple[OutcomeStatus, str | None]:
+    """``(status, signal_name)`` from an exit status and the stderr text (see module doc)."""
+    if timed_out:
+        return "timeout", None
+    if returncode is not None and returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        return "signal", name
+    if returncode == 0:
+        return "ok", None
+    text = strip_ansi(stderr)
+    if any(p.lower() in text.lower() for p in CUDA_ERROR_PATTERNS):
+        return "cuda-error", None
+    return "exception", None
+
+
+def _kill_group(pgid: int) -> None:
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(pgid, sig)
+        except (ProcessLookupError, PermissionError):
+            return
+        if sig == signal.SIGTERM:
+            time.sleep(0.5)
+
+
+def run_worker(
+    module: str,
+    args: list[str],
+    timeout_s: float,
+    cwd: str | Path | None = None,
+    env: dict[str, str] | None = None,
+    *,
+    results: str | Path | None = None,
+    log_dir: str | Path | None = None,
+) -> WorkerOutcome:
+    """Run ``sys.executable -m <module> <args...>`` in a new session and wait at most ``timeout_s`` s.
+
+    ``env`` replaces the environment (default: a copy of ours); ``PYTHONFAULTHANDLER=1``
+    and ``PYTHONUNBUFFERED=1`` are always set so a segfault leaves a Python stack in
+    stderr. ``results`` is the worker's results file (read back into
+    ``WorkerOutcome.records``); ``log_dir`` keeps ``<module>.stdout/.stderr`` (a temp
+    folder otherwise). On timeout the whole process group gets SIGTERM, then SIGKILL.
+    Never raises for anything the worker does; raises ``OSError`` only if the
+    interpreter cannot be started.
+    """
+    full_env = dict(os.environ if env is None else env)
+    full_env["PYTHONFAULTHANDLER"] = "1"
+    full_env["PYTHONUNBUFFERED"] = "1"
+    tmp = None
+    if log_dir is None:
+        tmp = tempfile.TemporaryDirectory(prefix="coda-worker-")
+        log_dir = tmp.name
+    log_dir = Path(log_dir)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    short = module.rsplit(".", 1)[-1]
+    out_path, err_path = log_dir / f"{short}.stdout", log_dir / f"{short}.stderr"
+    t0 = time.monotonic()
+    timed_out = False
+    try:
+        with open(out_path, "wb") as fo, open(err_path, "wb") as fe:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", module, *args],
+                cwd=str(cwd) if cwd is not None else None,
+                env=full_env,
+                stdin=subprocess.DEVNULL,
+                stdout=fo,
+                stderr=fe,
+                start_new_session=True,
+            )
+            try:
+                proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                timed_out = True
+                _kill_group(proc.pid)
+                proc.wait()
+            else:
+                # reap anything the worker left behind in its group (compilers, children)
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+        duration = time.monotonic() - t0
+        stderr = err_path.read_text(encoding="utf-8", errors="replace")
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
+    rc = None if timed_out else proc.returncode
+    status, sig = classify(rc, stderr, timed_out)
+    records = read_records(results) if results is not None else []
+    return WorkerOutcome(
+        status=status,
+        returncode=rc,
+        duration_s=duration,
+        stderr_tail=tail(stderr),
+        signal_name=sig,
+        records=records,
+        died_in=None if status == "ok" else last_begun(records),
+        timeout_s=timeout_s,
+    )

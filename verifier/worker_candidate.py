@@ -1,0 +1,437 @@
+"""The untrusted-side GPU worker: runs the candidate kernel and records what it did.
+
+Run as ``python -m coda_agent.verifier.worker_candidate --dir WORKDIR/cand`` by
+:mod:`coda_agent.verifier.pipeline` (through :func:`~coda_agent.verifier.sandbox.run_worker`),
+reading ``plan.json`` from that folder and appending records to ``results.jsonl``
+(format: :mod:`coda_agent.verifier.protocol`).
+
+Design (threat numbers from verifier-threats.md):
+
+* **Before the candidate is imported** the worker captures the objects it measures
+  with (``torch.cuda.Event``, ``torch.cuda.synchronize``, ``time.perf_counter``,
+  ``triton.testing.do_bench``, ``torch.profiler.profile``, the exact ``torch.Tensor``
+  type) and re-checks at the end that none was replaced (threat 5); it refuses to run
+  on anything but sm_90; it self-tests the profiler.
+* **Poison** (threat 1): in every trial, after the inputs are made and right before the
+  call, every free block of the CUDA caching allocator (found with
+  ``torch.cuda.memory_snapshot()``) plus fresh slack (one large block, many small-pool
+  blocks) is filled with the NaN word ``numerics.POISON_WORD16`` and released, so an
+  output the kernel never writes reads back as that exact bit pattern (and not as a
+  previous trial's result or a freed input temporary).
+* **Trials**: fresh seeded inputs (:mod:`~coda_agent.verifier.inputs`), one call, a
+  device synchronize, then checks that each output is exactly ``torch.Tensor``
+  (checked with ``type(x) is``, before touching it: a subclass could run code on any
+  method call), on the GPU, of the declared shape and dtype, contiguous, and not
+  sharing storage with an input or another output (threat 4). Outputs and the inputs
+  before/after the call are saved to ``<key>.pt`` (CPU tensors) for the trusted parent.
+  Nothing is compared here: the reference never exists in this process (threat 12).
+* **Launches** (threat 11): one call under ``torch.profiler`` (CUDA activity); kernels
+  are counted, memcpy/memset excluded.
+* **Bench** (threats 3, 6, 14): per shape, several input sets rotated call by call
+  (so a cache keyed on the input pointer cannot hit on consecutive calls), timed with
+  ``triton.testing.do_bench(..., return_mode="median")`` (which flushes L2 before each
+  call) plus a host-wall cross-check (synchronize; t0; call; synchronize; t1) so the
+  parent can flag work that escapes the timed stream.
+* **Recheck** (threats 6, 7): after timing, one more trial with a seed the candidate
+  never saw.
+
+Exit status: 0 done, 1 the candidate raised (traceback on stderr), 3 refused (not an
+sm_90 GPU / profiler broken; a ``setup`` record says why). The worker ends with
+``os._exit`` so library teardown cannot turn a finished run into a crash.
+"""
+
+from __future__ import annotations
+
+# --- capture the measuring instruments before any other import can touch them -------
+import time as _time
+
+_perf_counter = _time.perf_counter
+
+import argparse  # noqa: E402
+import gc  # noqa: E402
+import importlib.util  # noqa: E402
+import os  # noqa: E402
+import statistics  # noqa: E402
+import sys  # noqa: E402
+import traceback  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any, Callable  # noqa: E402
+
+import torch  # noqa: E402
+import torch.profiler  # noqa: E402
+
+_Tensor = torch.Tensor
+_Event = torch.cuda.Event
+_synchronize = torch.cuda.synchronize
+_profile = torch.profiler.profile
+_Activity = torch.profiler.ProfilerActivity
+_DeviceTypeCUDA = torch.autograd.DeviceType.CUDA
+try:  # triton is absent from CPU torch installs; the CPU path (tests) does not need it
+    import triton.testing as _triton_testing
+
+    _do_bench = _triton_testing.do_bench
+except Exception:  # noqa: BLE001
+    _triton_testing = None
+    _do_bench = None
+
+from coda_agent.verifier.inputs import make_inputs, rotation_count, tensor_bytes  # noqa: E402
+from coda_agent.verifier.numerics import POISON_WORD16, bitwise_equal  # noqa: E402
+from coda_agent.verifier.protocol import PLAN_FILE, RESULTS_FILE, Plan, Run, append_record  # noqa: E402
+from coda_agent.verifier.spec import load_spec  # noqa: E402
+
+_WATCHED: dict[str, Callable[[], Any]] = {
+    "time.perf_counter": lambda: _time.perf_counter,
+    "torch.Tensor": lambda: torch.Tensor,
+    "torch.cuda.Event": lambda: torch.cuda.Event,
+    "torch.cuda.Event.record": lambda: torch.cuda.Event.record,
+    "torch.cuda.Event.elapsed_time": lambda: torch.cuda.Event.elapsed_time,
+    "torch.cuda.synchronize": lambda: torch.cuda.synchronize,
+    "torch.profiler.profile": lambda: torch.profiler.profile,
+    "triton.testing.do_bench": lambda: None if _triton_testing is None else _triton_testing.do_bench,
+}
+_SNAPSHOT = {k: f() for k, f in _WATCHED.items()}
+
+EXIT_OK, EXIT_CANDIDATE_ERROR, EXIT_REFUSED = 0, 1, 3
+BENCH_WALL_REPS = 7
+BENCH_SEED_BASE = 10_000
+MAX_POISON_BYTES = 16 << 30
+SMALL_POISON_BLOCKS = 32  # 1 MiB each: allocations <= 1 MiB come from the small pool
+
+
+def tampered() -> list[str]:
+    """Names of the captured instruments that no longer are what they were at start-up."""
+    out = []
+    for k, f in _WATCHED.items():
+        try:
+            if f() is not _SNAPSHOT[k]:
+                out.append(k)
+        except Exception:  # noqa: BLE001
+            out.append(k)
+    return out
+
+
+class Worker:
+    """State of one candidate-worker run (folder, plan, device, results file)."""
+
+    def __init__(self, folder: Path):
+        self.dir = folder
+        self.plan = Plan.from_json((folder / PLAN_FILE).read_text())
+        self.results = folder / RESULTS_FILE
+        self.device = torch.device(self.plan.device)
+        self.cuda = self.device.type == "cuda"
+        self.loaded = load_spec(self.plan.spec_dir)
+        self.spec = self.loaded.spec
+        self.fn: Callable[..., Any] | None = None
+
+    # -- plumbing -----------------------------------------------------------------
+    def record(self, part: str, **fields: Any) -> None:
+        append_record(self.results, {"part": part, **fields})
+
+    def begin(self, what: str) -> None:
+        self.record("begin", what=what)
+
+    def sync(self) -> None:
+        if self.cuda:
+            _synchronize()
+
+    # -- setup --------------------------------------------------------------------
+    def check_device(self) -> str | None:
+        """None when the device is usable, else the refusal message."""
+        if not self.cuda:
+            return None
+        if not torch.cuda.is_available():
+            return "no CUDA device visible to the candidate worker"
+        cap = torch.cuda.get_device_capability(self.device)
+        if cap != (9, 0):
+            name = torch.cuda.get_device_name(self.device)
+            return (f"the verifier needs a Hopper GPU (sm_90); this is {name} (sm_{cap[0]}{cap[1]}). "
+                    "quack @gemm_epilogue kernels are compiled for sm_90a.")
+        return None
+
+    def profiler_selftest(self) -> int:
+        """Kernels the profiler sees for one known elementwise kernel (expected: 1)."""
+        a = torch.ones(4096, device=self.device)
+        self.sync()
+        count, _ = self.count_launches(lambda: a * 2)
+        return count
+
+    def poison(self) -> int:
+        """Fill every free byte the caching allocator holds (plus slack) with the poison word.
+
+        Called right before each trial's call, with the inputs alive: first slack is
+        reserved (one large block, :data:`SMALL_POISON_BLOCKS` small-pool blocks) so the
+        candidate's allocations come from cached memory, then every free block in the
+        allocator's snapshot is allocated exactly (largest first, so best-fit hands out
+        that very block), everything is filled and released. Returns bytes poisoned.
+        """
+        if not self.cuda:
+            return 0
+        gc.collect()
+        torch.cuda.empty_cache()
+        free, _total = torch.cuda.mem_get_info(self.device)
+        big = min(int(free * 0.5), MAX_POISON_BYTES) // (2 << 20) * (2 << 20)
+        blocks = []
+        if big > 0:
+            blocks.append(torch.empty(big, dtype=torch.uint8, device=self.device))
+        blocks += [torch.empty(1 << 20, dtype=torch.uint8, device=self.device) for _ in range(SMALL_POISON_BLOCKS)]
+        for size in free_block_sizes(torch.cuda.memory_snapshot(), self.device.index or 0):
+            blocks.append(torch.empty(size, dtype=torch.uint8, device=self.device))
+        for b in blocks:
+            b[: b.numel() // 2 * 2].view(torch.int16).fill_(POISON_WORD16)
+        self.sync()
+        n = sum(b.numel() for b in blocks)
+        del blocks
+        return n
+
+    def import_candidate(self, path: Path) -> None:
+        name = "coda_candidate"
+        mspec = importlib.util.spec_from_file_location(name, path)
+        if mspec is None or mspec.loader is None:
+            raise ImportError(f"cannot import {path}")
+        mod = importlib.util.module_from_spec(mspec)
+        sys.modules[name] = mod  # quack resolves epilogue mods by module name
+        mspec.loader.exec_module(mod)
+        fn = getattr(mod, self.spec.entry.function, None)
+        if not callable(fn):
+            raise AttributeError(f"candidate defines no function {self.spec.entry.function!r}")
+        self.fn = fn
+
+    # -- one trial ----------------------------------------------------------------
+    def args_of(self, inputs: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+        return [inputs[t.name] for t in self.spec.entry.inputs]
+
+    def run_trial(self, run: Run) -> dict[str, Any]:
+        """Run the entry once on fresh inputs; save tensors; return the record fields."""
+        assert self.fn is not None
+        inputs = make_inputs(self.spec, run.dims, run.seed, self.device)
+        self.sync()
+        before = {k: v.detach().to("cpu", copy=True) for k, v in inputs.items()}
+        poisoned = self.poison()
+        t0 = _perf_counter()
+        res = self.fn(*self.args_of(inputs))
+        self.sync()
+        call_s = _perf_counter() - t0
+        outs = list(res) if type(res) in (tuple, list) else [res]
+        violations: list[dict[str, Any]] = []
+        expected = self.spec.entry.outputs
+        if len(outs) != len(expected):
+            violations.append(dict(
+                kind="output-count", output=None,
+                message=f"returned {len(outs)} value(s); expected {len(expected)} "
+                        f"({', '.join(o.name for o in expected)}) as a tuple in that order",
+            ))
+        spans = {k: _span(v) for k, v in inputs.items()}
+        saved: dict[str, torch.Tensor | None] = {}
+        out_spans: dict[str, tuple[int, int]] = {}
+        for spec_o, o in zip(expected, outs):
+            saved[spec_o.name] = None
+            v = self.check_output(spec_o, o, run, spans, out_spans)
+            violations += v
+            if type(o) is _Tensor and o.device.type == self.device.type and o.layout == torch.strided:
+                want = 1
+                for d in self.spec.shape_of(spec_o, run.dims):
+                    want *= d
+                if o.numel() <= 4 * want + 1024:
+                    saved[spec_o.name] = o.detach().to("cpu", copy=True)
+        after = {k: v.detach().to("cpu", copy=True) for k, v in inputs.items()}
+        mutated = [k for k in inputs if not bitwise_equal(before[k], after[k])]
+        fname = f"{run.key}.pt"
+        torch.save({"outputs": saved, "inputs_before": before, "inputs_after": after}, self.dir / fname)
+        del res, outs, inputs
+        return dict(key=run.key, file=fname, violations=violations, inputs_mutated=mutated,
+                    call_s=call_s, poisoned_bytes=poisoned, ok=True)
+
+    def check_output(self, spec_o: Any, o: Any, run: Run, in_spans: dict, out_spans: dict) -> list[dict[str, Any]]:
+        """Violations of the output contract for one returned value (see module doc)."""
+        name = spec_o.name
+        if type(o) is not _Tensor:
+            t = type(o)
+            return [dict(kind="output-not-plain-tensor", output=name,
+                         message=f"{name}: returned a {t.__module__}.{t.__qualname__}, expected exactly torch.Tensor "
+                                 "(no subclasses, wrappers or lazy objects)")]
+        if o.layout != torch.strided:
+            return [dict(kind="output-not-plain-tensor", output=name, message=f"{name}: layout {o.layout}, expected a dense strided tensor")]
+        if o.device.type != self.device.type:
+            return [dict(kind="output-not-plain-tensor", output=name,
+                         message=f"{name}: lives on {o.device}, expected the GPU ({self.device})")]
+        v: list[dict[str, Any]] = []
+        want_shape = self.spec.shape_of(spec_o, run.dims)
+        want_dtype = getattr(torch, spec_o.dtype)
+        if tuple(o.shape) != want_shape:
+            v.append(dict(kind="output-shape", output=name,
+                          message=f"{name}: shape {tuple(o.shape)}, expected {want_shape} ({spec_o.shape} at {run.dims})"))
+        if o.dtype != want_dtype:
+            v.append(dict(kind="output-dtype", output=name, message=f"{name}: dtype {o.dtype}, expected {want_dtype}"))
+        if not o.is_contiguous():
+            v.append(dict(kind="output-shape", output=name,
+                          message=f"{name}: not contiguous (strides {tuple(o.stride())}); return a dense row-major tensor"))
+        span = _span(o)
+        for k, s in in_spans.items():
+            if _overlap(span, s):
+                v.append(dict(kind="output-aliases-input", output=name,
+                              message=f"{name}: shares storage with input {k!r}; outputs must be freshly allocated"))
+        for k, s in out_spans.items():
+            if _overlap(span, s):
+                v.append(dict(kind="output-aliases-output", output=name,
+                              message=f"{name}: shares storage with output {k!r}"))
+        out_spans[name] = span
+        return v
+
+    # -- launches -------------------------------------------------------------------
+    def count_launches(self, call: Callable[[], Any]) -> tuple[int, list[str]]:
+        """(kernel count, kernel names) of one ``call()`` under the profiler (CUDA activity)."""
+        with _profile(activities=[_Activity.CPU, _Activity.CUDA]) as prof:
+            res = call()
+            self.sync()
+        del res
+        names = [e.name for e in prof.events() if e.device_type == _DeviceTypeCUDA]
+        kernels = [n for n in names if not n.startswith(("Memcpy", "Memset", "[memory]")) and "Sync" not in n]
+        return len(kernels), kernels
+
+    # -- bench --------------------------------------------------------------------------
+    def time_event_ms(self, call: Callable[[], Any]) -> float:
+        """Median device time of ``call`` in ms (do_bench; host timing on the CPU test path)."""
+        if self.cuda:
+            if _do_bench is None:
+                raise RuntimeError("triton.testing.do_bench is not importable: cannot time on the GPU")
+            return float(_do_bench(call, return_mode="median"))
+        samples = []
+        for _ in range(5):
+            t0 = _perf_counter()
+            call()
+            samples.append((_perf_counter() - t0) * 1e3)
+        return statistics.median(samples)
+
+    def bench_shape(self, name: str, dims: dict[str, int]) -> dict[str, Any]:
+        assert self.fn is not None
+        set_bytes = tensor_bytes(self.spec, dims, "inputs")
+        n = rotation_count(set_bytes)
+        sets = [self.args_of(make_inputs(self.spec, dims, BENCH_SEED_BASE + k, self.device)) for k in range(n)]
+        self.sync()
+        counter = [0]
+        fn = self.fn
+
+        def call():
+            args = sets[counter[0] % n]
+            counter[0] += 1
+            return fn(*args)
+
+        for _ in range(2):
+            call()
+        self.sync()
+        event_ms = self.time_event_ms(call)
+        wall = []
+        for _ in range(BENCH_WALL_REPS):
+            self.sync()
+            t0 = _perf_counter()
+            call()
+            self.sync()
+            wall.append((_perf_counter() - t0) * 1e3)
+        del sets
+        gc.collect()
+        if self.cuda:
+            torch.cuda.empty_cache()
+        return dict(shape=name, dims=dims, event_ms=event_ms, wall_ms=statistics.median(wall),
+                    wall_samples_ms=wall, n_sets=n, set_bytes=set_bytes, calls=counter[0])
+
+    # -- main -----------------------------------------------------------------------
+    def main(self) -> int:
+        from coda_agent.verifier.environment import collect_environment
+
+        self.begin("setup")
+        refusal = self.check_device()
+        if refusal:
+            self.record("setup", ok=False, error="not-hopper", message=refusal)
+            return EXIT_REFUSED
+        selftest = self.profiler_selftest() if self.cuda else None
+        env = collect_environment(probe_gpu=self.cuda).model_dump()
+        self.record("setup", ok=True, device=str(self.device), env=env, profiler_selftest=selftest,
+                    plan_sha256=self.plan.sha256())
+
+        self.begin("import")
+        t0 = _perf_counter()
+        self.import_candidate(Path(self.plan.candidate or ""))
+        self.record("import", ok=True, seconds=_perf_counter() - t0, tampered=tampered())
+
+        for run in self.plan.correctness_runs:
+            self.begin(f"trial {run.key}")
+            self.record("trial", **self.run_trial(run))
+
+        first = self.plan.correctness_runs[0]
+        self.begin("launch count")
+        if self.cuda and selftest:
+            inputs = make_inputs(self.spec, first.dims, first.seed, self.device)
+            args = self.args_of(inputs)
+            self.sync()
+            fn = self.fn
+            count, kernels = self.count_launches(lambda: fn(*args))
+            self.record("launches", count=count, kernels=kernels, selftest=selftest, key=first.key)
+            del inputs, args
+        else:
+            why = "CPU device" if not self.cuda else f"profiler self-test saw {selftest} kernels for one known kernel"
+            self.record("launches", count=None, kernels=[], selftest=selftest, reason=why)
+
+        if self.plan.bench:
+            for bs in self.plan.bench_shapes:
+                self.begin(f"bench {bs.name}")
+                self.record("bench", **self.bench_shape(bs.name, bs.dims))
+
+        for run in self.plan.recheck_runs:
+            self.begin(f"recheck {run.key}")
+            self.record("recheck", **self.run_trial(run))
+
+        self.record("integrity", tampered=tampered())
+        self.record("done")
+        return EXIT_OK
+
+
+def free_block_sizes(snapshot: list[dict[str, Any]], device: int = 0) -> list[int]:
+    """Sizes (bytes, largest first) of the free ("inactive") blocks in a
+    ``torch.cuda.memory_snapshot()`` for ``device``; allocating them in this order makes
+    the allocator's best fit return each block exactly."""
+    sizes = []
+    for seg in snapshot:
+        if seg.get("device", device) != device:
+            continue
+        for blk in seg.get("blocks", []):
+            if blk.get("state") == "inactive" and int(blk.get("size", 0)) > 0:
+                sizes.append(int(blk["size"]))
+    return sorted(sizes, reverse=True)
+
+
+def _span(t: torch.Tensor) -> tuple[int, int]:
+    st = t.untyped_storage()
+    p = st.data_ptr()
+    return p, p + st.nbytes()
+
+
+def _overlap(a: tuple[int, int], b: tuple[int, int]) -> bool:
+    return a[1] > a[0] and b[1] > b[0] and a[0] < b[1] and b[0] < a[1]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="coda-agent candidate worker (untrusted side)")
+    ap.add_argument("--dir", required=True, type=Path, help="worker folder holding plan.json")
+    a = ap.parse_args(argv)
+    try:
+        w = Worker(a.dir)
+    except Exception:  # noqa: BLE001 -- a broken plan/spec is a verifier error, report it
+        traceback.print_exc()
+        return 2
+    try:
+        return w.main()
+    except BaseException as e:  # noqa: BLE001 -- everything after setup is the candidate's doing
+        tb = traceback.format_exc()
+        try:
+            w.record("error", error=type(e).__name__, message=tb[-6000:])
+        except Exception:  # noqa: BLE001
+            pass
+        sys.stderr.write(tb)
+        return EXIT_CANDIDATE_ERROR
+
+
+if __name__ == "__main__":
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -1,0 +1,210 @@
+"""The trusted-side GPU worker: reference outputs, autograd gradients and baseline timings.
+
+Run as ``python -m coda_agent.verifier.worker_reference --dir WORKDIR/ref`` by the
+pipeline *after* the candidate worker, in a separate process that never imports the
+candidate (so nothing the candidate does can reach the references: threats 1, 5, 12).
+
+For every trial of the plan (the same keys, dims and seeds as the candidate worker's,
+including the post-timing recheck) it regenerates the inputs with
+:func:`~coda_agent.verifier.inputs.make_inputs` (bit-identical to the candidate's) and
+saves ``<key>.pt = {"inputs", "ref32", "ref_lowp"}`` (CPU tensors):
+
+* ``ref32[o]``  -- ``reference.reference`` on fp32-upcast inputs (TF32 off), kept fp32;
+* ``ref_lowp[o]`` -- the same function on the low-precision inputs, as it returns them;
+* gradient outputs -- ``torch.autograd.grad(reference.<of>(inputs minus upstream),
+  inputs[wrt], grad_outputs=inputs[upstream])``, in fp32 and in low precision.
+
+Bench: at each shape, times the spec's baselines (``torch_eager`` = ``reference.baseline``,
+``torch_compile`` = one ``torch.compile(reference.baseline, dynamic=False)`` reused across
+shapes and warmed up before timing, ``bare_gemm``/``quack_library``/others = the
+reference function of that name) with the same method as the candidate: rotated input
+sets, ``triton.testing.do_bench(return_mode="median")``. A baseline that fails is
+recorded with its error and the others still run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from coda_agent.verifier.inputs import make_inputs, rotation_count, tensor_bytes, upcast
+from coda_agent.verifier.protocol import PLAN_FILE, RESULTS_FILE, Plan, Run, append_record
+from coda_agent.verifier.spec import GradientSpec, load_spec
+
+BENCH_SEED_BASE = 10_000  # same input sets as the candidate worker's bench
+
+
+def _exact_fp32() -> None:
+    """No TF32 anywhere: ref32 must be a true fp32 computation."""
+    torch.set_float32_matmul_precision("highest")
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+    except Exception:  # noqa: BLE001 -- newer torch may deprecate the flags
+        pass
+
+
+class RefWorker:
+    """State of one reference-worker run."""
+
+    def __init__(self, folder: Path):
+        self.dir = folder
+        self.plan = Plan.from_json((folder / PLAN_FILE).read_text())
+        self.results = folder / RESULTS_FILE
+        self.device = torch.device(self.plan.device)
+        self.cuda = self.device.type == "cuda"
+        self.loaded = load_spec(self.plan.spec_dir)
+        self.spec = self.loaded.spec
+        self.ref = self.loaded.load_reference()
+
+    def record(self, part: str, **fields: Any) -> None:
+        append_record(self.results, {"part": part, **fields})
+
+    def sync(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()
+
+    # -- references ---------------------------------------------------------------------
+    def gradient(self, g: GradientSpec, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        """d reference.<of>(inputs \\ upstream) / d inputs[wrt], contracted with inputs[upstream]."""
+        args = {k: v.detach() for k, v in inputs.items() if k != g.upstream}
+        wrt = args[g.wrt].clone().requires_grad_(True)
+        args[g.wrt] = wrt
+        with torch.enable_grad():
+            y = getattr(self.ref, g.of)(**args)
+            upstream = inputs[g.upstream].to(y.dtype)
+            (grad,) = torch.autograd.grad(y, wrt, grad_outputs=upstream)
+        return grad.detach()
+
+    def references(self, run: Run) -> dict[str, Any]:
+        inputs = make_inputs(self.spec, run.dims, run.seed, self.device)
+        in32 = upcast(inputs)
+        ref32: dict[str, torch.Tensor] = {}
+        lowp: dict[str, torch.Tensor] = {}
+        values = self.spec.value_outputs
+        if values:
+            with torch.no_grad():
+                r32 = self.ref.reference(**in32)
+                rlp = self.ref.reference(**inputs)
+            for o in values:
+                ref32[o.name] = r32[o.name].detach().float().cpu()
+                lowp[o.name] = rlp[o.name].detach().cpu()
+        for o in self.spec.gradient_outputs:
+            assert o.gradient is not None
+            ref32[o.name] = self.gradient(o.gradient, in32).float().cpu()
+            lowp[o.name] = self.gradient(o.gradient, inputs).cpu()
+        fname = f"{run.key}.pt"
+        torch.save({"inputs": {k: v.cpu() for k, v in inputs.items()}, "ref32": ref32, "ref_lowp": lowp}, self.dir / fname)
+        return dict(key=run.key, file=fname, recheck=run.recheck)
+
+    # -- baselines ------------------------------------------------------------------------
+    def baseline_fns(self) -> dict[str, Callable[..., Any] | str]:
+        """name -> callable(**inputs), or an error string when the baseline is unavailable."""
+        names = self.plan.baselines if self.plan.baselines is not None else list(self.spec.bench.baselines)
+        fns: dict[str, Callable[..., Any] | str] = {}
+        for b in names:
+            if b == "torch_eager":
+                fns[b] = self.ref.baseline
+            elif b == "torch_compile":
+                try:
+                    import torch._dynamo
+
+                    for attr in ("recompile_limit", "cache_size_limit"):
+                        if hasattr(torch._dynamo.config, attr):
+                            setattr(torch._dynamo.config, attr, max(64, getattr(torch._dynamo.config, attr)))
+                    fns[b] = torch.compile(self.ref.baseline, dynamic=False)
+                except Exception as e:  # noqa: BLE001
+                    fns[b] = f"torch.compile unavailable: {type(e).__name__}: {e}"
+            else:
+                f = getattr(self.ref, b, None)
+                fns[b] = f if callable(f) else f"reference.py defines no function {b!r}"
+        return fns
+
+    def time_ms(self, call: Callable[[], Any]) -> float:
+        if self.cuda:
+            import triton.testing
+
+            return float(triton.testing.do_bench(call, return_mode="median"))
+        samples = []
+        for _ in range(5):
+            t0 = time.perf_counter()
+            call()
+            samples.append((time.perf_counter() - t0) * 1e3)
+        return statistics.median(samples)
+
+    def bench_shape(self, name: str, dims: dict[str, int], fns: dict[str, Any]) -> dict[str, Any]:
+        n = rotation_count(tensor_bytes(self.spec, dims, "inputs"))
+        sets = [make_inputs(self.spec, dims, BENCH_SEED_BASE + k, self.device) for k in range(n)]
+        self.sync()
+        out: dict[str, dict[str, Any]] = {}
+        for b, f in fns.items():
+            if isinstance(f, str):
+                out[b] = {"error": f}
+                continue
+            counter = [0]
+
+            def call(f=f, counter=counter):
+                inp = sets[counter[0] % n]
+                counter[0] += 1
+                return f(**inp)
+
+            try:
+                t0 = time.perf_counter()
+                with torch.no_grad():
+                    call()
+                    call()
+                    self.sync()
+                    warm_s = time.perf_counter() - t0
+                    ms = self.time_ms(call)
+                out[b] = {"ms": ms, "warmup_s": warm_s}
+            except Exception as e:  # noqa: BLE001 -- a broken baseline is reported, not fatal
+                out[b] = {"error": f"{type(e).__name__}: {str(e)[:500]}"}
+        del sets
+        gc.collect()
+        if self.cuda:
+            torch.cuda.empty_cache()
+        return dict(shape=name, dims=dims, baselines=out, n_sets=n)
+
+    def main(self) -> int:
+        from coda_agent.verifier.environment import collect_environment
+
+        _exact_fp32()
+        self.record("setup", ok=True, device=str(self.device), plan_sha256=self.plan.sha256(),
+                    env=collect_environment(probe_gpu=self.cuda).model_dump())
+        for run in self.plan.runs:
+            self.record("begin", what=f"reference {run.key}")
+            self.record("trial", **self.references(run))
+        if self.plan.bench and self.plan.bench_shapes:
+            fns = self.baseline_fns()
+            for bs in self.plan.bench_shapes:
+                self.record("begin", what=f"baselines {bs.name}")
+                self.record("bench", **self.bench_shape(bs.name, bs.dims, fns))
+        self.record("done")
+        return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="coda-agent reference worker (trusted side)")
+    ap.add_argument("--dir", required=True, type=Path, help="worker folder holding plan.json")
+    a = ap.parse_args(argv)
+    try:
+        return RefWorker(a.dir).main()
+    except BaseException:  # noqa: BLE001
+        traceback.print_exc()
+        return 1
+
+
+if __name__ == "__main__":
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
