@@ -267,7 +267,8 @@ def cmd_regress(args) -> int:
 
     root = _root(args)
     try:
-        rep = regress(root, kernels=args.kernels or None, cpu_only=args.cpu_only, tolerance=args.tolerance)
+        rep = regress(root, kernels=args.kernels or None, cpu_only=args.cpu_only, tolerance=args.tolerance,
+                      bench_shapes=args.shape or None)
     except ValueError as e:
         raise UsageError(str(e)) from None
     t = Table(title=f"regression over generated_kernels/ ({'CPU-only' if args.cpu_only else 'GPU'})")
@@ -356,6 +357,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--cpu-only", action="store_true")
     r.add_argument("--tolerance", type=float, default=0.10, help="allowed worsening of perf ratios (default 0.10)")
     r.add_argument("--json", help="write the report as JSON")
+    r.add_argument("--shape", action="append", help="GPU mode: benchmark only this spec shape (repeatable)")
     r.set_defaults(fn=cmd_regress)
 
     ls = sub.add_parser("list", help="specs and accepted kernels with status")

@@ -78,6 +78,8 @@ def build_manifest(loaded: LoadedSpec, kernel_bytes: bytes, verdict: Verdict, pr
     return {
         "spec": spec.name,
         "spec_hash": loaded.spec_hash,
+        # the accepted spec's parsed TOML: lets `regress` name the fields that changed since
+        "spec_raw": loaded.raw,
         "pattern": spec.pattern,
         "catalogue_item": spec.catalogue_item,
         "description": " ".join(spec.description.split()),

@@ -105,7 +105,8 @@ def _kernel_names(root: Path, kernels: list[str] | None) -> list[str]:
     return found
 
 
-def regress_one(root: Path, name: str, *, cpu_only: bool, tolerance: float, verify_fn=None) -> RegressRow:
+def regress_one(root: Path, name: str, *, cpu_only: bool, tolerance: float, verify_fn=None,
+                bench_shapes: list[str] | None = None) -> RegressRow:
     """Run the regression ladder for one accepted kernel (see module docstring)."""
     kdir = root / "generated_kernels" / name
     kernel = kdir / "kernel.py"
@@ -155,7 +156,7 @@ def regress_one(root: Path, name: str, *, cpu_only: bool, tolerance: float, veri
 
     if verify_fn is None:
         from coda_agent.verifier.pipeline import verify as verify_fn
-    verdict = verify_fn(loaded, kernel)
+    verdict = verify_fn(loaded, kernel, bench_shapes=bench_shapes)
     failed = verdict.failed_stage
     if failed is not None:
         return RegressRow(kernel=name, status="fail", stage=failed.stage,
@@ -184,12 +185,16 @@ def regress_one(root: Path, name: str, *, cpu_only: bool, tolerance: float, veri
 
 
 def regress(root: Path, kernels: list[str] | None = None, *, cpu_only: bool = False,
-            tolerance: float = 0.10, verify_fn=None) -> RegressReport:
-    """Regress every accepted kernel (or ``kernels``). Raises ValueError for unknown names."""
+            tolerance: float = 0.10, verify_fn=None, bench_shapes: list[str] | None = None) -> RegressReport:
+    """Regress every accepted kernel (or ``kernels``). Raises ValueError for unknown names.
+
+    ``bench_shapes`` restricts the GPU benchmark to these spec shape names (ratios are
+    compared only for shapes measured both at acceptance and now)."""
     from coda_agent.verifier.environment import collect_environment
 
     rep = RegressReport(cpu_only=cpu_only, tolerance=tolerance,
                         environment=collect_environment().model_dump(mode="json"))
     for name in _kernel_names(root, kernels):
-        rep.rows.append(regress_one(root, name, cpu_only=cpu_only, tolerance=tolerance, verify_fn=verify_fn))
+        rep.rows.append(regress_one(root, name, cpu_only=cpu_only, tolerance=tolerance, verify_fn=verify_fn,
+                                    bench_shapes=bench_shapes))
     return rep

@@ -1,0 +1,162 @@
+"""`coda-agent regress`: tampering, spec changes, broken compiles and slowdowns are caught.
+
+CPU tests accept the good corpus kernel into a temporary workspace through the real
+``accept()`` (with a synthetic GPU verdict: acceptance itself is tested in
+test_accept.py), then break it one way at a time. The slowdown test runs on the H200.
+"""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from coda_agent.verifier.accept import accept
+from coda_agent.verifier.regress import compare_ratios, regress
+from coda_agent.verifier.spec import load_spec
+from coda_agent.verifier.verdict import Environment, StageResult, Verdict
+from coda_agent.verifier.workspace import sha256_file
+
+ROOT = Path(__file__).resolve().parents[2]
+CORPUS = ROOT / "tests" / "verifier" / "corpus"
+
+
+def _bench(ratio_bare=1.01):
+    return {"gpu": "NVIDIA H200", "shapes": {"llama3-8b/M8192": {
+        "fused_ms": 1.0, "tflops": 600.0, "gbps": 900.0, "sol_ms": 0.6, "wall_ms": 1.1,
+        "baselines": {"bare_gemm": {"ms": 1.0 / ratio_bare, "ratio": ratio_bare},
+                      "torch_compile": {"ms": 1.3, "ratio": 1.0 / 1.3}}}}}
+
+
+def _synthetic_verdict(loaded, cand: Path, bench_metrics) -> Verdict:
+    stages = [StageResult(stage=s, status="pass", summary="ok") for s in ("static", "compile", "correctness", "gradients")]
+    stages.append(StageResult(stage="bench", status="pass", summary="ok", metrics=bench_metrics))
+    return Verdict(spec=loaded.name, spec_hash=loaded.spec_hash, candidate_hash=sha256_file(cand), stages=stages,
+                   environment=Environment(gpu="NVIDIA H200", compute_capability="9.0"))
+
+
+@pytest.fixture
+def workspace(tmp_path):
+    """A workspace with swiglu_fwd accepted (the good corpus kernel)."""
+    shutil.copytree(ROOT / "kernel_specs", tmp_path / "kernel_specs")
+    loaded = load_spec(tmp_path / "kernel_specs" / "swiglu_fwd")
+    cand = tmp_path / "candidate.py"
+    shutil.copy(CORPUS / "good_swiglu_fwd.py", cand)
+    accept(loaded, cand, _synthetic_verdict(loaded, cand, _bench()), root=tmp_path,
+           provenance={"backend": "test"})
+    return tmp_path
+
+
+def _rehash(ws: Path, name="swiglu_fwd"):
+    """Simulate a kernel whose file is consistent with its manifest (e.g. a dependency broke it)."""
+    kdir = ws / "generated_kernels" / name
+    man = json.loads((kdir / "manifest.json").read_text())
+    man["kernel_sha256"] = sha256_file(kdir / "kernel.py")
+    (kdir / "manifest.json").write_text(json.dumps(man))
+
+
+def test_tampered_kernel_is_caught(workspace):
+    k = workspace / "generated_kernels" / "swiglu_fwd" / "kernel.py"
+    k.write_text(k.read_text().replace("tuned=False", "tuned=False  # tweak"))
+    rep = regress(workspace, cpu_only=True)
+    (row,) = rep.rows
+    assert not rep.ok and row.status == "fail" and row.stage == "integrity"
+    assert "modified after verification" in row.message and "--force" in row.message
+
+
+def test_changed_spec_needs_reverification_naming_fields(workspace):
+    p = workspace / "kernel_specs" / "swiglu_fwd" / "spec.toml"
+    p.write_text(p.read_text().replace("factor = 2.0", "factor = 1.5").replace("max_launches = 1", "max_launches = 2"))
+    rep = regress(workspace, cpu_only=True)
+    (row,) = rep.rows
+    assert row.status == "needs-reverify" and row.stage == "spec" and not rep.ok
+    assert "entry.max_launches" in row.message and "tolerance.factor" in row.message
+
+
+def test_changed_reference_needs_reverification(workspace):
+    p = workspace / "kernel_specs" / "swiglu_fwd" / "reference.py"
+    p.write_text(p.read_text() + "\n# changed\n")
+    (row,) = regress(workspace, cpu_only=True).rows
+    assert row.status == "needs-reverify" and "reference.py" in row.message
+
+
+def test_unknown_kernel_name(workspace):
+    with pytest.raises(ValueError, match=r"not accepted kernels: \['nope'\]"):
+        regress(workspace, ["nope"], cpu_only=True)
+
+
+def test_compare_ratios():
+    acc = _bench(1.00)["shapes"]
+    same = compare_ratios(acc, _bench(1.05)["shapes"], 0.10)
+    assert same["regressed"] == [] and same["worst"] == pytest.approx(1.05)
+    slow = compare_ratios(acc, _bench(1.25)["shapes"], 0.10)
+    assert slow["regressed"] == ["llama3-8b/M8192/bare_gemm"] and slow["worst_at"] == "llama3-8b/M8192/bare_gemm"
+    assert compare_ratios(acc, {}, 0.1)["worst"] is None
+
+
+def test_gpu_ratio_regression_logic_with_injected_verdict(workspace):
+    """The perf comparison path with a verify_fn standing in for the GPU (logic only)."""
+    loaded = load_spec(workspace / "kernel_specs" / "swiglu_fwd")
+
+    def fake_verify(ld, kernel, bench_shapes=None):
+        return _synthetic_verdict(ld, kernel, _bench(1.30))
+
+    rep = regress(workspace, cpu_only=False, verify_fn=fake_verify, tolerance=0.10)
+    (row,) = rep.rows
+    assert row.status == "fail" and row.stage == "bench"
+    assert "slower relative to its baselines" in row.message and "1.29x" in row.message
+    assert loaded.name == row.kernel
+
+
+@pytest.mark.compile
+def test_untouched_library_passes_cpu(workspace):
+    rep = regress(workspace, cpu_only=True)
+    assert rep.ok, rep.rows
+    assert rep.rows[0].stage == "compile" and "sm_90a compile ok" in rep.rows[0].message
+
+
+@pytest.mark.compile
+def test_kernel_that_no_longer_compiles_is_caught(workspace):
+    k = workspace / "generated_kernels" / "swiglu_fwd" / "kernel.py"
+    k.write_text(k.read_text().replace("unpack(acc)", "unpack(acc, acc)"))
+    _rehash(workspace)
+    (row,) = regress(workspace, cpu_only=True).rows
+    assert row.status == "fail" and row.stage == "compile"
+    assert "no longer compiles for sm_90a" in row.message
+
+
+SLOW_EPILOGUE = '''
+    # deliberately slower, numerically identical: a 48-deep chain of sigmoids added as 0 * t
+    t = gate
+    for _ in range(48):
+        t = sigmoid(t + up)
+'''
+
+
+@pytest.mark.gpu
+def test_kernel_made_slower_is_caught_on_gpu(tmp_path):
+    """Accept the good dSwiGLU kernel for real (1 shape), slow it down, regress catches it."""
+    from coda_agent.verifier.pipeline import verify
+
+    shutil.copytree(ROOT / "kernel_specs", tmp_path / "kernel_specs")
+    loaded = load_spec(tmp_path / "kernel_specs" / "swiglu_bwd")
+    cand = tmp_path / "candidate.py"
+    shutil.copy(CORPUS / "good_swiglu_bwd.py", cand)
+    shapes = ["llama3-1b/M8192"]
+    verdict = verify(loaded, cand, bench_shapes=shapes)
+    assert verdict.gpu_verified, verdict.failed_stage
+    accept(loaded, cand, verdict, root=tmp_path, provenance={"backend": "test"})
+    assert regress(tmp_path, cpu_only=False, bench_shapes=shapes).ok
+
+    k = tmp_path / "generated_kernels" / "swiglu_bwd" / "kernel.py"
+    src = k.read_text()
+    anchor = "    dgate, dup, postact = dswiglu(gate, up, acc)\n"
+    assert anchor in src
+    src = src.replace(anchor, anchor + SLOW_EPILOGUE + "    postact = postact + 0.0 * t\n")
+    src = src.replace("from quack.activation import dswiglu", "from quack.activation import dswiglu, sigmoid")
+    k.write_text(src)
+    _rehash(tmp_path, "swiglu_bwd")
+    rep = regress(tmp_path, cpu_only=False, bench_shapes=shapes)
+    (row,) = rep.rows
+    assert row.status == "fail" and row.stage == "bench", row
+    assert "slower relative to its baselines" in row.message
