@@ -75,6 +75,11 @@ TERMINAL = ("accepted", "passed", "passed-cpu-only", "out-of-attempts")
 Verifier = Callable[[Any, Path, Path], Verdict]
 
 
+class VerifierError(RuntimeError):
+    """The verifier itself failed (a stage with status "error"): not the candidate's fault,
+    so the attempt is not spent and no feedback goes to the model."""
+
+
 class RunError(RuntimeError):
     """The run cannot start or resume (message says why and what to do)."""
 
@@ -456,6 +461,19 @@ class _Run:
             t0 = time.monotonic()
             verdict = self.verifier(self.loaded, cand, d / "verify")
             rec.verify_wall_s = time.monotonic() - t0
+            broken = verdict.failed_stage
+            if broken is not None and broken.status == "error":
+                # The verifier (or the machine) failed, not the candidate: the model gets no
+                # feedback about it and the attempt is not spent. The verdict is kept for the
+                # record; --resume verifies this attempt again.
+                n = len(list(d.glob("verdict-error-*.json"))) + 1
+                atomic_write_text(d / f"verdict-error-{n}.json", verdict.to_json())
+                self.save()
+                raise VerifierError(
+                    f"attempt {k}: the verifier failed at stage {broken.stage!r} ({broken.summary}); "
+                    f"the attempt is not counted. Fix the cause, then --resume {self.run_dir} "
+                    f"(record: {d / f'verdict-error-{n}.json'})"
+                )
             atomic_write_text(vpath, verdict.to_json())
         rec.stage_reached = verdict.furthest_stage
         rec.passed = verdict.passed
@@ -639,6 +657,10 @@ def generate(
                     break
                 except LLMError as e:
                     state.status, state.error = "failed", str(e)
+                    run.save()
+                    break
+                except VerifierError as e:
+                    state.status, state.error = "verifier-error", str(e)
                     run.save()
                     break
                 if verdict is not None and verdict.passed:

@@ -131,7 +131,7 @@ def run_gpu_workers(
         candidate=str(Path(candidate).resolve()),
         baselines=baselines,
     )
-    workdir = Path(workdir)
+    workdir = Path(workdir).resolve()  # workers run with cwd=their own folder: absolute paths only
     logs = workdir / "logs"
     env = _worker_env()
     cand_dir = _fresh_dir(workdir / CAND_DIR)

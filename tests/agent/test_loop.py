@@ -341,3 +341,34 @@ def test_lesson_sentence_cleaning(raw, want):
     from coda_agent.agent.loop import _lesson_sentence
 
     assert _lesson_sentence(raw) == want
+
+
+def test_verifier_error_spends_no_attempt_and_resume_reverifies(workspace, fwd_spec):
+    """A stage with status "error" is the verifier's fault: no feedback, no attempt spent."""
+    from agent_helpers import make_verdict
+
+    from coda_agent.verifier.verdict import StageResult
+
+    class BrokenOnce(FakeVerifier):
+        def __call__(self, loaded, candidate, workdir):
+            v = super().__call__(loaded, candidate, workdir)
+            if len(self.calls) == 1:
+                v = make_verdict(loaded, Path(candidate), passed=True)
+                v.stages = v.stages[:2] + [StageResult(stage="correctness", status="error",
+                                                       summary="candidate worker failed during setup (verifier problem)")]
+            return v
+
+    verifier = BrokenOnce()
+    backend = ScriptedBackend([reply(GOOD_MODULE)])
+    run_dir = workspace / "runs" / "verr"
+    s = generate(fwd_spec, root=workspace, backend=backend, verifier=verifier, run_dir=run_dir)
+    assert s.status == "verifier-error" and "not counted" in s.state.error
+    a1 = run_dir / "attempt-1"
+    assert (a1 / "verdict-error-1.json").is_file()
+    assert not (a1 / "verdict.json").exists() and not (a1 / "feedback.md").exists()
+    assert not (run_dir / "attempt-2").exists()
+
+    s = generate(fwd_spec, root=workspace, backend=ScriptedBackend([]), verifier=verifier, resume=run_dir,
+                 accept_fn=Acceptor())
+    assert s.status == "accepted" and len(verifier.calls) == 2
+    assert len(s.state.attempts) == 1
