@@ -13,7 +13,9 @@ this module is the hand-reviewed glue that turns them into autograd-capable,
 Kernel modules are imported lazily (first call), so ``import coda_agent.kernels`` works on
 machines without a GPU, triton or quack. They are imported under their package path
 (``coda_agent.kernels.<op>.kernel``): quack keys its compile cache by module + function,
-so a stable import name lets compiled kernels be found again.
+so a stable import name lets compiled kernels be found again. Importing it binds
+``coda_agent.kernels.<op>`` to the kernel's folder (a namespace package), so no Python
+name in this module may equal a kernel folder's name: the ops are ``<op>_op``.
 
 SwiGLU MLP (CODA catalogue items 1 + 7)
 ---------------------------------------
@@ -54,21 +56,21 @@ def load(name: str):
 # --------------------------------------------------------------------------- custom ops
 
 @torch.library.custom_op("coda_agent::swiglu_fwd", mutates_args=())
-def swiglu_fwd(x: torch.Tensor, w1: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def swiglu_fwd_op(x: torch.Tensor, w1: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Fused GEMM + SwiGLU. x (M, K) bf16, w1 (2I, K) bf16 gate/up interleaved ->
     (preact (M, 2I), postact (M, I)) bf16."""
     preact, postact = load("swiglu_fwd").swiglu_fwd(x, w1)
     return preact, postact
 
 
-@swiglu_fwd.register_fake
+@swiglu_fwd_op.register_fake
 def _(x, w1):
     m, n2 = x.shape[0], w1.shape[0]
     return x.new_empty((m, n2)), x.new_empty((m, n2 // 2))
 
 
 @torch.library.custom_op("coda_agent::swiglu_bwd", mutates_args=())
-def swiglu_bwd(
+def swiglu_bwd_op(
     dout: torch.Tensor, w_down: torch.Tensor, preact: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Fused down-projection dgrad + SwiGLU backward. dout (M, K), w_down (K, I),
@@ -77,14 +79,14 @@ def swiglu_bwd(
     return dpreact, postact
 
 
-@swiglu_bwd.register_fake
+@swiglu_bwd_op.register_fake
 def _(dout, w_down, preact):
     return torch.empty_like(preact), preact.new_empty((preact.shape[0], preact.shape[1] // 2))
 
 
 @torch.library.custom_op("coda_agent::swiglu_mlp", mutates_args=())
 def _swiglu_mlp(x: torch.Tensor, w1: torch.Tensor, w_down: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    preact, postact = swiglu_fwd(x, w1)
+    preact, postact = swiglu_fwd_op(x, w1)
     return postact @ w_down.T, preact
 
 
@@ -102,7 +104,7 @@ def _mlp_setup_context(ctx, inputs, output):
 
 def _mlp_backward(ctx, dout, _dpreact_unused):
     x, w1, w_down, preact = ctx.saved_tensors
-    dpreact, postact = swiglu_bwd(dout.contiguous(), w_down, preact)
+    dpreact, postact = swiglu_bwd_op(dout.contiguous(), w_down, preact)
     dw_down = dout.T @ postact          # wgrad of the down projection (K, I)
     dx = dpreact @ w1                   # dgrad of the gate/up projection (M, K)
     dw1 = dpreact.T @ x                 # wgrad of the gate/up projection (2I, K)
@@ -130,4 +132,4 @@ def swiglu(x: torch.Tensor, w1: torch.Tensor, w_down: torch.Tensor) -> torch.Ten
     return out
 
 
-__all__ = ["accepted", "load", "swiglu", "swiglu_bwd", "swiglu_fwd"]
+__all__ = ["accepted", "load", "swiglu", "swiglu_bwd_op", "swiglu_fwd_op"]

@@ -67,13 +67,29 @@ def test_glue_gradients_cpu(baseline_kernels):
 
 def test_glue_opcheck_cpu(baseline_kernels):
     x, w1, wd = _inputs("cpu", torch.float32)
-    torch.library.opcheck(K.swiglu_fwd, (x.detach(), w1.detach()))
-    torch.library.opcheck(K.swiglu_bwd, (torch.randn(64, 48), wd.detach(), torch.randn(64, 80)))
+    torch.library.opcheck(K.swiglu_fwd_op, (x.detach(), w1.detach()))
+    torch.library.opcheck(K.swiglu_bwd_op, (torch.randn(64, 48), wd.detach(), torch.randn(64, 80)))
 
 
 def test_glue_under_torch_compile_cpu(baseline_kernels):
     compiled = torch.compile(K.swiglu, fullgraph=True, backend="aot_eager")
     _check_against_torch(compiled, "cpu", torch.float64, atol=1e-10, rtol=1e-10)
+
+
+def test_loading_a_kernel_does_not_shadow_the_ops():
+    """Importing coda_agent.kernels.<op>.kernel binds coda_agent.kernels.<op> to the folder;
+    the ops must keep working after that (this broke torch.compile on the H200 once)."""
+    import importlib
+    import importlib.util
+    import sys
+
+    for name in K.accepted():
+        pkg = importlib.util.find_spec(f"coda_agent.kernels.{name}")
+        assert pkg is not None
+        mod = importlib.import_module(f"coda_agent.kernels.{name}")
+        assert getattr(K, name) is mod and sys.modules[f"coda_agent.kernels.{name}"] is mod
+    assert callable(K.swiglu_fwd_op) and callable(K.swiglu_bwd_op) and callable(K.swiglu)
+    assert not any(n in K.__all__ for n in K.accepted())
 
 
 def test_missing_kernel_is_named(tmp_path, monkeypatch):
