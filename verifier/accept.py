@@ -140,6 +140,8 @@ def render_report(manifest: dict[str, Any]) -> str:
         head = "| shape | fused ms | TFLOP/s | GB/s | speed of light ms | " + " | ".join(f"{n} ms | fused/{n}" for n in names) + " |"
         lines += ["", f"## Benchmark on {b.get('gpu')} (median ms; ratio = fused / baseline, < 1 is faster)", "", head,
                   "|" + "---|" * (5 + 2 * len(names))]
+        # smallest problem first (JSON manifests keep keys sorted, not in spec order)
+        shapes = dict(sorted(shapes.items(), key=lambda kv: (kv[1].get("flops") or 0, kv[0])))
         for shape, m in shapes.items():
             cells = [shape, _f(m.get("fused_ms"), ".4f"), _f(m.get("tflops"), ".0f"), _f(m.get("gbps"), ".0f"), _f(m.get("sol_ms"), ".4f")]
             for n in names:
@@ -147,7 +149,12 @@ def render_report(manifest: dict[str, Any]) -> str:
                 cells += [_f(r.get("ms"), ".4f") if "ms" in r else "error", _f(r.get("ratio"), ".3f") if "ratio" in r else "-"]
             lines.append("| " + " | ".join(cells) + " |")
         for n, v in sorted((b.get("bar") or {}).items()):
-            lines.append(f"\nBar fused/{n} <= {v.get('limit')}: { {True: 'met', False: 'missed'}.get(v.get('met'), 'not measured') } at {v.get('met_shapes')}/{v.get('shapes')} shapes.")
+            missed = [sh for sh, m in shapes.items()
+                      if (m.get("bar", {}).get(n) or {}).get("met") is False]
+            verdict = {True: "met", False: "MISSED"}.get(v.get("met"), "not measured")
+            tail = f" (missed at {', '.join(missed)})" if missed else ""
+            lines.append(f"\nBar fused/{n} <= {v.get('limit')}: {verdict}; met at {v.get('met_shapes')} of "
+                         f"{v.get('shapes')} shapes{tail}.")
     return "\n".join(lines) + "\n"
 
 

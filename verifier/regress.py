@@ -12,8 +12,10 @@ first failure of that kernel:
    (cutlass-dsl / quack) that break the kernel;
 4. with a Hopper GPU (not ``cpu_only``): the full correctness, gradient and benchmark
    stages. Performance is judged only as *ratios* fused/baseline measured in the same
-   run, compared with the ratios recorded at acceptance: a ratio worse by more than
-   ``tolerance`` (default 10 %) fails. Absolute times are never compared across runs.
+   run, compared with the ratios recorded at acceptance (:func:`compare_ratios`: per
+   baseline, the geometric mean over shapes may worsen by at most ``tolerance``, default
+   10 %, and no single shape by more than twice that). Absolute times are never
+   compared across runs.
 
 The report is data (:class:`RegressReport`); cli.py renders it and ``--json`` saves it.
 """
@@ -21,6 +23,7 @@ The report is data (:class:`RegressReport`); cli.py renders it and ``--json`` sa
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any, Literal
 
@@ -70,15 +73,28 @@ class RegressReport(BaseModel):
         return json.dumps(d, indent=2, sort_keys=True) + "\n"
 
 
-def compare_ratios(accepted_shapes: dict[str, Any], now_shapes: dict[str, Any], tolerance: float) -> dict[str, Any]:
-    """Compare fused/baseline ratios per (shape, baseline) between acceptance and now.
+def compare_ratios(accepted_shapes: dict[str, Any], now_shapes: dict[str, Any], tolerance: float,
+                   pair_tolerance: float | None = None) -> dict[str, Any]:
+    """Compare fused/baseline ratios between acceptance and now.
 
     Both arguments are bench-stage ``metrics["shapes"]``: ``{shape: {"baselines":
-    {name: {"ratio": float, ...}}}}``. Returns ``{"worst": float | None, "worst_at": str,
-    "regressed": [str], "pairs": {"shape/baseline": [accepted, now, change]}}`` where
-    change = now / accepted (> 1 means slower relative to the baseline).
+    {name: {"ratio": float, ...}}}}``. For each (shape, baseline) measured both times,
+    change = ratio_now / ratio_accepted (> 1: the kernel got slower relative to that
+    baseline). The verdict is per *baseline*: the geometric mean of its changes over the
+    shapes must stay within ``1 + tolerance``, and no single pair may exceed
+    ``1 + pair_tolerance`` (default ``2 * tolerance``).
+
+    Why not every pair at ``tolerance``: one run measures ~24 pairs and a single timing
+    outlier (seen on the H200: a baseline at one 70B shape 20 % slow in one run, then
+    normal) would fail CI for nothing; a real regression moves the ratios at every
+    shape, and a regression confined to one shape still trips the per-pair guard.
+
+    Returns ``{"worst": float | None, "worst_at": str, "regressed": [str], "pairs":
+    {"shape/baseline": [accepted, now, change]}, "geomean": {baseline: change}}``.
     """
+    pair_tol = 2 * tolerance if pair_tolerance is None else pair_tolerance
     pairs: dict[str, list[float]] = {}
+    by_base: dict[str, list[float]] = {}
     for shape, acc in accepted_shapes.items():
         now = now_shapes.get(shape)
         if not now:
@@ -87,11 +103,14 @@ def compare_ratios(accepted_shapes: dict[str, Any], now_shapes: dict[str, Any], 
             ra, rn = r.get("ratio"), now.get("baselines", {}).get(b, {}).get("ratio")
             if ra and rn:
                 pairs[f"{shape}/{b}"] = [ra, rn, rn / ra]
+                by_base.setdefault(b, []).append(rn / ra)
     if not pairs:
-        return {"worst": None, "worst_at": "", "regressed": [], "pairs": {}}
+        return {"worst": None, "worst_at": "", "regressed": [], "pairs": {}, "geomean": {}}
+    geomean = {b: math.exp(sum(math.log(c) for c in cs) / len(cs)) for b, cs in by_base.items()}
     worst_at, (_, _, worst) = max(pairs.items(), key=lambda kv: kv[1][2])
-    regressed = sorted(k for k, v in pairs.items() if v[2] > 1 + tolerance)
-    return {"worst": worst, "worst_at": worst_at, "regressed": regressed, "pairs": pairs}
+    regressed = sorted(f"geomean/{b}" for b, g in geomean.items() if g > 1 + tolerance)
+    regressed += sorted(k for k, v in pairs.items() if v[2] > 1 + pair_tol)
+    return {"worst": worst, "worst_at": worst_at, "regressed": regressed, "pairs": pairs, "geomean": geomean}
 
 
 def _kernel_names(root: Path, kernels: list[str] | None) -> list[str]:
@@ -172,12 +191,18 @@ def regress_one(root: Path, name: str, *, cpu_only: bool, tolerance: float, veri
                           message="no comparable (shape, baseline) ratio between acceptance and now")
     if cmp["regressed"]:
         k = cmp["regressed"][0]
-        a, n, c = cmp["pairs"][k]
+        if k.startswith("geomean/"):
+            b = k.split("/", 1)[1]
+            detail = (f"fused/{b} is {cmp['geomean'][b]:.2f}x its accepted value "
+                      f"(geometric mean over {sum(1 for p in cmp['pairs'] if p.endswith('/' + b))} shapes)")
+        else:
+            a, n, c = cmp["pairs"][k]
+            detail = f"{k}: fused/baseline {a:.3f} at acceptance -> {n:.3f} now ({c:.2f}x)"
         return RegressRow(
             kernel=name, status="fail", stage="bench", worst_ratio_change=cmp["worst"], worst_at=cmp["worst_at"],
             ratios=cmp["pairs"],
-            message=f"slower relative to its baselines: {len(cmp['regressed'])} (shape, baseline) pair(s) worse "
-            f"by more than {tolerance:.0%}, e.g. {k}: fused/baseline {a:.3f} at acceptance -> {n:.3f} now ({c:.2f}x)",
+            message=f"slower relative to its baselines (tolerance {tolerance:.0%} on the geometric mean, "
+            f"{2 * tolerance:.0%} per shape): {detail}",
         )
     return RegressRow(kernel=name, status="pass", stage="bench", worst_ratio_change=cmp["worst"],
                       worst_at=cmp["worst_at"], ratios=cmp["pairs"],

@@ -77,7 +77,7 @@ def test_writes_kernel_manifest_report(tmp_path, cand):
     report = (dest / "REPORT.md").read_text()
     assert "| preact | 0.01 | 0.03 | 0.33 | c0-aligned-s0 |" in report
     assert "| llama3-1b/M8192 | 0.8100 | 679 | 1200 | 0.5600 | 0.8800 | 0.920 | error | - |" in report
-    assert "Bar fused/bare_gemm <= 1.03: met at 1/1 shapes." in report
+    assert "Bar fused/bare_gemm <= 1.03: met; met at 1 of 1 shapes." in report
     leftovers = [p.name for p in (tmp_path / "generated_kernels").iterdir() if p.name.startswith(".")]
     assert leftovers == []
 

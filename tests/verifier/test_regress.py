@@ -85,12 +85,26 @@ def test_unknown_kernel_name(workspace):
         regress(workspace, ["nope"], cpu_only=True)
 
 
+def _two_shapes(r1, r2):
+    a = _bench(r1)["shapes"]["llama3-8b/M8192"]
+    b = _bench(r2)["shapes"]["llama3-8b/M8192"]
+    return {"llama3-8b/M8192": a, "llama3-70b/M8192": b}
+
+
 def test_compare_ratios():
-    acc = _bench(1.00)["shapes"]
-    same = compare_ratios(acc, _bench(1.05)["shapes"], 0.10)
+    acc = _two_shapes(1.00, 1.00)
+    same = compare_ratios(acc, _two_shapes(1.05, 1.05), 0.10)
     assert same["regressed"] == [] and same["worst"] == pytest.approx(1.05)
-    slow = compare_ratios(acc, _bench(1.25)["shapes"], 0.10)
-    assert slow["regressed"] == ["llama3-8b/M8192/bare_gemm"] and slow["worst_at"] == "llama3-8b/M8192/bare_gemm"
+    # uniformly 25 % slower relative to the bare GEMM: the geometric mean trips
+    slow = compare_ratios(acc, _two_shapes(1.25, 1.25), 0.10)
+    assert "geomean/bare_gemm" in slow["regressed"]
+    assert slow["geomean"]["bare_gemm"] == pytest.approx(1.25)
+    # one shape 15 % off (a timing outlier), the other unchanged: geomean 1.07, pair < 20 %
+    outlier = compare_ratios(acc, _two_shapes(1.15, 1.00), 0.10)
+    assert outlier["regressed"] == [] and outlier["worst_at"] == "llama3-8b/M8192/bare_gemm"
+    # a regression confined to one shape still fails through the per-shape guard
+    one = compare_ratios(acc, _two_shapes(1.40, 1.00), 0.10)
+    assert "llama3-8b/M8192/bare_gemm" in one["regressed"]
     assert compare_ratios(acc, {}, 0.1)["worst"] is None
 
 
@@ -104,7 +118,7 @@ def test_gpu_ratio_regression_logic_with_injected_verdict(workspace):
     rep = regress(workspace, cpu_only=False, verify_fn=fake_verify, tolerance=0.10)
     (row,) = rep.rows
     assert row.status == "fail" and row.stage == "bench"
-    assert "slower relative to its baselines" in row.message and "1.29x" in row.message
+    assert "slower relative to its baselines" in row.message and "fused/bare_gemm is 1.29x" in row.message
     assert loaded.name == row.kernel
 
 
