@@ -250,7 +250,8 @@ def cmd_bench(args) -> int:
         raise UsageError("bench needs SPEC or --all")
     try:
         report = bench_kernels(root, None if args.all else [args.spec],
-                               out_dir=Path(args.out) if args.out else None, bench_shapes=args.shape or None)
+                               out_dir=Path(args.out) if args.out else None, bench_shapes=args.shape or None,
+                               from_manifests=args.from_manifests)
     except ValueError as e:
         raise UsageError(str(e)) from None
     for verdict in report.verdicts.values():
@@ -283,16 +284,23 @@ def cmd_regress(args) -> int:
 
 
 def cmd_tricks(args) -> int:
-    from coda_agent.agent.tricks import add_from_run, add_trick
+    from coda_agent.agent.tricks import TrickError, add_from_run, add_trick
 
     root = _root(args)
+    try:
+        return _tricks_add(root, args, add_from_run, add_trick)
+    except TrickError as e:
+        raise UsageError(str(e)) from None
+
+
+def _tricks_add(root, args, add_from_run, add_trick) -> int:
     if args.from_run:
         entry = add_from_run(root, Path(args.from_run))
     elif args.text:
         entry = add_trick(root, args.text, kernel=args.kernel)
     else:
         raise UsageError('tricks add needs "TEXT" or --from-run RUN')
-    console.print(f"appended to tricks_log.md:\n{entry}", markup=False)
+    console.print("appended to tricks_log.md:", getattr(entry, "raw", entry), markup=False, highlight=False)
     return OK
 
 
@@ -350,6 +358,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--all", action="store_true")
     b.add_argument("--out", help="results folder (default benchmarks/results)")
     b.add_argument("--shape", action="append", help="only this benchmark shape (repeatable), e.g. llama3-8b/M8192")
+    b.add_argument("--from-manifests", action="store_true",
+                   help="measure nothing: write the results page from the numbers recorded at acceptance")
     b.set_defaults(fn=cmd_bench)
 
     r = sub.add_parser("regress", help="re-check every accepted kernel (integrity, static, compile; GPU: numerics, perf ratios)")

@@ -1,0 +1,101 @@
+"""The coda-agent CLI: commands, exit codes (0 ok, 1 check failed, 2 usage/input error)."""
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from coda_agent.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def ws(tmp_path, monkeypatch):
+    """A copy of the workspace (specs, docs, tricks, accepted kernels) as CODA_ROOT."""
+    for d in ("kernel_specs", "primitives_docs", "generated_kernels"):
+        shutil.copytree(ROOT / d, tmp_path / d, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "tricks_log.md", tmp_path / "tricks_log.md")
+    monkeypatch.setenv("CODA_ROOT", str(tmp_path))
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    return tmp_path
+
+
+def test_help_lists_every_command(capsys):
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    for cmd in ("generate", "prompt", "verify", "bench", "regress", "list", "tricks", "review"):
+        assert cmd in out
+
+
+def test_list_shows_specs_and_accepted_kernels(ws, capsys):
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    assert "swiglu_fwd" in out and "swiglu_bwd" in out
+    assert "NVIDIA H200" in out  # both accepted kernels were verified on the H200
+
+
+def test_list_flags_invalid_spec(ws, capsys):
+    shutil.copytree(ws / "kernel_specs" / "swiglu_fwd", ws / "kernel_specs" / "broken")
+    p = ws / "kernel_specs" / "broken" / "spec.toml"
+    p.write_text(p.read_text().replace('name = "swiglu_fwd"', 'name = "broken"').replace('pattern = "forward"', 'pattern = "up"'))
+    assert main(["list"]) == 2
+    assert "invalid" in capsys.readouterr().out
+
+
+def test_prompt_prints_spec_docs_and_tricks(ws, capsys):
+    assert main(["prompt", "swiglu_bwd"]) == 0
+    cap = capsys.readouterr()
+    assert "# Task: write the fused kernel `swiglu_bwd`" in cap.out
+    assert "packed_cd_b16x2" in cap.out and "Tricks log" in cap.out
+    assert "tokens" in cap.err
+
+
+def test_usage_errors_exit_2(ws, capsys):
+    assert main(["verify", "nope", "x.py"]) == 2
+    assert "unknown spec 'nope'" in capsys.readouterr().err
+    assert main(["verify", "swiglu_fwd", str(ws / "missing.py")]) == 2
+    assert "candidate file not found" in capsys.readouterr().err
+    assert main(["generate", "swiglu_bwd"]) == 2
+    err = capsys.readouterr().err
+    assert "ANTHROPIC_API_KEY" in err and "--llm manual" in err and "--llm command" in err
+    assert main(["generate", "swiglu_bwd", "--llm", "manual", "extra"]) == 2
+    assert main(["bench"]) == 2
+    assert main(["regress", "nope", "--cpu-only"]) == 2
+    assert main(["frobnicate"]) == 2
+
+
+def test_generate_manual_writes_prompt_and_waits(ws, capsys):
+    assert main(["generate", "swiglu_fwd", "--llm", "manual"]) == 0
+    out = capsys.readouterr().out
+    assert "waiting-for-answer" in out
+    (run,) = (ws / "runs").iterdir()
+    assert (run / "attempt-1" / "prompt.md").read_text().startswith("=== SYSTEM ===")
+
+
+def test_review_shows_status_provenance_and_numbers(ws, capsys):
+    assert main(["review", "swiglu_bwd"]) == 0
+    out = capsys.readouterr().out
+    assert "kernel.py matches the verified hash: yes" in out
+    assert "spec unchanged since acceptance" in out
+    assert "backend: manual" in out and "NVIDIA H200" in out
+    assert "fused/quack_library" in out
+
+
+def test_review_reports_edits_and_spec_changes(ws, capsys):
+    k = ws / "generated_kernels" / "swiglu_bwd" / "kernel.py"
+    k.write_text(k.read_text() + "\n# edited\n")
+    p = ws / "kernel_specs" / "swiglu_bwd" / "spec.toml"
+    p.write_text(p.read_text().replace("factor = 2.0", "factor = 3.0"))
+    assert main(["review", "swiglu_bwd"]) == 0
+    out = capsys.readouterr().out
+    assert "NO -- edited after verification" in out
+    assert "SPEC CHANGED since acceptance (tolerance.factor)" in out
+
+
+def test_tricks_add_appends_dated_entry(ws, capsys):
+    before = (ws / "tricks_log.md").read_text()
+    assert main(["tricks", "add", "pin tile_n=128 for the rotary table op", "--kernel", "swiglu_fwd"]) == 0
+    after = (ws / "tricks_log.md").read_text()
+    assert after.startswith(before) and "pin tile_n=128 for the rotary table op" in after[len(before):]
+    assert main(["tricks", "add"]) == 2

@@ -1,0 +1,59 @@
+"""coda-agent bench: the results page (markdown + optional PNG) from verdicts or manifests."""
+
+import importlib.util
+import shutil
+from pathlib import Path
+
+from coda_agent.verifier.accept import accept
+from coda_agent.verifier.benchrun import bench_kernels, results_markdown, verdict_from_manifest
+from coda_agent.verifier.spec import load_spec
+from coda_agent.verifier.verdict import Environment, StageResult, Verdict
+from coda_agent.verifier.workspace import sha256_file
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _metrics():
+    row = lambda ms, flops: {"fused_ms": ms, "tflops": 700.0, "flops": flops,  # noqa: E731
+                             "baselines": {"bare_gemm": {"ms": ms * 1.1, "ratio": 1 / 1.1},
+                                           "torch_compile": {"error": "boom"}}}
+    return {"gpu": "NVIDIA H200", "shapes": {"llama3-8b/M8192": row(2.0, 2e12), "llama3-1b/M8192": row(0.5, 5e11)}}
+
+
+def test_results_from_manifests(tmp_path):
+    shutil.copytree(ROOT / "kernel_specs", tmp_path / "kernel_specs")
+    loaded = load_spec(tmp_path / "kernel_specs" / "swiglu_fwd")
+    cand = tmp_path / "k.py"
+    shutil.copy(ROOT / "tests" / "verifier" / "corpus" / "good_swiglu_fwd.py", cand)
+    stages = [StageResult(stage=s, status="pass", summary="ok") for s in ("static", "compile", "correctness", "gradients")]
+    stages.append(StageResult(stage="bench", status="pass", summary="ok", metrics=_metrics()))
+    v = Verdict(spec=loaded.name, spec_hash=loaded.spec_hash, candidate_hash=sha256_file(cand), stages=stages,
+                environment=Environment(gpu="NVIDIA H200", compute_capability="9.0", torch="2.11.0"))
+    accept(loaded, cand, v, root=tmp_path, provenance={"backend": "test"})
+
+    rep = bench_kernels(tmp_path, None, from_manifests=True, out_dir=tmp_path / "out")
+    assert rep.verdicts["swiglu_fwd"].gpu_verified
+    text = rep.markdown_path.read_text()
+    assert rep.markdown_path.name.endswith("-nvidia-h200.md")
+    assert "not re-measured" in text and "## swiglu_fwd: verified" in text
+    # smallest problem first, the failed baseline shown as an error, ratios printed
+    assert text.index("llama3-1b/M8192") < text.index("llama3-8b/M8192")
+    assert "| llama3-1b/M8192 | 0.5000 | 700 | 0.5500 | 0.909 | error | - |" in text
+    if importlib.util.find_spec("matplotlib"):
+        assert rep.plot_path is not None and rep.plot_path.stat().st_size > 1000
+
+
+def test_unverified_kernel_is_labelled():
+    v = Verdict(spec="x", spec_hash="h", candidate_hash="c",
+                stages=[StageResult(stage="static", status="fail", summary="1 violation(s)")])
+    text = results_markdown({"x": v}, "2026-11-30")
+    assert "## x: NOT verified: 1 violation(s)" in text
+
+
+def test_verdict_roundtrip_through_manifest():
+    import json
+
+    man = json.loads((ROOT / "generated_kernels" / "swiglu_bwd" / "manifest.json").read_text())
+    v = verdict_from_manifest(man)
+    assert v.gpu_verified and v.environment.gpu == "NVIDIA H200"
+    assert v.stage("bench").metrics["shapes"]["llama3-8b/M8192"]["fused_ms"] > 0
