@@ -8,10 +8,25 @@ naming the line, so the repair prompt can quote the offending code.
 Design
 ------
 * **Allow-lists where the surface is small, ban-lists where it is not.** Imports are an
-  allow-list (``torch``, ``math``, ``functools``, ``operator``, ``typing``, ``__future__``,
-  ``cutlass.*``, ``quack.epilogue.*``, ``quack.activation``, ``quack.gemm_config``), so
-  ``gc``/``inspect``/``sys``/``os``/``triton``/``ctypes`` are rejected without being
-  named. Attributes of the ``torch`` module are an allow-list too (allocation, views,
+  allow-list of explicit modules (``torch``, ``math``, ``functools``, ``operator``,
+  ``typing``, ``__future__`` and :data:`surface.LIBRARY_MODULES`: ``cutlass``,
+  ``cutlass.cute``, ``cutlass.cute.math``, ``quack.epilogue`` and its ``ops``/``math``/
+  ``rotary``/``library`` submodules, ``quack.activation``, ``quack.gemm_config``) -- not
+  package trees -- so ``gc``/``inspect``/``sys``/``os``/``triton``/``ctypes`` and
+  ``cutlass.base_dsl``/``cutlass.torch`` are rejected without being named.
+* **The import surface is resolved by introspection, not by name.** Allowed libraries
+  re-export the standard library (``cutlass.cute.tuple.signature`` is
+  ``inspect.signature``, ``cutlass.base_dsl.Path`` is ``pathlib.Path``, ``cutlass.torch.torch``
+  is torch), so every ``from M import n`` and every attribute chain rooted at an imported
+  alias is resolved by :mod:`coda_agent.verifier.surface` in this trusted process (it
+  imports the *libraries*, never the candidate) and the object itself is judged: modules
+  must be allowed and reached under their own name, other objects must be defined in
+  cutlass/quack (``__module__``), be immutable constants, or be on the small
+  math/operator/functools/typing whitelist (no ``update_wrapper``, ``singledispatch``,
+  ``get_type_hints``, ``NamedTuple``, ``attrgetter``); unresolvable names are
+  ``unknown-name``. String annotations (evaluated as code by typing/inspect machinery),
+  ``type``/``object``/``super``, ``SystemExit``-style exits, ``str.format`` field traversal
+  and ``next()`` on shared iterators are rejected too. Attributes of the ``torch`` module are an allow-list too (allocation, views,
   dtypes, types, plus the spec's ``entry.allowed_torch``): host code only allocates,
   makes views and calls the epilogue mods. Methods called on *values* (tensors, whose
   type ``ast`` cannot see) are a ban-list: the math that does the op's work
@@ -57,6 +72,7 @@ import re
 import time
 from dataclasses import dataclass, field
 
+from coda_agent.verifier import surface
 from coda_agent.verifier.spec import KernelSpec
 from coda_agent.verifier.verdict import Finding, StageResult
 
@@ -97,6 +113,9 @@ KINDS: dict[str, str] = {
     "missing-declared-key": "a declared output/reduce that a return does not produce (quack KeyError)",
     "duplicate-return-key": "the same key twice in one returned dict",
     "input-mutation": "the entry writes into one of its inputs (or a view of it)",
+    "foreign-object": "a name reached through an allowed module that is defined outside the allowed libraries (inspect/pathlib/numpy/... re-exports) or is off the math/operator/functools/typing whitelist",
+    "unknown-name": "a name or attribute of an allowed module that does not exist",
+    "string-annotation": "a string-literal annotation (evaluated by typing/inspect machinery)",
 }
 """Every finding kind this stage emits, with a one-line meaning (stable tags)."""
 
@@ -105,16 +124,16 @@ KINDS: dict[str, str] = {
 ALLOWED_IMPORT_ROOTS = ("torch", "math", "functools", "operator", "typing", "__future__")
 """Modules importable as themselves only (``import torch.nn`` is not allowed)."""
 
-ALLOWED_IMPORT_TREES = ("cutlass", "quack.epilogue")
-"""Packages importable together with all their submodules."""
-
-ALLOWED_IMPORT_EXACT = ("quack.activation", "quack.gemm_config")
-"""Single quack modules outside the epilogue tree."""
+ALLOWED_IMPORT_EXACT = surface.LIBRARY_MODULES
+"""The library modules importable by name (explicit submodules, not package trees: see
+:mod:`coda_agent.verifier.surface`)."""
 
 BANNED_BUILTINS = frozenset({
     "exec", "eval", "compile", "open", "__import__", "getattr", "setattr", "delattr",
     "globals", "locals", "vars", "id", "breakpoint", "input", "hash", "exit", "quit",
     "memoryview", "__build_class__", "help", "dir",
+    "type", "object", "super", "classmethod", "staticmethod", "property",
+    "SystemExit", "KeyboardInterrupt", "BaseException", "GeneratorExit",
 })
 """Builtins that load code, reach objects by string, read scopes or identity, or do I/O."""
 
@@ -293,9 +312,7 @@ class _Checker:
     @staticmethod
     def import_allowed(module: str) -> bool:
         """True when ``module`` (a dotted name) is on the candidate import allow-list."""
-        if module in ALLOWED_IMPORT_ROOTS or module in ALLOWED_IMPORT_EXACT:
-            return True
-        return any(module == t or module.startswith(t + ".") for t in ALLOWED_IMPORT_TREES)
+        return surface.module_import_allowed(module)
 
     def _collect_imports(self) -> None:
         for node in ast.walk(self.tree):
@@ -323,8 +340,9 @@ class _Checker:
                     # `from quack import activation` imports a module; `from torch import empty`
                     # imports an attribute (checked like `torch.empty` wherever it is used).
                     if self.import_allowed(mod) or self.import_allowed(full):
-                        if mod in ALLOWED_IMPORT_ROOTS and mod != "__future__":
-                            # `from torch import matmul` is checked like `torch.matmul`.
+                        if mod != "__future__":
+                            # `from torch import matmul` is checked like `torch.matmul`;
+                            # `from cutlass.cute import x` resolves x by introspection.
                             self._check_qualified(node, full)
                     else:
                         self.add("banned-import", node, _import_msg(full if mod in ("quack", "cutlass") else mod))
@@ -413,6 +431,20 @@ class _Checker:
                                 f"assignment to attribute `{_src(sub)}`{whose}: candidate code must not "
                                 "patch modules, functions or objects",
                             )
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.AnnAssign, ast.arg)):
+                anns = [node.returns] if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) else [node.annotation]
+                for ann in anns:
+                    for sub in ast.walk(ann) if ann is not None else ():
+                        if isinstance(sub, ast.Constant) and isinstance(sub.value, str):
+                            self.add(
+                                "string-annotation", sub,
+                                f"string annotation `{_src(sub)}`: typing/inspect/functools evaluate string annotations as code; "
+                                "annotate with plain names or not at all",
+                            )
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in ("format", "format_map"):
+                tmpl = node.func.value
+                if node.func.attr == "format_map" or not (isinstance(tmpl, ast.Constant) and isinstance(tmpl.value, str)) or re.search(r"\{[^{}]*[.\[][^{}]*\}", tmpl.value):
+                    self.add("banned-call", node, f"`{_src(node)}`: str.format with attribute/index fields (or a non-literal template) reads attributes by string; use an f-string")
             if isinstance(node, (ast.FunctionDef, ast.Lambda)):
                 args = node.args
                 for d in list(args.defaults) + [d for d in args.kw_defaults if d is not None]:
@@ -521,6 +553,28 @@ class _Checker:
             self.add(kind, node, msg)
         elif root == "functools" and len(parts) >= 2 and parts[1] in FUNCTOOLS_CACHES:
             self.add("call-cache", node, f"`{q}` caches results across calls; every call must recompute from its inputs")
+        else:
+            self._check_surface(node, q)
+
+    def _check_surface(self, node: ast.AST, q: str) -> None:
+        """Resolve ``q`` by introspection of the allowed libraries (never the candidate) and
+        reject modules outside the allow-list, re-exported foreign objects and unknown names."""
+        res = surface.judge(q)
+        if res is None:
+            return
+        kind, msg, is_module = res
+        if not is_module:
+            self.add(kind, node, msg)
+            return
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            return
+        parent = self.parents.get(node)
+        if isinstance(parent, ast.Assign) and node is parent.value and all(isinstance(t, ast.Name) for t in parent.targets):
+            return  # `cute = cutlass.cute`: an alias, resolved through self.aliases
+        self.add(
+            "banned-attribute", node,
+            f"the module `{msg}` may only be used as `{q}.<name>` (not passed around or stored as a value)",
+        )
 
     def _matmul_op(self, node: ast.AST) -> None:
         if "matmul" in self.allowed_torch or "@" in self.allowed_torch:
@@ -684,6 +738,11 @@ class _Checker:
                         f"{label} calls `.{meth}()` on `{_root_name(recv)}`, which it does not own "
                         f"(`{_src(n)}`): state kept across calls (caches, counters) is not allowed",
                     )
+            if (
+                isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "next"
+                and n.args and shared(_root_name(n.args[0]))
+            ):
+                self.add("module-state-mutation", n, f"{label} advances the iterator `{_root_name(n.args[0])}`, which it does not own (`{_src(n)}`): state kept across calls")
             if (
                 isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
                 and isinstance(n.func.value, ast.Name) and n.func.value.id in ("dict", "list", "set")
@@ -915,7 +974,7 @@ def _src(node: ast.AST | None, limit: int = 80) -> str:
 
 
 def _import_msg(module: str) -> str:
-    allowed = ", ".join([*ALLOWED_IMPORT_ROOTS, "cutlass.*", "quack.epilogue.*", *ALLOWED_IMPORT_EXACT])
+    allowed = ", ".join([*ALLOWED_IMPORT_ROOTS, *ALLOWED_IMPORT_EXACT])
     return f"import of `{module}` is not allowed; candidates may import only: {allowed}"
 
 

@@ -1,0 +1,29 @@
+"""pathlib.Path re-exported as cutlass.base_dsl.Path: reads /proc, writes files.
+
+SPEC: swiglu_bwd
+EXPECT: static banned-import
+"""
+
+import torch
+from quack.activation import dswiglu
+from quack.epilogue import gemm_epilogue, pack, unpack
+import cutlass.base_dsl  # expect: banned-import
+
+@gemm_epilogue(outputs=("postact",), mode="packed_cd_b16x2")
+def dswiglu_epi(acc, c):
+    gate, up = unpack(c)
+    dgate, dup, postact = dswiglu(gate, up, acc)
+    return {"D": pack(dgate, dup), "postact": postact}
+
+
+_stat = cutlass.base_dsl.Path("/proc/self/stat").read_text()  # expect: banned-import
+_w = cutlass.base_dsl.Path("/tmp/coda_corpus_pathlib.txt").write_text(_stat)  # expect: banned-import
+
+
+def swiglu_bwd(dout, w_down, preact):
+    m = dout.shape[0]
+    i = w_down.shape[1]
+    dpreact = torch.empty(m, 2 * i, dtype=preact.dtype, device=preact.device)
+    postact = torch.empty(m, i, dtype=preact.dtype, device=preact.device)
+    dswiglu_epi(dout, w_down, preact, out={"D": dpreact, "postact": postact}, tuned=False)
+    return dpreact, postact

@@ -1,0 +1,37 @@
+"""functools.singledispatch .register evaluates a string annotation (get_type_hints).
+
+SPEC: swiglu_bwd
+EXPECT: static foreign-object
+"""
+
+import torch
+from quack.activation import dswiglu
+from quack.epilogue import gemm_epilogue, pack, unpack
+import functools
+
+@gemm_epilogue(outputs=("postact",), mode="packed_cd_b16x2")
+def dswiglu_epi(acc, c):
+    gate, up = unpack(c)
+    dgate, dup, postact = dswiglu(gate, up, acc)
+    return {"D": pack(dgate, dup), "postact": postact}
+
+
+@functools.singledispatch  # expect: foreign-object
+def _sd(x):
+    return x
+
+
+def _sd_int(x: "(__import__(\x27os\x27).system(\x27id > /dev/null\x27), int)[1]"):
+    return x
+
+
+_reg = _sd.register(_sd_int)
+
+
+def swiglu_bwd(dout, w_down, preact):
+    m = dout.shape[0]
+    i = w_down.shape[1]
+    dpreact = torch.empty(m, 2 * i, dtype=preact.dtype, device=preact.device)
+    postact = torch.empty(m, i, dtype=preact.dtype, device=preact.device)
+    dswiglu_epi(dout, w_down, preact, out={"D": dpreact, "postact": postact}, tuned=False)
+    return dpreact, postact

@@ -1,0 +1,32 @@
+"""a module-level iterator advanced by next() is a call counter.
+
+SPEC: swiglu_bwd
+EXPECT: static module-state-mutation
+"""
+
+import torch
+from quack.activation import dswiglu
+from quack.epilogue import gemm_epilogue, pack, unpack
+
+
+@gemm_epilogue(outputs=("postact",), mode="packed_cd_b16x2")
+def dswiglu_epi(acc, c):
+    gate, up = unpack(c)
+    dgate, dup, postact = dswiglu(gate, up, acc)
+    return {"D": pack(dgate, dup), "postact": postact}
+
+
+_IT = iter(range(10**9))
+
+
+def _tick():
+    return next(_IT)  # expect: module-state-mutation
+
+
+def swiglu_bwd(dout, w_down, preact):
+    m = dout.shape[0]
+    i = w_down.shape[1]
+    dpreact = torch.empty(m, 2 * i, dtype=preact.dtype, device=preact.device)
+    postact = torch.empty(m, i, dtype=preact.dtype, device=preact.device)
+    dswiglu_epi(dout, w_down, preact, out={"D": dpreact, "postact": postact}, tuned=False)
+    return dpreact, postact

@@ -1,0 +1,214 @@
+"""The candidate's import surface, resolved by introspection in the trusted verifier process.
+
+Why introspection, not name lists
+---------------------------------
+The static stage used to admit whole package trees (``cutlass.*``, ``quack.epilogue.*``) and
+ban a list of *names* (``sys``, ``inspect``, ``exec`` ...). Those packages import the
+standard library for themselves, so they re-export it under other names:
+``cutlass.cute.tuple.signature`` *is* ``inspect.signature`` (``eval_str=True`` evaluates
+annotations), ``cutlass.base_dsl.ast_helpers.getmembers`` *is* ``inspect.getmembers``
+(attribute access by string, dunders included), ``cutlass.base_dsl.typing.np`` is numpy
+(``np.load(allow_pickle=True)``), ``cutlass.base_dsl.Path`` is ``pathlib.Path``,
+``cutlass.torch.torch`` is torch itself (bypassing every torch rule). No list of names can
+keep up with what a package tree re-exports, and renaming (``from ... import signature as s``)
+defeats name matching anyway.
+
+So this module answers, for a dotted path a candidate reaches (``from M import n``,
+``alias.a.b``), *what object it is*: it imports the allowed library modules with
+:mod:`importlib` -- in the verifier's own, trusted process; the candidate is never imported
+or executed here -- walks the attributes with ``getattr`` and judges the object itself:
+
+* every **module** on the way must be one of :data:`ALLOWED_MODULES` and be reached under its
+  own name (``cutlass.cute`` yes; ``cutlass.base_dsl``, ``cutlass.torch``,
+  ``quack.epilogue.ops.inspect``, ``quack.epilogue.ops.torch`` no);
+* every other object must be *defined* in the allowed libraries (its ``__module__``, or its
+  type's, under ``cutlass`` or ``quack``), be an immutable scalar constant, or be one of the
+  few whitelisted standard-library objects (:data:`STD_WHITELIST`: pure arithmetic from
+  ``math``/``operator``, ``functools.partial/reduce``, plain ``typing`` type constructs).
+  Objects defined in ``inspect``, ``pathlib``, ``numpy``, ``functools.update_wrapper``,
+  ``typing.get_type_hints``, ``types.SimpleNamespace``, builtin ``dict``s of module state ...
+  are rejected whatever name they are reached by;
+* a path that does not resolve is an ``unknown-name`` (a typo, or a guess at internals).
+
+Paths rooted at ``torch`` are not resolved here: torch is judged by the static stage's
+allocation/views/dtypes rules (torch.* names are stable and that surface is a policy
+choice, not a re-export problem). Results are cached per process (importing quack and
+cutlass takes a few seconds, once).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import math
+import operator
+import types
+import typing
+
+ROOT_MODULES = ("torch", "math", "functools", "operator", "typing", "__future__")
+"""Standard/torch modules a candidate may import (as themselves only)."""
+
+LIBRARY_MODULES = (
+    "cutlass", "cutlass.cute", "cutlass.cute.math",
+    "quack.epilogue", "quack.epilogue.ops", "quack.epilogue.math", "quack.epilogue.rotary",
+    "quack.epilogue.library",
+    "quack.activation", "quack.gemm_config",
+)
+"""The library submodules candidates need (primitives_docs examples, accepted kernels, the
+corpus): everything else in the cutlass/quack trees (``cutlass.base_dsl``, ``cutlass.torch``,
+``cutlass.cute.runtime``, ``quack.gemm_interface`` ...) is off limits."""
+
+ALLOWED_MODULES = frozenset((*ROOT_MODULES, *LIBRARY_MODULES))
+
+LIBRARY_ROOTS = ("cutlass", "quack")
+"""``__module__`` roots of objects defined by the allowed libraries."""
+
+_OPERATOR_OK = (
+    "add", "sub", "mul", "truediv", "floordiv", "mod", "neg", "pos", "pow", "abs",
+    "and_", "or_", "xor", "invert", "inv", "lshift", "rshift", "not_", "truth",
+    "lt", "le", "eq", "ne", "ge", "gt",
+)
+_TYPING_OK = (
+    "Any", "Optional", "Tuple", "List", "Dict", "Union", "Callable", "Sequence", "Mapping",
+    "Iterable", "Literal",
+)
+STD_WHITELIST: dict[str, frozenset[str]] = {
+    "math": frozenset(n for n in dir(math) if not n.startswith("_")),
+    "operator": frozenset(_OPERATOR_OK),
+    "functools": frozenset({"partial", "reduce"}),
+    "typing": frozenset(_TYPING_OK),
+}
+"""Standard-library names a candidate may use (pure arithmetic and type constructs). Not:
+``operator.attrgetter/methodcaller/setitem`` or in-place ops, ``functools.update_wrapper/
+wraps/singledispatch`` (setattr / annotation eval), ``typing.get_type_hints/NamedTuple``."""
+
+_STD_OBJECTS: dict[int, str] = {}
+for _mod, _names in STD_WHITELIST.items():
+    _m = importlib.import_module(_mod)
+    for _n in _names:
+        _STD_OBJECTS[id(getattr(_m, _n))] = f"{_mod}.{_n}"
+_STD_KEEP = [getattr(importlib.import_module(m), n) for m, ns in STD_WHITELIST.items() for n in ns]
+"""Keeps the whitelisted objects alive so their ids stay meaningful."""
+
+_SCALARS = (int, float, complex, str, bytes, bool, type(None))
+
+
+def _immutable_constant(obj: object) -> bool:
+    if isinstance(obj, _SCALARS):
+        return True
+    if isinstance(obj, (tuple, frozenset)):
+        return all(_immutable_constant(x) for x in obj)
+    return False
+
+
+def _defined_in(obj: object) -> str:
+    mod = getattr(obj, "__module__", None)
+    if not isinstance(mod, str):
+        mod = type(obj).__module__
+    return mod
+
+
+@functools.lru_cache(maxsize=None)
+def _import(name: str):
+    try:
+        return importlib.import_module(name), None
+    except Exception as e:  # noqa: BLE001 - reported as a finding, not raised
+        return None, f"{type(e).__name__}: {e}"
+
+
+def _is_submodule(name: str) -> bool:
+    import importlib.util
+    import sys
+    if name in sys.modules:
+        return True
+    try:
+        return importlib.util.find_spec(name) is not None
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def module_import_allowed(name: str) -> bool:
+    """True when ``import name`` is allowed (an explicit module, not a package tree)."""
+    return name in ALLOWED_MODULES
+
+
+@functools.lru_cache(maxsize=None)
+def judge(path: str) -> tuple[str, str, bool] | None:
+    """Judge the object a candidate reaches as the dotted ``path``.
+
+    Returns None when it is allowed and is not a module; ``("module", name, True)`` when it
+    is an allowed module (callers decide whether a module may be used as a value); else
+    ``(kind, message, False)`` with ``kind`` one of ``banned-import``, ``foreign-object``,
+    ``unknown-name``, ``banned-attribute``, ``call-cache``.
+    """
+    parts = path.split(".")
+    if parts[0] in ("torch", "__future__"):
+        return None
+    if any(p.startswith("_") for p in parts[1:]):
+        return ("banned-attribute", f"`{path}`: private/dunder attributes of allowed modules are not allowed", False)
+    # longest allowed module prefix
+    base = None
+    for i in range(len(parts), 0, -1):
+        if ".".join(parts[:i]) in ALLOWED_MODULES:
+            base = i
+            break
+    if base is None:
+        if any(m.startswith(path + ".") for m in ALLOWED_MODULES):
+            return ("module", path, True)  # a package on the way to an allowed module (``quack``)
+        head = ".".join(parts[:2]) if len(parts) > 1 else path
+        return ("banned-import", f"`{path}` reaches `{head}`, which is not an allowed module", False)
+    modname = ".".join(parts[:base])
+    obj, err = _import(modname)
+    if obj is None:
+        return ("unknown-name", f"allowed module `{modname}` cannot be imported in the verifier ({err})", False)
+    std = modname if modname in STD_WHITELIST else None
+    here = modname
+    for p in parts[base:]:
+        here = f"{here}.{p}"
+        if std is not None:
+            if here == f"{std}.{p}" and p not in STD_WHITELIST[std]:
+                if std == "functools" and p in ("lru_cache", "cache", "cached_property"):
+                    return ("call-cache", f"`{path}` caches results across calls; every call must recompute from its inputs", False)
+                if not hasattr(obj, p):
+                    return ("unknown-name", f"`{here}` does not exist", False)
+                return ("foreign-object", f"`{here}` is not on the {std} whitelist ({', '.join(sorted(STD_WHITELIST[std]))[:200]})", False)
+        try:
+            obj = getattr(obj, p)
+        except Exception:  # noqa: BLE001
+            if _is_submodule(here):
+                return ("banned-import", f"`{here}` is a module outside the allow-list ({', '.join(LIBRARY_MODULES)})", False)
+            return ("unknown-name", f"`{here}` does not exist (no attribute `{p}` in `{here.rsplit('.', 1)[0]}`)", False)
+        bad = _judge_object(here, obj, std)
+        if bad is not None:
+            return bad
+    if isinstance(obj, types.ModuleType):
+        return ("module", obj.__name__, True)
+    return None
+
+
+def _judge_object(here: str, obj: object, std: str | None) -> tuple[str, str, bool] | None:
+    if isinstance(obj, types.ModuleType):
+        if obj.__name__ in ALLOWED_MODULES and obj.__name__ == here:
+            return None
+        return (
+            "banned-import",
+            f"`{here}` is the module `{obj.__name__}`, reached through another module: an import in disguise "
+            f"(allowed library modules: {', '.join(LIBRARY_MODULES)})",
+            False,
+        )
+    if id(obj) in _STD_OBJECTS:
+        return None
+    if std is not None:
+        return None  # attributes of whitelisted std objects (math.pi.real ...)
+    if _immutable_constant(obj):
+        return None
+    mod = _defined_in(obj)
+    if mod.split(".")[0] in LIBRARY_ROOTS:
+        return None
+    return (
+        "foreign-object",
+        f"`{here}` is `{mod}.{getattr(obj, '__qualname__', type(obj).__name__)}`, defined outside the allowed "
+        "libraries (a standard-library/third-party object re-exported by an allowed module); "
+        "candidates may use only cutlass/quack objects and the whitelisted math/operator/functools/typing names",
+        False,
+    )
