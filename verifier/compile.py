@@ -61,7 +61,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from coda_agent.verifier.compile_worker import FAULT_FILE, clip_lines, lines_from_stack_dump, strip_ansi
+from coda_agent.verifier.compile_worker import FAULT_FILE, STARTED_FILE, clip_lines, lines_from_stack_dump, strip_ansi
+from coda_agent.verifier.sandbox import tail_file, worker_env
 from coda_agent.verifier.spec import KernelSpec, LoadedSpec, ShapeCase
 from coda_agent.verifier.verdict import Finding, StageResult
 
@@ -92,7 +93,7 @@ def _run_worker(
         tmp = Path(tmp_s)
         req_path, res_path = tmp / "request.json", tmp / "result.json"
         req_path.write_text(json.dumps({"candidate": str(candidate), "entry": entry, "calls": calls}))
-        env = _worker_env()
+        env = worker_env()
         env.update(
             QUACK_ARCH="sm_90",
             CUTE_DSL_ARCH="sm_90a",
@@ -141,33 +142,11 @@ def _run_worker(
                 result = json.loads(res_path.read_text())
             except json.JSONDecodeError:
                 result = {}
-        stderr = strip_ansi(_tail(tmp / "stderr.txt"))
-        fault = _tail(tmp / FAULT_FILE)
-    result.update(rc=rc, timed_out=timed_out, stderr=stderr, fault=fault, wall_s=wall)
+        stderr = strip_ansi(tail_file(tmp / "stderr.txt"))
+        fault = tail_file(tmp / FAULT_FILE)
+        started = (tmp / STARTED_FILE).is_file()
+    result.update(rc=rc, timed_out=timed_out, stderr=stderr, fault=fault, wall_s=wall, started=started)
     return result
-
-
-ENV_KEEP = (
-    "PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_", "TZ", "TMPDIR", "PYTHON", "VIRTUAL_ENV",
-    "CONDA", "LD_LIBRARY_PATH", "CUDA_", "CUTE_DSL_", "QUACK_", "TRITON_", "NVIDIA_", "CC", "CXX",
-)
-"""Environment variables (exact names or prefixes) passed to the worker; everything else
-(API keys, tokens, CI secrets) stays in the trusted parent."""
-
-
-def _worker_env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if any(k == p or k.startswith(p) for p in ENV_KEEP)}
-
-
-def _tail(path: Path, limit: int = 64 * 1024) -> str:
-    """The last ``limit`` bytes of a file ('' when missing): the candidate may flood stderr."""
-    if not path.is_file():
-        return ""
-    with open(path, "rb") as f:
-        f.seek(0, os.SEEK_END)
-        size = f.tell()
-        f.seek(max(0, size - limit))
-        return f.read().decode(errors="replace")
 
 
 def _kill_group(pid: int) -> None:
@@ -231,6 +210,14 @@ def _interpret(
             kind="worker-crash", line=lines[0] if lines else None,
             message=f"the compile worker died ({how}) while running the candidate"
             + (f" at candidate line {lines[0]}" if lines else "") + (f"\n{tail}" if tail else ""),
+        ))
+    elif not res.get("phase") and res.get("started"):
+        # it exited cleanly (os._exit, SystemExit in a thread, ...) after the candidate's code
+        # began to run and before a result was written: the candidate's doing, not ours
+        findings.append(Finding(
+            kind="worker-crash",
+            message="the compile worker exited without a result while running the candidate's code "
+            "(does the module exit or kill its own process?)",
         ))
     elif not res.get("phase"):
         findings.append(Finding(kind="verifier-error", message="the compile worker exited without writing a result\n" + clip_lines(res.get("stderr", ""), 15)))

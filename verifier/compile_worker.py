@@ -60,6 +60,9 @@ CUDA_HINT = (
     "(torch.empty(..., device=x.device)) instead of hard-coding 'cuda'"
 )
 
+_FAULT_FILE_HANDLE = None  # set by main(); the hang dump is armed when the candidate runs
+STARTED_FILE = "candidate-started"
+"""Touched just before the candidate module runs (an exit after it is the candidate's)."""
 FAULT_FILE = "faulthandler.txt"
 
 
@@ -293,6 +296,14 @@ def run_request(req: dict[str, Any]) -> dict[str, Any]:
         assert mspec is not None and mspec.loader is not None
         module = importlib.util.module_from_spec(mspec)
         sys.modules["coda_candidate"] = module
+        if req.get("started_marker"):
+            Path(req["started_marker"]).touch()  # from here on, an exit is the candidate's doing
+        if req.get("dump_deadline") and _FAULT_FILE_HANDLE is not None:
+            import faulthandler
+
+            remaining = req["dump_deadline"] - time.monotonic()
+            if remaining > 0:
+                faulthandler.dump_traceback_later(remaining, repeat=False, file=_FAULT_FILE_HANDLE)
         mspec.loader.exec_module(module)
     except BaseException as e:  # noqa: BLE001 - untrusted code may raise anything
         out["error"] = summarize_exception(e, candidate)
@@ -358,11 +369,22 @@ def main(argv: list[str] | None = None) -> int:
     cap = 1 << 30 if hard == resource.RLIM_INFINITY else min(1 << 30, hard)
     resource.setrlimit(resource.RLIMIT_FSIZE, (cap, hard))
 
+    global _FAULT_FILE_HANDLE
     fault = open(ns.result.parent / FAULT_FILE, "w")  # noqa: SIM115 - must outlive main()
+    _FAULT_FILE_HANDLE = fault
     faulthandler.enable(file=fault)
-    if ns.dump_after > 0:
-        faulthandler.dump_traceback_later(ns.dump_after, repeat=False, file=fault)
     req = json.loads(ns.request.read_text())
+    req["started_marker"] = str(ns.result.parent / STARTED_FILE)
+    # The stack dump (which names the candidate line of a hang) is armed only when the
+    # candidate's code starts to run: dumping while torch/quack are still importing
+    # crashed the worker with SIGSEGV about 1 run in 5 (seen in CI-like runs).
+    req["dump_deadline"] = time.monotonic() + ns.dump_after if ns.dump_after > 0 else None
+    # Bound the address space: a candidate allocating tens of GB at import must fail here,
+    # not push the CI machine into swap (measured: the CPU compile works under 4 GiB).
+    cap_as = int(os.environ.get("CODA_COMPILE_MEMORY_LIMIT", 8 << 30))
+    _, hard_as = resource.getrlimit(resource.RLIMIT_AS)
+    if cap_as > 0 and (hard_as == resource.RLIM_INFINITY or cap_as <= hard_as):
+        resource.setrlimit(resource.RLIMIT_AS, (cap_as, hard_as))
     result = run_request(req)
     faulthandler.cancel_dump_traceback_later()
     _write_json_atomic(ns.result, result)

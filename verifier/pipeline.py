@@ -57,7 +57,7 @@ from coda_agent.verifier.protocol import (
     make_runs,
     records_of,
 )
-from coda_agent.verifier.sandbox import run_worker
+from coda_agent.verifier.sandbox import run_worker, worker_env
 from coda_agent.verifier.spec import LoadedSpec, load_spec
 from coda_agent.verifier.verdict import Finding, StageResult, Verdict
 from coda_agent.verifier.workspace import atomic_write_text, sha256_file
@@ -158,11 +158,8 @@ def _fresh_dir(p: Path) -> Path:
 
 
 def _worker_env() -> dict[str, str]:
-    import os
-
-    env = dict(os.environ)
-    env["PYTHONSAFEPATH"] = "1"  # never put the worker's cwd on sys.path
-    return env
+    # no secrets (API keys, tokens) for the workers; never put the worker's cwd on sys.path
+    return worker_env({"PYTHONSAFEPATH": "1"})
 
 
 def gpu_stages(loaded: LoadedSpec, run: GpuRun) -> list[StageResult]:

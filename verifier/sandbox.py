@@ -109,6 +109,47 @@ class WorkerOutcome:
         return head + (f"\n{self.stderr_tail}" if self.stderr_tail else "")
 
 
+ENV_KEEP = (
+    "PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_", "TZ", "TMPDIR", "PYTHON", "VIRTUAL_ENV",
+    "CONDA", "LD_LIBRARY_PATH", "CUDA_", "CUTE_DSL_", "QUACK_", "TRITON_", "NVIDIA_", "TORCH",
+    "OMP_", "MKL_", "CC", "CXX",
+)
+"""Environment variables (exact names or prefixes) a worker gets; everything else (API
+keys, tokens, CI secrets) stays in the trusted parent."""
+
+
+def worker_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """Our environment filtered through :data:`ENV_KEEP`, plus ``extra``."""
+    env = {k: v for k, v in os.environ.items() if any(k == p or k.startswith(p) for p in ENV_KEEP)}
+    env.update(extra or {})
+    return env
+
+
+def tail_file(path: str | Path, limit: int = 64 * 1024) -> str:
+    """The last ``limit`` bytes of a file as text ('' when missing): a candidate may flood
+    its stderr, and the parent must not read gigabytes to report a failure."""
+    path = Path(path)
+    if not path.is_file():
+        return ""
+    with open(path, "rb") as f:
+        f.seek(0, os.SEEK_END)
+        f.seek(max(0, f.tell() - limit))
+        return f.read().decode("utf-8", errors="replace")
+
+
+WORKER_FSIZE_LIMIT = 8 << 30
+"""Largest file a worker may write (bytes): saved trial tensors are small; this only stops floods."""
+
+
+def _limit_worker() -> None:  # runs in the child between fork and exec
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    _, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    cap = WORKER_FSIZE_LIMIT if hard == resource.RLIM_INFINITY else min(WORKER_FSIZE_LIMIT, hard)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (cap, hard))
+
+
 def classify(returncode: int | None, stderr: str, timed_out: bool) -> tuple[OutcomeStatus, str | None]:
     """``(status, signal_name)`` from an exit status and the stderr text (see module doc)."""
     if timed_out:
@@ -149,7 +190,8 @@ def run_worker(
 ) -> WorkerOutcome:
     """Run ``sys.executable -m <module> <args...>`` in a new session and wait at most ``timeout_s`` s.
 
-    ``env`` replaces the environment (default: a copy of ours); ``PYTHONFAULTHANDLER=1``
+    ``env`` replaces the environment (default: :func:`worker_env`, ours without secrets);
+    ``PYTHONFAULTHANDLER=1``
     and ``PYTHONUNBUFFERED=1`` are always set so a segfault leaves a Python stack in
     stderr. ``results`` is the worker's results file (read back into
     ``WorkerOutcome.records``); ``log_dir`` keeps ``<module>.stdout/.stderr`` (a temp
@@ -157,7 +199,7 @@ def run_worker(
     Never raises for anything the worker does; raises ``OSError`` only if the
     interpreter cannot be started.
     """
-    full_env = dict(os.environ if env is None else env)
+    full_env = dict(worker_env() if env is None else env)
     full_env["PYTHONFAULTHANDLER"] = "1"
     full_env["PYTHONUNBUFFERED"] = "1"
     tmp = None
@@ -180,6 +222,7 @@ def run_worker(
                 stdout=fo,
                 stderr=fe,
                 start_new_session=True,
+                preexec_fn=_limit_worker,
             )
             try:
                 proc.wait(timeout=timeout_s)
@@ -194,7 +237,7 @@ def run_worker(
                 except (ProcessLookupError, PermissionError):
                     pass
         duration = time.monotonic() - t0
-        stderr = err_path.read_text(encoding="utf-8", errors="replace")
+        stderr = tail_file(err_path)
     finally:
         if tmp is not None:
             tmp.cleanup()

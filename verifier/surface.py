@@ -51,12 +51,13 @@ ROOT_MODULES = ("torch", "math", "functools", "operator", "typing", "__future__"
 LIBRARY_MODULES = (
     "cutlass", "cutlass.cute", "cutlass.cute.math",
     "quack.epilogue", "quack.epilogue.ops", "quack.epilogue.math", "quack.epilogue.rotary",
-    "quack.epilogue.library",
     "quack.activation", "quack.gemm_config",
 )
 """The library submodules candidates need (primitives_docs examples, accepted kernels, the
 corpus): everything else in the cutlass/quack trees (``cutlass.base_dsl``, ``cutlass.torch``,
-``cutlass.cute.runtime``, ``quack.gemm_interface`` ...) is off limits."""
+``cutlass.cute.runtime``, ``quack.gemm_interface`` ...) is off limits. ``quack.epilogue.library``
+is excluded on purpose: its ready-made mods are the baseline a candidate is measured
+against, not something to call."""
 
 ALLOWED_MODULES = frozenset((*ROOT_MODULES, *LIBRARY_MODULES))
 

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from coda_agent.verifier.compile import FAIL_KINDS, _interpret, _worker_env, compile_cpu, select_cases
+from coda_agent.verifier.compile import FAIL_KINDS, _interpret, compile_cpu, select_cases
+from coda_agent.verifier.sandbox import worker_env
 from coda_agent.verifier.compile_worker import (
     clip_lines,
     lines_from_stack_dump,
@@ -112,7 +113,7 @@ def test_worker_env_keeps_tools_and_drops_secrets(monkeypatch):
     monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-secret")
     monkeypatch.setenv("GITHUB_TOKEN", "ghp-secret")
     monkeypatch.setenv("CUTE_DSL_PTXAS_PATH", "/opt/ptxas")
-    env = _worker_env()
+    env = worker_env()
     assert "ANTHROPIC_API_KEY" not in env and "GITHUB_TOKEN" not in env
     assert env["CUTE_DSL_PTXAS_PATH"] == "/opt/ptxas" and env["PATH"] == os.environ["PATH"]
 

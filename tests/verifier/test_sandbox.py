@@ -110,3 +110,28 @@ def test_tail_and_strip():
     text = "\n".join(f"line {i}" for i in range(200))
     t = tail(text, max_lines=5)
     assert t.splitlines() == [f"line {i}" for i in range(195, 200)]
+
+
+def test_worker_gets_no_secrets_and_parent_reads_only_the_stderr_tail(tmp_path, monkeypatch):
+    """A candidate may read its environment and flood stderr: neither reaches the parent."""
+    import sys
+
+    from coda_agent.verifier.pipeline import _worker_env
+    from coda_agent.verifier.sandbox import run_worker
+
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-must-not-leak")
+    env = _worker_env()
+    assert "ANTHROPIC_API_KEY" not in env and env["PYTHONSAFEPATH"] == "1"
+    mod = tmp_path / "flood_worker.py"
+    mod.write_text(
+        "import os, sys\n"
+        "sys.stderr.write('x' * (8 << 20))\n"
+        "sys.stderr.write('\\nKEY=' + os.environ.get('ANTHROPIC_API_KEY', 'absent') + '\\n')\n"
+        "sys.exit(1)\n"
+    )
+    env["PYTHONPATH"] = str(tmp_path) + os.pathsep + env.get("PYTHONPATH", "")
+    env.pop("PYTHONSAFEPATH")
+    out = run_worker("flood_worker", [], 60, cwd=tmp_path, env=env, log_dir=tmp_path / "logs")
+    assert out.status == "exception"
+    assert "KEY=absent" in out.stderr_tail
+    assert len(out.stderr_tail) < 100_000

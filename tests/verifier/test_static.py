@@ -104,7 +104,6 @@ def test_allowed_imports_and_epilogue_math_pass():
         from quack import activation
         from quack.gemm_config import GemmConfig
         from quack.epilogue.ops import ColVecReduce, TileStore
-        import quack.epilogue.library as lib
         ''', epi='''
 @gemm_epilogue(outputs=(TileStore("postact"),), reduces={"zdz": ColVecReduce("zdz")}, mode="packed_cd_b16x2")
 def dswiglu_epi(acc, c):
@@ -231,6 +230,8 @@ def test_banned_imports(imp):
 
 def test_star_and_relative_imports():
     assert_flags(module(header="from quack.epilogue.library import *\n"), "banned-import", "import *")
+    # the library's ready-made mods are the baseline, not something a candidate may call
+    assert_flags(module(header="from quack.epilogue.library import dswiglu_mod\n"), "banned-import")
     assert_flags(module(header="from . import helpers\n"), "banned-import", "from . import helpers")
 
 
