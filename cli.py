@@ -155,7 +155,10 @@ def cmd_prompt(args) -> int:
     prompt = render_prompt(loaded, root)
     text = prompt.as_text()
     if args.out:
-        Path(args.out).write_text(text)
+        try:
+            Path(args.out).write_text(text)
+        except OSError as e:
+            raise UsageError(f"--out {args.out}: {e.strerror or e}") from None
         err.print(f"wrote {args.out}")
     else:
         console.print(text, markup=False, highlight=False, soft_wrap=True)
@@ -178,6 +181,9 @@ def cmd_verify(args) -> int:
         Path(args.json).write_text(verdict.to_json())
     if not verdict.passed:
         return FAILED
+    if not verdict.gpu_verified and not (args.cpu_only or args.no_bench):
+        err.print("not verified: the GPU stages did not run (no sm_90 GPU here); use --cpu-only for static + compile only")
+        return FAILED
     if args.accept:
         from coda_agent.verifier.accept import AcceptError, accept
 
@@ -197,15 +203,11 @@ def cmd_generate(args) -> int:
 
     root = _root(args)
     loaded = _spec(root, args.spec)
-    name, command = (args.llm or [None])[0], args.command
-    if args.llm and len(args.llm) > 2:
-        raise UsageError('--llm takes a backend name and, for "command", the command: --llm command "CMD"')
-    if args.llm and len(args.llm) == 2:
-        if name != "command":
-            raise UsageError(f"--llm {name} takes no argument (got {args.llm[1]!r})")
-        command = args.llm[1]
-    if name not in (None, "anthropic", "command", "manual", "scripted"):
-        raise UsageError(f"--llm: unknown backend {name!r} (anthropic, command, manual)")
+    name, command = args.llm, args.cmd
+    if command and name not in (None, "command"):
+        raise UsageError(f"--cmd is for --llm command, not --llm {name}")
+    if command and name is None:
+        name = "command"
     if name is None and args.resume:
         try:  # a resumed run keeps the backend it started with
             name = load_run(Path(args.resume)).state.backend
@@ -215,7 +217,13 @@ def cmd_generate(args) -> int:
     if name is None:
         raise UsageError(NO_BACKEND_HELP)
     if name == "command" and not command:
-        raise UsageError('--llm command needs the command: --llm command "CMD"')
+        raise UsageError('--llm command needs the command: --llm command --cmd "CMD"')
+    accepted_dir = root / "generated_kernels" / loaded.name
+    if (accepted_dir / "manifest.json").exists() and not (args.force or args.no_accept or args.resume or args.cpu_only):
+        raise UsageError(
+            f"{loaded.name} is already accepted ({accepted_dir}); a new accepted kernel would not replace it. "
+            "Use --force to replace it (the old one moves to history/) or --no-accept to only verify."
+        )
     try:
         backend = make_backend(name, model=args.model, command=command)
     except LLMError as e:
@@ -238,7 +246,8 @@ def cmd_generate(args) -> int:
     except RunError as e:
         raise UsageError(str(e)) from None
     console.print(summary.render(), markup=False, highlight=False)
-    return OK if summary.status in ("accepted", "passed", "passed-cpu-only", "waiting-for-answer") else FAILED
+    ok = {"accepted", "passed", "waiting-for-answer"} | ({"passed-cpu-only"} if args.cpu_only else set())
+    return OK if summary.status in ok else FAILED
 
 
 def cmd_bench(args) -> int:
@@ -297,7 +306,11 @@ def _tricks_add(root, args, add_from_run, add_trick) -> int:
     if args.from_run:
         entry = add_from_run(root, Path(args.from_run))
     elif args.text:
-        entry = add_trick(root, args.text, kernel=args.kernel)
+        if "\n" in args.text.strip():
+            raise UsageError("a trick is one line (symptom -> fix); edit tricks_log.md by hand for longer notes")
+        if args.kernel and args.kernel != "general" and not (root / "kernel_specs" / args.kernel).is_dir():
+            raise UsageError(f"--kernel {args.kernel!r}: no such spec under kernel_specs/ (or use 'general')")
+        entry = add_trick(root, args.text.strip(), kernel=args.kernel)
     else:
         raise UsageError('tricks add needs "TEXT" or --from-run RUN')
     console.print("appended to tricks_log.md:", getattr(entry, "raw", entry), markup=False, highlight=False)
@@ -315,6 +328,13 @@ def cmd_review(args) -> int:
 
 # --------------------------------------------------------------------------- parser
 
+def _fraction(text: str) -> float:
+    v = float(text)
+    if not 0 <= v < 10:
+        raise argparse.ArgumentTypeError(f"expected a fraction >= 0 such as 0.10, got {text}")
+    return v
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="coda-agent",
@@ -326,10 +346,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = sub.add_parser("generate", help="write a kernel for SPEC with an LLM, verify, repair, accept")
     g.add_argument("spec")
-    g.add_argument("--llm", nargs="+", metavar="BACKEND",
-                   help='anthropic (default when ANTHROPIC_API_KEY is set) | manual | command "CMD" '
-                   "(prompt on CMD's stdin, answer on its stdout)")
-    g.add_argument("--command", help=argparse.SUPPRESS)
+    g.add_argument("--llm", choices=["anthropic", "manual", "command"],
+                   help="LLM backend (default: anthropic when ANTHROPIC_API_KEY is set)")
+    g.add_argument("--cmd", metavar="CMD",
+                   help="for --llm command: shell command that reads the prompt on stdin and writes the answer")
     g.add_argument("--model", help="model id for --llm anthropic (default: $CODA_MODEL or the built-in default)")
     g.add_argument("--max-attempts", type=int, default=5)
     g.add_argument("--resume", metavar="RUN", help="continue runs/<RUN> (e.g. after --llm manual)")
@@ -365,7 +385,8 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("regress", help="re-check every accepted kernel (integrity, static, compile; GPU: numerics, perf ratios)")
     r.add_argument("kernels", nargs="*")
     r.add_argument("--cpu-only", action="store_true")
-    r.add_argument("--tolerance", type=float, default=0.10, help="allowed worsening of perf ratios (default 0.10)")
+    r.add_argument("--tolerance", type=_fraction, default=0.10,
+                   help="allowed worsening of fused/baseline ratios, geometric mean over shapes (default 0.10)")
     r.add_argument("--json", help="write the report as JSON")
     r.add_argument("--shape", action="append", help="GPU mode: benchmark only this spec shape (repeatable)")
     r.set_defaults(fn=cmd_regress)

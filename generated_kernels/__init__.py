@@ -114,6 +114,14 @@ def _mlp_backward(ctx, dout, _dpreact_unused):
 _swiglu_mlp.register_autograd(_mlp_backward, setup_context=_mlp_setup_context)
 
 
+def _check_device(op: str, *tensors: torch.Tensor) -> None:
+    """The accepted kernels are sm_90 CUDA kernels: fail clearly on CPU or mixed devices."""
+    devices = {t.device for t in tensors}
+    if len(devices) != 1 or next(iter(devices)).type != "cuda":
+        raise ValueError(f"{op}: the fused kernels need all tensors on one CUDA (Hopper) device, got "
+                         f"{', '.join(str(t.device) for t in tensors)}")
+
+
 def swiglu(x: torch.Tensor, w1: torch.Tensor, w_down: torch.Tensor) -> torch.Tensor:
     """SwiGLU MLP with fused kernels in forward and backward (CODA items 1 and 7).
 
@@ -125,9 +133,11 @@ def swiglu(x: torch.Tensor, w1: torch.Tensor, w_down: torch.Tensor) -> torch.Ten
     Returns:
         (M, K) bf16: ``(silu(x @ gate^T) * (x @ up^T)) @ w_down^T``.
     Raises:
+        ValueError: when the tensors are not on one CUDA device (the kernels need sm_90).
         ModuleNotFoundError: when swiglu_fwd / swiglu_bwd are not accepted yet.
     Gradients flow to x, w1 and w_down; works under ``torch.compile``.
     """
+    _check_device("swiglu", x, w1, w_down)
     out, _ = _swiglu_mlp(x, w1, w_down)
     return out
 

@@ -59,14 +59,21 @@ def test_usage_errors_exit_2(ws, capsys):
     assert main(["generate", "swiglu_bwd"]) == 2
     err = capsys.readouterr().err
     assert "ANTHROPIC_API_KEY" in err and "--llm manual" in err and "--llm command" in err
-    assert main(["generate", "swiglu_bwd", "--llm", "manual", "extra"]) == 2
+    assert main(["generate", "swiglu_bwd", "--llm", "commmand"]) == 2
+    assert main(["generate", "swiglu_bwd", "--llm", "command"]) == 2
+    assert "--cmd" in capsys.readouterr().err
+    # already accepted: refused up front instead of spending LLM calls
+    assert main(["generate", "swiglu_bwd", "--llm", "manual"]) == 2
+    assert "already accepted" in capsys.readouterr().err
+    assert main(["prompt", "swiglu_bwd", "--out", str(ws / "no" / "such" / "dir.md")]) == 2
+    assert main(["regress", "--tolerance", "-5", "--cpu-only"]) == 2
     assert main(["bench"]) == 2
     assert main(["regress", "nope", "--cpu-only"]) == 2
     assert main(["frobnicate"]) == 2
 
 
 def test_generate_manual_writes_prompt_and_waits(ws, capsys):
-    assert main(["generate", "swiglu_fwd", "--llm", "manual"]) == 0
+    assert main(["generate", "--llm", "manual", "swiglu_fwd", "--no-accept"]) == 0
     out = capsys.readouterr().out
     assert "waiting-for-answer" in out
     (run,) = (ws / "runs").iterdir()
@@ -99,3 +106,6 @@ def test_tricks_add_appends_dated_entry(ws, capsys):
     after = (ws / "tricks_log.md").read_text()
     assert after.startswith(before) and "pin tile_n=128 for the rotary table op" in after[len(before):]
     assert main(["tricks", "add"]) == 2
+    assert main(["tricks", "add", "x\n## 2099-01-01 — general", "--kernel", "swiglu_fwd"]) == 2
+    assert main(["tricks", "add", "some lesson", "--kernel", "doesnotexist"]) == 2
+    assert main(["tricks", "add", "pin tile_n=128 for the rotary table op", "--kernel", "swiglu_fwd"]) == 2  # duplicate

@@ -223,5 +223,6 @@ def _summary(shapes: dict[str, Any], metrics: dict[str, Any], failing: list[Find
     if bars:
         state = {True: "met", False: "missed", None: "not measured"}
         parts.append("bar " + ", ".join(
-            f"{b}<={v['limit']:g}: {state[v['met']]} {v['met_shapes']}/{v['shapes']}" for b, v in sorted(bars.items())))
+            f"{b}<={v['limit']:g}: {state[v['met']]} (met at {v['met_shapes']} of {v['shapes']} shapes)"
+            for b, v in sorted(bars.items())))
     return "; ".join(parts)

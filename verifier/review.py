@@ -85,6 +85,11 @@ def review_text(root: Path, loaded: LoadedSpec) -> str:
     lines.append("## Provenance")
     for k in sorted(prov):
         lines.append(f"- {k}: {prov[k]}")
+    run_dir = prov.get("run_dir")
+    if run_dir and not (root / run_dir).is_dir() and not Path(run_dir).is_dir():
+        kept = root / "benchmarks" / "results" / "runs" / Path(run_dir).name
+        where = f"; a committed copy is in {kept.relative_to(root)}" if kept.is_dir() else ""
+        lines.append(f"- (run folder not in this checkout: runs/ is git-ignored{where})")
     lines.append("")
 
     # 3. diff

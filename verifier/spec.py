@@ -278,6 +278,14 @@ class BenchSpec(_Strict):
 
     _v = field_validator("flops")(lambda cls, v: _check_expr(v))
 
+    @field_validator("bar")
+    @classmethod
+    def _positive_bar(cls, v: dict[str, float]) -> dict[str, float]:
+        bad = {k: x for k, x in v.items() if not x > 0}
+        if bad:
+            raise ValueError(f"bar ratios must be positive (fused/baseline time), got {bad}")
+        return v
+
 
 class KernelSpec(_Strict):
     """A fused op: math, entry point, reference, inputs, shapes, tolerance, baselines."""

@@ -2,7 +2,7 @@
 
 ``make_backend(name, **opts)`` builds one; ``default_backend_name()`` is ``"anthropic"``
 when ``ANTHROPIC_API_KEY`` is set, else ``None`` (the CLI then explains the choices:
-set the key, ``--llm manual`` or ``--llm command "..."``). Backends import their
+set the key, ``--llm manual`` or ``--llm command --cmd "..."``). Backends import their
 dependencies lazily, so ``--llm manual`` works without the anthropic SDK configured.
 """
 
@@ -27,7 +27,7 @@ NO_BACKEND_HELP = (
     "  export ANTHROPIC_API_KEY=...        (the anthropic backend, the default when set)\n"
     "  --llm manual                        (the prompt is written to a file; you paste the answer "
     "into response.md and --resume)\n"
-    '  --llm command "CMD"                 (the prompt is piped into CMD\'s stdin; its stdout is the answer)'
+    '  --llm command --cmd "CMD"           (the prompt is piped into CMD\'s stdin; its stdout is the answer)'
 )
 
 
@@ -60,7 +60,7 @@ def make_backend(name: str | None, **opts: Any) -> LLMBackend:
 
         cmd = opts.pop("command", None) or opts.pop("cmd", None)
         if not cmd:
-            raise LLMError('--llm command needs the command line: --llm command "CMD"')
+            raise LLMError('--llm command needs the command line: --llm command --cmd "CMD"')
         return CommandBackend(cmd, **{k: v for k, v in opts.items() if k in ("timeout_s", "model")})
     if name == "manual":
         from coda_agent.agent.llm.manual import ManualBackend

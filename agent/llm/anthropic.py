@@ -101,7 +101,7 @@ class AnthropicBackend:
             if not key:
                 raise LLMError(
                     "ANTHROPIC_API_KEY is not set: export it, or use --llm manual "
-                    '(answer in a file) or --llm command "CMD" (pipe the prompt to a command)'
+                    '(answer in a file) or --llm command --cmd "CMD" (pipe the prompt to a command)'
                 )
             kw: dict[str, Any] = {"api_key": key, "timeout": timeout_s, "max_retries": max_retries}
             if http_client is not None:

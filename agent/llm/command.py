@@ -35,7 +35,7 @@ class CommandBackend:
 
     def __init__(self, command: str, *, timeout_s: float = DEFAULT_TIMEOUT_S, model: str | None = None):
         if not command or not command.strip():
-            raise LLMError('--llm command needs a command line, e.g. --llm command "my-llm-cli --stdin"')
+            raise LLMError('--llm command needs a command line, e.g. --llm command --cmd "my-llm-cli --stdin"')
         self.command = command
         self.timeout_s = timeout_s
         try:

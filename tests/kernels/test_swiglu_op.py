@@ -38,6 +38,7 @@ def baseline_kernels(monkeypatch):
         ),
     }
     monkeypatch.setattr(K, "load", lambda name: mods[name])
+    monkeypatch.setattr(K, "_check_device", lambda *a: None)  # the stand-ins run on the CPU
 
 
 def _inputs(device, dtype, M=64, Kd=48, I=40, seed=0):
@@ -90,6 +91,12 @@ def test_loading_a_kernel_does_not_shadow_the_ops():
         assert getattr(K, name) is mod and sys.modules[f"coda_agent.kernels.{name}"] is mod
     assert callable(K.swiglu_fwd_op) and callable(K.swiglu_bwd_op) and callable(K.swiglu)
     assert not any(n in K.__all__ for n in K.accepted())
+
+
+def test_cpu_tensors_are_refused_clearly():
+    x, w1, wd = _inputs("cpu", torch.float32)
+    with pytest.raises(ValueError, match="need all tensors on one CUDA"):
+        K.swiglu(x, w1, wd)
 
 
 def test_missing_kernel_is_named(tmp_path, monkeypatch):
