@@ -623,14 +623,7 @@ class _Checker:
             return r is not None and r in self.aliases and self.aliases[r].split(".")[0] in ("torch", "quack", "cutlass")
 
         for n in ast.walk(self.tree):
-            targets: list[ast.AST] = []
-            if isinstance(n, ast.Assign):
-                targets = list(n.targets)
-            elif isinstance(n, (ast.AugAssign, ast.AnnAssign)):
-                targets = [n.target]
-            elif isinstance(n, ast.Delete):
-                targets = list(n.targets)
-            for t in targets:
+            for t in _store_targets(n):
                 for e in (t.elts if isinstance(t, (ast.Tuple, ast.List)) else [t]):
                     if isinstance(e, ast.Subscript) and imported(e):
                         self.add("module-state-mutation", n, f"`{_src(n)}` mutates state of an imported module")
@@ -703,14 +696,7 @@ class _Checker:
                                 "inputs are read-only; write results into fresh outputs",
                             )
         for n in body_nodes:
-            targets: list[ast.AST] = []
-            if isinstance(n, ast.Assign):
-                targets = list(n.targets)
-            elif isinstance(n, (ast.AugAssign, ast.AnnAssign)):
-                targets = [n.target]
-            elif isinstance(n, ast.Delete):
-                targets = list(n.targets)
-            for t in targets:
+            for t in _store_targets(n):
                 if isinstance(t, (ast.Tuple, ast.List)):
                     elts = list(t.elts)
                 else:
@@ -1024,6 +1010,15 @@ def _literal_name(node: ast.AST) -> str | None:
             if k.arg == "name" and isinstance(k.value, ast.Constant) and isinstance(k.value.value, str):
                 return k.value.value
     return None
+
+
+def _store_targets(n: ast.AST) -> list[ast.AST]:
+    """The targets a statement stores to or deletes (assign, augmented/annotated assign, del)."""
+    if isinstance(n, (ast.Assign, ast.Delete)):
+        return list(n.targets)
+    if isinstance(n, (ast.AugAssign, ast.AnnAssign)):
+        return [n.target]
+    return []
 
 
 def _root_name(node: ast.AST | None) -> str | None:
