@@ -23,8 +23,9 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-console = Console()
-err = Console(stderr=True)
+# Piped output (CI logs, files) gets wide tables instead of rich's 80-column default.
+console = Console(width=None if sys.stdout.isatty() else 160)
+err = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
 
 OK, FAILED, USAGE = 0, 1, 2
 
