@@ -96,8 +96,9 @@ class Verdict(BaseModel):
 
     @property
     def furthest_stage(self) -> str:
-        """The last stage that ran (for run summaries)."""
-        return self.stages[-1].stage if self.stages else "none"
+        """The last stage that actually ran, skipped ones not counted (for run summaries)."""
+        ran = [s.stage for s in self.stages if s.status != "skip"]
+        return ran[-1] if ran else "none"
 
     def to_json(self) -> str:
         return json.dumps(self.model_dump(mode="json"), indent=2, sort_keys=True) + "\n"

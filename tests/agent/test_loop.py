@@ -248,7 +248,8 @@ def test_cpu_only_pass_is_not_accepted(workspace, fwd_spec):
     s = generate(fwd_spec, root=workspace, backend=ScriptedBackend([reply(GOOD_MODULE)]),
                  verifier=FakeVerifier(cpu_only=True), run_dir=workspace / "runs" / "c", accept_fn=acc, cpu_only=True)
     assert s.status == "passed-cpu-only" and acc.calls == []
-    assert s.attempts[0].stage_reached == "correctness"
+    # skipped GPU stages do not count as reached: a CPU-only pass stops at compile
+    assert s.attempts[0].stage_reached == "compile"
 
 
 def test_accept_refusal_is_reported(workspace, fwd_spec, fake_verifier):
@@ -372,3 +373,4 @@ def test_verifier_error_spends_no_attempt_and_resume_reverifies(workspace, fwd_s
                  accept_fn=Acceptor())
     assert s.status == "accepted" and len(verifier.calls) == 2
     assert len(s.state.attempts) == 1
+
