@@ -52,17 +52,13 @@ from __future__ import annotations
 
 import ast
 import json
-import os
 import signal
-import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 from coda_agent.verifier.compile_worker import FAULT_FILE, STARTED_FILE, clip_lines, lines_from_stack_dump, strip_ansi
-from coda_agent.verifier.sandbox import tail_file, worker_env
+from coda_agent.verifier.sandbox import run_worker, tail_file, worker_env
 from coda_agent.verifier.spec import KernelSpec, LoadedSpec, ShapeCase
 from coda_agent.verifier.verdict import Finding, StageResult
 
@@ -116,44 +112,24 @@ def _run_worker(
                 CUTE_DSL_CACHE_DIR=str(cache_dir / "cute_dsl"),
             )
         dump_after = max(timeout_s - min(5.0, 0.2 * timeout_s), 0.5)
-        cmd = [
-            sys.executable, "-m", "coda_agent.verifier.compile_worker",
-            "--request", str(req_path), "--result", str(res_path), "--dump-after", f"{dump_after:.2f}",
-        ]
-        t0 = time.perf_counter()
-        timed_out = False
-        with open(tmp / "stdout.txt", "wb") as out_f, open(tmp / "stderr.txt", "wb") as err_f:
-            proc = subprocess.Popen(
-                cmd, cwd=tmp, env=env, stdin=subprocess.DEVNULL, stdout=out_f, stderr=err_f,
-                start_new_session=True,
-            )
-            try:
-                rc = proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                timed_out = True
-                _kill_group(proc.pid)
-                rc = proc.wait()
-            finally:
-                _kill_group(proc.pid)  # anything the worker left behind in its group
-        wall = time.perf_counter() - t0
+        out = run_worker(
+            "coda_agent.verifier.compile_worker",
+            ["--request", str(req_path), "--result", str(res_path), "--dump-after", f"{dump_after:.2f}"],
+            timeout_s, cwd=tmp, env=env, log_dir=tmp,
+        )
+        timed_out = out.status == "timeout"
+        rc, wall = out.returncode, out.duration_s
         result: dict[str, Any] = {}
         if res_path.is_file():
             try:
                 result = json.loads(res_path.read_text())
             except json.JSONDecodeError:
                 result = {}
-        stderr = strip_ansi(tail_file(tmp / "stderr.txt"))
+        stderr = out.stderr_tail
         fault = tail_file(tmp / FAULT_FILE)
         started = (tmp / STARTED_FILE).is_file()
     result.update(rc=rc, timed_out=timed_out, stderr=stderr, fault=fault, wall_s=wall, started=started)
     return result
-
-
-def _kill_group(pid: int) -> None:
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 # --------------------------------------------------------------------------- interpretation
