@@ -154,6 +154,8 @@ def _init_words(init: Any) -> str:
         return f"{mean}{std}N(0, 1)"
     if init.dist == "uniform":
         return f"U({_fmt_num(init.low)}, {_fmt_num(init.high)})"
+    if init.dist == "derived":
+        return f"computed from the inputs above (what the forward saved), as the math says"
     return f"integers in [{_fmt_num(init.low)}, {_fmt_num(init.high)})"
 
 

@@ -11,11 +11,15 @@ produce bit-identical inputs and adding an input never shifts another's values.
 Scales come from the spec's :class:`~coda_agent.verifier.spec.InitSpec` (``std``,
 ``low``, ``high`` are dim expressions like ``"1/sqrt(K)"``), chosen by the spec author
 so that outputs are O(1) -- threat 8 in verifier-threats.md (degenerate references).
+A ``derived`` input (what a forward saved for its backward: ``rstd``, ``lse``) is computed
+from the inputs drawn before it by the spec's trusted ``reference.<fn>`` on the same
+device, so both workers get the same values and the values are consistent.
 """
 
 from __future__ import annotations
 
 import hashlib
+import inspect
 from typing import Any
 
 import torch
@@ -46,15 +50,34 @@ def make_inputs(
 
     Returns ``{name: tensor}`` in the spec's input order, each of the declared shape and
     dtype on ``device``. ``normal``: ``mean + std * N(0,1)``; ``uniform``: ``U(low, high)``;
-    ``randint``: integers in ``[low, high)``. Floats are drawn in fp32 then cast.
-    Raises ``ValueError`` when a scale expression names an unknown dim.
+    ``randint``: integers in ``[low, high)``; ``derived``: ``reference.<fn>(**earlier)`` (plus ``dims=`` when the function
+    takes a ``dims`` parameter, e.g. to build a RoPE frequency table of length HD/2).
+    Floats are drawn in fp32 then cast.
+    Raises ``ValueError`` when a scale expression names an unknown dim, when a derived
+    input is requested without a :class:`LoadedSpec` (its reference module), or when the
+    derived tensor has the wrong shape.
     """
     s = _spec(spec)
     dev = torch.device(device)
     out: dict[str, torch.Tensor] = {}
+    ref = None
     for t in s.entry.inputs:
         shape = s.shape_of(t, dims)
         dtype = getattr(torch, t.dtype)
+        if t.init.dist == "derived":
+            if not isinstance(spec, LoadedSpec):
+                raise ValueError(f"input {t.name!r} is derived (reference.{t.init.fn}): "
+                                 "make_inputs needs the LoadedSpec, not the bare KernelSpec")
+            ref = ref or spec.load_reference()
+            fn = getattr(ref, t.init.fn)
+            extra = {"dims": dict(dims)} if "dims" in inspect.signature(fn).parameters else {}
+            with torch.no_grad():
+                x = fn(**out, **extra)
+            if tuple(x.shape) != tuple(shape):
+                raise ValueError(f"reference.{t.init.fn} returned shape {tuple(x.shape)} for "
+                                 f"input {t.name!r}, the spec declares {tuple(shape)}")
+            out[t.name] = x.to(device=dev, dtype=dtype).contiguous()
+            continue
         gen = torch.Generator(device=dev)
         gen.manual_seed(tensor_seed(seed, t.name))
         init = t.init

@@ -147,15 +147,30 @@ class InitSpec(_Strict):
     ``dist="normal"``: ``mean + std * N(0, 1)``; ``dist="uniform"``: U(low, high);
     ``dist="randint"``: integers in [low, high) (e.g. class indices). ``std``/``low``/``high``
     may be dim expressions (``"1/sqrt(K)"``) chosen so that outputs are O(1), never ~0.
+
+    ``dist="derived"``: the tensor is a function of inputs declared *before* it, computed
+    by ``reference.<fn>(**earlier_inputs)`` (trusted spec code; a ``dims`` parameter, if the
+    function has one, receives the shape binding). This is how a backward
+    spec receives what its forward saved -- e.g. ``rstd`` of the drawn ``h``, or the
+    ``lse`` of the drawn logits -- consistent with the other inputs instead of random.
     """
 
-    dist: Literal["normal", "uniform", "randint"] = "normal"
+    dist: Literal["normal", "uniform", "randint", "derived"] = "normal"
     mean: float = 0.0
     std: str | float = 1.0
     low: str | float = -1.0
     high: str | float = 1.0
+    fn: str | None = Field(None, pattern=r"^[a-z_][a-z0-9_]*$",
+                           description="dist='derived': the reference.py function computing it")
 
     _v = field_validator("std", "low", "high")(lambda cls, v: _check_expr(v))
+
+    @model_validator(mode="after")
+    def _fn_iff_derived(self) -> "InitSpec":
+        if (self.dist == "derived") != (self.fn is not None):
+            raise ValueError("'fn' names the reference.py function of a dist='derived' input, "
+                             "and only such an input has one")
+        return self
 
 
 class TensorSpec(_Strict):
@@ -316,6 +331,14 @@ class KernelSpec(_Strict):
                     f"entry.outputs[{o.name}].gradient: wrt/upstream must name inputs "
                     f"{sorted(inputs)}, got wrt={g.wrt!r} upstream={g.upstream!r}"
                 )
+        seen: set[str] = set()
+        if "dims" in inputs:
+            raise ValueError("entry.inputs: 'dims' is reserved (derived-input functions receive the shape binding under that name)")
+        for t in self.entry.inputs:
+            if t.init.dist == "derived" and not seen:
+                raise ValueError(f"entry.inputs[{t.name}].init: a derived input needs earlier "
+                                 "inputs to derive from (declare it after them)")
+            seen.add(t.name)
         dims_used = set().union(*(expr_names(s) for t in self.entry.inputs + self.entry.outputs for s in t.shape))
         for group, cases in (("correctness", self.shapes.correctness), ("benchmark", self.shapes.benchmark)):
             for i, c in enumerate(cases):
@@ -434,6 +457,7 @@ def load_spec(path: str | Path) -> LoadedSpec:
         raise SpecError(f"{ref}:{e.lineno}: syntax error: {e.msg}") from None
     defined = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
     needed = set(REQUIRED_REFERENCE_FUNCS) | {o.gradient.of for o in spec.gradient_outputs}
+    needed |= {t.init.fn for t in spec.entry.inputs if t.init.fn}
     if "quack_library" in spec.bench.baselines:
         needed.add("quack_library")
     missing = sorted(needed - defined)

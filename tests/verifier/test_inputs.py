@@ -100,3 +100,92 @@ def test_swiglu_outputs_are_order_one(case):
     y = rb.forward(w_down=inp["w_down"], preact=preact)
     (g,) = torch.autograd.grad(y, preact, grad_outputs=inp["dout"])
     assert 0.1 < _std(g) < 10, _std(g)
+
+
+# --------------------------------------------------------------------------- derived inputs
+
+_DERIVED_TOML = '''
+name = "derived_demo"
+pattern = "backward"
+description = "a spec whose rstd input is what the forward saved, derived from h"
+math = "rstd[m] = rsqrt(mean(h[m]^2) + eps)"
+[entry]
+function = "derived_demo"
+[[entry.inputs]]
+name = "h"
+shape = ["M", "N"]
+dtype = "bfloat16"
+[[entry.inputs]]
+name = "rstd"
+shape = ["M"]
+dtype = "float32"
+init = { dist = "derived", fn = "saved_rstd" }
+[[entry.inputs]]
+name = "freq"
+shape = ["N/2"]
+dtype = "float32"
+init = { dist = "derived", fn = "table" }
+[[entry.outputs]]
+name = "out"
+shape = ["M", "N"]
+dtype = "bfloat16"
+[shapes]
+correctness = [{ dims = { M = 5, N = 6 } }]
+[bench]
+flops = "M*N"
+'''
+
+_DERIVED_REF = '''
+import torch
+def saved_rstd(*, h):
+    return torch.rsqrt(h.float().pow(2).mean(-1) + 1e-6)
+def table(*, h, rstd, dims):
+    return torch.arange(dims["N"] // 2, dtype=torch.float32) + rstd.sum() * 0
+def reference(**kw): return {}
+def baseline(**kw): return {}
+def bare_gemm(**kw): return None
+'''
+
+
+def _write_spec(tmp_path, toml, ref=_DERIVED_REF, name="derived_demo"):
+    d = tmp_path / name
+    d.mkdir()
+    (d / "spec.toml").write_text(toml)
+    (d / "reference.py").write_text(ref)
+    return d
+
+
+def test_derived_input_is_computed_from_the_drawn_inputs(tmp_path):
+    loaded = load_spec(_write_spec(tmp_path, _DERIVED_TOML))
+    inp = make_inputs(loaded, {"M": 5, "N": 6}, 3, "cpu")
+    expect = torch.rsqrt(inp["h"].float().pow(2).mean(-1) + 1e-6)
+    assert inp["rstd"].dtype == torch.float32
+    assert torch.equal(inp["rstd"], expect)
+    assert inp["freq"].tolist() == [0.0, 1.0, 2.0]
+    again = make_inputs(loaded, {"M": 5, "N": 6}, 3, "cpu")
+    assert torch.equal(again["rstd"], inp["rstd"])
+
+
+def test_derived_input_needs_the_loaded_spec_and_the_right_shape(tmp_path):
+    loaded = load_spec(_write_spec(tmp_path, _DERIVED_TOML))
+    with pytest.raises(ValueError, match="LoadedSpec"):
+        make_inputs(loaded.spec, {"M": 5, "N": 6}, 0, "cpu")
+    bad = _DERIVED_REF.replace('return torch.rsqrt(h.float().pow(2).mean(-1) + 1e-6)', 'return h.float()')
+    loaded_bad = load_spec(_write_spec(tmp_path, _DERIVED_TOML.replace("derived_demo", "derived_bad"), bad, "derived_bad"))
+    with pytest.raises(ValueError, match=r"saved_rstd returned shape \(5, 6\).*\(5,\)"):
+        make_inputs(loaded_bad, {"M": 5, "N": 6}, 0, "cpu")
+
+
+def test_derived_input_spec_errors_name_the_field(tmp_path):
+    from coda_agent.verifier.spec import SpecError
+
+    no_fn = _DERIVED_TOML.replace('init = { dist = "derived", fn = "saved_rstd" }', 'init = { dist = "derived" }')
+    with pytest.raises(SpecError, match=r"entry\.inputs\.1\.init.*'fn'"):
+        load_spec(_write_spec(tmp_path, no_fn.replace("derived_demo", "d1"), name="d1"))
+    first = _DERIVED_TOML.replace('name = "h"\nshape = ["M", "N"]\ndtype = "bfloat16"',
+                                  'name = "h"\nshape = ["M", "N"]\ndtype = "bfloat16"\ninit = { dist = "derived", fn = "saved_rstd" }')
+    with pytest.raises(SpecError, match="needs earlier inputs"):
+        load_spec(_write_spec(tmp_path, first.replace("derived_demo", "d2"), name="d2"))
+    missing = _DERIVED_REF.replace("def saved_rstd", "def other_name")
+    with pytest.raises(SpecError, match=r"missing function\(s\) \['saved_rstd'\]"):
+        load_spec(_write_spec(tmp_path, _DERIVED_TOML.replace("derived_demo", "d3"), missing, "d3"))
