@@ -21,6 +21,7 @@ Scales (why the outputs are where they are):
   sits between them. Neither is near zero.
 """
 
+import inspect
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -58,9 +59,11 @@ def ce():
 
 
 def _grad(loaded, inputs):
-    """The gradient outputs exactly as the reference worker computes them (RefWorker.gradient)."""
+    """The gradient outputs exactly as the reference worker computes them (RefWorker.gradient;
+    these specs declare no entry constants, so any constants argument is empty)."""
     worker = SimpleNamespace(ref=loaded.load_reference())
-    return {o.name: RefWorker.gradient(worker, o.gradient, inputs) for o in loaded.spec.gradient_outputs}
+    extra = [{}] if "consts" in inspect.signature(RefWorker.gradient).parameters else []
+    return {o.name: RefWorker.gradient(worker, o.gradient, inputs, *extra) for o in loaded.spec.gradient_outputs}
 
 
 def _refs(loaded, inputs):
