@@ -18,7 +18,7 @@ to an integer. Dim expressions and input scales are tiny arithmetic expressions 
 the dims (``"1/sqrt(K)"``), evaluated by :func:`eval_expr` -- never ``eval``.
 
 Reference module contract (``reference.py``), all functions keyword-only over the
-spec's input names, any dtype in/out (the verifier calls them with fp32-upcast inputs
+spec's input names (plus ``entry.constants``, keyword ints, when the spec has any), any dtype in/out (the verifier calls them with fp32-upcast inputs
 for ``ref32`` and with the low-precision inputs for ``ref_lowp``):
 
 * ``reference(**inputs) -> dict[str, Tensor]`` -- every output that is *not*
@@ -216,14 +216,20 @@ class OutputSpec(TensorSpec):
 class EntrySpec(_Strict):
     """The function the candidate module must export.
 
-    ``function(*inputs in order) -> tuple(outputs in order)`` (a single output may be
-    returned bare). ``max_launches`` bounds the CUDA kernels one call may launch
+    ``function(*inputs in order, **constants) -> tuple(outputs in order)`` (a single output
+    may be returned bare; ``constants`` are dims passed as keyword-only ints). ``max_launches`` bounds the CUDA kernels one call may launch
     (counted with the profiler; CODA requires one launch per fused op).
     """
 
     function: str = Field(pattern=r"^[a-z_][a-z0-9_]*$")
     inputs: list[InputSpec] = Field(min_length=1)
     outputs: list[OutputSpec] = Field(min_length=1)
+    constants: list[str] = Field(
+        default_factory=list,
+        description="dims the entry (and every reference.py function) also receives, as "
+        "keyword-only int arguments after the tensors -- what tensor shapes cannot tell, "
+        "e.g. the number of query heads of a packed QKV projection",
+    )
     max_launches: int = Field(1, ge=1)
     allowed_torch: list[str] = Field(
         default_factory=list,
@@ -332,6 +338,10 @@ class KernelSpec(_Strict):
                     f"{sorted(inputs)}, got wrt={g.wrt!r} upstream={g.upstream!r}"
                 )
         seen: set[str] = set()
+        clash = set(self.entry.constants) & inputs
+        if clash or len(set(self.entry.constants)) != len(self.entry.constants):
+            raise ValueError(f"entry.constants: must be distinct dim names that are not input names, got "
+                             f"{self.entry.constants} (clashing: {sorted(clash)})")
         if "dims" in inputs:
             raise ValueError("entry.inputs: 'dims' is reserved (derived-input functions receive the shape binding under that name)")
         for t in self.entry.inputs:
@@ -340,6 +350,7 @@ class KernelSpec(_Strict):
                                  "inputs to derive from (declare it after them)")
             seen.add(t.name)
         dims_used = set().union(*(expr_names(s) for t in self.entry.inputs + self.entry.outputs for s in t.shape))
+        dims_used |= set(self.entry.constants)
         for group, cases in (("correctness", self.shapes.correctness), ("benchmark", self.shapes.benchmark)):
             for i, c in enumerate(cases):
                 missing = dims_used - set(c.dims)
@@ -356,6 +367,10 @@ class KernelSpec(_Strict):
         """Concrete shape of tensor ``t`` under ``dims``."""
         return tuple(int(eval_expr(s, dims)) for s in t.shape)
 
+    def constants_of(self, dims: dict[str, int]) -> dict[str, int]:
+        """The entry's keyword-only int arguments under ``dims`` (``{}`` for most specs)."""
+        return {c: int(dims[c]) for c in self.entry.constants}
+
     @property
     def gradient_outputs(self) -> list[OutputSpec]:
         return [o for o in self.entry.outputs if o.gradient is not None]
@@ -367,6 +382,8 @@ class KernelSpec(_Strict):
     def signature(self) -> str:
         """The entry point as a Python signature with shapes in comments."""
         args = ", ".join(t.name for t in self.entry.inputs)
+        if self.entry.constants:
+            args += ", *, " + ", ".join(f"{c}: int" for c in self.entry.constants)
         outs = ", ".join(t.name for t in self.entry.outputs)
         return f"def {self.entry.function}({args}) -> ({outs})"
 

@@ -907,8 +907,10 @@ class _Checker:
             problems.append(f"positional parameters {got} must be exactly the spec inputs {inputs} in order")
         if a.vararg or a.kwarg:
             problems.append("no *args/**kwargs")
-        if a.kwonlyargs:
-            problems.append(f"no keyword-only parameters ({[k.arg for k in a.kwonlyargs]})")
+        kwonly = [k.arg for k in a.kwonlyargs]
+        if sorted(kwonly) != sorted(self.spec.entry.constants):
+            problems.append(f"keyword-only parameters {kwonly} must be exactly the spec constants "
+                            f"{list(self.spec.entry.constants)}")
         if problems:
             self.add("entry-signature", fn, f"entry `def {want}(...)`: " + "; ".join(problems) + f" (expected `{self.spec.signature()}`)")
         names = {ep.fn.name for ep in self.epilogues}

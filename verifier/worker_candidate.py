@@ -48,6 +48,7 @@ import time as _time
 _perf_counter = _time.perf_counter
 
 import argparse  # noqa: E402
+import functools  # noqa: E402
 import gc  # noqa: E402
 import importlib.util  # noqa: E402
 import os  # noqa: E402
@@ -200,6 +201,12 @@ class Worker:
     def args_of(self, inputs: dict[str, torch.Tensor]) -> list[torch.Tensor]:
         return [inputs[t.name] for t in self.spec.entry.inputs]
 
+    def entry_with(self, dims: dict[str, int]):
+        """The entry with the spec's constants (keyword-only ints) bound for ``dims``."""
+        assert self.fn is not None
+        consts = self.spec.constants_of(dims)
+        return functools.partial(self.fn, **consts) if consts else self.fn
+
     def run_trial(self, run: Run) -> dict[str, Any]:
         """Run the entry once on fresh inputs; save tensors; return the record fields."""
         assert self.fn is not None
@@ -208,7 +215,7 @@ class Worker:
         before = {k: v.detach().to("cpu", copy=True) for k, v in inputs.items()}
         poisoned = self.poison()
         t0 = _perf_counter()
-        res = self.fn(*self.args_of(inputs))
+        res = self.entry_with(run.dims)(*self.args_of(inputs))
         self.sync()
         call_s = _perf_counter() - t0
         outs = list(res) if type(res) in (tuple, list) else [res]
@@ -309,7 +316,7 @@ class Worker:
         sets = [self.args_of(make_inputs(self.spec, dims, BENCH_SEED_BASE + k, self.device)) for k in range(n)]
         self.sync()
         counter = [0]
-        fn = self.fn
+        fn = self.entry_with(dims)
 
         def call():
             args = sets[counter[0] % n]
@@ -363,7 +370,7 @@ class Worker:
             inputs = make_inputs(self.spec, first.dims, first.seed, self.device)
             args = self.args_of(inputs)
             self.sync()
-            fn = self.fn
+            fn = self.entry_with(first.dims)
             count, kernels = self.count_launches(lambda: fn(*args))
             self.record("launches", count=count, kernels=kernels, selftest=selftest, key=first.key)
             del inputs, args

@@ -74,13 +74,13 @@ class RefWorker:
             torch.cuda.synchronize()
 
     # -- references ---------------------------------------------------------------------
-    def gradient(self, g: GradientSpec, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+    def gradient(self, g: GradientSpec, inputs: dict[str, torch.Tensor], consts: dict[str, int]) -> torch.Tensor:
         """d reference.<of>(inputs \\ upstream) / d inputs[wrt], contracted with inputs[upstream]."""
         args = {k: v.detach() for k, v in inputs.items() if k != g.upstream}
         wrt = args[g.wrt].clone().requires_grad_(True)
         args[g.wrt] = wrt
         with torch.enable_grad():
-            y = getattr(self.ref, g.of)(**args)
+            y = getattr(self.ref, g.of)(**args, **consts)
             upstream = inputs[g.upstream].to(y.dtype)
             (grad,) = torch.autograd.grad(y, wrt, grad_outputs=upstream)
         return grad.detach()
@@ -88,20 +88,21 @@ class RefWorker:
     def references(self, run: Run) -> dict[str, Any]:
         inputs = make_inputs(self.spec, run.dims, run.seed, self.device)
         in32 = upcast(inputs)
+        consts = self.spec.constants_of(run.dims)
         ref32: dict[str, torch.Tensor] = {}
         lowp: dict[str, torch.Tensor] = {}
         values = self.spec.value_outputs
         if values:
             with torch.no_grad():
-                r32 = self.ref.reference(**in32)
-                rlp = self.ref.reference(**inputs)
+                r32 = self.ref.reference(**in32, **consts)
+                rlp = self.ref.reference(**inputs, **consts)
             for o in values:
                 ref32[o.name] = r32[o.name].detach().float().cpu()
                 lowp[o.name] = rlp[o.name].detach().cpu()
         for o in self.spec.gradient_outputs:
             assert o.gradient is not None
-            ref32[o.name] = self.gradient(o.gradient, in32).float().cpu()
-            lowp[o.name] = self.gradient(o.gradient, inputs).cpu()
+            ref32[o.name] = self.gradient(o.gradient, in32, consts).float().cpu()
+            lowp[o.name] = self.gradient(o.gradient, inputs, consts).cpu()
         fname = f"{run.key}.pt"
         torch.save({"inputs": {k: v.cpu() for k, v in inputs.items()}, "ref32": ref32, "ref_lowp": lowp}, self.dir / fname)
         return dict(key=run.key, file=fname, recheck=run.recheck)
@@ -143,7 +144,8 @@ class RefWorker:
 
     def bench_shape(self, name: str, dims: dict[str, int], fns: dict[str, Any]) -> dict[str, Any]:
         n = rotation_count(tensor_bytes(self.spec, dims, "inputs"))
-        sets = [make_inputs(self.spec, dims, BENCH_SEED_BASE + k, self.device) for k in range(n)]
+        consts = self.spec.constants_of(dims)
+        sets = [{**make_inputs(self.spec, dims, BENCH_SEED_BASE + k, self.device), **consts} for k in range(n)]
         self.sync()
         out: dict[str, dict[str, Any]] = {}
         for b, f in fns.items():

@@ -1,0 +1,89 @@
+"""``entry.constants``: dims a kernel needs that tensor shapes cannot tell (the head counts of a
+packed QKV projection), passed as keyword-only ints to the entry and to reference.py.
+
+Checked here on the CPU: the spec validates them, the signature and the prompt show them,
+static requires them as keyword-only parameters, and the reference worker passes them to
+``reference``/``baseline`` (the same code path the GPU run uses, on the CPU device).
+"""
+
+from pathlib import Path
+
+import pytest
+
+from coda_agent.verifier.spec import SpecError, load_spec
+from coda_agent.verifier.static import check_static
+
+TOML = '''
+name = "const_demo"
+pattern = "forward"
+description = "a spec whose entry needs the number of heads, which shapes cannot tell"
+math = "out = x[:, : HQ * HD] * 2"
+[entry]
+function = "const_demo"
+constants = ["HQ", "HD"]
+[[entry.inputs]]
+name = "x"
+shape = ["M", "N"]
+dtype = "bfloat16"
+[[entry.outputs]]
+name = "out"
+shape = ["M", "HQ*HD"]
+dtype = "bfloat16"
+[shapes]
+correctness = [{ dims = { M = 5, N = 12, HQ = 2, HD = 4 } }]
+[bench]
+flops = "M*N"
+'''
+
+REF = '''
+def reference(*, x, HQ, HD):
+    return {"out": x[:, : HQ * HD] * 2}
+def baseline(*, x, HQ, HD):
+    return reference(x=x, HQ=HQ, HD=HD)
+def bare_gemm(*, x, HQ, HD):
+    return x
+'''
+
+
+def _spec(tmp_path, toml=TOML, name="const_demo"):
+    d = tmp_path / name
+    d.mkdir()
+    (d / "spec.toml").write_text(toml.replace("const_demo", name))
+    (d / "reference.py").write_text(REF)
+    return load_spec(d)
+
+
+def test_constants_validate_and_show_in_the_signature(tmp_path):
+    loaded = _spec(tmp_path)
+    s = loaded.spec
+    assert s.signature() == "def const_demo(x, *, HQ: int, HD: int) -> (out)"
+    assert s.constants_of({"M": 5, "N": 12, "HQ": 2, "HD": 4}) == {"HQ": 2, "HD": 4}
+    unbound = TOML.replace("HQ = 2, HD = 4", "HD = 4").replace('shape = ["M", "HQ*HD"]', 'shape = ["M", "HD"]')
+    with pytest.raises(SpecError, match=r"dims \['HQ'\] are not bound"):
+        _spec(tmp_path, unbound, "c1")
+    clash = TOML.replace('constants = ["HQ", "HD"]', 'constants = ["x"]')
+    with pytest.raises(SpecError, match="entry.constants"):
+        _spec(tmp_path, clash, "c2")
+
+
+def test_prompt_tells_the_model_about_the_constants(tmp_path):
+    from coda_agent.agent.render import spec_view
+
+    view = spec_view(_spec(tmp_path).spec)
+    assert view["constants"] == ["HQ", "HD"]
+    assert view["input_names"] == "x, *, HQ, HD"
+
+
+@pytest.mark.parametrize("sig, ok", [
+    ("x, *, HQ, HD", True),
+    ("x, *, HD, HQ", True),
+    ("x", False),
+    ("x, HQ, HD", False),
+    ("x, *, HQ", False),
+    ("x, *, HQ, HD, extra=1", False),
+])
+def test_static_requires_the_constants_keyword_only(tmp_path, sig, ok):
+    loaded = _spec(tmp_path)
+    src = f"import torch\n\n\ndef const_demo({sig}):\n    return x\n"
+    kinds = [f.kind for f in check_static(loaded.spec, src).findings]
+    assert ("entry-signature" not in kinds) is ok, kinds
