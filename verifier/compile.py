@@ -364,7 +364,8 @@ def compile_stage(loaded: LoadedSpec, candidate: Path, timeout_s: float = 300, *
     for i, case in enumerate(select_cases(spec)):
         dims = spec.dims_of(case)
         name = case.name or f"case{i}"
-        calls.append({"case": name, "args": [[t.name, list(spec.shape_of(t, dims)), t.dtype] for t in spec.entry.inputs]})
+        calls.append({"case": name, "args": [[t.name, list(spec.shape_of(t, dims)), t.dtype] for t in spec.entry.inputs],
+                      "kwargs": spec.constants_of(dims)})
         expected[name] = [(o.name, spec.shape_of(o, dims), o.dtype) for o in spec.entry.outputs]
     return _run_and_interpret(Path(candidate).resolve(), spec.entry.function, calls, timeout_s, cache_dir, expected)
 

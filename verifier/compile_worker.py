@@ -318,11 +318,15 @@ def run_request(req: dict[str, Any]) -> dict[str, Any]:
 
     out["phase"] = "call"
     for call in req["calls"]:
-        inputs = {name: torch.empty(tuple(shape), dtype=getattr(torch, dtype)) for name, shape, dtype in call["args"]}
+        # Float inputs are left uninitialized (only shapes/dtypes matter to compile); integer
+        # inputs (class indices, positions) are zeros, a valid value for any index range, so
+        # host-side indexing in the candidate does not fail on garbage before the GPU stages.
+        inputs = {name: (torch.zeros if dtype.startswith("int") else torch.empty)(tuple(shape), dtype=getattr(torch, dtype))
+                  for name, shape, dtype in call["args"]}
         tc = time.perf_counter()
         rec: dict[str, Any] = {"case": call.get("case", ""), "variants_before": counters.variants}
         try:
-            result = entry(*inputs.values())
+            result = entry(*inputs.values(), **call.get("kwargs", {}))
         except BaseException as e:  # noqa: BLE001
             rec["seconds"] = time.perf_counter() - tc
             out["calls"].append(rec)

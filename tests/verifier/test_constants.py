@@ -87,3 +87,31 @@ def test_static_requires_the_constants_keyword_only(tmp_path, sig, ok):
     src = f"import torch\n\n\ndef const_demo({sig}):\n    return x\n"
     kinds = [f.kind for f in check_static(loaded.spec, src).findings]
     assert ("entry-signature" not in kinds) is ok, kinds
+
+
+def test_compile_stage_calls_the_entry_with_the_constants_and_valid_indices(tmp_path):
+    """The sm_90a compile stage calls the entry like the GPU workers do: constants as keyword
+    ints, integer inputs holding valid indices (zeros), so host indexing does not fail there."""
+    from coda_agent.verifier.compile import compile_stage
+
+    toml = TOML.replace('''[[entry.outputs]]''', '''[[entry.inputs]]
+name = "idx"
+shape = ["M"]
+dtype = "int64"
+init = { dist = "randint", low = 0, high = "N" }
+
+[[entry.outputs]]''')
+    loaded = _spec(tmp_path, toml, "const_compile")
+    (loaded.directory / "reference.py").write_text(REF.replace("*, x,", "*, x, idx,"))
+    cand = tmp_path / "cand.py"
+    cand.write_text(
+        "import torch\n\n\ndef const_compile(x, idx, *, HQ, HD):\n"
+        "    rows = x[idx]  # host indexing: garbage indices would raise here\n"
+        "    return torch.empty(x.shape[0], HQ * HD, dtype=x.dtype)\n"
+    )
+    res = compile_stage(loaded, cand, timeout_s=120)
+    # It got through the call (no TypeError for the keywords, no IndexError) to the check
+    # that a quack kernel was built, which this plain-torch stand-in rightly fails.
+    assert res.status == "fail" and res.summary.startswith("no-kernel"), res.summary
+    (out,) = res.metrics["outputs"].values()
+    assert out["items"][0]["shape"] == [5, 8]
