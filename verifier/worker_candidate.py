@@ -92,7 +92,12 @@ _WATCHED: dict[str, Callable[[], Any]] = {
 }
 _SNAPSHOT = {k: f() for k, f in _WATCHED.items()}
 
-EXIT_OK, EXIT_CANDIDATE_ERROR, EXIT_REFUSED = 0, 1, 3
+EXIT_OK, EXIT_CANDIDATE_ERROR, EXIT_VERIFIER_ERROR, EXIT_REFUSED = 0, 1, 2, 3
+
+
+class InputGenerationError(RuntimeError):
+    """Drawing a trial's inputs failed: the verifier's (or the spec's) fault, never the
+    candidate's -- reported as a verifier error so that it does not spend an attempt."""
 BENCH_WALL_REPS = 7
 BENCH_SEED_BASE = 10_000
 MAX_POISON_BYTES = 16 << 30
@@ -198,6 +203,13 @@ class Worker:
         self.fn = fn
 
     # -- one trial ----------------------------------------------------------------
+    def inputs_for(self, dims: dict[str, int], seed: int) -> dict[str, torch.Tensor]:
+        """The trial's inputs (bit-identical to the reference worker's); raises InputGenerationError."""
+        try:
+            return make_inputs(self.loaded, dims, seed, self.device)
+        except Exception as e:  # noqa: BLE001
+            raise InputGenerationError(f"input generation failed: {type(e).__name__}: {e}") from e
+
     def args_of(self, inputs: dict[str, torch.Tensor]) -> list[torch.Tensor]:
         return [inputs[t.name] for t in self.spec.entry.inputs]
 
@@ -210,7 +222,7 @@ class Worker:
     def run_trial(self, run: Run) -> dict[str, Any]:
         """Run the entry once on fresh inputs; save tensors; return the record fields."""
         assert self.fn is not None
-        inputs = make_inputs(self.spec, run.dims, run.seed, self.device)
+        inputs = self.inputs_for(run.dims, run.seed)
         self.sync()
         before = {k: v.detach().to("cpu", copy=True) for k, v in inputs.items()}
         poisoned = self.poison()
@@ -313,7 +325,7 @@ class Worker:
         assert self.fn is not None
         set_bytes = tensor_bytes(self.spec, dims, "inputs")
         n = rotation_count(set_bytes)
-        sets = [self.args_of(make_inputs(self.spec, dims, BENCH_SEED_BASE + k, self.device)) for k in range(n)]
+        sets = [self.args_of(self.inputs_for(dims, BENCH_SEED_BASE + k)) for k in range(n)]
         self.sync()
         counter = [0]
         fn = self.entry_with(dims)
@@ -367,7 +379,7 @@ class Worker:
         first = self.plan.correctness_runs[0]
         self.begin("launch count")
         if self.cuda and selftest:
-            inputs = make_inputs(self.spec, first.dims, first.seed, self.device)
+            inputs = self.inputs_for(first.dims, first.seed)
             args = self.args_of(inputs)
             self.sync()
             fn = self.entry_with(first.dims)
@@ -427,7 +439,15 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return w.main()
-    except BaseException as e:  # noqa: BLE001 -- everything after setup is the candidate's doing
+    except InputGenerationError as e:
+        tb = traceback.format_exc()
+        try:
+            w.record("error", error="input-generation", verifier=True, message=tb[-6000:])
+        except Exception:  # noqa: BLE001
+            pass
+        sys.stderr.write(tb)
+        return EXIT_VERIFIER_ERROR
+    except BaseException as e:  # noqa: BLE001 -- everything else after setup is the candidate's doing
         tb = traceback.format_exc()
         try:
             w.record("error", error=type(e).__name__, message=tb[-6000:])

@@ -115,3 +115,92 @@ init = { dist = "randint", low = 0, high = "N" }
     assert res.status == "fail" and res.summary.startswith("no-kernel"), res.summary
     (out,) = res.metrics["outputs"].values()
     assert out["items"][0]["shape"] == [5, 8]
+
+
+# --------------------------------------------------------------------------- whole worker protocol (CPU device)
+
+PIPE_TOML = '''
+name = "pipe_demo"
+pattern = "forward"
+description = "deferred row scale of a saved statistic, on the first HQ*HD columns"
+math = "out = (h * rstd[:, None])[:, : HQ * HD], rstd = rsqrt(mean(h^2) + eps) derived from h"
+[entry]
+function = "pipe_demo"
+constants = ["HQ", "HD"]
+[[entry.inputs]]
+name = "h"
+shape = ["M", "N"]
+dtype = "bfloat16"
+[[entry.inputs]]
+name = "rstd"
+shape = ["M"]
+dtype = "float32"
+init = { dist = "derived", fn = "saved_rstd" }
+[[entry.outputs]]
+name = "out"
+shape = ["M", "HQ*HD"]
+dtype = "bfloat16"
+[shapes]
+correctness = [{ name = "small", dims = { M = 33, N = 24, HQ = 2, HD = 8 } }]
+[bench]
+flops = "M*N"
+'''
+
+PIPE_REF = '''
+import torch
+def saved_rstd(*, h):
+    return torch.rsqrt(h.float().pow(2).mean(-1) + 1e-6)
+def reference(*, h, rstd, HQ, HD):
+    acc = torch.promote_types(h.dtype, torch.float32)
+    r = torch.rsqrt(h.to(acc).pow(2).mean(-1) + 1e-6)  # recomputed: the reference ignores the saved one
+    return {"out": (h.to(acc) * r[:, None])[:, : HQ * HD].to(h.dtype)}
+def baseline(*, h, rstd, HQ, HD):
+    return {"out": (h.float() * rstd[:, None])[:, : HQ * HD].to(h.dtype)}
+def bare_gemm(*, h, rstd, HQ, HD):
+    return h
+'''
+
+PIPE_CAND = '''
+import torch
+
+def pipe_demo(h, rstd, *, HQ, HD):
+    return (h.float() * rstd[:, None])[:, : HQ * HD].to(h.dtype)
+'''
+
+
+@pytest.fixture
+def stub_static_compile(monkeypatch):
+    import coda_agent.verifier.pipeline as pipeline
+    from coda_agent.verifier.verdict import StageResult
+
+    monkeypatch.setattr(pipeline, "run_static", lambda loaded, cand: StageResult(stage="static", status="pass", summary="stub"))
+    monkeypatch.setattr(pipeline, "run_compile", lambda loaded, cand, timeout_s=300: StageResult(stage="compile", status="pass", summary="stub"))
+
+
+def _pipe(tmp_path, ref=PIPE_REF):
+    d = tmp_path / "pipe_demo"
+    d.mkdir()
+    (d / "spec.toml").write_text(PIPE_TOML)
+    (d / "reference.py").write_text(ref)
+    cand = tmp_path / "cand.py"
+    cand.write_text(PIPE_CAND)
+    from coda_agent.verifier.pipeline import verify
+
+    return verify(load_spec(d), cand, device="cpu", bench=False, baselines=["torch_eager"],
+                  workdir=tmp_path / "work", timeout_s=120)
+
+
+def test_cpu_device_protocol_with_derived_inputs_and_constants(tmp_path, stub_static_compile):
+    v = _pipe(tmp_path)
+    st = {s.stage: s for s in v.stages}
+    assert st["correctness"].status == "pass", (st["correctness"].summary, st["correctness"].findings)
+    assert st["correctness"].metrics["worst"]["out"]["ratio"] <= 1
+
+
+def test_failing_input_generation_is_a_verifier_error_not_the_candidates(tmp_path, stub_static_compile):
+    broken = PIPE_REF.replace("return torch.rsqrt(h.float().pow(2).mean(-1) + 1e-6)", "raise RuntimeError('spec bug')")
+    v = _pipe(tmp_path, broken)
+    st = {s.stage: s for s in v.stages}
+    assert st["correctness"].status == "error", st["correctness"].summary
+    assert st["correctness"].findings[0].kind == "verifier-error"
+    assert "spec bug" in st["correctness"].findings[0].message
