@@ -155,7 +155,7 @@ def _init_words(init: Any) -> str:
     if init.dist == "uniform":
         return f"U({_fmt_num(init.low)}, {_fmt_num(init.high)})"
     if init.dist == "derived":
-        return f"computed from the inputs above (what the forward saved), as the math says"
+        return "not random: computed from the inputs above, as its description says"
     return f"integers in [{_fmt_num(init.low)}, {_fmt_num(init.high)})"
 
 
@@ -199,7 +199,7 @@ def spec_view(loaded: Any) -> dict[str, Any]:
 
     def case_view(c: Any) -> dict[str, Any]:
         dims = spec.dims_of(c)
-        ragged = sorted(k for k, v in dims.items() if v % 128)
+        ragged = sorted(k for k, v in dims.items() if v % 128 and k not in spec.entry.constants)
         return {
             "name": c.name or "-",
             "dims": ", ".join(f"{k}={v}" for k, v in dims.items()),
