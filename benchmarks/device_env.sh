@@ -9,12 +9,30 @@ rm -rf "$SHIM"; mkdir -p "$SHIM/coda_agent"
 for f in cli.py agent verifier; do ln -s "$REPO/$f" "$SHIM/coda_agent/$f"; done
 ln -s "$REPO/generated_kernels" "$SHIM/coda_agent/kernels"
 export PYTHONPATH="$SHIM${PYTHONPATH:+:$PYTHONPATH}"
+# Liger Kernel (the optional `liger` benchmark baseline): the wheel travels in the
+# git-ignored .device-bundle/liger/ (carry it); a pure-Python wheel, so unzipping it is
+# installing it. Unzipped once per machine; without the wheel the baseline reads n/a.
+LIGER_WHL=$(ls "$REPO"/.device-bundle/liger/liger_kernel-*.whl 2>/dev/null | sort -V | tail -n 1)
+if [ -n "$LIGER_WHL" ]; then
+  LIGER_PY=/tmp/liger-py
+  if [ ! -f "$LIGER_PY/.done" ] || [ "$(cat "$LIGER_PY/.done")" != "$(basename "$LIGER_WHL")" ]; then
+    rm -rf "$LIGER_PY" && mkdir -p "$LIGER_PY" && python3 -m zipfile -e "$LIGER_WHL" "$LIGER_PY" \
+      && basename "$LIGER_WHL" > "$LIGER_PY/.done"
+  fi
+  export PYTHONPATH="$LIGER_PY:$PYTHONPATH"
+fi
 export QUACK_CACHE_DIR=${QUACK_CACHE_DIR:-/tmp/quack-cache}
 export PYTHONUNBUFFERED=1
 coda() { python3 -m coda_agent.cli "$@"; }
 python3 - <<'PY'
 import torch, importlib.metadata as md
+def ver(dist):
+    try:
+        return md.version(dist)
+    except md.PackageNotFoundError:
+        return "not installed"
 print("device:", torch.cuda.get_device_name(0), "cc", torch.cuda.get_device_capability(0),
       "torch", torch.__version__, "cuda", torch.version.cuda,
-      "cutlass-dsl", md.version("nvidia-cutlass-dsl"), "quack", md.version("quack-kernels"))
+      "cutlass-dsl", md.version("nvidia-cutlass-dsl"), "quack", md.version("quack-kernels"),
+      "liger-kernel", ver("liger-kernel"))
 PY

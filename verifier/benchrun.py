@@ -3,7 +3,10 @@
 Each accepted kernel goes through the full verifier again (correctness first: a number
 for a wrong kernel is worthless), with the benchmark stage timing the fused kernel and
 every baseline of its spec in the same run (torch eager, torch.compile, the bare GEMM,
-quack's library equivalent, Liger where listed), at the spec's 1B/8B/70B shapes.
+quack's library equivalent), at the spec's 1B/8B/70B shapes, plus Liger Kernel
+(baseline ``liger``) wherever the spec folder has a ``liger.py`` adapter (see
+:mod:`~coda_agent.verifier.spec`; liger-kernel is the optional ``[bench]`` dependency:
+without it the ``liger`` column reads "n/a" and the page says why).
 
 Results are written to ``benchmarks/results/<date>-<gpu>.md`` (medians in ms, ratios
 fused/baseline, TFLOP/s) and, when matplotlib is importable, a PNG of speedups
@@ -20,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from coda_agent.verifier.spec import load_spec
+from coda_agent.verifier.spec import LIGER_MISSING, NO_LIGER, LoadedSpec, load_spec
 from coda_agent.verifier.verdict import Verdict
 from coda_agent.verifier.workspace import atomic_write_text
 
@@ -47,6 +50,41 @@ def _ordered(shapes: dict[str, Any]) -> list[tuple[str, Any]]:
     return sorted(shapes.items(), key=lambda kv: (kv[1].get("flops") or 0, kv[0]))
 
 
+UNAVAILABLE = (NO_LIGER, LIGER_MISSING)
+"""Baseline errors that mean "nothing to compare with here" (shown as n/a), not a failure."""
+
+
+def _cell(r: dict[str, Any]) -> str:
+    """A baseline's ms cell: the time, "error" for a baseline that failed, "n/a" when absent/unavailable."""
+    if "ms" in r:
+        return f"{r['ms']:.4f}"
+    if "error" in r and r["error"] not in UNAVAILABLE:
+        return "error"
+    return "n/a"
+
+
+def _baseline_notes(shapes: dict[str, Any], bases: list[str]) -> list[str]:
+    """One line per baseline that did not run at some shape: its (first) reason."""
+    notes = []
+    for n in bases:
+        errs = [(s, m.get("baselines", {}).get(n, {}).get("error")) for s, m in _ordered(shapes)]
+        errs = [(s, e) for s, e in errs if e]
+        if errs:
+            where = "all shapes" if len(errs) == len(shapes) else ", ".join(s for s, _ in errs)
+            first = " ".join(str(errs[0][1]).split())[:200]
+            notes.append(f"- {n} did not run ({where}): {first}")
+    return notes
+
+
+def bench_baselines(loaded: LoadedSpec) -> list[str]:
+    """The baselines ``coda-agent bench`` times for a spec: its ``bench.baselines``, plus
+    ``liger`` when the spec folder has a ``liger.py`` adapter."""
+    names = list(loaded.spec.bench.baselines)
+    if loaded.has_liger and "liger" not in names:
+        names.append("liger")
+    return names
+
+
 def results_markdown(verdicts: dict[str, Verdict], date: str) -> str:
     """The results page: one table per kernel, then the environment."""
     env = next(iter(verdicts.values())).environment if verdicts else None
@@ -55,7 +93,9 @@ def results_markdown(verdicts: dict[str, Verdict], date: str) -> str:
         lines += [f"GPU: {env.gpu} (sm {env.compute_capability}), driver {env.driver}, CUDA {env.cuda}; "
                   f"torch {env.torch}, nvidia-cutlass-dsl {env.cutlass_dsl}, quack-kernels {env.quack}.", ""]
     lines += ["Median ms (triton.testing.do_bench, L2 flushed, inputs rotated); every baseline measured in the",
-              "same run as the fused kernel. ratio = fused / baseline (< 1: fused is faster).", ""]
+              "same run as the fused kernel. ratio = fused / baseline (< 1: fused is faster); \"error\": the",
+              "baseline failed, \"n/a\": no such baseline here (e.g. no Liger equivalent, or liger-kernel not",
+              "installed). Baselines are compared by time only: their outputs are not checked.", ""]
     for name, v in verdicts.items():
         b = v.stage("bench")
         shapes = (b.metrics.get("shapes") if b else None) or {}
@@ -71,8 +111,11 @@ def results_markdown(verdicts: dict[str, Verdict], date: str) -> str:
             cells = [shape, f"{m['fused_ms']:.4f}", f"{m.get('tflops', 0):.0f}"]
             for n in bases:
                 r = m.get("baselines", {}).get(n, {})
-                cells += [f"{r['ms']:.4f}" if "ms" in r else "error", f"{r['ratio']:.3f}" if "ratio" in r else "-"]
+                cells += [_cell(r), f"{r['ratio']:.3f}" if "ratio" in r else "-"]
             lines.append("| " + " | ".join(cells) + " |")
+        notes = _baseline_notes(shapes, bases)
+        if notes:
+            lines += [""] + notes
         lines.append("")
     return "\n".join(lines) + "\n"
 
@@ -174,7 +217,8 @@ def bench_kernels(root: Path, names: list[str] | None, *, out_dir: Path | None =
         from coda_agent.verifier.pipeline import verify as verify_fn
     for n in names:
         loaded = load_spec(root / "kernel_specs" / n)
-        rep.verdicts[n] = verify_fn(loaded, root / "generated_kernels" / n / "kernel.py", bench_shapes=bench_shapes)
+        rep.verdicts[n] = verify_fn(loaded, root / "generated_kernels" / n / "kernel.py", bench_shapes=bench_shapes,
+                                    baselines=bench_baselines(loaded))
     if any((v.stage("bench") and v.stage("bench").status == "pass") for v in rep.verdicts.values()):
         _write_results(rep, out_dir, _dt.date.today().isoformat())
     return rep

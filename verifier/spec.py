@@ -30,7 +30,16 @@ for ``ref32`` and with the low-precision inputs for ``ref_lowp``):
   fused kernel replaces (timed eager and under ``torch.compile``);
 * ``bare_gemm(**inputs) -> Tensor`` -- the plain GEMM of the same M/N/K (the speed of
   light for an epilogue that hides under the mainloop);
-* optionally ``quack_library(**inputs) -> dict`` -- quack's hand-written equivalent.
+* optionally ``quack_library(**inputs) -> dict`` -- quack's hand-written equivalent;
+* optionally ``liger(**inputs) -> dict | Tensor`` -- Liger Kernel's equivalent (the
+  ``liger`` baseline). It usually lives instead in an optional third file,
+  ``kernel_specs/<name>/liger.py``, defining ``liger`` with the same calling convention
+  (the reference's own ``liger`` wins when both exist). liger.py is deliberately *not*
+  part of the spec hash (:func:`spec_hash` covers spec.toml and reference.py only): it
+  is a comparison, not the definition, so adding or fixing an adapter never invalidates
+  an accepted kernel. ``coda-agent bench`` times it when the file exists; liger-kernel
+  is an optional dependency (``pip install coda-agent[bench]``) and a missing install
+  is recorded as that baseline's error, never fatal.
 
 Errors: :func:`load_spec` raises :class:`SpecError` whose message names the file,
 the field path and what was expected.
@@ -55,6 +64,12 @@ DTYPES = ("bfloat16", "float16", "float32", "int32", "int64")
 
 SPEC_FILE = "spec.toml"
 REFERENCE_FILE = "reference.py"
+LIGER_FILE = "liger.py"
+"""Optional Liger Kernel adapter beside reference.py (not hashed: a comparison, not the contract)."""
+NO_LIGER = "no Liger equivalent for this spec"
+"""The ``liger`` baseline's error when neither reference.py nor liger.py defines ``liger``."""
+LIGER_MISSING = "liger-kernel is not installed (pip install coda-agent[bench])"
+"""The ``liger`` baseline's error when ``import liger_kernel`` fails (optional dependency)."""
 
 
 class SpecError(ValueError):
@@ -417,6 +432,30 @@ class LoadedSpec(BaseModel):
         mspec.loader.exec_module(mod)
         return mod
 
+    @property
+    def liger_path(self) -> Path:
+        return self.directory / LIGER_FILE
+
+    @property
+    def has_liger(self) -> bool:
+        """True when the spec has a Liger adapter file (``liger.py``) beside its reference."""
+        return self.liger_path.is_file()
+
+    def load_liger(self) -> ModuleType | None:
+        """Import ``liger.py`` (trusted code, the Liger baseline's adapter) as a fresh module;
+        None when the spec has none. Importing it must not need liger-kernel itself (the
+        adapter imports liger_kernel inside ``liger``)."""
+        path = self.liger_path
+        if not path.is_file():
+            return None
+        modname = f"coda_liger_{self.spec.name}"
+        mspec = importlib.util.spec_from_file_location(modname, path)
+        if mspec is None or mspec.loader is None:
+            raise SpecError(f"{path}: cannot import")
+        mod = importlib.util.module_from_spec(mspec)
+        mspec.loader.exec_module(mod)
+        return mod
+
 
 def _format_validation_error(path: Path, err: ValidationError) -> str:
     lines = [f"{path}: invalid kernel spec ({err.error_count()} problem(s))"]
@@ -429,7 +468,9 @@ def _format_validation_error(path: Path, err: ValidationError) -> str:
 
 
 def spec_hash(directory: Path) -> str:
-    """sha256 over the spec's two files (name-prefixed, so moving bytes between them counts)."""
+    """sha256 over the spec's two files (name-prefixed, so moving bytes between them counts).
+
+    An optional ``liger.py`` beside them is not hashed (a benchmark comparison, not the contract)."""
     h = hashlib.sha256()
     for fname in (SPEC_FILE, REFERENCE_FILE):
         p = directory / fname

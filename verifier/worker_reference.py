@@ -20,6 +20,13 @@ shapes and warmed up before timing, ``bare_gemm``/``quack_library``/others = the
 reference function of that name) with the same method as the candidate: rotated input
 sets, ``triton.testing.do_bench(return_mode="median")``. A baseline that fails is
 recorded with its error and the others still run.
+
+``liger`` (Liger Kernel, an optional dependency) is ``reference.liger`` when the
+reference defines it, else ``liger`` of the spec's optional ``liger.py`` (imported by
+path, like reference.py; not part of the spec hash). It is an error string, not a
+callable, when neither exists (:data:`NO_LIGER`) or when ``liger_kernel`` does not
+import (:data:`LIGER_MISSING`). Baselines are timed under ``torch.no_grad()``: an
+adapter that needs autograd enters ``torch.enable_grad()`` itself.
 """
 
 from __future__ import annotations
@@ -38,7 +45,7 @@ import torch
 
 from coda_agent.verifier.inputs import make_inputs, rotation_count, tensor_bytes, upcast
 from coda_agent.verifier.protocol import PLAN_FILE, RESULTS_FILE, Plan, Run, append_record
-from coda_agent.verifier.spec import GradientSpec, load_spec
+from coda_agent.verifier.spec import LIGER_MISSING, NO_LIGER, GradientSpec, load_spec
 
 BENCH_SEED_BASE = 10_000  # same input sets as the candidate worker's bench
 
@@ -125,10 +132,35 @@ class RefWorker:
                     fns[b] = torch.compile(self.ref.baseline, dynamic=False)
                 except Exception as e:  # noqa: BLE001
                     fns[b] = f"torch.compile unavailable: {type(e).__name__}: {e}"
+            elif b == "liger":
+                fns[b] = self.liger_fn()
             else:
                 f = getattr(self.ref, b, None)
                 fns[b] = f if callable(f) else f"reference.py defines no function {b!r}"
         return fns
+
+    def liger_fn(self) -> Callable[..., Any] | str:
+        """The Liger baseline: reference.liger, else liger.py's ``liger``; or why there is none."""
+        f = getattr(self.ref, "liger", None)
+        if not callable(f):
+            try:
+                mod = self.loaded.load_liger()
+            except Exception as e:  # noqa: BLE001 -- a broken adapter is that baseline's error
+                return f"liger.py does not import: {type(e).__name__}: {str(e)[:400]}"
+            if mod is None:
+                return NO_LIGER
+            f = getattr(mod, "liger", None)
+            if not callable(f):
+                return "liger.py defines no function 'liger'"
+        try:
+            import liger_kernel  # noqa: F401
+        except ImportError as e:
+            if getattr(e, "name", None) in (None, "liger_kernel"):
+                return LIGER_MISSING
+            return f"liger-kernel does not import: {type(e).__name__}: {str(e)[:400]}"
+        except Exception as e:  # noqa: BLE001 -- e.g. a triton/torch mismatch inside it
+            return f"liger-kernel does not import: {type(e).__name__}: {str(e)[:400]}"
+        return f
 
     def time_ms(self, call: Callable[[], Any]) -> float:
         if self.cuda:
