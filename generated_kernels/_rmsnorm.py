@@ -1,0 +1,363 @@
+"""RMSNorm family (CODA catalogue items 2, 3, 4, 8): residual + RMSNorm statistics, the
+deferred-rstd consumers, and RMSNorm -> linear with the fused RMSNorm backward.
+
+Public ops: ``residual_rmsnorm``, ``rmsnorm_linear``, ``deferred_rmsnorm_linear``,
+``deferred_rmsnorm_swiglu``; kernel wrappers ``gemm_residual_partial_rms_op``,
+``gemm_rmsnorm_op``, ``gemm_rmsnorm_swiglu_op``, ``rms_bwd_op``. See the package docstring
+for the math. ``load`` / ``_check_device`` are looked up through the package at call time.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ._registry import _expect, _pkg, run_kernel
+
+EPS = 1e-6
+"""RMSNorm epsilon of every spec in this family (nn.RMSNorm(eps=1e-6), Llama)."""
+
+
+def _stat_dtype(t: torch.Tensor) -> torch.dtype:
+    """fp32, or wider for wider inputs: norm statistics never run in 16 bits."""
+    return torch.promote_types(t.dtype, torch.float32)
+
+
+def _zeros_if_none(g, like: torch.Tensor) -> torch.Tensor:
+    return torch.zeros_like(like) if g is None else g
+
+
+# --------------------------------------------------------------------------- kernel ops
+
+@torch.library.custom_op("coda_agent::gemm_residual_partial_rms", mutates_args=())
+def gemm_residual_partial_rms_op(
+    x: torch.Tensor, w_o: torch.Tensor, residual: torch.Tensor, gamma: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Fused GEMM + residual + RMSNorm statistics (item 3). x (M, K), w_o (N, K),
+    residual (M, N), gamma (N,) bf16 -> (resid_out (M, N), normed_w (M, N) bf16, rstd (M,) fp32)."""
+    resid_out, normed_w, rstd = run_kernel("gemm_residual_partial_rms", x, w_o, residual, gamma)
+    return resid_out, normed_w, rstd
+
+
+@gemm_residual_partial_rms_op.register_fake
+def _(x, w_o, residual, gamma):
+    m, n = x.shape[0], w_o.shape[0]
+    return x.new_empty((m, n)), x.new_empty((m, n)), x.new_empty((m,), dtype=_stat_dtype(x))
+
+
+@torch.library.custom_op("coda_agent::gemm_rmsnorm", mutates_args=())
+def gemm_rmsnorm_op(a: torch.Tensor, rstd: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """Fused GEMM with the deferred RMSNorm row scale (item 4). a (M, K) bf16, rstd (M,) fp32,
+    w (N, K) bf16 -> out (M, N) bf16 = rstd[:, None] * (a @ w^T)."""
+    (out,) = run_kernel("gemm_rmsnorm", a, rstd, w)
+    return out
+
+
+@gemm_rmsnorm_op.register_fake
+def _(a, rstd, w):
+    return a.new_empty((a.shape[0], w.shape[0]))
+
+
+@torch.library.custom_op("coda_agent::gemm_rmsnorm_swiglu", mutates_args=())
+def gemm_rmsnorm_swiglu_op(
+    normed_w: torch.Tensor, rstd: torch.Tensor, w1: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Fused GEMM + deferred rstd + SwiGLU (item 2). normed_w (M, K) bf16, rstd (M,) fp32,
+    w1 (2I, K) bf16 gate/up interleaved -> (preact (M, 2I), postact (M, I)) bf16."""
+    preact, postact = run_kernel("gemm_rmsnorm_swiglu", normed_w, rstd, w1)
+    return preact, postact
+
+
+@gemm_rmsnorm_swiglu_op.register_fake
+def _(normed_w, rstd, w1):
+    m, n2 = normed_w.shape[0], w1.shape[0]
+    return normed_w.new_empty((m, n2)), normed_w.new_empty((m, n2 // 2))
+
+
+@torch.library.custom_op("coda_agent::rms_bwd", mutates_args=())
+def rms_bwd_op(
+    dy: torch.Tensor, w: torch.Tensor, h: torch.Tensor, gamma: torch.Tensor,
+    rstd: torch.Tensor, zdz: torch.Tensor, dresid: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Fused dgrad GEMM + RMSNorm backward (item 8). dy (M, N), w (N, D), h (M, D),
+    gamma (D,), dresid (M, D) bf16; rstd, zdz (M,) fp32 -> (dh (M, D) bf16, dgamma (D,) fp32)."""
+    dh, dgamma = run_kernel("rms_bwd", dy, w, h, gamma, rstd, zdz, dresid)
+    return dh, dgamma
+
+
+@rms_bwd_op.register_fake
+def _(dy, w, h, gamma, rstd, zdz, dresid):
+    return torch.empty_like(h), h.new_empty((h.shape[1],), dtype=_stat_dtype(h))
+
+
+# --------------------------------------------------------------------------- shared backward math
+
+def deferred_linear_grads(dy, a, rstd, w):
+    """Gradients of out = (a * rstd[:, None]) @ w^T (the deferred-rstd GEMM) for the upstream
+    dy (M, N) in a's dtype: (da (M, K), drstd (M,), dw (N, K)). The GEMMs run in the
+    activation dtype; the row scale and the drstd reduction in fp32 (or wider)."""
+    sd = _stat_dtype(a)
+    dz = (dy @ w).to(sd)                                 # d out / d (a * rstd), (M, K)
+    r = rstd.to(sd)[:, None]
+    da = (dz * r).to(a.dtype)
+    drstd = (dz * a.to(sd)).sum(dim=-1).to(rstd.dtype)
+    dw = dy.T @ (a.to(sd) * r).to(a.dtype)
+    return da, drstd, dw
+
+
+# --------------------------------------------------------------------------- residual_rmsnorm
+
+@torch.library.custom_op("coda_agent::residual_rmsnorm", mutates_args=())
+def _residual_rmsnorm(
+    x: torch.Tensor, w_o: torch.Tensor, residual: torch.Tensor, gamma: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return gemm_residual_partial_rms_op(x, w_o, residual, gamma)
+
+
+@_residual_rmsnorm.register_fake
+def _(x, w_o, residual, gamma):
+    m, n = x.shape[0], w_o.shape[0]
+    return x.new_empty((m, n)), x.new_empty((m, n)), x.new_empty((m,), dtype=_stat_dtype(x))
+
+
+def _residual_rmsnorm_setup(ctx, inputs, output):
+    x, w_o, _residual, gamma = inputs
+    resid_out, _normed_w, rstd = output
+    ctx.save_for_backward(x, w_o, gamma, resid_out, rstd)
+
+
+def _residual_rmsnorm_backward(ctx, d_resid_out, d_normed_w, d_rstd):
+    x, w_o, gamma, y, rstd = ctx.saved_tensors
+    sd = _stat_dtype(x)
+    yf, r = y.to(sd), rstd.to(sd)
+    d_resid_out = _zeros_if_none(d_resid_out, y).to(sd)
+    d_normed_w = _zeros_if_none(d_normed_w, y).to(sd)
+    d_rstd = _zeros_if_none(d_rstd, rstd).to(sd)
+    # y feeds all three outputs: resid_out = y, normed_w = y * gamma,
+    # rstd = (mean(y^2) + eps)^(-1/2)  =>  d rstd / d y = -rstd^3 * y / N
+    gy = d_resid_out + d_normed_w * gamma.to(sd) + (d_rstd * r.pow(3) * (-1.0 / y.shape[1]))[:, None] * yf
+    dgamma = (d_normed_w * yf).sum(dim=0).to(gamma.dtype)
+    g = gy.to(x.dtype)
+    return g @ w_o, g.T @ x, g, dgamma
+
+
+_residual_rmsnorm.register_autograd(_residual_rmsnorm_backward, setup_context=_residual_rmsnorm_setup)
+
+
+def residual_rmsnorm(
+    x: torch.Tensor, w_o: torch.Tensor, residual: torch.Tensor, gamma: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Producing GEMM + residual add + RMSNorm statistics (CODA item 3), rstd deferred.
+
+    ``y = x @ w_o^T + residual``; returns ``(resid_out, normed_w, rstd)`` with
+    ``resid_out = y`` (the new residual stream), ``normed_w = y * gamma`` (the next GEMM's
+    input, row scale not applied) and ``rstd = rsqrt(mean(y^2, -1) + 1e-6)``, so that
+    ``normed_w * rstd[:, None] = RMSNorm(y)`` (feed it to :func:`deferred_rmsnorm_linear`,
+    :func:`deferred_rmsnorm_swiglu` or :func:`deferred_rmsnorm_qkv_rope`).
+
+    Args:
+        x: (M, K) bf16 (the out-projection's / down-projection's input), contiguous.
+        w_o: (N, K) bf16 weight, nn.Linear layout.
+        residual: (M, N) bf16 incoming residual stream.
+        gamma: (N,) bf16 RMSNorm weight.
+    Returns:
+        resid_out (M, N) bf16, normed_w (M, N) bf16, rstd (M,) fp32.
+    Raises:
+        ValueError: tensors not on one CUDA device, or inconsistent shapes.
+        ModuleNotFoundError: when gemm_residual_partial_rms is not accepted yet.
+    Forward: the fused ``gemm_residual_partial_rms`` kernel. Backward (plain torch, no fused
+    kernel for it in the catalogue): gradients reach x, w_o, residual and gamma through all
+    three outputs (incl. rstd: d rstd / d y = -rstd^3 y / N). Works under ``torch.compile``.
+    """
+    _pkg._check_device("residual_rmsnorm", x, w_o, residual, gamma)
+    _expect(x.dim() == 2 and w_o.dim() == 2 and x.shape[1] == w_o.shape[1], "residual_rmsnorm",
+            f"x (M, K) and w_o (N, K) must share K, got {tuple(x.shape)} and {tuple(w_o.shape)}")
+    _expect(tuple(residual.shape) == (x.shape[0], w_o.shape[0]) and tuple(gamma.shape) == (w_o.shape[0],),
+            "residual_rmsnorm", f"residual must be (M, N) and gamma (N,), got {tuple(residual.shape)} "
+            f"and {tuple(gamma.shape)}")
+    return _residual_rmsnorm(x, w_o, residual, gamma)
+
+
+# --------------------------------------------------------------------------- rmsnorm_linear
+
+@torch.library.custom_op("coda_agent::rmsnorm_linear", mutates_args=())
+def _rmsnorm_linear(h: torch.Tensor, gamma: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    rstd = torch.rsqrt(h.to(_stat_dtype(h)).pow(2).mean(dim=-1) + EPS)
+    out = gemm_rmsnorm_op(h * gamma, rstd, w)
+    return out, rstd
+
+
+@_rmsnorm_linear.register_fake
+def _(h, gamma, w):
+    return h.new_empty((h.shape[0], w.shape[0])), h.new_empty((h.shape[0],), dtype=_stat_dtype(h))
+
+
+def _rmsnorm_linear_setup(ctx, inputs, output):
+    h, gamma, w = inputs
+    out, rstd = output
+    ctx.mark_non_differentiable(rstd)
+    ctx.save_for_backward(h, gamma, w, out, rstd)
+
+
+def _rmsnorm_linear_backward(ctx, dy, _drstd_unused):
+    h, gamma, w, out, rstd = ctx.saved_tensors
+    sd = _stat_dtype(h)
+    dy = dy.contiguous()
+    # zdz[m] = (1/D) sum_d (dy @ w)[m, d] * z[m, d] = (1/D) sum_n dy[m, n] * out[m, n]
+    zdz = (dy.to(sd) * out.to(sd)).sum(dim=-1) / h.shape[1]
+    dh, dgamma = rms_bwd_op(dy, w, h, gamma, rstd, zdz, torch.zeros_like(h))
+    z = (h.to(sd) * rstd.to(sd)[:, None]).to(h.dtype) * gamma      # RMSNorm(h), recomputed
+    return dh, dgamma.to(gamma.dtype), dy.T @ z
+
+
+_rmsnorm_linear.register_autograd(_rmsnorm_linear_backward, setup_context=_rmsnorm_linear_setup)
+
+
+def rmsnorm_linear(h: torch.Tensor, gamma: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """RMSNorm followed by a linear layer (CODA items 4 and 8): ``RMSNorm(h) @ w^T``.
+
+    ``RMSNorm(h) = (h * rstd[:, None]).to(h.dtype) * gamma`` with
+    ``rstd = rsqrt(mean(h.float()^2, -1) + 1e-6)`` (nn.RMSNorm, eps 1e-6, statistics in fp32).
+
+    Args:
+        h: (M, D) bf16 pre-norm activations (the residual stream), contiguous.
+        gamma: (D,) bf16 RMSNorm weight.
+        w: (N, D) bf16 weight, nn.Linear layout.
+    Returns:
+        (M, N) bf16.
+    Raises:
+        ValueError: tensors not on one CUDA device, or inconsistent shapes.
+        ModuleNotFoundError: when gemm_rmsnorm (forward) or rms_bwd (backward) is not accepted.
+    Forward: rstd and ``h * gamma`` in torch, then the ``gemm_rmsnorm`` kernel applies rstd in
+    its epilogue. Backward: the per-row correction ``zdz = sum_n dy * out / D`` (torch, from
+    the saved output), then the fused ``rms_bwd`` kernel (dgrad GEMM + RMSNorm backward) gives
+    dh and dgamma; the wgrad ``dy^T @ RMSNorm(h)`` is a plain GEMM. Gradients reach h, gamma
+    and w; works under ``torch.compile``.
+    """
+    _pkg._check_device("rmsnorm_linear", h, gamma, w)
+    _expect(h.dim() == 2 and w.dim() == 2 and h.shape[1] == w.shape[1] and tuple(gamma.shape) == (h.shape[1],),
+            "rmsnorm_linear", f"need h (M, D), gamma (D,), w (N, D), got {tuple(h.shape)}, "
+            f"{tuple(gamma.shape)}, {tuple(w.shape)}")
+    out, _ = _rmsnorm_linear(h, gamma, w)
+    return out
+
+
+# --------------------------------------------------------------------------- deferred_rmsnorm_linear
+
+@torch.library.custom_op("coda_agent::deferred_rmsnorm_linear", mutates_args=())
+def _deferred_rmsnorm_linear(a: torch.Tensor, rstd: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return gemm_rmsnorm_op(a, rstd, w)
+
+
+@_deferred_rmsnorm_linear.register_fake
+def _(a, rstd, w):
+    return a.new_empty((a.shape[0], w.shape[0]))
+
+
+def _deferred_setup(ctx, inputs, output):
+    ctx.save_for_backward(*inputs)          # a, rstd, w
+
+
+def _deferred_rmsnorm_linear_backward(ctx, dy):
+    a, rstd, w = ctx.saved_tensors
+    return deferred_linear_grads(dy, a, rstd, w)
+
+
+_deferred_rmsnorm_linear.register_autograd(_deferred_rmsnorm_linear_backward, setup_context=_deferred_setup)
+
+
+def _check_deferred(op, a, rstd, w):
+    _pkg._check_device(op, a, rstd, w)
+    _expect(a.dim() == 2 and w.dim() == 2 and a.shape[1] == w.shape[1] and tuple(rstd.shape) == (a.shape[0],),
+            op, f"need a (M, K), rstd (M,), w (N, K), got {tuple(a.shape)}, {tuple(rstd.shape)}, "
+            f"{tuple(w.shape)}")
+
+
+def deferred_rmsnorm_linear(a: torch.Tensor, rstd: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """Linear layer on a deferred RMSNorm (CODA item 4): ``(a * rstd[:, None]) @ w^T``.
+
+    ``a = y * gamma`` and ``rstd`` come from :func:`residual_rmsnorm`, so the result is
+    ``RMSNorm(y) @ w^T``; the row scale is applied to the GEMM's fp32 accumulator.
+
+    Args:
+        a: (M, K) bf16 (``normed_w`` of residual_rmsnorm), contiguous.
+        rstd: (M,) fp32 row scale.
+        w: (N, K) bf16 weight, nn.Linear layout.
+    Returns:
+        (M, N) bf16.
+    Raises:
+        ValueError: tensors not on one CUDA device, or inconsistent shapes.
+        ModuleNotFoundError: when gemm_rmsnorm is not accepted yet.
+    Forward: the ``gemm_rmsnorm`` kernel. Backward (plain torch: a dgrad GEMM, the row scale,
+    a row reduction and a wgrad GEMM): ``da = (dy @ w) * rstd``,
+    ``drstd = sum((dy @ w) * a, -1)``, ``dw = dy^T @ (a * rstd)``. Works under ``torch.compile``.
+    """
+    _check_deferred("deferred_rmsnorm_linear", a, rstd, w)
+    return _deferred_rmsnorm_linear(a, rstd, w)
+
+
+# --------------------------------------------------------------------------- deferred_rmsnorm_swiglu
+
+@torch.library.custom_op("coda_agent::deferred_rmsnorm_swiglu", mutates_args=())
+def _deferred_rmsnorm_swiglu(
+    normed_w: torch.Tensor, rstd: torch.Tensor, w1: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return gemm_rmsnorm_swiglu_op(normed_w, rstd, w1)
+
+
+@_deferred_rmsnorm_swiglu.register_fake
+def _(normed_w, rstd, w1):
+    m, n2 = normed_w.shape[0], w1.shape[0]
+    return normed_w.new_empty((m, n2)), normed_w.new_empty((m, n2 // 2))
+
+
+def _deferred_swiglu_setup(ctx, inputs, output):
+    normed_w, rstd, w1 = inputs
+    preact, _postact = output
+    ctx.save_for_backward(normed_w, rstd, w1, preact)
+
+
+def _deferred_rmsnorm_swiglu_backward(ctx, d_preact, d_postact):
+    normed_w, rstd, w1, preact = ctx.saved_tensors
+    sd = _stat_dtype(normed_w)
+    p = preact.to(sd)
+    gate, up = p[:, 0::2], p[:, 1::2]
+    sig = torch.sigmoid(gate)
+    dpost = _zeros_if_none(d_postact, up).to(sd)
+    dgate = dpost * up * sig * (1 + gate * (1 - sig))         # d silu(g) / dg = sig (1 + g (1 - sig))
+    dup = dpost * F.silu(gate)
+    dpre = torch.stack((dgate, dup), dim=-1).flatten(1)       # interleaved like preact
+    if d_preact is not None:
+        dpre = dpre + d_preact.to(sd)
+    return deferred_linear_grads(dpre.to(normed_w.dtype), normed_w, rstd, w1)
+
+
+_deferred_rmsnorm_swiglu.register_autograd(_deferred_rmsnorm_swiglu_backward, setup_context=_deferred_swiglu_setup)
+
+
+def deferred_rmsnorm_swiglu(
+    normed_w: torch.Tensor, rstd: torch.Tensor, w1: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Gate/up projection on a deferred RMSNorm, with SwiGLU (CODA item 2).
+
+    ``preact = (normed_w * rstd[:, None]) @ w1^T`` (M, 2I), gate/up interleaved
+    (``gate = preact[:, 0::2]``, ``up = preact[:, 1::2]``), ``postact = silu(gate) * up`` (M, I).
+
+    Args:
+        normed_w: (M, K) bf16 (``normed_w`` of residual_rmsnorm), contiguous.
+        rstd: (M,) fp32 row scale.
+        w1: (2I, K) bf16 gate/up weight, nn.Linear layout, rows interleaved
+            (row 2j = gate j, row 2j+1 = up j); I a multiple of 8 (postact's 16-byte rows).
+    Returns:
+        preact (M, 2I) bf16, postact (M, I) bf16.
+    Raises:
+        ValueError: tensors not on one CUDA device, or inconsistent shapes (odd 2I).
+        ModuleNotFoundError: when gemm_rmsnorm_swiglu is not accepted yet.
+    Forward: the ``gemm_rmsnorm_swiglu`` kernel. Backward (plain torch): SwiGLU backward from
+    the saved preact plus the preact gradient, then the deferred-rstd GEMM grads as in
+    :func:`deferred_rmsnorm_linear`. Gradients flow through both outputs to normed_w, rstd
+    and w1; works under ``torch.compile``.
+    """
+    _check_deferred("deferred_rmsnorm_swiglu", normed_w, rstd, w1)
+    _expect(w1.shape[0] % 2 == 0, "deferred_rmsnorm_swiglu", f"w1 needs an even row count 2I, got {w1.shape[0]}")
+    return _deferred_rmsnorm_swiglu(normed_w, rstd, w1)

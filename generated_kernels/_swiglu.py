@@ -1,0 +1,90 @@
+"""SwiGLU MLP ops (CODA catalogue items 1 + 7): ``swiglu``, ``swiglu_fwd_op``, ``swiglu_bwd_op``.
+
+See the package docstring for the math. ``load`` / ``_check_device`` are looked up through
+the package at call time (tests monkeypatch them there).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._registry import _pkg
+
+
+@torch.library.custom_op("coda_agent::swiglu_fwd", mutates_args=())
+def swiglu_fwd_op(x: torch.Tensor, w1: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Fused GEMM + SwiGLU. x (M, K) bf16, w1 (2I, K) bf16 gate/up interleaved ->
+    (preact (M, 2I), postact (M, I)) bf16."""
+    preact, postact = _pkg.load("swiglu_fwd").swiglu_fwd(x, w1)
+    return preact, postact
+
+
+@swiglu_fwd_op.register_fake
+def _(x, w1):
+    m, n2 = x.shape[0], w1.shape[0]
+    return x.new_empty((m, n2)), x.new_empty((m, n2 // 2))
+
+
+@torch.library.custom_op("coda_agent::swiglu_bwd", mutates_args=())
+def swiglu_bwd_op(
+    dout: torch.Tensor, w_down: torch.Tensor, preact: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Fused down-projection dgrad + SwiGLU backward. dout (M, K), w_down (K, I),
+    preact (M, 2I), all bf16 -> (dpreact (M, 2I), postact (M, I)) bf16."""
+    dpreact, postact = _pkg.load("swiglu_bwd").swiglu_bwd(dout, w_down, preact)
+    return dpreact, postact
+
+
+@swiglu_bwd_op.register_fake
+def _(dout, w_down, preact):
+    return torch.empty_like(preact), preact.new_empty((preact.shape[0], preact.shape[1] // 2))
+
+
+@torch.library.custom_op("coda_agent::swiglu_mlp", mutates_args=())
+def _swiglu_mlp(x: torch.Tensor, w1: torch.Tensor, w_down: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    preact, postact = swiglu_fwd_op(x, w1)
+    return postact @ w_down.T, preact
+
+
+@_swiglu_mlp.register_fake
+def _(x, w1, w_down):
+    m = x.shape[0]
+    return x.new_empty((m, w_down.shape[0])), x.new_empty((m, w1.shape[0]))
+
+
+def _mlp_setup_context(ctx, inputs, output):
+    x, w1, w_down = inputs
+    _, preact = output
+    ctx.save_for_backward(x, w1, w_down, preact)
+
+
+def _mlp_backward(ctx, dout, _dpreact_unused):
+    x, w1, w_down, preact = ctx.saved_tensors
+    dpreact, postact = swiglu_bwd_op(dout.contiguous(), w_down, preact)
+    dw_down = dout.T @ postact          # wgrad of the down projection (K, I)
+    dx = dpreact @ w1                   # dgrad of the gate/up projection (M, K)
+    dw1 = dpreact.T @ x                 # wgrad of the gate/up projection (2I, K)
+    return dx, dw1, dw_down
+
+
+_swiglu_mlp.register_autograd(_mlp_backward, setup_context=_mlp_setup_context)
+
+
+def swiglu(x: torch.Tensor, w1: torch.Tensor, w_down: torch.Tensor) -> torch.Tensor:
+    """SwiGLU MLP with fused kernels in forward and backward (CODA items 1 and 7).
+
+    Args:
+        x: (M, K) bf16 activations, contiguous.
+        w1: (2I, K) bf16 gate/up weight, nn.Linear layout, rows interleaved
+            (row 2j = gate j, row 2j+1 = up j).
+        w_down: (K, I) bf16 down-projection weight, nn.Linear layout.
+    Returns:
+        (M, K) bf16: ``(silu(x @ gate^T) * (x @ up^T)) @ w_down^T``.
+    Raises:
+        ValueError: when the tensors are not on one CUDA device (the kernels need sm_90).
+        ModuleNotFoundError: when swiglu_fwd / swiglu_bwd are not accepted yet.
+    Gradients flow to x, w1 and w_down; works under ``torch.compile``.
+    """
+    _pkg._check_device("swiglu", x, w1, w_down)
+    out, _ = _swiglu_mlp(x, w1, w_down)
+    return out

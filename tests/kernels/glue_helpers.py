@@ -1,0 +1,124 @@
+"""Shared helpers of the coda_agent.kernels op tests (imported by test_*_ops.py).
+
+* ``reference_module(name)``: a spec's reference.py, imported straight from its file (the
+  specs' ``baseline`` / ``reference`` functions are the CPU stand-ins for the kernels);
+* ``use_standins(monkeypatch, entries)``: make ``coda_agent.kernels.load`` return the
+  stand-ins and switch ``_check_device`` off (the stand-ins run on the CPU);
+* ``check_against_torch``: an op's outputs and gradients (random upstream gradients for
+  every output) against autograd through a plain torch implementation in float64;
+* ``check_on_gpu``: the real kernels in bf16 against an fp32 torch reference, with the
+  error budget set by the same computation in bf16 PyTorch (the CODA criterion).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import types
+from pathlib import Path
+
+import torch
+
+import coda_agent.kernels as K
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def reference_module(name: str):
+    """Import kernel_specs/<name>/reference.py as a fresh module."""
+    path = ROOT / "kernel_specs" / name / "reference.py"
+    spec = importlib.util.spec_from_file_location(f"coda_test_reference_{name}", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def entry(fn, inputs: list[str], outputs: list[str]):
+    """Adapt a spec function ``fn(**inputs) -> dict`` to the kernel entry convention
+    ``entry(*inputs in order) -> tuple(outputs in order)``."""
+    def call(*args):
+        res = fn(**dict(zip(inputs, args)))
+        return tuple(res[o] for o in outputs)
+    return call
+
+
+def use_standins(monkeypatch, entries: dict) -> dict:
+    """``K.load(name)`` -> a namespace with ``name = entries[name]``; ``_check_device`` off.
+    Returns a dict counting the calls of each stand-in."""
+    calls = {name: 0 for name in entries}
+
+    def counted(name):
+        fn = entries[name]
+
+        def call(*a, **kw):
+            calls[name] += 1
+            return fn(*a, **kw)
+        call.__signature__ = inspect.signature(fn)  # keep keyword-only constants visible
+        return call
+
+    mods = {name: types.SimpleNamespace(**{name: counted(name)}) for name in entries}
+
+    def load(name):
+        if name not in mods:
+            raise ModuleNotFoundError(f"no stand-in for {name!r}")
+        return mods[name]
+
+    monkeypatch.setattr(K, "load", load)
+    monkeypatch.setattr(K, "_check_device", lambda *a: None)
+    return calls
+
+
+def _tuple(x):
+    return tuple(x) if isinstance(x, (tuple, list)) else (x,)
+
+
+def _upstream(outs, seed):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(o.shape, generator=g, dtype=torch.float64).to(device=o.device, dtype=o.dtype) for o in outs]
+
+
+def check_against_torch(fn, torch_fn, args, diff, *, rtol, seed=0, names=None):
+    """fn(*args) vs torch_fn(*args in float64): outputs, and gradients w.r.t. args[i] for
+    i in ``diff``. Tolerance: |a - r| <= rtol * (max |r| + 1) per tensor."""
+    args = [a.detach().clone().requires_grad_() if i in diff else a for i, a in enumerate(args)]
+    outs = _tuple(fn(*args))
+    ups = _upstream(outs, seed)
+    grads = torch.autograd.grad(outs, [args[i] for i in diff], ups)
+    rargs = [a.detach().double().requires_grad_() if i in diff
+             else (a.double() if a.is_floating_point() else a) for i, a in enumerate(args)]
+    routs = _tuple(torch_fn(*rargs))
+    rgrads = torch.autograd.grad(routs, [rargs[i] for i in diff], [u.double() for u in ups])
+    names = names or [f"out{i}" for i in range(len(outs))] + [f"d_arg{i}" for i in diff]
+    assert len(outs) == len(routs)
+    for name, a, r in zip(names, (*outs, *grads), (*routs, *rgrads)):
+        assert a.shape == r.shape, f"{name}: shape {tuple(a.shape)} != {tuple(r.shape)}"
+        err = (a.double() - r.double()).abs().max().item()
+        tol = rtol * (r.abs().max().item() + 1.0)
+        assert err <= tol, f"{name}: max err {err:.3e} > {tol:.3e}"
+
+
+def check_on_gpu(fn, torch_fn, args, diff, names, *, seed=0):
+    """The real kernels (bf16 inputs on the GPU) vs an fp32 torch reference from the same
+    inputs; error budget 2 * (error of the same torch code in bf16) + 1e-6 per tensor
+    (``diff`` empty: outputs only, the forward alone.)"""
+    args = [a.detach().clone().requires_grad_() if i in diff else a for i, a in enumerate(args)]
+    outs = _tuple(fn(*args))
+    ups = _upstream(outs, seed)
+    grads = torch.autograd.grad(outs, [args[i] for i in diff], ups) if diff else ()
+
+    def run(cast):
+        xs = [cast(a).detach().requires_grad_() if i in diff else cast(a) for i, a in enumerate(args)]
+        o = _tuple(torch_fn(*xs))
+        if not diff:
+            return o
+        g = torch.autograd.grad(o, [xs[i] for i in diff], [u.to(oo.dtype) for u, oo in zip(ups, o)])
+        return (*o, *g)
+
+    ref = run(lambda a: a.float() if a.is_floating_point() else a)
+    low = run(lambda a: a.detach().clone())
+    for name, a, r, b in zip(names, (*outs, *grads), ref, low):
+        assert a.shape == r.shape, f"{name}: shape {tuple(a.shape)} != {tuple(r.shape)}"
+        assert a.dtype == b.dtype, f"{name}: dtype {a.dtype}, the torch code gives {b.dtype}"
+        err = (a.float() - r.float()).abs().max().item()
+        budget = 2 * (b.float() - r.float()).abs().max().item() + 1e-6
+        assert err <= budget, f"{name}: max err {err:.3e} > allowed {budget:.3e}"

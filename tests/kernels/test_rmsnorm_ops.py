@@ -1,0 +1,274 @@
+"""coda_agent.kernels RMSNorm family: residual_rmsnorm, rmsnorm_linear, deferred_rmsnorm_linear,
+deferred_rmsnorm_swiglu (CODA items 2, 3, 4, 8).
+
+On the CPU the specs' PyTorch functions stand in for the kernels (``baseline`` in float32;
+``reference`` -- written for float64 too -- for gradcheck; for rms_bwd also the spec's
+epilogue formula, which, unlike its baseline, reads the precomputed ``zdz``), so the tests
+check the ops' wiring: saved tensors, hand-written backward formulas, fake impls,
+torch.compile. On an H200 the real accepted kernels run (``gpu`` marker).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import coda_agent.kernels as K
+from glue_helpers import check_against_torch, check_on_gpu, entry, reference_module, use_standins
+
+EPS = 1e-6
+
+
+def _sd(t):
+    return torch.promote_types(t.dtype, torch.float32)
+
+
+# --------------------------------------------------------------------------- plain torch implementations
+
+def torch_residual_rmsnorm(x, w_o, residual, gamma):
+    y = x @ w_o.T + residual
+    return y, y * gamma, torch.rsqrt(y.to(_sd(y)).pow(2).mean(dim=-1) + EPS)
+
+
+def torch_rmsnorm_linear(h, gamma, w):
+    rstd = torch.rsqrt(h.to(_sd(h)).pow(2).mean(dim=-1) + EPS)
+    return ((h.to(rstd.dtype) * rstd[:, None]).to(h.dtype) * gamma) @ w.T
+
+
+def torch_deferred_linear(a, rstd, w):
+    return (a.to(_sd(a)) * rstd.to(_sd(a))[:, None]).to(a.dtype) @ w.T
+
+
+def torch_deferred_swiglu(normed_w, rstd, w1):
+    pre = torch_deferred_linear(normed_w, rstd, w1)
+    return pre, F.silu(pre[:, 0::2]) * pre[:, 1::2]
+
+
+# --------------------------------------------------------------------------- inputs
+
+def _gen(device, seed):
+    return torch.Generator(device=device).manual_seed(seed)
+
+
+def _randn(g, *shape, std=1.0, device="cpu"):
+    return torch.randn(*shape, generator=g, device=device) * std
+
+
+def _uniform(g, *shape, low, high, device="cpu"):
+    return torch.rand(*shape, generator=g, device=device) * (high - low) + low
+
+
+def residual_inputs(device, dtype, M=24, K=20, N=28, seed=0):
+    g = _gen(device, seed)
+    return [_randn(g, M, K, device=device).to(dtype), _randn(g, N, K, std=K**-0.5, device=device).to(dtype),
+            _randn(g, M, N, device=device).to(dtype), _uniform(g, N, low=0.5, high=1.5, device=device).to(dtype)]
+
+
+def rmsnorm_linear_inputs(device, dtype, M=24, K=20, N=28, seed=0):
+    g = _gen(device, seed)
+    return [_randn(g, M, K, std=2.0, device=device).to(dtype), _uniform(g, K, low=0.5, high=1.5, device=device).to(dtype),
+            _randn(g, N, K, std=K**-0.5, device=device).to(dtype)]
+
+
+def deferred_inputs(device, dtype, M=24, K=20, N=28, seed=0):
+    g = _gen(device, seed)
+    return [_randn(g, M, K, device=device).to(dtype),
+            _uniform(g, M, low=0.5, high=2.0, device=device).to(torch.promote_types(dtype, torch.float32)),
+            _randn(g, N, K, std=K**-0.5, device=device).to(dtype)]
+
+
+@dataclass
+class Case:
+    op: Callable
+    torch_fn: Callable
+    make: Callable
+    diff: tuple
+    names: tuple
+    kernels: tuple          # accepted kernels it needs (forward, backward)
+
+
+CASES = {
+    "residual_rmsnorm": Case(K.residual_rmsnorm, torch_residual_rmsnorm, residual_inputs, (0, 1, 2, 3),
+                             ("resid_out", "normed_w", "rstd", "dx", "dw_o", "dresidual", "dgamma"),
+                             ("gemm_residual_partial_rms",)),
+    "rmsnorm_linear": Case(K.rmsnorm_linear, torch_rmsnorm_linear, rmsnorm_linear_inputs, (0, 1, 2),
+                           ("out", "dh", "dgamma", "dw"), ("gemm_rmsnorm", "rms_bwd")),
+    "deferred_rmsnorm_linear": Case(K.deferred_rmsnorm_linear, torch_deferred_linear, deferred_inputs, (0, 1, 2),
+                                    ("out", "da", "drstd", "dw"), ("gemm_rmsnorm",)),
+    "deferred_rmsnorm_swiglu": Case(K.deferred_rmsnorm_swiglu, torch_deferred_swiglu, deferred_inputs, (0, 1, 2),
+                                    ("preact", "postact", "dnormed_w", "drstd", "dw1"), ("gemm_rmsnorm_swiglu",)),
+}
+
+
+# --------------------------------------------------------------------------- stand-ins
+
+def rms_bwd_spec_math(dy, w, h, gamma, rstd, zdz, dresid):
+    """rms_bwd from its spec's epilogue formula (reads the precomputed zdz, as the kernel does):
+    dh = (acc * gamma - xhat * zdz) * rstd + dresid, dgamma = sum_m acc * xhat, acc = dy @ w."""
+    sd = _sd(h)
+    acc = dy.to(sd) @ w.to(sd)
+    r = rstd.to(sd)[:, None]
+    xhat = h.to(sd) * r
+    dh = (acc * gamma.to(sd) - xhat * zdz.to(sd)[:, None]) * r + dresid.to(sd)
+    return dh.to(h.dtype), (acc * xhat).sum(dim=0)
+
+
+def standins(kind: str, rms_bwd: str = "baseline") -> dict:
+    """kind: "baseline" (the specs' unfused PyTorch code, float32) or "reference" (the specs'
+    standard definitions, exact in float64). rms_bwd: "baseline" (recomputes the correction
+    itself, ignores zdz) or "spec_math" (uses zdz)."""
+    res = reference_module("gemm_residual_partial_rms")
+    rms = reference_module("gemm_rmsnorm")
+    swi = reference_module("gemm_rmsnorm_swiglu")
+    bwd = reference_module("rms_bwd")
+    return {
+        "gemm_residual_partial_rms": entry(getattr(res, kind), ["x", "w_o", "residual", "gamma"],
+                                           ["resid_out", "normed_w", "rstd"]),
+        "gemm_rmsnorm": entry(getattr(rms, kind), ["a", "rstd", "w"], ["out"]),
+        "gemm_rmsnorm_swiglu": entry(getattr(swi, kind), ["normed_w", "rstd", "w1"], ["preact", "postact"]),
+        "rms_bwd": rms_bwd_spec_math if rms_bwd == "spec_math" else entry(
+            bwd.baseline, ["dy", "w", "h", "gamma", "rstd", "zdz", "dresid"], ["dh", "dgamma"]),
+    }
+
+
+@pytest.fixture
+def baseline_kernels(monkeypatch):
+    return use_standins(monkeypatch, standins("baseline"))
+
+
+# --------------------------------------------------------------------------- CPU tests
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_matches_torch_cpu(name, baseline_kernels):
+    case = CASES[name]
+    check_against_torch(case.op, case.torch_fn, case.make("cpu", torch.float32), case.diff, rtol=1e-4,
+                        names=case.names)
+    for k in case.kernels:                     # the op really went through its kernels
+        assert baseline_kernels[k] == 1, (k, baseline_kernels)
+
+
+def test_rmsnorm_linear_with_zdz_reading_rms_bwd_cpu(monkeypatch):
+    """rms_bwd's baseline recomputes the row correction; the spec formula (as the kernel)
+    takes it from zdz: with it the op's gradients are right only if its zdz is."""
+    use_standins(monkeypatch, standins("baseline", rms_bwd="spec_math"))
+    case = CASES["rmsnorm_linear"]
+    check_against_torch(case.op, case.torch_fn, case.make("cpu", torch.float32), case.diff, rtol=1e-4,
+                        names=case.names)
+
+
+def test_rmsnorm_linear_passes_the_spec_derived_inputs_cpu(monkeypatch):
+    """rstd, zdz and dresid handed to rms_bwd are what the rms_bwd spec derives (float64)."""
+    seen = {}
+
+    def spy(*args):
+        seen["args"] = args
+        return rms_bwd_spec_math(*args)
+
+    use_standins(monkeypatch, {**standins("reference"), "rms_bwd": spy})
+    h, gamma, w = (t.requires_grad_() for t in rmsnorm_linear_inputs("cpu", torch.float64))
+    out = K.rmsnorm_linear(h, gamma, w)
+    out.backward(dy := torch.randn_like(out))
+    dy_, w_, h_, gamma_, rstd, zdz, dresid = seen["args"]
+    ref = reference_module("rms_bwd")
+    torch.testing.assert_close(dy_, dy)
+    assert w_ is not None and torch.equal(w_, w.detach()) and torch.equal(h_, h.detach())
+    torch.testing.assert_close(rstd, ref.saved_rstd(h=h.detach()), rtol=1e-12, atol=0)
+    torch.testing.assert_close(zdz, ref.saved_zdz(dy=dy, w=w.detach(), h=h.detach(), gamma=gamma.detach(), rstd=rstd),
+                               rtol=1e-10, atol=1e-12)
+    assert torch.equal(dresid, torch.zeros_like(h))
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_gradcheck_float64_cpu(name, monkeypatch):
+    """torch.autograd.gradcheck of the hand-written backward formulas (float64 stand-ins:
+    the specs' standard definitions; rms_bwd from its spec formula with zdz)."""
+    use_standins(monkeypatch, standins("reference", rms_bwd="spec_math"))
+    case = CASES[name]
+    args = [a.requires_grad_() for a in case.make("cpu", torch.float64, M=5, K=6, N=8)]
+    assert torch.autograd.gradcheck(case.op, tuple(args), eps=1e-6, atol=1e-7, rtol=1e-6)
+
+
+def test_opcheck_cpu(baseline_kernels):
+    from coda_agent.kernels import _rmsnorm
+
+    x, w_o, residual, gamma = residual_inputs("cpu", torch.float32)
+    a, rstd, w = deferred_inputs("cpu", torch.float32)
+    h, g2, w2 = rmsnorm_linear_inputs("cpu", torch.float32)
+    torch.library.opcheck(K.gemm_residual_partial_rms_op, (x, w_o, residual, gamma))
+    torch.library.opcheck(K.gemm_rmsnorm_op, (a, rstd, w))
+    torch.library.opcheck(K.gemm_rmsnorm_swiglu_op, (a, rstd, w))
+    dy = torch.randn(h.shape[0], w2.shape[0])
+    zdz = torch.randn(h.shape[0])
+    torch.library.opcheck(K.rms_bwd_op, (dy, w2, h, g2, torch.rand(h.shape[0]) + 0.5, zdz, torch.randn_like(h)))
+    rg = lambda *ts: tuple(t.detach().clone().requires_grad_() for t in ts)  # noqa: E731
+    torch.library.opcheck(_rmsnorm._residual_rmsnorm, rg(x, w_o, residual, gamma))
+    torch.library.opcheck(_rmsnorm._rmsnorm_linear, rg(h, g2, w2))
+    torch.library.opcheck(_rmsnorm._deferred_rmsnorm_linear, rg(a, rstd, w))
+    torch.library.opcheck(_rmsnorm._deferred_rmsnorm_swiglu, rg(a, rstd, w))
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_under_torch_compile_cpu(name, baseline_kernels):
+    torch._dynamo.reset()
+    case = CASES[name]
+    compiled = torch.compile(case.op, fullgraph=True, backend="aot_eager")
+    check_against_torch(compiled, case.torch_fn, case.make("cpu", torch.float32), case.diff, rtol=1e-4,
+                        names=case.names)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_cpu_tensors_are_refused_clearly(name):
+    case = CASES[name]
+    with pytest.raises(ValueError, match=f"{name}: the fused kernels need all tensors on one CUDA"):
+        case.op(*case.make("cpu", torch.float32))
+
+
+def test_bad_shapes_are_refused(baseline_kernels):
+    x, w_o, residual, gamma = residual_inputs("cpu", torch.float32)
+    with pytest.raises(ValueError, match="residual_rmsnorm: x .* must share K"):
+        K.residual_rmsnorm(x, w_o[:, :-1], residual, gamma)
+    with pytest.raises(ValueError, match="residual_rmsnorm: residual must be"):
+        K.residual_rmsnorm(x, w_o, residual, gamma[:-1])
+    h, g, w = rmsnorm_linear_inputs("cpu", torch.float32)
+    with pytest.raises(ValueError, match="rmsnorm_linear: need h"):
+        K.rmsnorm_linear(h, g[:-1], w)
+    a, rstd, w = deferred_inputs("cpu", torch.float32)
+    with pytest.raises(ValueError, match="deferred_rmsnorm_linear: need a"):
+        K.deferred_rmsnorm_linear(a, rstd[:-1], w)
+    with pytest.raises(ValueError, match="deferred_rmsnorm_swiglu: w1 needs an even"):
+        K.deferred_rmsnorm_swiglu(a, rstd, w[:-1])
+
+
+# --------------------------------------------------------------------------- GPU
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "torch.compile"])
+@pytest.mark.parametrize("name", list(CASES))
+def test_matches_pytorch_on_gpu(name, compiled):
+    """The accepted kernels in training: outputs and gradients match PyTorch (bf16 budget)."""
+    case = CASES[name]
+    missing = set(case.kernels) - set(K.accepted())
+    if missing:
+        pytest.skip(f"kernels not accepted yet: {sorted(missing)}")
+    torch._dynamo.reset()
+    fn = torch.compile(case.op, fullgraph=True) if compiled else case.op
+    args = case.make("cuda", torch.bfloat16, M=333, K=264, N=656)  # N = 2I: I too keeps 16-byte rows
+    check_on_gpu(fn, case.torch_fn, args, case.diff, case.names)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "torch.compile"])
+@pytest.mark.parametrize("name", list(CASES))
+def test_forward_on_gpu(name, compiled):
+    """The forward kernel alone (runs before the backward kernel is accepted): outputs."""
+    case = CASES[name]
+    if case.kernels[0] not in K.accepted():
+        pytest.skip(f"{case.kernels[0]} not accepted yet")
+    torch._dynamo.reset()
+    fn = torch.compile(case.op, fullgraph=True) if compiled else case.op
+    args = case.make("cuda", torch.bfloat16, M=333, K=264, N=656)  # N = 2I: I too keeps 16-byte rows
+    check_on_gpu(fn, case.torch_fn, args, (), case.names[: len(case.names) - len(case.diff)])

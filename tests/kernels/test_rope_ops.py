@@ -1,0 +1,306 @@
+"""coda_agent.kernels QKV + RoPE family: qkv_rope, deferred_rmsnorm_qkv_rope (CODA item 5) and
+rope_bwd_op (item 10).
+
+On the CPU the specs' PyTorch functions stand in for the kernels (``baseline`` in float32,
+``reference`` in float64 for gradcheck); the plain torch implementation the ops are
+checked against rotates with complex multiplication (Meta's apply_rotary_emb), independent
+of the glue's and the specs' pair arithmetic. On an H200 the real kernels run (``gpu``).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Callable
+
+import pytest
+import torch
+
+import coda_agent.kernels as K
+from glue_helpers import check_against_torch, check_on_gpu, reference_module, use_standins
+
+HQ, HKV, HD = 2, 1, 8            # CPU shapes: 2 query heads, 1 key/value head of 8 columns
+CONSTS = {"n_q_heads": HQ, "n_kv_heads": HKV, "head_dim": HD}
+GPU_CONSTS = {"n_q_heads": 4, "n_kv_heads": 2, "head_dim": 64}
+
+
+def _sd(t):
+    return torch.promote_types(t.dtype, torch.float32)
+
+
+def llama3_inv_freq(head_dim, device="cpu"):
+    return (1.0 / 500000.0 ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)).float().to(device)
+
+
+# --------------------------------------------------------------------------- plain torch implementations
+
+def torch_rope(qkv, positions, inv_freq, *, n_q_heads, n_kv_heads, head_dim):
+    """Interleaved RoPE of the query/key heads by complex multiplication; V unchanged."""
+    sd = _sd(qkv)
+    cd = torch.complex128 if sd == torch.float64 else torch.complex64
+    m, n_rot = qkv.shape[0], (n_q_heads + n_kv_heads) * head_dim
+    theta = positions.double()[:, None] * inv_freq.double()[None, :]
+    rot = torch.polar(torch.ones_like(theta), theta).to(cd)[:, None, :]
+    z = torch.view_as_complex(qkv[:, :n_rot].to(sd).reshape(m, n_q_heads + n_kv_heads, head_dim // 2, 2).contiguous())
+    out = torch.view_as_real(z * rot).reshape(m, n_rot).to(qkv.dtype)
+    return torch.cat((out, qkv[:, n_rot:]), dim=1)
+
+
+def torch_qkv_rope(x, w_qkv, positions, inv_freq, **consts):
+    return torch_rope(x @ w_qkv.T, positions, inv_freq, **consts)
+
+
+def torch_deferred_qkv_rope(a, rstd, w_qkv, positions, inv_freq, **consts):
+    h = (a.to(_sd(a)) * rstd.to(_sd(a))[:, None]).to(a.dtype)
+    return torch_rope(h @ w_qkv.T, positions, inv_freq, **consts)
+
+
+def torch_rope_bwd(g, w, positions, inv_freq, **consts):
+    """The VJP of torch_rope at the upstream gradient g @ w^T (rope is linear)."""
+    up = g @ w.T
+    with torch.enable_grad():
+        z = torch.zeros_like(up, requires_grad=True)
+        (d,) = torch.autograd.grad(torch_rope(z, positions, inv_freq, **consts), z, up)
+    return d
+
+
+# --------------------------------------------------------------------------- inputs
+
+def _n(consts):
+    return (consts["n_q_heads"] + 2 * consts["n_kv_heads"]) * consts["head_dim"]
+
+
+def qkv_inputs(device, dtype, consts=CONSTS, M=10, K=12, S=4096, seed=0):
+    g = torch.Generator(device=device).manual_seed(seed)
+    x = torch.randn(M, K, generator=g, device=device).to(dtype)
+    w = (torch.randn(_n(consts), K, generator=g, device=device) / K**0.5).to(dtype)
+    pos = torch.randint(0, S, (M,), generator=g, device=device)
+    return [x, w, pos, llama3_inv_freq(consts["head_dim"], device)]
+
+
+def deferred_inputs(device, dtype, consts=CONSTS, M=10, K=12, S=4096, seed=0):
+    x, w, pos, f = qkv_inputs(device, dtype, consts, M, K, S, seed)
+    g = torch.Generator(device=device).manual_seed(seed + 1)
+    rstd = (torch.rand(M, generator=g, device=device) * 1.5 + 0.5).to(torch.promote_types(dtype, torch.float32))
+    return [x, rstd, w, pos, f]
+
+
+@dataclass
+class Case:
+    op: Callable
+    torch_fn: Callable
+    make: Callable
+    diff: tuple
+    names: tuple
+    kernel: str
+
+
+CASES = {
+    "qkv_rope": Case(K.qkv_rope, torch_qkv_rope, qkv_inputs, (0, 1), ("qkv", "dx", "dw_qkv"), "gemm_rope"),
+    "deferred_rmsnorm_qkv_rope": Case(K.deferred_rmsnorm_qkv_rope, torch_deferred_qkv_rope, deferred_inputs,
+                                      (0, 1, 2), ("qkv", "da", "drstd", "dw_qkv"), "gemm_rmsnorm_rope"),
+}
+
+
+# --------------------------------------------------------------------------- stand-ins
+
+def standins(kind: str) -> dict:
+    """The specs' ``baseline`` (float32) or ``reference`` (exact in float64) as kernel entries,
+    with the keyword-only constants the specs' functions take (HQ, HKV)."""
+    fwd = getattr(reference_module("gemm_rope"), kind)
+    dfw = getattr(reference_module("gemm_rmsnorm_rope"), kind)
+    bwd = getattr(reference_module("rope_bwd"), kind)
+
+    def gemm_rope(x, w_qkv, positions, inv_freq, *, HQ, HKV):
+        return fwd(x=x, w_qkv=w_qkv, positions=positions, inv_freq=inv_freq, HQ=HQ, HKV=HKV)["qkv"]
+
+    def gemm_rmsnorm_rope(a, rstd, w_qkv, positions, inv_freq, *, HQ, HKV):
+        return (dfw(a=a, rstd=rstd, w_qkv=w_qkv, positions=positions, inv_freq=inv_freq, HQ=HQ, HKV=HKV)["qkv"],)
+
+    def rope_bwd(g, w, positions, inv_freq, *, HQ, HKV):
+        return bwd(g=g, w=w, positions=positions, inv_freq=inv_freq, HQ=HQ, HKV=HKV)["dqkv"]
+
+    return {"gemm_rope": gemm_rope, "gemm_rmsnorm_rope": gemm_rmsnorm_rope, "rope_bwd": rope_bwd}
+
+
+@pytest.fixture
+def baseline_kernels(monkeypatch):
+    return use_standins(monkeypatch, standins("baseline"))
+
+
+# --------------------------------------------------------------------------- CPU tests
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_matches_torch_cpu(name, baseline_kernels):
+    case = CASES[name]
+    check_against_torch(functools.partial(case.op, **CONSTS), functools.partial(case.torch_fn, **CONSTS),
+                        case.make("cpu", torch.float32), case.diff, rtol=1e-4, names=case.names)
+    assert baseline_kernels[case.kernel] == 1
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_gradcheck_float64_cpu(name, monkeypatch):
+    """torch.autograd.gradcheck of the hand-written backward (R^T + GEMM grads), float64."""
+    use_standins(monkeypatch, standins("reference"))
+    case = CASES[name]
+    args = case.make("cpu", torch.float64, M=5, K=6)
+    fixed = {i: a for i, a in enumerate(args) if i not in case.diff}
+    diff = tuple(args[i].requires_grad_() for i in case.diff)
+
+    def fn(*d):
+        it = iter(d)
+        return case.op(*[fixed[i] if i in fixed else next(it) for i in range(len(args))], **CONSTS)
+
+    assert torch.autograd.gradcheck(fn, diff, eps=1e-6, atol=1e-7, rtol=1e-6)
+
+
+def test_rope_bwd_op_cpu(baseline_kernels):
+    g, w, pos, f = qkv_inputs("cpu", torch.float32)
+    got = K.rope_bwd_op(g, w, pos, f, **CONSTS)
+    want = torch_rope_bwd(g.double(), w.double(), pos, f, **CONSTS)
+    torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)
+    assert baseline_kernels["rope_bwd"] == 1
+
+
+def test_rope_bwd_is_the_adjoint_of_the_forward_rotation():
+    """The glue's R^T (used in both backwards) is the transpose of its forward rotation:
+    <R(u), v> = <u, R^T(v)> for random u, v (float64)."""
+    from coda_agent.kernels._rope import rope_rotate
+
+    m, n_rot = 7, (HQ + HKV) * HD
+    u, v = torch.randn(m, _n(CONSTS), dtype=torch.float64), torch.randn(m, _n(CONSTS), dtype=torch.float64)
+    pos, f = torch.randint(0, 100000, (m,)), llama3_inv_freq(HD)
+    lhs = (rope_rotate(u, pos, f, n_rot) * v).sum()
+    rhs = (u * rope_rotate(v, pos, f, n_rot, inverse=True)).sum()
+    torch.testing.assert_close(lhs, rhs, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(rope_rotate(u, pos, f, n_rot), torch_rope(u, pos, f, **CONSTS), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("signature", ["HQ,HKV", "HQ,HKV,HD", "**kwargs", "bare-or-tuple"])
+def test_kernel_constants_are_passed_as_the_entry_declares(signature, monkeypatch):
+    """The specs' keyword-only constants: run_kernel passes those the entry declares (the
+    glue offers HQ, HKV and HD); a single output may come back bare or as a 1-tuple."""
+    base = reference_module("gemm_rope").baseline
+    got_consts = {}
+
+    def run(x, w, p, f, consts):
+        got_consts.update(consts)
+        return base(x=x, w_qkv=w, positions=p, inv_freq=f, HQ=consts["HQ"], HKV=consts["HKV"])["qkv"]
+
+    entries = {
+        "HQ,HKV": lambda x, w, p, f, *, HQ, HKV: run(x, w, p, f, {"HQ": HQ, "HKV": HKV}),
+        "HQ,HKV,HD": lambda x, w, p, f, *, HQ, HKV, HD: run(x, w, p, f, {"HQ": HQ, "HKV": HKV, "HD": HD}),
+        "**kwargs": lambda x, w, p, f, **kw: run(x, w, p, f, kw),
+        "bare-or-tuple": lambda x, w, p, f, *, HQ, HKV: (run(x, w, p, f, {"HQ": HQ, "HKV": HKV}),),
+    }
+    use_standins(monkeypatch, {"gemm_rope": entries[signature]})
+    args = qkv_inputs("cpu", torch.float32)
+    out = K.qkv_rope(*args, **CONSTS)
+    want = {"HQ,HKV": {"HQ": HQ, "HKV": HKV}, "**kwargs": {"HQ": HQ, "HKV": HKV, "HD": HD},
+            "HQ,HKV,HD": {"HQ": HQ, "HKV": HKV, "HD": HD}, "bare-or-tuple": {"HQ": HQ, "HKV": HKV}}[signature]
+    assert got_consts == want
+    torch.testing.assert_close(out, torch_qkv_rope(*args, **CONSTS), atol=1e-5, rtol=1e-5)
+
+
+def test_opcheck_cpu(baseline_kernels):
+    from coda_agent.kernels import _rope
+
+    x, w, pos, f = qkv_inputs("cpu", torch.float32)
+    a, rstd, w2, pos2, f2 = deferred_inputs("cpu", torch.float32)
+    torch.library.opcheck(K.gemm_rope_op, (x, w, pos, f), CONSTS)
+    torch.library.opcheck(K.gemm_rmsnorm_rope_op, (a, rstd, w2, pos2, f2), CONSTS)
+    torch.library.opcheck(K.rope_bwd_op, (x, w, pos, f), CONSTS)
+    c = (HQ, HKV, HD)
+    torch.library.opcheck(_rope._qkv_rope, (x.clone().requires_grad_(), w.clone().requires_grad_(), pos, f, *c))
+    torch.library.opcheck(_rope._deferred_qkv_rope, (a.clone().requires_grad_(), rstd.clone().requires_grad_(),
+                                                     w2.clone().requires_grad_(), pos2, f2, *c))
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_under_torch_compile_cpu(name, baseline_kernels):
+    torch._dynamo.reset()
+    case = CASES[name]
+    compiled = torch.compile(functools.partial(case.op, **CONSTS), fullgraph=True, backend="aot_eager")
+    check_against_torch(compiled, functools.partial(case.torch_fn, **CONSTS), case.make("cpu", torch.float32),
+                        case.diff, rtol=1e-4, names=case.names)
+
+
+def test_rope_bwd_op_under_torch_compile_cpu(baseline_kernels):
+    torch._dynamo.reset()
+    g, w, pos, f = qkv_inputs("cpu", torch.float32)
+    compiled = torch.compile(functools.partial(K.rope_bwd_op, **CONSTS), fullgraph=True, backend="aot_eager")
+    torch.testing.assert_close(compiled(g, w, pos, f).double(), torch_rope_bwd(g.double(), w.double(), pos, f, **CONSTS),
+                               atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", [*CASES, "rope_bwd_op"])
+def test_cpu_tensors_are_refused_clearly(name):
+    op, make = (K.rope_bwd_op, qkv_inputs) if name == "rope_bwd_op" else (CASES[name].op, CASES[name].make)
+    with pytest.raises(ValueError, match=f"{name}: the fused kernels need all tensors on one CUDA"):
+        op(*make("cpu", torch.float32), **CONSTS)
+
+
+@pytest.mark.parametrize("name", [*CASES, "rope_bwd_op"])
+def test_bad_arguments_are_refused(name, baseline_kernels):
+    op, make = (K.rope_bwd_op, qkv_inputs) if name == "rope_bwd_op" else (CASES[name].op, CASES[name].make)
+    args = make("cpu", torch.float32)
+    with pytest.raises(ValueError, match="even head_dim"):
+        op(*args, **{**CONSTS, "head_dim": HD - 1})
+    with pytest.raises(ValueError, match="weight"):
+        op(*args, **{**CONSTS, "n_kv_heads": HKV + 1})
+    bad = list(args)
+    bad[-1] = llama3_inv_freq(2 * HD)
+    with pytest.raises(ValueError, match="inv_freq must be"):
+        op(*bad, **CONSTS)
+    bad = list(args)
+    bad[-2] = bad[-2].float()
+    with pytest.raises(ValueError, match="positions must be"):
+        op(*bad, **CONSTS)
+
+
+# --------------------------------------------------------------------------- GPU
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "torch.compile"])
+@pytest.mark.parametrize("name", list(CASES))
+def test_matches_pytorch_on_gpu(name, compiled):
+    """The accepted kernels in training: outputs and gradients match PyTorch (bf16 budget)."""
+    case = CASES[name]
+    if case.kernel not in K.accepted():
+        pytest.skip(f"{case.kernel} not accepted yet")
+    torch._dynamo.reset()
+    op = functools.partial(case.op, **GPU_CONSTS)
+    fn = torch.compile(op, fullgraph=True) if compiled else op
+    args = case.make("cuda", torch.bfloat16, GPU_CONSTS, M=333, K=264, S=8192)
+    check_on_gpu(fn, functools.partial(case.torch_fn, **GPU_CONSTS), args, case.diff, case.names)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "torch.compile"])
+def test_rope_bwd_op_on_gpu(compiled):
+    if "rope_bwd" not in K.accepted():
+        pytest.skip("rope_bwd not accepted yet")
+    torch._dynamo.reset()
+    op = functools.partial(K.rope_bwd_op, **GPU_CONSTS)
+    fn = torch.compile(op, fullgraph=True) if compiled else op
+    g, w, pos, f = qkv_inputs("cuda", torch.bfloat16, GPU_CONSTS, M=333, K=264, S=8192)
+    got = fn(g, w, pos, f).float()
+    ref = torch_rope_bwd(g.float(), w.float(), pos, f, **GPU_CONSTS)
+    low = torch_rope_bwd(g, w, pos, f, **GPU_CONSTS).float()
+    err, budget = (got - ref).abs().max().item(), 2 * (low - ref).abs().max().item() + 1e-6
+    assert err <= budget, f"dqkv: max err {err:.3e} > allowed {budget:.3e}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "torch.compile"])
+@pytest.mark.parametrize("name", list(CASES))
+def test_forward_on_gpu(name, compiled):
+    """The forward kernel alone, no gradients: qkv."""
+    case = CASES[name]
+    if case.kernel not in K.accepted():
+        pytest.skip(f"{case.kernel} not accepted yet")
+    torch._dynamo.reset()
+    op = functools.partial(case.op, **GPU_CONSTS)
+    fn = torch.compile(op, fullgraph=True) if compiled else op
+    args = case.make("cuda", torch.bfloat16, GPU_CONSTS, M=333, K=264, S=8192)
+    check_on_gpu(fn, functools.partial(case.torch_fn, **GPU_CONSTS), args, (), case.names[:1])
