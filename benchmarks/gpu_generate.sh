@@ -19,5 +19,6 @@ for run in "$@"; do
   echo "exit=$? wall=$(( $(date +%s) - start ))s"
   items+=("$run")
   [ -d "generated_kernels/$spec" ] && items+=("generated_kernels/$spec")
+  # re-packed after every run, so a time limit still returns the runs already done
+  tar czf "$OUT/generated.tgz" --exclude='*.pt' "${items[@]}"
 done
-tar czf "$OUT/generated.tgz" --exclude='*.pt' "${items[@]}"
