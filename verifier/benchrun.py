@@ -121,7 +121,9 @@ def results_markdown(verdicts: dict[str, Verdict], date: str) -> str:
 
 
 def plot_speedups(verdicts: dict[str, Verdict], path: Path) -> bool:
-    """Bar chart of baseline_ms / fused_ms per kernel, shape and baseline. False if no matplotlib."""
+    """Speedups (baseline_ms / fused_ms, > 1 = the fused kernel is faster) as a grid of bar
+    charts, one panel per kernel (x: benchmark shape, one bar per baseline, same colour per
+    baseline across panels). False when matplotlib is missing or nothing was measured."""
     try:
         import matplotlib
 
@@ -129,29 +131,41 @@ def plot_speedups(verdicts: dict[str, Verdict], path: Path) -> bool:
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    rows: list[tuple[str, str, dict[str, float]]] = []
+    panels: list[tuple[str, list[tuple[str, dict[str, float]]]]] = []
     for name, v in verdicts.items():
         b = v.stage("bench")
-        for shape, m in _ordered((b.metrics.get("shapes") if b else None) or {}):
-            sp = {n: r["ms"] / m["fused_ms"] for n, r in m.get("baselines", {}).items() if "ms" in r}
-            rows.append((name, shape, sp))
-    if not rows:
+        rows = [(shape, {n: r["ms"] / m["fused_ms"] for n, r in m.get("baselines", {}).items() if r.get("ms")})
+                for shape, m in _ordered((b.metrics.get("shapes") if b else None) or {}) if m.get("fused_ms")]
+        if rows:
+            panels.append((name, rows))
+    if not panels:
         return False
-    bases = sorted({n for _, _, sp in rows for n in sp})
-    fig, ax = plt.subplots(figsize=(max(8, len(rows) * 0.9), 4.5))
+    bases = sorted({n for _, rows in panels for _, sp in rows for n in sp})
+    colors = {n: plt.get_cmap("tab10")(i % 10) for i, n in enumerate(bases)}
+    ncols = min(3, len(panels))
+    nrows = -(-len(panels) // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(5.2 * ncols, 3.6 * nrows), squeeze=False)
     width = 0.8 / max(1, len(bases))
-    for i, n in enumerate(bases):
-        xs = [j + i * width for j in range(len(rows))]
-        ax.bar(xs, [sp.get(n, 0.0) for _, _, sp in rows], width, label=n)
-    ax.axhline(1.0, color="black", lw=0.8)
-    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(rows))])
-    ax.set_xticklabels([f"{k}\n{s}" for k, s, _ in rows], rotation=60, ha="right", fontsize=7)
-    ax.set_ylabel("speedup (baseline ms / fused ms)")
-    ax.set_title("fused kernel vs baselines, > 1 = fused is faster", fontsize=9)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
+    for ax, (name, rows) in zip(axes.flat, panels):
+        for i, n in enumerate(bases):
+            xs = [j + i * width for j in range(len(rows))]
+            ax.bar(xs, [sp.get(n, 0.0) for _, sp in rows], width, color=colors[n], label=n)
+        ax.axhline(1.0, color="black", lw=0.8)
+        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(rows))])
+        ax.set_xticklabels([s.replace("llama3-", "") for s, _ in rows], rotation=30, ha="right", fontsize=7)
+        ax.set_title(name, fontsize=9)
+        ax.tick_params(axis="y", labelsize=7)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.axis("off")
+    for ax in axes[:, 0]:
+        ax.set_ylabel("baseline ms / fused ms", fontsize=8)
+    handles = [plt.Rectangle((0, 0), 1, 1, color=colors[n]) for n in bases]
+    fig.suptitle("fused kernel speedup over each baseline (> 1: fused is faster)", fontsize=10, y=0.995)
+    fig.legend(handles, bases, loc="upper center", bbox_to_anchor=(0.5, 0.985 - 0.01 * nrows), ncol=len(bases),
+               fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0, 1, 0.95 - 0.005 * nrows))
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
     return True
 
