@@ -489,7 +489,12 @@ class _Run:
         s = self.state
         cand = self.adir(k) / "candidate.py"
         if not verdict.gpu_verified:
+            # Not verified yet: no acceptance and no lesson (a repair's lesson is only
+            # worth proposing once the fix has passed the GPU stages too).
             s.status = "passed-cpu-only"
+            s.error = None
+            self.save()
+            return
         elif self.accept_fn is None:
             s.status = "passed"
         elif s.accepted_path is None:

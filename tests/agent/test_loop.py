@@ -374,3 +374,17 @@ def test_verifier_error_spends_no_attempt_and_resume_reverifies(workspace, fwd_s
     assert s.status == "accepted" and len(verifier.calls) == 2
     assert len(s.state.attempts) == 1
 
+
+
+def test_cpu_only_pass_after_a_repair_proposes_no_lesson(workspace, fwd_spec):
+    """A repaired candidate that passed only the CPU stages is not verified: the loop asks
+    for no lesson until a GPU run has passed it too."""
+    backend = ScriptedBackend(["I cannot write code today.", reply(GOOD_MODULE)])
+    run_dir = workspace / "runs" / "cl"
+    s = generate(fwd_spec, root=workspace, backend=backend, verifier=FakeVerifier(cpu_only=True),
+                 run_dir=run_dir, accept_fn=Acceptor(), cpu_only=True)
+    assert s.status == "passed-cpu-only"
+    assert [a.passed for a in s.attempts] == [False, True]
+    assert len(backend.prompts) == 2  # task + repair; no lesson prompt
+    assert s.state.lesson is None  # the lesson step was not even considered
+    assert not (run_dir / "lesson").exists() and not (run_dir / "proposed_trick.md").exists()
