@@ -267,7 +267,8 @@ def cmd_bench(args) -> int:
     for verdict in report.verdicts.values():
         print_verdict(verdict)
     if report.markdown_path:
-        console.print(f"wrote {report.markdown_path}" + (f" and {report.plot_path}" if report.plot_path else ""))
+        console.print(f"wrote {report.markdown_path}" + (f" and {report.plot_path}" if report.plot_path else
+                      " (no plot: matplotlib is not installed; pip install -e '.[bench]')"))
     else:
         console.print("[yellow]nothing measured (benchmarks need a Hopper GPU); no results written[/]")
     return OK if report.ok else FAILED
@@ -323,7 +324,11 @@ def cmd_review(args) -> int:
 
     root = _root(args)
     loaded = _spec(root, args.spec)
-    console.print(review_text(root, loaded), markup=False, highlight=False, soft_wrap=True)
+    try:
+        text = review_text(root, loaded)
+    except FileNotFoundError as e:  # no accepted kernel to review
+        raise UsageError(str(e)) from None
+    console.print(text, markup=False, highlight=False, soft_wrap=True)
     return OK
 
 

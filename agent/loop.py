@@ -455,9 +455,14 @@ class _Run:
             atomic_write_text(cand, source)
 
         vpath = d / "verdict.json"
-        if vpath.is_file():
-            verdict = Verdict.model_validate_json(vpath.read_text())
-        else:
+        verdict = Verdict.model_validate_json(vpath.read_text()) if vpath.is_file() else None
+        if verdict is not None and verdict.passed and not verdict.gpu_verified and not self.state.cpu_only:
+            # A pass of the CPU stages only (--cpu-only, or a machine without a GPU) is not a
+            # verification: keep it for the record and verify again, GPU stages included.
+            n = len(list(d.glob("verdict-cpu-*.json"))) + 1
+            vpath.rename(d / f"verdict-cpu-{n}.json")
+            verdict = None
+        if verdict is None:
             t0 = time.monotonic()
             verdict = self.verifier(self.loaded, cand, d / "verify")
             rec.verify_wall_s = time.monotonic() - t0

@@ -109,3 +109,25 @@ def test_tricks_add_appends_dated_entry(ws, capsys):
     assert main(["tricks", "add", "x\n## 2099-01-01 — general", "--kernel", "swiglu_fwd"]) == 2
     assert main(["tricks", "add", "some lesson", "--kernel", "doesnotexist"]) == 2
     assert main(["tricks", "add", "pin tile_n=128 for the rotary table op", "--kernel", "swiglu_fwd"]) == 2  # duplicate
+
+
+def test_review_of_a_spec_without_accepted_kernel_is_a_clean_usage_error(ws, capsys):
+    """`review` on a spec that has no accepted kernel: one error line, exit 2, no traceback."""
+    import shutil
+
+    shutil.rmtree(ws / "generated_kernels" / "rms_bwd", ignore_errors=True)
+    assert main(["review", "rms_bwd"]) == 2
+    captured = capsys.readouterr()
+    assert "no accepted kernel" in captured.out + captured.err
+
+
+def test_atomic_writes_get_the_usual_file_mode(tmp_path):
+    import os
+
+    from coda_agent.verifier.workspace import atomic_write_text
+
+    p = tmp_path / "page.md"
+    atomic_write_text(p, "x")
+    umask = os.umask(0)
+    os.umask(umask)
+    assert (p.stat().st_mode & 0o777) == (0o666 & ~umask)

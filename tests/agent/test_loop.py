@@ -388,3 +388,24 @@ def test_cpu_only_pass_after_a_repair_proposes_no_lesson(workspace, fwd_spec):
     assert len(backend.prompts) == 2  # task + repair; no lesson prompt
     assert s.state.lesson is None  # the lesson step was not even considered
     assert not (run_dir / "lesson").exists() and not (run_dir / "proposed_trick.md").exists()
+
+
+def test_cpu_stage_pass_is_verified_again_on_a_gpu_resume(workspace, fwd_spec):
+    """Answer checked on a laptop (CPU stages only), then resumed on a GPU machine: the kept
+    CPU-only verdict is not reused as a verification; the GPU stages run and it is accepted."""
+    run_dir = workspace / "runs" / "cg"
+    s = generate(fwd_spec, root=workspace, backend=ScriptedBackend([reply(GOOD_MODULE)]),
+                 verifier=FakeVerifier(cpu_only=True), run_dir=run_dir, accept_fn=Acceptor(), cpu_only=True)
+    assert s.status == "passed-cpu-only"
+    gpu, acc = FakeVerifier(), Acceptor()
+    s = generate(fwd_spec, root=workspace, backend=ScriptedBackend([]), verifier=gpu, resume=run_dir,
+                 accept_fn=acc, force=True)
+    assert s.status == "accepted" and len(gpu.calls) == 1 and len(acc.calls) == 1
+    assert (run_dir / "attempt-1" / "verdict-cpu-1.json").is_file()
+    # resuming the CPU-only way again keeps a CPU verdict as it is (nothing new to learn)
+    cpu = FakeVerifier(cpu_only=True)
+    run2 = workspace / "runs" / "cg2"
+    generate(fwd_spec, root=workspace, backend=ScriptedBackend([reply(GOOD_MODULE)]), verifier=cpu,
+             run_dir=run2, cpu_only=True)
+    generate(fwd_spec, root=workspace, backend=ScriptedBackend([]), verifier=cpu, resume=run2, cpu_only=True)
+    assert len(cpu.calls) == 1
