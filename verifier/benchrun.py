@@ -116,8 +116,24 @@ def results_markdown(verdicts: dict[str, Verdict], date: str) -> str:
         notes = _baseline_notes(shapes, bases)
         if notes:
             lines += [""] + notes
+        bars = _bar_lines(b.metrics.get("bar") if b else None)
+        if bars:
+            lines += [""] + bars
         lines.append("")
     return "\n".join(lines) + "\n"
+
+
+def _bar_lines(bar: dict[str, Any] | None) -> list[str]:
+    """The spec's speed bars (fused/baseline <= limit) as reported; bars are not gating."""
+    out = []
+    for name, r in sorted((bar or {}).items()):
+        if r.get("met") is None:
+            continue
+        verdict = "met" if r["met"] else "MISSED"
+        out.append(f"Bar fused/{name} <= {r['limit']:g}: {verdict} (met at {r['met_shapes']} of {r['shapes']} shapes).")
+    if out:
+        out.append("(Bars are reported, not enforced: a kernel that is correct is accepted even when it misses one.)")
+    return out
 
 
 def plot_speedups(verdicts: dict[str, Verdict], path: Path) -> bool:
