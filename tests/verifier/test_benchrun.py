@@ -57,3 +57,15 @@ def test_verdict_roundtrip_through_manifest():
     v = verdict_from_manifest(man)
     assert v.gpu_verified and v.environment.gpu == "NVIDIA H200"
     assert v.stage("bench").metrics["shapes"]["llama3-8b/M8192"]["fused_ms"] > 0
+
+
+def test_bar_lines_report_met_and_missed_bars():
+    from coda_agent.verifier.benchrun import _bar_lines
+
+    lines = _bar_lines({"bare_gemm": {"limit": 1.05, "met": False, "met_shapes": 2, "shapes": 6},
+                        "quack_library": {"limit": 1.03, "met": True, "met_shapes": 6, "shapes": 6},
+                        "liger": {"limit": 1.0, "met": None, "met_shapes": 0, "shapes": 0}})
+    assert lines[0] == "Bar fused/bare_gemm <= 1.05: MISSED (met at 2 of 6 shapes)."
+    assert lines[1] == "Bar fused/quack_library <= 1.03: met (met at 6 of 6 shapes)."
+    assert len(lines) == 3 and "not enforced" in lines[2]
+    assert _bar_lines(None) == [] and _bar_lines({}) == []
