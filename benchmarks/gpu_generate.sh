@@ -10,10 +10,7 @@ items=()
 for run in "$@"; do
   spec=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['spec'])" "$run/run.json")
   echo "=== $spec ($run) ==="
-  # A kept CPU-only verdict would be reused: drop it so the GPU stages run.
-  for v in "$run"/attempt-*/verdict.json; do
-    [ -f "$v" ] && grep -q '"cpu_only": true' "$v" && rm -f "$v"
-  done
+  # (a kept CPU-stage pass is verified again by the loop itself, GPU stages included)
   start=$(date +%s)
   python3 -m coda_agent.cli generate "$spec" --resume "$run" 2>&1 | tail -25
   echo "exit=$? wall=$(( $(date +%s) - start ))s"
