@@ -339,11 +339,12 @@ class Worker:
             call()
         self.sync()
         event_ms = self.time_event_ms(call)
-        wall = []
+        wall, host = [], []
         for _ in range(BENCH_WALL_REPS):
             self.sync()
             t0 = _perf_counter()
             call()
+            host.append((_perf_counter() - t0) * 1e3)  # until the call returned (launches enqueued)
             self.sync()
             wall.append((_perf_counter() - t0) * 1e3)
         del sets
@@ -351,7 +352,7 @@ class Worker:
         if self.cuda:
             torch.cuda.empty_cache()
         return dict(shape=name, dims=dims, event_ms=event_ms, wall_ms=statistics.median(wall),
-                    wall_samples_ms=wall, n_sets=n, set_bytes=set_bytes, calls=counter[0])
+                    host_ms=statistics.median(host), wall_samples_ms=wall, n_sets=n, set_bytes=set_bytes, calls=counter[0])
 
     # -- main -----------------------------------------------------------------------
     def main(self) -> int:

@@ -41,6 +41,15 @@ def test_untimed_work_rule():
     assert not untimed_work(0.80, 1.60)  # exactly half: 0.8 < 0.8 - 0.05 is false
     assert untimed_work(0.01, 0.90)  # side stream: events saw almost nothing
     assert not untimed_work(0.01, 0.11)  # tiny shapes: launch overhead within the slack
+    # host-bound but honest (gemm_rmsnorm_rope, llama3-1b/M8192 on the H200: event 0.217 ms,
+    # wall 0.624 ms): flagged by the wall time alone, not once the host part is subtracted
+    assert untimed_work(0.217, 0.624)
+    assert not untimed_work(0.217, 0.624, host_ms=0.45)
+    # a side stream with a quick return: the host part is small, the device part large
+    assert untimed_work(0.20, 2.0, host_ms=0.05)
+    assert untimed_work(0.01, 0.90, host_ms=0.02)
+    # host time at or above the wall time (timer granularity) never makes it negative
+    assert not untimed_work(0.0, 0.5, host_ms=0.6)
 
 
 def test_throughput_units():
@@ -122,3 +131,15 @@ def test_bench_stage_crash_during_bench():
 def test_bench_stage_skips():
     assert bench_stage(FWD, _run(FWD, [], [], [SHAPE], bench=False)).status == "skip"
     assert bench_stage(FWD, _run(FWD, [], [], [], bench=True)).status == "skip"
+
+
+def test_bench_stage_uses_the_workers_host_time_for_the_untimed_check():
+    """The candidate worker's ``host_ms`` (time until the call returned) reaches the rule:
+    the same event/wall pair is flagged without it and passes with a host-bound host time."""
+    ref = [{"part": "bench", "shape": SHAPE.name, "baselines": {"bare_gemm": {"ms": 0.88}}}]
+    rec = {"part": "bench", "shape": SHAPE.name, "event_ms": 0.95, "wall_ms": 2.4, "n_sets": 3}
+    flagged = bench_stage(FWD, _run(FWD, [rec], ref, [SHAPE]))
+    assert flagged.status == "fail" and "untimed-work" in {f.kind for f in flagged.findings}
+    host_bound = bench_stage(FWD, _run(FWD, [{**rec, "host_ms": 1.9}], ref, [SHAPE]))
+    assert "untimed-work" not in {f.kind for f in host_bound.findings}, host_bound.findings
+    assert host_bound.metrics["shapes"][SHAPE.name]["host_ms"] == 1.9
