@@ -423,14 +423,7 @@ class LoadedSpec(BaseModel):
 
     def load_reference(self) -> ModuleType:
         """Import ``reference.py`` (trusted code) as a fresh module."""
-        path = self.reference_path
-        modname = f"coda_reference_{self.spec.name}"
-        mspec = importlib.util.spec_from_file_location(modname, path)
-        if mspec is None or mspec.loader is None:
-            raise SpecError(f"{path}: cannot import")
-        mod = importlib.util.module_from_spec(mspec)
-        mspec.loader.exec_module(mod)
-        return mod
+        return _import_file(self.reference_path, f"coda_reference_{self.spec.name}")
 
     @property
     def liger_path(self) -> Path:
@@ -445,16 +438,19 @@ class LoadedSpec(BaseModel):
         """Import ``liger.py`` (trusted code, the Liger baseline's adapter) as a fresh module;
         None when the spec has none. Importing it must not need liger-kernel itself (the
         adapter imports liger_kernel inside ``liger``)."""
-        path = self.liger_path
-        if not path.is_file():
+        if not self.liger_path.is_file():
             return None
-        modname = f"coda_liger_{self.spec.name}"
-        mspec = importlib.util.spec_from_file_location(modname, path)
-        if mspec is None or mspec.loader is None:
-            raise SpecError(f"{path}: cannot import")
-        mod = importlib.util.module_from_spec(mspec)
-        mspec.loader.exec_module(mod)
-        return mod
+        return _import_file(self.liger_path, f"coda_liger_{self.spec.name}")
+
+
+def _import_file(path: Path, modname: str) -> ModuleType:
+    """Execute a spec-folder Python file (trusted code) as a fresh module named ``modname``."""
+    mspec = importlib.util.spec_from_file_location(modname, path)
+    if mspec is None or mspec.loader is None:
+        raise SpecError(f"{path}: cannot import")
+    mod = importlib.util.module_from_spec(mspec)
+    mspec.loader.exec_module(mod)
+    return mod
 
 
 def _format_validation_error(path: Path, err: ValidationError) -> str:
