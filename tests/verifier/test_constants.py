@@ -204,3 +204,24 @@ def test_failing_input_generation_is_a_verifier_error_not_the_candidates(tmp_pat
     assert st["correctness"].status == "error", st["correctness"].summary
     assert st["correctness"].findings[0].kind == "verifier-error"
     assert "spec bug" in st["correctness"].findings[0].message
+
+
+def test_a_tampering_candidate_cannot_buy_a_verifier_error(tmp_path):
+    """Input generation failing after an import that replaced the verifier's instruments is
+    the candidate's failure (harness-tampered), not a verifier error that spends no attempt."""
+    from coda_agent.verifier.correctness import _prologue
+    from coda_agent.verifier.gpu_results import GpuRun
+    from coda_agent.verifier.protocol import Plan
+    from coda_agent.verifier.sandbox import WorkerOutcome
+
+    def run_with(tampered):
+        recs = [{"part": "setup", "ok": True}, {"part": "import", "ok": True, "tampered": tampered},
+                {"part": "error", "error": "input-generation", "verifier": True, "message": "boom"}]
+        cand = WorkerOutcome(status="error", returncode=2, duration_s=1.0, records=recs, died_in=None, timeout_s=60)
+        return GpuRun(workdir=tmp_path, plan=Plan(spec_dir=str(tmp_path), runs=[], bench_shapes=[], bench=False),
+                      cand=cand)
+
+    honest = _prologue(run_with([]), "correctness")
+    assert honest.status == "error" and honest.findings[0].kind == "verifier-error"
+    cheat = _prologue(run_with(["torch.rsqrt"]), "correctness")
+    assert cheat.status == "fail" and cheat.findings[0].kind == "harness-tampered"
