@@ -13,7 +13,7 @@ for run in "$@"; do
   # (a kept CPU-stage pass is verified again by the loop itself, GPU stages included)
   start=$(date +%s)
   python3 -m coda_agent.cli generate "$spec" --resume "$run" 2>&1 | tail -25
-  echo "exit=$? wall=$(( $(date +%s) - start ))s"
+  echo "exit=${PIPESTATUS[0]} wall=$(( $(date +%s) - start ))s"
   items+=("$run")
   [ -d "generated_kernels/$spec" ] && items+=("generated_kernels/$spec")
   # re-packed after every run, so a time limit still returns the runs already done

@@ -214,6 +214,13 @@ def _prologue(run: GpuRun, stage: str) -> StageResult | None:
     if setup is None or not setup.get("ok"):
         return StageResult(stage=stage, status="error", summary="candidate worker failed during setup (verifier problem)",
                            findings=[failure_finding(run.cand)])
+    # Inputs are drawn once for every case before the candidate is imported; only a failure
+    # there is the verifier's (a later one is charged to the candidate by the worker).
+    errs = run.cand_part("error")
+    if errs and errs[-1].get("verifier"):
+        msg = f"the candidate worker could not draw the inputs (verifier/spec problem): {str(errs[-1].get('message', ''))[-1500:]}"
+        return StageResult(stage=stage, status="error", summary="input generation failed (verifier problem)",
+                           findings=[Finding(kind="verifier-error", message=msg)])
     imp = run.cand_part("import")
     if not imp:
         return StageResult(stage=stage, status="fail", summary="the candidate failed to import on the GPU",
@@ -222,13 +229,6 @@ def _prologue(run: GpuRun, stage: str) -> StageResult | None:
         return StageResult(stage=stage, status="fail", summary="the candidate replaced the verifier's instruments",
                            findings=[Finding(kind="harness-tampered",
                                              message=f"importing the candidate replaced: {', '.join(imp[-1]['tampered'])}")])
-    # Only an untampered candidate gets the benefit of a verifier error for failed input
-    # generation (checked after the tamper check, so patching torch cannot buy one).
-    errs = run.cand_part("error")
-    if errs and errs[-1].get("verifier"):
-        msg = f"the candidate worker could not draw the inputs (verifier/spec problem): {str(errs[-1].get('message', ''))[-1500:]}"
-        return StageResult(stage=stage, status="error", summary="input generation failed (verifier problem)",
-                           findings=[Finding(kind="verifier-error", message=msg)])
     return None
 
 

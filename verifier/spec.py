@@ -51,6 +51,7 @@ import ast
 import hashlib
 import importlib.util
 import json
+import keyword
 import math
 import tomllib
 from pathlib import Path
@@ -353,9 +354,13 @@ class KernelSpec(_Strict):
                     f"{sorted(inputs)}, got wrt={g.wrt!r} upstream={g.upstream!r}"
                 )
         seen: set[str] = set()
-        clash = set(self.entry.constants) & inputs
+        outputs = {t.name for t in self.entry.outputs}
+        bad = [c for c in self.entry.constants
+               if not c.isidentifier() or keyword.iskeyword(c) or c == "dims" or c == self.entry.function]
+        clash = (set(self.entry.constants) & (inputs | outputs)) | set(bad)
         if clash or len(set(self.entry.constants)) != len(self.entry.constants):
-            raise ValueError(f"entry.constants: must be distinct dim names that are not input names, got "
+            raise ValueError(f"entry.constants: must be distinct Python identifiers (not keywords, 'dims', "
+                             f"the entry's name or a tensor name), got "
                              f"{self.entry.constants} (clashing: {sorted(clash)})")
         if "dims" in inputs:
             raise ValueError("entry.inputs: 'dims' is reserved (derived-input functions receive the shape binding under that name)")

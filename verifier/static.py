@@ -38,12 +38,17 @@ Design
   ``math`` are exempt from the value-method ban-list, which is why epilogue bodies may
   call ``cute.math.exp`` or ``quack.activation.swiglu`` and do arithmetic with ``*``/``+``.
   The ``@`` operator is torch math (epilogue values never use it).
-* **State across calls is rejected at its source.** No ``global``/``nonlocal``, no
-  attribute writes anywhere (``torch.cuda.Event = X``, ``mod.fn = g``), and no mutation,
-  from inside a function, of a name the function did not bind itself (module-level
-  dicts/lists, closure cells, locals aliased to them, parameters defaulting to them):
-  subscript stores, augmented assignment, ``del``, and mutating method calls
-  (``.append/.update/.setdefault/...``, tensor in-place ``*_``). This is the static
+* **State across calls is rejected at its source, deny by default.** No
+  ``global``/``nonlocal``; no attribute store or delete *anywhere*, whatever the syntax
+  (assignment, ``for`` and comprehension targets: ``[0 for torch.Tensor.detach in [f]]``
+  patched a method in a red-team test, 2026-11-30); no subscript store or delete at all
+  (``x[i] = v``: host code has no use for item assignment, and ownership analysis is
+  defeated by aliasing such as ``[_CACHE][0][0] = v``); no container-mutating method call
+  on any receiver (``.append/.update/.setdefault/...``); no torch call in a module-level
+  assignment or a default argument (``_HOG = torch.empty(...)`` at import). The
+  ownership analysis below still names the more specific cases (module-level
+  dicts/lists, closure cells, locals aliased to them, parameters defaulting to them;
+  augmented assignment, tensor in-place ``*_``). This is the static
   defense against "caching across calls" and "drift after N calls"; the GPU stage's
   fresh inputs and post-benchmark recheck are the dynamic one. ``functools.lru_cache``
   and mutable default arguments are rejected for the same reason.
@@ -95,6 +100,9 @@ KINDS: dict[str, str] = {
     "global-nonlocal": "global/nonlocal declarations",
     "async": "async functions, await",
     "attribute-write": "assignment to an attribute of a module/object",
+    "subscript-store": "item assignment or deletion (x[i] = v, del x[i]) anywhere",
+    "container-mutation": "a container-mutating method call (.append, .update, ...) on any receiver",
+    "import-time-allocation": "a torch call in a module-level assignment or a default argument",
     "module-state-mutation": "a function mutating state it does not own (module-level/closure containers)",
     "call-cache": "functools.lru_cache/cache (results cached across calls)",
     "mutable-default": "a mutable default argument (state kept across calls)",
@@ -303,6 +311,7 @@ class _Checker:
                 self.parents[child] = node
         self._collect_imports()
         self._module_level()
+        self._import_time_torch()
         self._walk_nodes()
         self._functions()
         self._epilogue_contract()
@@ -396,6 +405,25 @@ class _Checker:
                 f"assignments and a docstring{extra}",
             )
 
+    def _import_time_torch(self) -> None:
+        """torch calls that run at import (module-level assignment values, default arguments):
+        an allocation there is state shared by every call (or a device-memory hog)."""
+        exprs: list[ast.AST] = []
+        for node in self.tree.body:
+            if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)) and node.value is not None:
+                exprs.append(node.value)
+        for node in ast.walk(self.tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                exprs += [d for d in [*node.args.defaults, *node.args.kw_defaults] if d is not None]
+        for e in exprs:
+            for sub in ast.walk(e):
+                if isinstance(sub, ast.Call) and (self.qualname(sub.func) or "").split(".")[0] == "torch":
+                    self.add(
+                        "import-time-allocation", sub,
+                        f"`{_src(sub)}` runs at import time (module-level value or default argument): "
+                        "allocate inside the entry, per call",
+                    )
+
     # -- every node --------------------------------------------------------------
     def _walk_nodes(self) -> None:
         for node in ast.walk(self.tree):
@@ -413,24 +441,35 @@ class _Checker:
                 self._check_name(node)
             elif isinstance(node, ast.Attribute):
                 self._check_attribute(node)
+                if isinstance(node.ctx, (ast.Store, ast.Del)):
+                    root = self.qualname(node)
+                    whose = f" (an attribute of the imported `{root.rsplit('.', 1)[0]}`)" if root else ""
+                    self.add(
+                        "attribute-write", node,
+                        f"store to attribute `{_src(node)}`{whose}: candidate code must not "
+                        "patch modules, functions or objects (in any form: assignment, for or comprehension target)",
+                    )
+            elif isinstance(node, ast.Subscript) and isinstance(node.ctx, (ast.Store, ast.Del)):
+                self.add(
+                    "subscript-store", node,
+                    f"item store `{_src(node)}`: no item assignment or deletion in candidate code (results "
+                    "come from the kernels; containers are built whole, never updated)",
+                )
             elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.MatMult):
                 self._matmul_op(node)
             elif isinstance(node, ast.AugAssign) and isinstance(node.op, ast.MatMult):
                 self._matmul_op(node)
             elif isinstance(node, ast.Call):
                 self._check_call(node)
-            if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign, ast.Delete)):
-                targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [node.target]
-                for t in targets:
-                    for sub in ast.walk(t):
-                        if isinstance(sub, ast.Attribute) and isinstance(sub.ctx, (ast.Store, ast.Del)):
-                            root = self.qualname(sub)
-                            whose = f" (an attribute of the imported `{root.rsplit('.', 1)[0]}`)" if root else ""
-                            self.add(
-                                "attribute-write", sub,
-                                f"assignment to attribute `{_src(sub)}`{whose}: candidate code must not "
-                                "patch modules, functions or objects",
-                            )
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in MUTATING_METHODS:
+                # Receivers reached through an import (``operator.add``, ``fe.REGISTRY.clear``) are
+                # functions, or imported state that _imported_state reports by name.
+                if self.qualname(node.func.value) is None:
+                    self.add(
+                        "container-mutation", node,
+                        f"`{_src(node)}` mutates its receiver: candidate code builds values and never "
+                        "updates containers (no state may survive a call)",
+                    )
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.AnnAssign, ast.arg)):
                 anns = [node.returns] if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) else [node.annotation]
                 for ann in anns:

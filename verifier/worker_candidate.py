@@ -96,8 +96,11 @@ EXIT_OK, EXIT_CANDIDATE_ERROR, EXIT_VERIFIER_ERROR, EXIT_REFUSED = 0, 1, 2, 3
 
 
 class InputGenerationError(RuntimeError):
-    """Drawing a trial's inputs failed: the verifier's (or the spec's) fault, never the
-    candidate's -- reported as a verifier error so that it does not spend an attempt."""
+    """Drawing inputs failed. Before the candidate is imported that is the verifier's (or the
+    spec's) fault: a verifier error, no attempt spent. After the import it is charged to the
+    candidate (its import may have exhausted device memory or changed torch), so that no
+    candidate can buy a verifier error; the pre-import draw of every correctness case makes
+    a spec bug surface before the import."""
 BENCH_WALL_REPS = 7
 BENCH_SEED_BASE = 10_000
 MAX_POISON_BYTES = 16 << 30
@@ -128,6 +131,7 @@ class Worker:
         self.loaded = load_spec(self.plan.spec_dir)
         self.spec = self.loaded.spec
         self.fn: Callable[..., Any] | None = None
+        self.imported = False  # candidate code has run in this process
 
     # -- plumbing -----------------------------------------------------------------
     def record(self, part: str, **fields: Any) -> None:
@@ -368,8 +372,15 @@ class Worker:
         self.record("setup", ok=True, device=str(self.device), env=env, profiler_selftest=selftest,
                     plan_sha256=self.plan.sha256())
 
+        # Every correctness/recheck case's inputs once before any candidate code runs: a spec
+        # or verifier problem in drawing them shows up here, not charged to the candidate.
+        self.begin("input check")
+        for run in [*self.plan.correctness_runs, *self.plan.recheck_runs]:
+            self.inputs_for(run.dims, run.seed)
+        self.sync()
         self.begin("import")
         t0 = _perf_counter()
+        self.imported = True
         self.import_candidate(Path(self.plan.candidate or ""))
         self.record("import", ok=True, seconds=_perf_counter() - t0, tampered=tampered())
 
@@ -442,12 +453,15 @@ def main(argv: list[str] | None = None) -> int:
         return w.main()
     except InputGenerationError as e:
         tb = traceback.format_exc()
+        after = w.imported
+        why = ("input generation failed after the candidate was imported (the same generator "
+               "worked before it: e.g. the candidate's import used up device memory)\n" if after else "")
         try:
-            w.record("error", error="input-generation", verifier=True, message=tb[-6000:])
+            w.record("error", error="input-generation", verifier=not after, message=why + tb[-6000:])
         except Exception:  # noqa: BLE001
             pass
-        sys.stderr.write(tb)
-        return EXIT_VERIFIER_ERROR
+        sys.stderr.write(why + tb)
+        return EXIT_CANDIDATE_ERROR if after else EXIT_VERIFIER_ERROR
     except BaseException as e:  # noqa: BLE001 -- everything else after setup is the candidate's doing
         tb = traceback.format_exc()
         try:

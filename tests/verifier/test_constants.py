@@ -61,9 +61,10 @@ def test_constants_validate_and_show_in_the_signature(tmp_path):
     unbound = TOML.replace("HQ = 2, HD = 4", "HD = 4").replace('shape = ["M", "HQ*HD"]', 'shape = ["M", "HD"]')
     with pytest.raises(SpecError, match=r"dims \['HQ'\] are not bound"):
         _spec(tmp_path, unbound, "c1")
-    clash = TOML.replace('constants = ["HQ", "HD"]', 'constants = ["x"]')
-    with pytest.raises(SpecError, match="entry.constants"):
-        _spec(tmp_path, clash, "c2")
+    for i, bad in enumerate(['["x"]', '["out"]', '["HQ", "lambda"]', '["dims"]', '["HQ", "HQ"]']):
+        clash = TOML.replace('constants = ["HQ", "HD"]', f'constants = {bad}')
+        with pytest.raises(SpecError, match="entry.constants"):
+            _spec(tmp_path, clash, f"c2_{i}")
 
 
 def test_prompt_tells_the_model_about_the_constants(tmp_path):
@@ -206,22 +207,22 @@ def test_failing_input_generation_is_a_verifier_error_not_the_candidates(tmp_pat
     assert "spec bug" in st["correctness"].findings[0].message
 
 
-def test_a_tampering_candidate_cannot_buy_a_verifier_error(tmp_path):
-    """Input generation failing after an import that replaced the verifier's instruments is
-    the candidate's failure (harness-tampered), not a verifier error that spends no attempt."""
-    from coda_agent.verifier.correctness import _prologue
-    from coda_agent.verifier.gpu_results import GpuRun
-    from coda_agent.verifier.protocol import Plan
-    from coda_agent.verifier.sandbox import WorkerOutcome
-
-    def run_with(tampered):
-        recs = [{"part": "setup", "ok": True}, {"part": "import", "ok": True, "tampered": tampered},
-                {"part": "error", "error": "input-generation", "verifier": True, "message": "boom"}]
-        cand = WorkerOutcome(status="error", returncode=2, duration_s=1.0, records=recs, died_in=None, timeout_s=60)
-        return GpuRun(workdir=tmp_path, plan=Plan(spec_dir=str(tmp_path), runs=[], bench_shapes=[], bench=False),
-                      cand=cand)
-
-    honest = _prologue(run_with([]), "correctness")
-    assert honest.status == "error" and honest.findings[0].kind == "verifier-error"
-    cheat = _prologue(run_with(["torch.rsqrt"]), "correctness")
-    assert cheat.status == "fail" and cheat.findings[0].kind == "harness-tampered"
+def test_input_generation_after_the_import_is_charged_to_the_candidate(tmp_path, stub_static_compile):
+    """Red team 2026-11-30: a candidate whose import makes drawing inputs fail (a device-memory
+    hog, a patched torch) must not buy a verifier error. The worker draws every correctness
+    case before the import; a failure after it is the candidate's (a crash, attempt spent)."""
+    counter = tmp_path / "draws"
+    # Each draw of rstd appends to a file; the pre-import check draws the correctness runs
+    # (1 case x seeds 0, 1) and the recheck run: 3 draws; the 4th (the first trial, after
+    # the import) fails as an exhausted device would.
+    once = PIPE_REF.replace(
+        "def saved_rstd(*, h):\n    return",
+        f"from pathlib import Path as _P\n_C = _P({str(counter)!r})\n"
+        "def saved_rstd(*, h):\n    n = len(_C.read_text()) if _C.exists() else 0\n"
+        "    _C.write_text('x' * (n + 1))\n"
+        "    if n >= 3:\n        raise MemoryError('out of device memory')\n    return",
+    )
+    v = _pipe(tmp_path, once)
+    st = {s.stage: s for s in v.stages}
+    assert st["correctness"].status == "fail", st["correctness"].summary
+    assert any("after the candidate was imported" in f.message for f in st["correctness"].findings), st["correctness"].findings

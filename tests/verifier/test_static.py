@@ -175,8 +175,7 @@ def test_module_level_assignments_and_docstring_are_fine():
     src = module(extra='''
 """a note"""
 TILE = 128
-_TABLE = {"a": 1}
-_TABLE["b"] = 2
+_TABLE = {"a": 1, "b": 2}
 __all__ = ["swiglu_bwd"]
 ''')
     assert check_static(BWD, src).status == "pass"
@@ -450,7 +449,10 @@ _record = _make()
     assert_flags(src, "module-state-mutation", "seen.append(x)")
 
 
-def test_local_containers_are_fine():
+def test_container_updates_are_rejected_even_on_locals():
+    """Deny by default (red team, 2026-11-30): ownership analysis is defeated by aliasing
+    (`[_CACHE][0][0] = v`), so item stores and mutating calls are rejected on any receiver;
+    containers are built whole. Rebinding a local name (`counter += 1`) stays fine."""
     body = """
 outs = {}
 outs["D"] = dpreact
@@ -460,7 +462,28 @@ lst.append(m)
 counter = 0
 counter += 1
 """
-    assert check_static(BWD, module(body=body)).status == "pass"
+    ks = kinds(module(body=body))
+    assert ks.count("subscript-store") == 1 and ks.count("container-mutation") == 2, ks
+    fine = 'outs = {"D": dpreact, "postact": postact}\nlst = [m]\ncounter = 0\ncounter += 1'
+    assert check_static(BWD, module(body=fine)).status == "pass"
+
+
+@pytest.mark.parametrize("extra", [
+    "_CACHE = [[0]]\n_P = [0 for torch.Tensor.detach in [print]]\n",
+    "_CACHE = [[0]]\ndef _h(x):\n    for torch.Tensor.detach in [x]:\n        pass\n",
+    "_CACHE = [[0]]\ndef _h(x):\n    [_CACHE][0][0] = x\n",
+    "_CACHE = [[0]]\ndef _h(x):\n    for a in [_CACHE]:\n        a[0] = x\n",
+    "_CACHE = [[0]]\ndef _h(x):\n    a = _CACHE if 1 else 0\n    a[0] = x\n",
+    "_CACHE = [[0]]\ndef _h(x):\n    [_CACHE][0].append(x)\n",
+    "_HOG = torch.empty(1 << 40, dtype=torch.uint8, device='cuda')\n",
+    "_HOG = [torch.empty(8) for _ in range(2)]\n",
+    "def _h(x, _hog=torch.empty(8)):\n    return x\n",
+])
+def test_red_team_escapes_are_rejected(extra):
+    """Each line defeated the 2026-11-30 static stage: a method patched through a for or
+    comprehension target, state kept through aliases, memory allocated at import time."""
+    ks = kinds(module(extra=extra))
+    assert set(ks) & {"attribute-write", "subscript-store", "container-mutation", "import-time-allocation"}, ks
 
 
 def test_mutable_default_and_lru_cache():
@@ -695,4 +718,5 @@ def test_input_mutation_by_subscript(body, needle):
 
 def test_metadata_of_inputs_is_not_an_alias():
     body = "shape = list(dout.shape)\nshape[0] = 1\nouts = [dpreact]\nouts[0] = postact"
-    assert check_static(BWD, module(body=body)).status == "pass"
+    ks = kinds(module(body=body))
+    assert "input-mutation" not in ks and set(ks) == {"subscript-store"}, ks
