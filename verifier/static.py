@@ -44,8 +44,13 @@ Design
   patched a method in a red-team test, 2026-11-30); no subscript store or delete at all
   (``x[i] = v``: host code has no use for item assignment, and ownership analysis is
   defeated by aliasing such as ``[_CACHE][0][0] = v``); no container-mutating method call
-  on any receiver (``.append/.update/.setdefault/...``); no torch call in a module-level
-  assignment or a default argument (``_HOG = torch.empty(...)`` at import). The
+  on any receiver (``.append/.update/.setdefault/...``), nor any *reference* to such a
+  method or to an in-place tensor method (``list.append`` passed around); at import time
+  (module-level values, default arguments, decorators) only cutlass/quack/math
+  constructors may be called (``_HOG = torch.empty(...)``, ``_BUF = _make()`` are
+  rejected; decorators other than ``@gemm_epilogue`` too); no generator functions and no
+  ``match`` statements (a class pattern reads any attribute by name, dunders included:
+  ``case object(__globals__=G)`` reached ``__builtins__`` in a second red-team round). The
   ownership analysis below still names the more specific cases (module-level
   dicts/lists, closure cells, locals aliased to them, parameters defaulting to them;
   augmented assignment, tensor in-place ``*_``). This is the static
@@ -102,7 +107,10 @@ KINDS: dict[str, str] = {
     "attribute-write": "assignment to an attribute of a module/object",
     "subscript-store": "item assignment or deletion (x[i] = v, del x[i]) anywhere",
     "container-mutation": "a container-mutating method call (.append, .update, ...) on any receiver",
-    "import-time-allocation": "a torch call in a module-level assignment or a default argument",
+    "import-time-call": "a call at import time other than a cutlass/quack/math constructor (module-level values, default arguments, decorators)",
+    "match-statement": "match statements (class patterns read arbitrary attributes, dunders included)",
+    "generator": "generator functions (yield): their frames keep state across calls",
+    "mutating-attribute": "a reference to a container-mutating or in-place method (list.append, x.add_), called or not",
     "module-state-mutation": "a function mutating state it does not own (module-level/closure containers)",
     "call-cache": "functools.lru_cache/cache (results cached across calls)",
     "mutable-default": "a mutable default argument (state kept across calls)",
@@ -225,7 +233,7 @@ POINTER_ATTRS = frozenset({
 INTROSPECTION_ATTRS = frozenset({
     "f_back", "f_globals", "f_locals", "f_builtins", "f_code", "f_trace", "gi_frame",
     "gi_code", "cr_frame", "cr_code", "ag_frame", "ag_code", "tb_frame", "tb_next",
-    "co_code", "co_consts", "func_globals",
+    "co_code", "co_consts", "func_globals", "mro", "format", "format_map",
 })
 """Attributes that reach frames, code objects or tracebacks."""
 
@@ -311,7 +319,7 @@ class _Checker:
                 self.parents[child] = node
         self._collect_imports()
         self._module_level()
-        self._import_time_torch()
+        self._import_time_calls()
         self._walk_nodes()
         self._functions()
         self._epilogue_contract()
@@ -405,23 +413,42 @@ class _Checker:
                 f"assignments and a docstring{extra}",
             )
 
-    def _import_time_torch(self) -> None:
-        """torch calls that run at import (module-level assignment values, default arguments):
-        an allocation there is state shared by every call (or a device-memory hog)."""
-        exprs: list[ast.AST] = []
+    IMPORT_TIME_CALL_ROOTS = ("cutlass", "quack", "math")
+    """Roots of the callables allowed at import time (GemmConfig, ColVecLoad, Float32, math.sqrt)."""
+
+    def _import_time_calls(self) -> None:
+        """Code that runs at import: module-level assignment values, default arguments and
+        decorators. Only cutlass/quack/math constructors may be called there (no torch, no
+        builtins, no function of the candidate's own), and defaults hold no calls at all."""
+        exprs: list[tuple[ast.AST, str]] = []
         for node in self.tree.body:
             if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)) and node.value is not None:
-                exprs.append(node.value)
+                exprs.append((node.value, "module-level value"))
         for node in ast.walk(self.tree):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
-                exprs += [d for d in [*node.args.defaults, *node.args.kw_defaults] if d is not None]
-        for e in exprs:
+                for d in [*node.args.defaults, *node.args.kw_defaults]:
+                    if d is not None:
+                        exprs.append((d, "default argument"))
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                for dec in node.decorator_list:
+                    target = dec.func if isinstance(dec, ast.Call) else dec
+                    if not self._is_gemm_epilogue(target):
+                        self.add("import-time-call", dec,
+                                 f"decorator `{_src(dec)}`: only @gemm_epilogue(...) may decorate a function "
+                                 "(a decorator is code that runs at import time)")
+        for e, where in exprs:
             for sub in ast.walk(e):
-                if isinstance(sub, ast.Call) and (self.qualname(sub.func) or "").split(".")[0] == "torch":
+                if isinstance(sub, (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp, ast.NamedExpr)):
+                    self.add("import-time-call", sub, f"`{_src(sub)}` in a {where}: comprehensions and `:=` "
+                             "run code at import time; write the value out")
+                if not isinstance(sub, ast.Call):
+                    continue
+                q = self.qualname(sub.func) or ""
+                if where == "default argument" or q.split(".")[0] not in self.IMPORT_TIME_CALL_ROOTS:
                     self.add(
-                        "import-time-allocation", sub,
-                        f"`{_src(sub)}` runs at import time (module-level value or default argument): "
-                        "allocate inside the entry, per call",
+                        "import-time-call", sub,
+                        f"`{_src(sub)}` runs at import time ({where}): only cutlass/quack/math constructors "
+                        "may be called there (GemmConfig(...), ColVecLoad(...)); allocate and compute in the entry, per call",
                     )
 
     # -- every node --------------------------------------------------------------
@@ -437,10 +464,29 @@ class _Checker:
                 self.add("global-nonlocal", node, f"`{type(node).__name__.lower()} {', '.join(node.names)}` is not allowed: no state may live across calls")
             elif isinstance(node, (ast.AsyncFunctionDef, ast.Await, ast.AsyncFor)):
                 self.add("async", node, "async code is not allowed")
+            elif isinstance(node, ast.Match):
+                self.add("match-statement", node, "`match` is not allowed: class patterns read attributes by name "
+                         "(dunders included), outside every attribute check")
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str) and _is_dunder(node.value):
+                self.add("banned-attribute", node, f"the string {node.value!r} names a dunder attribute: no reflection "
+                         "by name either")
+            elif isinstance(node, (ast.Yield, ast.YieldFrom)):
+                self.add("generator", node, "generator functions (`yield`) are not allowed: a generator's frame "
+                         "keeps state across calls")
             elif isinstance(node, ast.Name):
                 self._check_name(node)
             elif isinstance(node, ast.Attribute):
                 self._check_attribute(node)
+                recv_q = self.qualname(node.value)
+                if isinstance(node.ctx, ast.Load) and recv_q is None and (
+                    node.attr in MUTATING_METHODS or node.attr in ("send", "throw")
+                    or (node.attr.endswith("_") and not node.attr.startswith("_"))
+                ):
+                    self.add(
+                        "mutating-attribute", node,
+                        f"`{_src(node)}`: a reference to a method that mutates its receiver, drives a generator "
+                        "or formats/introspects objects is not allowed (called or passed around)",
+                    )
                 if isinstance(node.ctx, (ast.Store, ast.Del)):
                     root = self.qualname(node)
                     whose = f" (an attribute of the imported `{root.rsplit('.', 1)[0]}`)" if root else ""

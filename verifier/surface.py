@@ -133,6 +133,10 @@ def module_import_allowed(name: str) -> bool:
     return name in ALLOWED_MODULES
 
 
+DENIED_LIBRARY_NAMES = frozenset({"struct", "union", "register_jit_arg_adapter", "JitArgAdapterRegistry"})
+"""cutlass/quack names that mutate the objects passed to them or process-wide registries."""
+
+
 @functools.lru_cache(maxsize=None)
 def judge(path: str) -> tuple[str, str, bool] | None:
     """Judge the object a candidate reaches as the dotted ``path``.
@@ -145,6 +149,9 @@ def judge(path: str) -> tuple[str, str, bool] | None:
     parts = path.split(".")
     if parts[0] in ("torch", "__future__"):
         return None
+    if parts[-1] in DENIED_LIBRARY_NAMES:
+        return ("banned-call", f"`{path}` modifies classes or global registries it is given "
+                "(red team 2026-11-30: cute.struct(torch.Tensor) replaced torch.Tensor.__setattr__)", False)
     if any(p.startswith("_") for p in parts[1:]):
         return ("banned-attribute", f"`{path}`: private/dunder attributes of allowed modules are not allowed", False)
     # longest allowed module prefix

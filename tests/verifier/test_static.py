@@ -478,12 +478,28 @@ counter += 1
     "_HOG = torch.empty(1 << 40, dtype=torch.uint8, device='cuda')\n",
     "_HOG = [torch.empty(8) for _ in range(2)]\n",
     "def _h(x, _hog=torch.empty(8)):\n    return x\n",
+    # round 2: match class patterns read dunders; method references; iterators/generators;
+    # import-time helpers and decorators; cutlass APIs that patch the class they are given
+    "O = 0\ndef _h(x):\n    match x:\n        case O(__globals__=G):\n            return G['__builtins__']\n",
+    "_C = []\ndef _h(x):\n    app = list.append\n    app(_C, x)\n",
+    "import functools\n_C = []\n_P = functools.partial(list.append, _C)\n",
+    "_IT = iter(range(10))\n",
+    "def _gen():\n    x = yield 1\n",
+    "def _h(x, c=[].copy()):\n    c += [x]\n",
+    "def _mk():\n    return torch.empty(1 << 40, device='cuda')\n_BUF = _mk()\n",
+    "import functools\n@functools.partial(print)\ndef _h(x):\n    return x\n",
+    "import cutlass.cute as cute2\n_S = cute2.struct\n",
+    "def _h(x):\n    return torch.Tensor.mro()\n",
+    "def _h(x):\n    fmt = str.format\n    return fmt('{0}', x)\n",
 ])
 def test_red_team_escapes_are_rejected(extra):
-    """Each line defeated the 2026-11-30 static stage: a method patched through a for or
-    comprehension target, state kept through aliases, memory allocated at import time."""
+    """Each line defeated the 2026-11-30 static stage (two red-team rounds): a method patched
+    through a for or comprehension target, state kept through aliases, method references,
+    iterators or generators, code run at import time, attributes read by a match pattern."""
     ks = kinds(module(extra=extra))
-    assert set(ks) & {"attribute-write", "subscript-store", "container-mutation", "import-time-allocation"}, ks
+    assert set(ks) & {"attribute-write", "subscript-store", "container-mutation", "import-time-call",
+                      "match-statement", "generator", "mutating-attribute", "banned-call", "introspection",
+                      "banned-attribute", "mutable-default", "module-state-mutation", "foreign-object"}, ks
 
 
 def test_mutable_default_and_lru_cache():
