@@ -111,6 +111,8 @@ KINDS: dict[str, str] = {
     "match-statement": "match statements (class patterns read arbitrary attributes, dunders included)",
     "generator": "generator functions (yield): their frames keep state across calls",
     "mutating-attribute": "a reference to a container-mutating or in-place method (list.append, x.add_), called or not",
+    "augmented-assignment": "x += y (and friends) in host code: in-place on lists/dicts/tensors; write x = x + y",
+    "module-level-container": "a list/dict/set value at module level (mutable state shared by every call)",
     "module-state-mutation": "a function mutating state it does not own (module-level/closure containers)",
     "call-cache": "functools.lru_cache/cache (results cached across calls)",
     "mutable-default": "a mutable default argument (state kept across calls)",
@@ -417,39 +419,64 @@ class _Checker:
     """Roots of the callables allowed at import time (GemmConfig, ColVecLoad, Float32, math.sqrt)."""
 
     def _import_time_calls(self) -> None:
-        """Code that runs at import: module-level assignment values, default arguments and
-        decorators. Only cutlass/quack/math constructors may be called there (no torch, no
-        builtins, no function of the candidate's own), and defaults hold no calls at all."""
+        """Code that runs at import: module-level assignment values and annotations, default
+        arguments, annotations of functions, decorators and their arguments. Only
+        cutlass/quack/math constructors may be called there (no torch, no builtins), never
+        with one of the candidate's functions as an argument (a library call could run it
+        at import: red team round 3), and defaults and annotations hold no calls at all.
+        Module-level values are not lists/dicts/sets (shared mutable state)."""
         exprs: list[tuple[ast.AST, str]] = []
         for node in self.tree.body:
             if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)) and node.value is not None:
                 exprs.append((node.value, "module-level value"))
+                names = [n for t in _store_targets(node) for n in _names_in_target(t)]
+                for sub in ast.walk(node.value):
+                    if isinstance(sub, (ast.List, ast.Dict, ast.Set)) and names != ["__all__"]:
+                        self.add("module-level-container", sub,
+                                 f"`{_src(sub)}` at module level is mutable state shared by every call; "
+                                 "use a tuple or build it inside the entry")
+            if isinstance(node, ast.AnnAssign):
+                exprs.append((node.annotation, "annotation"))
         for node in ast.walk(self.tree):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
                 for d in [*node.args.defaults, *node.args.kw_defaults]:
                     if d is not None:
                         exprs.append((d, "default argument"))
+                a = node.args
+                for arg in [*a.posonlyargs, *a.args, *a.kwonlyargs, a.vararg, a.kwarg]:
+                    if arg is not None and arg.annotation is not None:
+                        exprs.append((arg.annotation, "annotation"))
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.returns is not None:
+                exprs.append((node.returns, "annotation"))
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
                 for dec in node.decorator_list:
                     target = dec.func if isinstance(dec, ast.Call) else dec
                     if not self._is_gemm_epilogue(target):
                         self.add("import-time-call", dec,
-                                 f"decorator `{_src(dec)}`: only @gemm_epilogue(...) may decorate a function "
-                                 "(a decorator is code that runs at import time)")
+                                 f"decorator `{_src(dec)}`: only quack's @gemm_epilogue(...) may decorate a "
+                                 "function (a decorator is code that runs at import time)")
+                    elif isinstance(dec, ast.Call):
+                        exprs += [(x, "decorator argument") for x in [*dec.args, *(k.value for k in dec.keywords)]]
         for e, where in exprs:
             for sub in ast.walk(e):
-                if isinstance(sub, (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp, ast.NamedExpr)):
-                    self.add("import-time-call", sub, f"`{_src(sub)}` in a {where}: comprehensions and `:=` "
-                             "run code at import time; write the value out")
+                if isinstance(sub, (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp, ast.NamedExpr, ast.Lambda)):
+                    self.add("import-time-call", sub, f"`{_src(sub)}` in a {where}: comprehensions, lambdas and `:=` "
+                             "are code; write the value out")
                 if not isinstance(sub, ast.Call):
                     continue
                 q = self.qualname(sub.func) or ""
-                if where == "default argument" or q.split(".")[0] not in self.IMPORT_TIME_CALL_ROOTS:
+                if where in ("default argument", "annotation") or q.split(".")[0] not in self.IMPORT_TIME_CALL_ROOTS:
                     self.add(
                         "import-time-call", sub,
                         f"`{_src(sub)}` runs at import time ({where}): only cutlass/quack/math constructors "
                         "may be called there (GemmConfig(...), ColVecLoad(...)); allocate and compute in the entry, per call",
                     )
+                    continue
+                for arg in [*sub.args, *(k.value for k in sub.keywords)]:
+                    if isinstance(arg, ast.Name) and arg.id in self.module_defs:
+                        self.add("import-time-call", sub,
+                                 f"`{_src(sub)}` passes your function `{arg.id}` to a library call at import time "
+                                 "(the library could run it there)")
 
     # -- every node --------------------------------------------------------------
     def _walk_nodes(self) -> None:
@@ -478,6 +505,10 @@ class _Checker:
             elif isinstance(node, ast.Attribute):
                 self._check_attribute(node)
                 recv_q = self.qualname(node.value)
+                if recv_q == "torch.Tensor" and isinstance(node.ctx, ast.Load):
+                    self.add("banned-attribute", node,
+                             f"`{_src(node)}`: tensor methods are reached through tensors, not through the "
+                             "class (`torch.Tensor.addmm_` was a GEMM and an in-place write in one reference)")
                 if isinstance(node.ctx, ast.Load) and recv_q is None and (
                     node.attr in MUTATING_METHODS or node.attr in ("send", "throw")
                     or (node.attr.endswith("_") and not node.attr.startswith("_"))
@@ -505,6 +536,10 @@ class _Checker:
                 self._matmul_op(node)
             elif isinstance(node, ast.AugAssign) and isinstance(node.op, ast.MatMult):
                 self._matmul_op(node)
+            if isinstance(node, ast.AugAssign) and not self._in_epilogue_fn(node):
+                self.add("augmented-assignment", node,
+                         f"`{_src(node)}`: augmented assignment updates lists, dicts and tensors in place "
+                         "(state across calls through aliases); write `x = x + y`")
             elif isinstance(node, ast.Call):
                 self._check_call(node)
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in MUTATING_METHODS:
@@ -822,13 +857,20 @@ class _Checker:
                 self.add("module-state-mutation", n, f"{label} mutates `{_root_name(n.args[0])}` through `{_src(n.func)}`")
 
     # -- @gemm_epilogue -----------------------------------------------------------
-    def _is_gemm_epilogue(self, func: ast.AST) -> bool:
-        if isinstance(func, ast.Name):
-            q = self.aliases.get(func.id, "")
-            return func.id == "gemm_epilogue" or q.endswith(".gemm_epilogue")
-        if isinstance(func, ast.Attribute):
-            return func.attr == "gemm_epilogue"
+    def _in_epilogue_fn(self, node: ast.AST) -> bool:
+        """True when ``node`` is inside the body of a @gemm_epilogue-decorated function."""
+        p = self.parents.get(node)
+        while p is not None:
+            if isinstance(p, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                return any(self._is_gemm_epilogue(d.func if isinstance(d, ast.Call) else d) for d in p.decorator_list)
+            p = self.parents.get(p)
         return False
+
+    def _is_gemm_epilogue(self, func: ast.AST) -> bool:
+        # Must resolve to quack's decorator: a candidate's own `def gemm_epilogue` (which would
+        # turn "epilogues" into plain torch math) does not count (red team round 3).
+        q = self.qualname(func) or ""
+        return q.startswith("quack.") and q.endswith(".gemm_epilogue")
 
     def _epilogue_contract(self) -> None:
         decorator_calls: set[int] = set()

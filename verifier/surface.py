@@ -133,8 +133,14 @@ def module_import_allowed(name: str) -> bool:
     return name in ALLOWED_MODULES
 
 
-DENIED_LIBRARY_NAMES = frozenset({"struct", "union", "register_jit_arg_adapter", "JitArgAdapterRegistry"})
-"""cutlass/quack names that mutate the objects passed to them or process-wide registries."""
+DENIED_LIBRARY_NAMES = frozenset({
+    "struct", "union", "register_jit_arg_adapter", "JitArgAdapterRegistry",
+    # compiler entry points: their option strings write and read files
+    # (--remark-output=PATH truncated a file in red-team round 3), ffi loads code
+    "compile", "jit", "kernel", "compile_to", "ffi", "CompileOptions",
+})
+"""cutlass/quack names that mutate the objects passed to them, process-wide registries,
+or drive the DSL compiler directly (quack's @gemm_epilogue compiles on the candidate's behalf)."""
 
 
 @functools.lru_cache(maxsize=None)
@@ -150,8 +156,8 @@ def judge(path: str) -> tuple[str, str, bool] | None:
     if parts[0] in ("torch", "__future__"):
         return None
     if parts[-1] in DENIED_LIBRARY_NAMES:
-        return ("banned-call", f"`{path}` modifies classes or global registries it is given "
-                "(red team 2026-11-30: cute.struct(torch.Tensor) replaced torch.Tensor.__setattr__)", False)
+        return ("banned-call", f"`{path}` modifies the classes or global registries it is given, or drives "
+                "the DSL compiler (whose options write files); @gemm_epilogue mods compile themselves", False)
     if any(p.startswith("_") for p in parts[1:]):
         return ("banned-attribute", f"`{path}`: private/dunder attributes of allowed modules are not allowed", False)
     # longest allowed module prefix

@@ -175,7 +175,7 @@ def test_module_level_assignments_and_docstring_are_fine():
     src = module(extra='''
 """a note"""
 TILE = 128
-_TABLE = {"a": 1, "b": 2}
+_TABLE = (("a", 1), ("b", 2))
 __all__ = ["swiglu_bwd"]
 ''')
     assert check_static(BWD, src).status == "pass"
@@ -452,7 +452,7 @@ _record = _make()
 def test_container_updates_are_rejected_even_on_locals():
     """Deny by default (red team, 2026-11-30): ownership analysis is defeated by aliasing
     (`[_CACHE][0][0] = v`), so item stores and mutating calls are rejected on any receiver;
-    containers are built whole. Rebinding a local name (`counter += 1`) stays fine."""
+    containers are built whole; `x += y` is rejected in host code too (in place on lists)."""
     body = """
 outs = {}
 outs["D"] = dpreact
@@ -464,7 +464,8 @@ counter += 1
 """
     ks = kinds(module(body=body))
     assert ks.count("subscript-store") == 1 and ks.count("container-mutation") == 2, ks
-    fine = 'outs = {"D": dpreact, "postact": postact}\nlst = [m]\ncounter = 0\ncounter += 1'
+    assert ks.count("augmented-assignment") == 1, ks
+    fine = 'outs = {"D": dpreact, "postact": postact}\nlst = [m]\ncounter = 0\ncounter = counter + 1'
     assert check_static(BWD, module(body=fine)).status == "pass"
 
 
@@ -491,6 +492,15 @@ counter += 1
     "import cutlass.cute as cute2\n_S = cute2.struct\n",
     "def _h(x):\n    return torch.Tensor.mro()\n",
     "def _h(x):\n    fmt = str.format\n    return fmt('{0}', x)\n",
+    # round 3: compiler options write files; aliases + augmented assignment; annotations and
+    # decorator arguments run at import; a home-made gemm_epilogue; torch.Tensor.<in-place>
+    "import cutlass.cute as cute2\ndef _h(x):\n    return cute2.compile\n",
+    "_SEEN = []\ndef _note(seen, item):\n    seen += [item]\n",
+    "_L = (1,)\ndef _h(x):\n    c = _L or _L\n    c += (x,)\n",
+    "_D = {}\n",
+    "def _mk():\n    return 1\ndef _h(x: _mk()):\n    return x\n",
+    "def _mk():\n    return 1\n_Y: _mk() = 1\n",
+    "def _h(x):\n    return torch.Tensor.addmm_\n",
 ])
 def test_red_team_escapes_are_rejected(extra):
     """Each line defeated the 2026-11-30 static stage (two red-team rounds): a method patched
@@ -499,7 +509,16 @@ def test_red_team_escapes_are_rejected(extra):
     ks = kinds(module(extra=extra))
     assert set(ks) & {"attribute-write", "subscript-store", "container-mutation", "import-time-call",
                       "match-statement", "generator", "mutating-attribute", "banned-call", "introspection",
-                      "banned-attribute", "mutable-default", "module-state-mutation", "foreign-object"}, ks
+                      "banned-attribute", "mutable-default", "module-state-mutation", "foreign-object",
+                      "augmented-assignment", "module-level-container"}, ks
+
+
+def test_home_made_gemm_epilogue_is_not_an_epilogue():
+    """A candidate's own `def gemm_epilogue` would make its "epilogues" plain torch math."""
+    src = GOOD.replace("from quack.epilogue import gemm_epilogue, pack, unpack",
+                       "from quack.epilogue import pack, unpack\n\n\ndef gemm_epilogue(**kw):\n    return lambda f: f\n")
+    ks = kinds(src)
+    assert "import-time-call" in ks or "no-epilogue" in ks, ks
 
 
 def test_mutable_default_and_lru_cache():

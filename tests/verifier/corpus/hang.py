@@ -28,6 +28,6 @@ def swiglu_bwd(dout, w_down, preact):
     dpreact = torch.empty(m, 2 * i, dtype=preact.dtype, device=preact.device)
     postact = torch.empty(m, i, dtype=preact.dtype, device=preact.device)
     spins = 0
-    while spins >= 0: spins += 1  # noqa: E701  # expect: timeout
+    while spins >= 0: spins = spins + 1  # noqa: E701  # expect: timeout
     dswiglu_epi(dout, w_down, preact, out={"D": dpreact, "postact": postact}, tuned=False)
     return dpreact, postact
