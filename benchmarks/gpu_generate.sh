@@ -1,5 +1,6 @@
 # Run on the H200 (after `source .device-bundle/p2/install.sh && source benchmarks/device_env.sh`):
 #   bash benchmarks/gpu_generate.sh runs/<RUN> [runs/<RUN> ...]
+#   FORCE=1 bash benchmarks/gpu_generate.sh runs/<RUN>   # replace an accepted kernel (regeneration)
 # Resumes each agent run (its answered attempt goes through every verifier stage, GPU
 # included; an accepted kernel lands in generated_kernels/<spec>/), then packs the run
 # folders (without the saved .pt tensors) and the accepted kernel folders into one
@@ -12,7 +13,7 @@ for run in "$@"; do
   echo "=== $spec ($run) ==="
   # (a kept CPU-stage pass is verified again by the loop itself, GPU stages included)
   start=$(date +%s)
-  python3 -m coda_agent.cli generate "$spec" --resume "$run" 2>&1 | tail -25
+  python3 -m coda_agent.cli generate "$spec" --resume "$run" ${FORCE:+--force} 2>&1 | tail -25
   echo "exit=${PIPESTATUS[0]} wall=$(( $(date +%s) - start ))s"
   items+=("$run")
   [ -d "generated_kernels/$spec" ] && items+=("generated_kernels/$spec")
