@@ -113,6 +113,7 @@ KINDS: dict[str, str] = {
     "mutating-attribute": "a reference to a container-mutating or in-place method (list.append, x.add_), called or not",
     "augmented-assignment": "x += y (and friends) in host code: in-place on lists/dicts/tensors; write x = x + y",
     "module-level-container": "a list/dict/set value at module level (mutable state shared by every call)",
+    "library-callback": "one of the candidate's functions passed to a cutlass/quack callable (it may introspect or eval it)",
     "module-state-mutation": "a function mutating state it does not own (module-level/closure containers)",
     "call-cache": "functools.lru_cache/cache (results cached across calls)",
     "mutable-default": "a mutable default argument (state kept across calls)",
@@ -458,6 +459,12 @@ class _Checker:
                     elif isinstance(dec, ast.Call):
                         exprs += [(x, "decorator argument") for x in [*dec.args, *(k.value for k in dec.keywords)]]
         for e, where in exprs:
+            if where == "annotation":
+                for sub in ast.walk(e):
+                    if isinstance(sub, ast.Name) and (sub.id in self.module_data or sub.id in self.module_defs):
+                        self.add("string-annotation", sub,
+                                 f"annotation `{_src(e)}` names `{sub.id}`, a value of this module: annotations may "
+                                 "only name types (library code may evaluate them: typing.get_type_hints)")
             for sub in ast.walk(e):
                 if isinstance(sub, (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp, ast.NamedExpr, ast.Lambda)):
                     self.add("import-time-call", sub, f"`{_src(sub)}` in a {where}: comprehensions, lambdas and `:=` "
@@ -536,6 +543,14 @@ class _Checker:
                 self._matmul_op(node)
             elif isinstance(node, ast.AugAssign) and isinstance(node.op, ast.MatMult):
                 self._matmul_op(node)
+            if isinstance(node, ast.Call):
+                q = self.qualname(node.func) or ""
+                if q.split(".")[0] in ("cutlass", "quack") and not self._is_gemm_epilogue(node.func):
+                    for arg in [*node.args, *(k.value for k in node.keywords)]:
+                        if isinstance(arg, ast.Name) and arg.id in self.module_defs:
+                            self.add("library-callback", node,
+                                     f"`{_src(node)}` hands your function `{arg.id}` to `{q}`: library code may "
+                                     "introspect or evaluate it (cute.native_struct eval'd annotations, round 4)")
             if isinstance(node, ast.AugAssign) and not self._in_epilogue_fn(node):
                 self.add("augmented-assignment", node,
                          f"`{_src(node)}`: augmented assignment updates lists, dicts and tensors in place "

@@ -138,6 +138,8 @@ DENIED_LIBRARY_NAMES = frozenset({
     # compiler entry points: their option strings write and read files
     # (--remark-output=PATH truncated a file in red-team round 3), ffi loads code
     "compile", "jit", "kernel", "compile_to", "ffi", "CompileOptions",
+    # typing.get_type_hints on a candidate's function: eval of its annotations (round 4)
+    "native_struct", "make_native_struct",
 })
 """cutlass/quack names that mutate the objects passed to them, process-wide registries,
 or drive the DSL compiler directly (quack's @gemm_epilogue compiles on the candidate's behalf)."""

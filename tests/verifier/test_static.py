@@ -501,6 +501,11 @@ counter += 1
     "def _mk():\n    return 1\ndef _h(x: _mk()):\n    return x\n",
     "def _mk():\n    return 1\n_Y: _mk() = 1\n",
     "def _h(x):\n    return torch.Tensor.addmm_\n",
+    # round 4: cute.native_struct(fn) runs typing.get_type_hints -> eval of a string annotation
+    "import cutlass.cute as cute2\n_ANN = 'open(\"/tmp/x\", \"w\") and int'\ndef _probe(x: _ANN):\n    return x\n"
+    "def _h(x):\n    return cute2.native_struct(_probe)\n",
+    "_ANN = 'int'\ndef _probe(x: _ANN):\n    return x\n",
+    "import cutlass.cute as cute2\ndef _probe(x):\n    return x\ndef _h(x):\n    return cute2.make_fragment_like(_probe)\n",
 ])
 def test_red_team_escapes_are_rejected(extra):
     """Each line defeated the 2026-11-30 static stage (two red-team rounds): a method patched
@@ -510,7 +515,7 @@ def test_red_team_escapes_are_rejected(extra):
     assert set(ks) & {"attribute-write", "subscript-store", "container-mutation", "import-time-call",
                       "match-statement", "generator", "mutating-attribute", "banned-call", "introspection",
                       "banned-attribute", "mutable-default", "module-state-mutation", "foreign-object",
-                      "augmented-assignment", "module-level-container"}, ks
+                      "augmented-assignment", "module-level-container", "string-annotation", "library-callback"}, ks
 
 
 def test_home_made_gemm_epilogue_is_not_an_epilogue():
