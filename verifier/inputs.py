@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -45,6 +46,7 @@ def make_inputs(
     dims: dict[str, int],
     seed: int,
     device: str | torch.device = "cuda",
+    reference: ModuleType | None = None,
 ) -> dict[str, torch.Tensor]:
     """Draw every entry input of ``spec`` at ``dims`` for trial ``seed``.
 
@@ -55,12 +57,14 @@ def make_inputs(
     Floats are drawn in fp32 then cast.
     Raises ``ValueError`` when a scale expression names an unknown dim, when a derived
     input is requested without a :class:`LoadedSpec` (its reference module), or when the
-    derived tensor has the wrong shape.
+    derived tensor has the wrong shape. ``reference``: the spec's already imported
+    reference module (the workers hold one); without it a derived input imports
+    ``reference.py`` afresh for this call.
     """
     s = _spec(spec)
     dev = torch.device(device)
     out: dict[str, torch.Tensor] = {}
-    ref = None
+    ref = reference
     for t in s.entry.inputs:
         shape = s.shape_of(t, dims)
         dtype = getattr(torch, t.dtype)

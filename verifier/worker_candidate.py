@@ -132,6 +132,9 @@ class Worker:
         self.spec = self.loaded.spec
         self.fn: Callable[..., Any] | None = None
         self.imported = False  # candidate code has run in this process
+        # trusted reference.py, imported once before any candidate code (derived inputs)
+        self.ref = self.loaded.load_reference() if any(
+            t.init.dist == "derived" for t in self.spec.entry.inputs) else None
 
     # -- plumbing -----------------------------------------------------------------
     def record(self, part: str, **fields: Any) -> None:
@@ -210,7 +213,7 @@ class Worker:
     def inputs_for(self, dims: dict[str, int], seed: int) -> dict[str, torch.Tensor]:
         """The trial's inputs (bit-identical to the reference worker's); raises InputGenerationError."""
         try:
-            return make_inputs(self.loaded, dims, seed, self.device)
+            return make_inputs(self.loaded, dims, seed, self.device, self.ref)
         except Exception as e:  # noqa: BLE001
             raise InputGenerationError(f"input generation failed: {type(e).__name__}: {e}") from e
 

@@ -93,7 +93,7 @@ class RefWorker:
         return grad.detach()
 
     def references(self, run: Run) -> dict[str, Any]:
-        inputs = make_inputs(self.loaded, run.dims, run.seed, self.device)
+        inputs = make_inputs(self.loaded, run.dims, run.seed, self.device, self.ref)
         in32 = upcast(inputs)
         consts = self.spec.constants_of(run.dims)
         ref32: dict[str, torch.Tensor] = {}
@@ -177,7 +177,7 @@ class RefWorker:
     def bench_shape(self, name: str, dims: dict[str, int], fns: dict[str, Any]) -> dict[str, Any]:
         n = rotation_count(tensor_bytes(self.spec, dims, "inputs"))
         consts = self.spec.constants_of(dims)
-        sets = [{**make_inputs(self.loaded, dims, BENCH_SEED_BASE + k, self.device), **consts} for k in range(n)]
+        sets = [{**make_inputs(self.loaded, dims, BENCH_SEED_BASE + k, self.device, self.ref), **consts} for k in range(n)]
         self.sync()
         out: dict[str, dict[str, Any]] = {}
         for b, f in fns.items():

@@ -189,3 +189,15 @@ def test_derived_input_spec_errors_name_the_field(tmp_path):
     missing = _DERIVED_REF.replace("def saved_rstd", "def other_name")
     with pytest.raises(SpecError, match=r"missing function\(s\) \['saved_rstd'\]"):
         load_spec(_write_spec(tmp_path, _DERIVED_TOML.replace("derived_demo", "d3"), missing, "d3"))
+
+
+def test_derived_inputs_use_the_reference_module_given(tmp_path):
+    """The workers pass their imported reference module: no re-import per input set."""
+    loaded = load_spec(_write_spec(tmp_path, _DERIVED_TOML))
+    ref = loaded.load_reference()
+    calls = []
+    orig = ref.saved_rstd
+    ref.saved_rstd = lambda **kw: (calls.append(1), orig(**kw))[1]
+    a = make_inputs(loaded, {"M": 5, "N": 6}, 3, "cpu", ref)
+    assert calls == [1]
+    assert torch.equal(a["rstd"], make_inputs(loaded, {"M": 5, "N": 6}, 3, "cpu")["rstd"])
