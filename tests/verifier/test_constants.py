@@ -12,6 +12,8 @@ import pytest
 
 from coda_agent.verifier.spec import SpecError, load_spec
 from coda_agent.verifier.static import check_static
+from verifier_helpers import stub_static_compile as stub_stages
+from verifier_helpers import write_spec
 
 TOML = '''
 name = "const_demo"
@@ -46,11 +48,7 @@ def bare_gemm(*, x, HQ, HD):
 
 
 def _spec(tmp_path, toml=TOML, name="const_demo"):
-    d = tmp_path / name
-    d.mkdir()
-    (d / "spec.toml").write_text(toml.replace("const_demo", name))
-    (d / "reference.py").write_text(REF)
-    return load_spec(d)
+    return load_spec(write_spec(tmp_path, name, toml.replace("const_demo", name), REF))
 
 
 def test_constants_validate_and_show_in_the_signature(tmp_path):
@@ -171,18 +169,11 @@ def pipe_demo(h, rstd, *, HQ, HD):
 
 @pytest.fixture
 def stub_static_compile(monkeypatch):
-    import coda_agent.verifier.pipeline as pipeline
-    from coda_agent.verifier.verdict import StageResult
-
-    monkeypatch.setattr(pipeline, "run_static", lambda loaded, cand: StageResult(stage="static", status="pass", summary="stub"))
-    monkeypatch.setattr(pipeline, "run_compile", lambda loaded, cand, timeout_s=300: StageResult(stage="compile", status="pass", summary="stub"))
+    stub_stages(monkeypatch)
 
 
 def _pipe(tmp_path, ref=PIPE_REF):
-    d = tmp_path / "pipe_demo"
-    d.mkdir()
-    (d / "spec.toml").write_text(PIPE_TOML)
-    (d / "reference.py").write_text(ref)
+    d = write_spec(tmp_path, "pipe_demo", PIPE_TOML, ref)
     cand = tmp_path / "cand.py"
     cand.write_text(PIPE_CAND)
     from coda_agent.verifier.pipeline import verify

@@ -10,6 +10,7 @@ import torch
 from coda_agent.verifier.inputs import make_inputs, rotation_count, tensor_bytes, tensor_seed, upcast
 from coda_agent.verifier.numerics import bitwise_equal
 from coda_agent.verifier.spec import KernelSpec, load_spec
+from verifier_helpers import write_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 SPECS = ROOT / "kernel_specs"
@@ -148,11 +149,7 @@ def bare_gemm(**kw): return None
 
 
 def _write_spec(tmp_path, toml, ref=_DERIVED_REF, name="derived_demo"):
-    d = tmp_path / name
-    d.mkdir()
-    (d / "spec.toml").write_text(toml)
-    (d / "reference.py").write_text(ref)
-    return d
+    return write_spec(tmp_path, name, toml, ref)
 
 
 def test_derived_input_is_computed_from_the_drawn_inputs(tmp_path):

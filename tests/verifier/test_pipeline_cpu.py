@@ -19,6 +19,7 @@ import coda_agent.verifier.pipeline as pipeline
 from coda_agent.verifier.pipeline import verify
 from coda_agent.verifier.spec import load_spec
 from coda_agent.verifier.verdict import Finding, StageResult
+from verifier_helpers import stub_static_compile as stub_stages
 
 ROOT = Path(__file__).resolve().parents[2]
 FWD = load_spec(ROOT / "kernel_specs" / "swiglu_fwd")
@@ -27,8 +28,7 @@ BWD = load_spec(ROOT / "kernel_specs" / "swiglu_bwd")
 
 @pytest.fixture(autouse=True)
 def stub_static_compile(monkeypatch):
-    monkeypatch.setattr(pipeline, "run_static", lambda loaded, cand: StageResult(stage="static", status="pass", summary="stub"))
-    monkeypatch.setattr(pipeline, "run_compile", lambda loaded, cand, timeout_s=300: StageResult(stage="compile", status="pass", summary="stub"))
+    stub_stages(monkeypatch)
 
 
 def _write(tmp_path, body: str, name="candidate.py") -> Path:
