@@ -257,11 +257,15 @@ def cmd_bench(args) -> int:
 
     root = _root(args)
     if not args.all and not args.spec:
-        raise UsageError("bench needs SPEC or --all")
+        raise UsageError("bench needs SPEC ... or --all")
+    if args.all and args.spec:
+        raise UsageError(f"bench: give SPEC names or --all, not both (got --all and {' '.join(args.spec)})")
+    if args.jobs is not None and args.jobs < 1:
+        raise UsageError(f"bench --jobs {args.jobs}: expected an integer >= 1")
     try:
-        report = bench_kernels(root, None if args.all else [args.spec],
+        report = bench_kernels(root, None if args.all else list(args.spec),
                                out_dir=Path(args.out) if args.out else None, bench_shapes=args.shape or None,
-                               from_manifests=args.from_manifests)
+                               from_manifests=args.from_manifests, jobs=args.jobs)
     except ValueError as e:
         raise UsageError(str(e)) from None
     for verdict in report.verdicts.values():
@@ -280,7 +284,7 @@ def cmd_regress(args) -> int:
     root = _root(args)
     try:
         rep = regress(root, kernels=args.kernels or None, cpu_only=args.cpu_only, tolerance=args.tolerance,
-                      bench_shapes=args.shape or None)
+                      bench_shapes=args.shape or None, verdicts=args.verdicts)
     except ValueError as e:
         raise UsageError(str(e)) from None
     t = Table(title=f"regression over generated_kernels/ ({'CPU-only' if args.cpu_only else 'GPU'})")
@@ -380,8 +384,10 @@ def build_parser() -> argparse.ArgumentParser:
     v.set_defaults(fn=cmd_verify)
 
     b = sub.add_parser("bench", help="benchmark accepted kernels against their baselines (GPU)")
-    b.add_argument("spec", nargs="?")
+    b.add_argument("spec", nargs="*", help="accepted kernels to benchmark (or --all)")
     b.add_argument("--all", action="store_true")
+    b.add_argument("--jobs", type=int, default=None,
+                   help="compile stages run at once before the GPU stages (default: half the cores, at most 8)")
     b.add_argument("--out", help="results folder (default benchmarks/results)")
     b.add_argument("--shape", action="append", help="only this benchmark shape (repeatable), e.g. llama3-8b/M8192")
     b.add_argument("--from-manifests", action="store_true",
@@ -395,6 +401,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="allowed worsening of fused/baseline ratios, geometric mean over shapes (default 0.10)")
     r.add_argument("--json", help="write the report as JSON")
     r.add_argument("--shape", action="append", help="GPU mode: benchmark only this spec shape (repeatable)")
+    r.add_argument("--verdicts", type=Path, default=None,
+                   help="GPU mode without measuring again: judge the verdicts `coda-agent bench` kept in this "
+                   "folder (benchmarks/results/<date>-<gpu>/)")
     r.set_defaults(fn=cmd_regress)
 
     ls = sub.add_parser("list", help="specs and accepted kernels with status")

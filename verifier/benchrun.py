@@ -12,12 +12,24 @@ Results are written to ``benchmarks/results/<date>-<gpu>.md`` (medians in ms, ra
 fused/baseline, TFLOP/s) and, when matplotlib is importable, a PNG of speedups
 (baseline time / fused time, > 1 = the fused kernel is faster) beside it. Only GPU
 runs write results: without a GPU the command reports that nothing was measured.
+
+Each kernel's full verdict (every stage, the environment, all timings) is kept beside the
+page in ``benchmarks/results/<date>-<gpu>/<kernel>.json``. The page is rendered from all
+verdicts kept for that day and GPU, so a benchmark over every kernel can be split over
+several calls (a GPU machine's per-command time limit) and still land on one page, and
+``coda-agent regress --verdicts <that folder>`` judges regressions from the same
+measurements instead of timing everything a second time.
+
+Before the GPU stages, static and compile run for every kernel with several compiles at
+once (:func:`~coda_agent.verifier.pipeline.cpu_stages_many`): the GPU does not idle
+through eleven sequential compiles, and no timing overlaps a compile.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
 import json
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,14 +37,16 @@ from typing import Any
 
 from coda_agent.verifier.spec import LIGER_MISSING, NO_LIGER, LoadedSpec, load_spec
 from coda_agent.verifier.verdict import Verdict
-from coda_agent.verifier.workspace import atomic_write_text
+from coda_agent.verifier.workspace import atomic_write_text, sha256_file
 
 
 @dataclass
 class BenchReport:
-    """Verdicts by kernel name and where the results were written."""
+    """Verdicts by kernel name (this call's), the page's verdicts (this call's plus those
+    kept from earlier calls the same day) and where the page was written."""
 
     verdicts: dict[str, Verdict] = field(default_factory=dict)
+    page_verdicts: dict[str, Verdict] = field(default_factory=dict)
     markdown_path: Path | None = None
     plot_path: Path | None = None
 
@@ -222,9 +236,57 @@ def _write_results(rep: BenchReport, out_dir: Path, date: str, note: str = "") -
         rep.plot_path = png
 
 
+def _ran_on_gpu(v: Verdict) -> bool:
+    """The GPU stages ran (pass or fail): a number worth keeping, even a failing one."""
+    st = v.stage("correctness")
+    return not v.cpu_only and bool(v.environment.gpu) and st is not None and st.status != "skip"
+
+
+def verdicts_dir(out_dir: Path, date: str, gpu: str) -> Path:
+    """Where ``bench`` keeps each kernel's full verdict: ``<out>/<date>-<gpu>/<kernel>.json``."""
+    return out_dir / f"{date}-{_slug(gpu)}"
+
+
+def _day_verdicts(root: Path, vdir: Path) -> tuple[dict[str, Verdict], list[str]]:
+    """Every verdict kept in ``vdir`` whose kernel is still the accepted one (same sha256).
+
+    Returns (verdicts by kernel, notes on the ones left out)."""
+    out: dict[str, Verdict] = {}
+    notes = []
+    for f in sorted(vdir.glob("*.json")):
+        try:
+            v = Verdict.model_validate_json(f.read_text())
+        except ValueError as e:
+            notes.append(f"- {f.name}: unreadable verdict, left out ({str(e).splitlines()[0]})")
+            continue
+        kernel = root / "generated_kernels" / f.stem / "kernel.py"
+        if not kernel.is_file() or sha256_file(kernel) != v.candidate_hash:
+            notes.append(f"- {f.stem}: measured for a kernel that is no longer the accepted one; left out "
+                         f"(run `coda-agent bench {f.stem}` again)")
+            continue
+        out[f.stem] = v
+    return out, notes
+
+
+def default_jobs() -> int:
+    """Compile stages run at once by ``bench``: half the CPU cores, at most 8."""
+    return max(1, min(8, (os.cpu_count() or 2) // 2))
+
+
 def bench_kernels(root: Path, names: list[str] | None, *, out_dir: Path | None = None, verify_fn=None,
-                  bench_shapes: list[Any] | None = None, from_manifests: bool = False) -> BenchReport:
+                  bench_shapes: list[Any] | None = None, from_manifests: bool = False,
+                  jobs: int | None = None) -> BenchReport:
     """Benchmark the accepted kernels ``names`` (all when None). Raises ValueError for unknown names.
+
+    Static and compile run first for every kernel (``jobs`` compiles at once, default
+    :func:`default_jobs`), then each kernel's GPU stages, one kernel at a time, so no
+    timing overlaps a compile. Each kernel's verdict that ran on the GPU is kept as
+    ``<out>/<date>-<gpu>/<kernel>.json`` (atomic; a re-run replaces that kernel's file),
+    and the page ``<out>/<date>-<gpu>.md`` (+ ``.png``) is written from every verdict kept
+    for that day and GPU: kernels benchmarked by several ``bench`` calls (e.g. split to
+    fit a machine's time limit) land on one page; within a kernel, the fused kernel and
+    its baselines always come from one run. A kept verdict whose kernel has since been
+    replaced is left off the page (the page says so).
 
     ``from_manifests=True`` measures nothing: it writes the results page from the numbers
     each kernel's acceptance run recorded (each kernel's baselines were measured in its
@@ -243,12 +305,36 @@ def bench_kernels(root: Path, names: list[str] | None, *, out_dir: Path | None =
                 "within a kernel, the fused kernel and its baselines come from the same run.")
         _write_results(rep, out_dir, max(dates) or _dt.date.today().isoformat(), note)
         return rep
+    items = [(load_spec(root / "kernel_specs" / n), root / "generated_kernels" / n / "kernel.py") for n in names]
+    extra: dict[str, dict[str, Any]] = {}
     if verify_fn is None:
+        from coda_agent.verifier.pipeline import cpu_stages_many
         from coda_agent.verifier.pipeline import verify as verify_fn
-    for n in names:
-        loaded = load_spec(root / "kernel_specs" / n)
-        rep.verdicts[n] = verify_fn(loaded, root / "generated_kernels" / n / "kernel.py", bench_shapes=bench_shapes,
-                                    baselines=bench_baselines(loaded))
-    if any((v.stage("bench") and v.stage("bench").status == "pass") for v in rep.verdicts.values()):
-        _write_results(rep, out_dir, _dt.date.today().isoformat())
+
+        done = cpu_stages_many(items, jobs=jobs or default_jobs())
+        extra = {ld.name: {"cpu_done": c} for (ld, _), c in zip(items, done)}
+    date = _dt.date.today().isoformat()
+    vdir = None
+    for loaded, kernel in items:
+        v = verify_fn(loaded, kernel, bench_shapes=bench_shapes, baselines=bench_baselines(loaded),
+                      **extra.get(loaded.name, {}))
+        rep.verdicts[loaded.name] = v
+        if _ran_on_gpu(v):
+            vdir = verdicts_dir(out_dir, date, v.environment.gpu)
+            atomic_write_text(vdir / f"{loaded.name}.json", v.to_json())
+    if vdir is not None:
+        page, notes = _day_verdicts(root, vdir)
+        if any((v.stage("bench") and v.stage("bench").status == "pass") for v in page.values()):
+            rep.page_verdicts = page
+            note = (f"Collected from the verdicts kept in `{vdir.name}/` ({len(page)} kernel(s)); each kernel's "
+                    "fused and baseline times come from one run.")
+            if notes:
+                note += "\n\n" + "\n".join(notes)
+            _write_page(rep, out_dir, date, page, note)
     return rep
+
+
+def _write_page(rep: BenchReport, out_dir: Path, date: str, verdicts: dict[str, Verdict], note: str) -> None:
+    page = BenchReport(verdicts=verdicts)
+    _write_results(page, out_dir, date, note)
+    rep.markdown_path, rep.plot_path = page.markdown_path, page.plot_path

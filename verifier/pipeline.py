@@ -177,6 +177,59 @@ def gpu_stages(loaded: LoadedSpec, run: GpuRun) -> list[StageResult]:
     return out
 
 
+@dataclasses.dataclass(frozen=True)
+class CpuStages:
+    """The static and compile stages of one candidate file, run ahead of its GPU stages.
+
+    ``candidate_hash`` is the sha256 of the file they judged: :func:`verify` uses them only
+    for a file with that hash (and runs them itself otherwise)."""
+
+    candidate_hash: str
+    stages: tuple[StageResult, ...]
+
+
+def cpu_stages(loaded: LoadedSpec, candidate: Path, *, timeout_s: float | None = None) -> CpuStages:
+    """static -> compile for ``candidate``, stopping at the first stage that is not ok.
+
+    Neither needs a GPU; compile runs in its own process (``timeout_s``, default 300 s)."""
+    candidate = Path(candidate)
+    digest = sha256_file(candidate)
+    out: list[StageResult] = []
+    for name, fn in (("static", lambda: run_static(loaded, candidate)),
+                     ("compile", lambda: run_compile(loaded, candidate, timeout_s=timeout_s or 300))):
+        res = _guarded(name, fn)
+        out.append(res)
+        if not res.ok:
+            break
+    return CpuStages(candidate_hash=digest, stages=tuple(out))
+
+
+def cpu_stages_many(items: list[tuple[LoadedSpec, Path]], *, jobs: int = 1,
+                    timeout_s: float | None = None) -> list[CpuStages]:
+    """:func:`cpu_stages` for several candidates, results in ``items`` order.
+
+    Static runs in this process, one candidate after the other (it imports the libraries
+    once); the compile stages, each its own process, run ``jobs`` at a time. This is how
+    ``coda-agent bench``/``regress`` over many kernels keep a GPU machine from idling
+    through every kernel's compile in turn: all CPU stages first, then the GPU stages one
+    kernel at a time (timings never overlap a compile)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    digests = [sha256_file(Path(cand)) for _, cand in items]
+    statics = [_guarded("static", lambda lc=lc: run_static(lc[0], Path(lc[1]))) for lc in items]
+
+    def one(i: int) -> CpuStages:
+        loaded, cand = items[i]
+        digest = digests[i]
+        if not statics[i].ok:
+            return CpuStages(candidate_hash=digest, stages=(statics[i],))
+        comp = _guarded("compile", lambda: run_compile(loaded, Path(cand), timeout_s=timeout_s or 300))
+        return CpuStages(candidate_hash=digest, stages=(statics[i], comp))
+
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        return list(pool.map(one, range(len(items))))
+
+
 def verify(
     loaded: LoadedSpec,
     candidate: Path,
@@ -188,6 +241,7 @@ def verify(
     bench_shapes: list[Any] | None = None,
     device: str = "cuda",
     baselines: list[str] | None = None,
+    cpu_done: CpuStages | None = None,
 ) -> Verdict:
     """Verify ``candidate`` (a .py file) against ``loaded``; never raises for candidate behaviour.
 
@@ -198,6 +252,8 @@ def verify(
     worker and the compile stage (default ``spec.timeout_s``). ``bench_shapes`` overrides
     the benchmark shapes (names from the spec, or ``{"name", "dims"}``). ``device="cpu"``
     and ``baselines`` exist for tests: a CPU-device verdict is marked ``cpu_only``.
+    ``cpu_done``: static and compile already run for this file (:func:`cpu_stages_many`);
+    ignored, and the stages run again, when its hash is not the file's.
     Raises ``FileNotFoundError`` when ``candidate`` does not exist.
     """
     candidate = Path(candidate)
@@ -217,12 +273,11 @@ def verify(
         verdict.wall_s = time.monotonic() - t0
         return verdict
 
-    for name, fn in (("static", lambda: run_static(loaded, candidate)),
-                     ("compile", lambda: run_compile(loaded, candidate, timeout_s=timeout_s or 300))):
-        res = _guarded(name, fn)
-        verdict.stages.append(res)
-        if not res.ok:
-            return finish()
+    if cpu_done is None or cpu_done.candidate_hash != verdict.candidate_hash:
+        cpu_done = cpu_stages(loaded, candidate, timeout_s=timeout_s)
+    verdict.stages += list(cpu_done.stages)
+    if not all(s.ok for s in cpu_done.stages):
+        return finish()
 
     if cpu_only:
         verdict.stages += [StageResult(stage=s, status="skip", summary="--cpu-only: not run (not verified on a GPU)") for s in GPU_STAGES]

@@ -124,9 +124,44 @@ def _kernel_names(root: Path, kernels: list[str] | None) -> list[str]:
     return found
 
 
+def _cpu_stage_row(name: str, stages: list) -> RegressRow | None:
+    """The failing row for a static or compile stage that is not ok, else None."""
+    for st in stages:
+        if st.stage not in ("static", "compile") or st.ok:
+            continue
+        first = st.findings[0] if st.findings else None
+        if st.stage == "static":
+            msg = f"{st.summary}" + (f"; line {first.line}: {first.message}" if first else "")
+        else:
+            msg = f"no longer compiles for sm_90a: {st.summary}" + (f"; {first.message}" if first else "")
+        return RegressRow(kernel=name, status="fail", stage=st.stage, message=msg[:2000])
+    return None
+
+
+def _kept_verdict(vdir: Path, name: str, spec_hash: str, kernel_hash: str):
+    """The verdict ``coda-agent bench`` kept for ``name`` in ``vdir``, or a failing row saying why not."""
+    from coda_agent.verifier.verdict import Verdict
+
+    f = Path(vdir) / f"{name}.json"
+    try:
+        v = Verdict.model_validate_json(f.read_text())
+    except (OSError, ValueError) as e:
+        return RegressRow(kernel=name, status="fail", stage="bench",
+                          message=f"no usable benchmark verdict {f} ({type(e).__name__}); run coda-agent bench {name}")
+    if v.candidate_hash != kernel_hash or v.spec_hash != spec_hash:
+        return RegressRow(kernel=name, status="fail", stage="bench",
+                          message=f"{f} was measured for another kernel.py or spec (hash differs); "
+                          f"run coda-agent bench {name} again")
+    return v
+
+
 def regress_one(root: Path, name: str, *, cpu_only: bool, tolerance: float, verify_fn=None,
-                bench_shapes: list[str] | None = None) -> RegressRow:
-    """Run the regression ladder for one accepted kernel (see module docstring)."""
+                bench_shapes: list[str] | None = None, verdicts: Path | None = None) -> RegressRow:
+    """Run the regression ladder for one accepted kernel (see module docstring).
+
+    ``verdicts``: a folder of verdicts kept by ``coda-agent bench``
+    (``benchmarks/results/<date>-<gpu>/``) to judge instead of running the GPU stages again;
+    each must be for this very ``kernel.py`` and spec (sha256), else the row fails."""
     kdir = root / "generated_kernels" / name
     kernel = kdir / "kernel.py"
     try:
@@ -156,26 +191,27 @@ def regress_one(root: Path, name: str, *, cpu_only: bool, tolerance: float, veri
             message=f"spec {spec_name} changed since acceptance (changed: {what}); needs re-verification",
         )
 
-    from coda_agent.verifier.compile import compile_stage
-    from coda_agent.verifier.static import check_static
+    if cpu_only:
+        from coda_agent.verifier.pipeline import cpu_stages
 
-    st = check_static(loaded.spec, kernel.read_text(), filename=str(kernel))
-    if not st.ok:
-        first = st.findings[0] if st.findings else None
-        msg = f"{st.summary}" + (f"; line {first.line}: {first.message}" if first else "")
-        return RegressRow(kernel=name, status="fail", stage="static", message=msg)
-    cp = compile_stage(loaded, kernel)
-    if not cp.ok:
-        first = cp.findings[0] if cp.findings else None
-        msg = f"no longer compiles for sm_90a: {cp.summary}" + (f"; {first.message}" if first else "")
-        return RegressRow(kernel=name, status="fail", stage="compile", message=msg[:2000])
+        stages = list(cpu_stages(loaded, kernel).stages)
+    else:
+        if verdicts is not None:
+            verdict = _kept_verdict(verdicts, name, loaded.spec_hash, got)
+            if isinstance(verdict, RegressRow):
+                return verdict
+        else:
+            if verify_fn is None:
+                from coda_agent.verifier.pipeline import verify as verify_fn
+            verdict = verify_fn(loaded, kernel, bench_shapes=bench_shapes)  # static and compile included
+        stages = verdict.stages
+    row = _cpu_stage_row(name, stages)
+    if row is not None:
+        return row
     if cpu_only:
         return RegressRow(kernel=name, status="pass", stage="compile",
                           message="integrity, spec, static, sm_90a compile ok (CPU-only: numerics and speed not run)")
 
-    if verify_fn is None:
-        from coda_agent.verifier.pipeline import verify as verify_fn
-    verdict = verify_fn(loaded, kernel, bench_shapes=bench_shapes)
     failed = verdict.failed_stage
     if failed is not None:
         return RegressRow(kernel=name, status="fail", stage=failed.stage,
@@ -210,16 +246,21 @@ def regress_one(root: Path, name: str, *, cpu_only: bool, tolerance: float, veri
 
 
 def regress(root: Path, kernels: list[str] | None = None, *, cpu_only: bool = False,
-            tolerance: float = 0.10, verify_fn=None, bench_shapes: list[str] | None = None) -> RegressReport:
+            tolerance: float = 0.10, verify_fn=None, bench_shapes: list[str] | None = None,
+            verdicts: Path | None = None) -> RegressReport:
     """Regress every accepted kernel (or ``kernels``). Raises ValueError for unknown names.
 
     ``bench_shapes`` restricts the GPU benchmark to these spec shape names (ratios are
-    compared only for shapes measured both at acceptance and now)."""
+    compared only for shapes measured both at acceptance and now). ``verdicts`` judges the
+    verdicts ``coda-agent bench`` kept in that folder instead of measuring again (see
+    :func:`regress_one`); ValueError when it is not a folder."""
+    if verdicts is not None and not Path(verdicts).is_dir():
+        raise ValueError(f"--verdicts {verdicts}: not a folder (expected benchmarks/results/<date>-<gpu>/)")
     from coda_agent.verifier.environment import collect_environment
 
     rep = RegressReport(cpu_only=cpu_only, tolerance=tolerance,
                         environment=collect_environment().model_dump(mode="json"))
     for name in _kernel_names(root, kernels):
         rep.rows.append(regress_one(root, name, cpu_only=cpu_only, tolerance=tolerance, verify_fn=verify_fn,
-                                    bench_shapes=bench_shapes))
+                                    bench_shapes=bench_shapes, verdicts=verdicts))
     return rep

@@ -69,3 +69,69 @@ def test_bar_lines_report_met_and_missed_bars():
     assert lines[1] == "Bar fused/quack_library <= 1.03: met (met at 6 of 6 shapes)."
     assert len(lines) == 3 and "not enforced" in lines[2]
     assert _bar_lines(None) == [] and _bar_lines({}) == []
+
+
+# -- live bench: verdicts kept per kernel, one page per day and GPU -------------------------------
+
+def _accepted(root: Path, name: str, corpus_file: str) -> Path:
+    loaded = load_spec(root / "kernel_specs" / name)
+    cand = root / f"{name}.py"
+    shutil.copy(ROOT / "tests" / "verifier" / "corpus" / corpus_file, cand)
+    stages = [StageResult(stage=s, status="pass", summary="ok") for s in ("static", "compile", "correctness", "gradients")]
+    stages.append(StageResult(stage="bench", status="pass", summary="ok", metrics=_metrics()))
+    v = Verdict(spec=name, spec_hash=loaded.spec_hash, candidate_hash=sha256_file(cand), stages=stages,
+                environment=Environment(gpu="NVIDIA H200", compute_capability="9.0"))
+    accept(loaded, cand, v, root=root, provenance={"backend": "test"})
+    return root / "generated_kernels" / name / "kernel.py"
+
+
+def _gpu_verify(fused_ms: float):
+    def fake(loaded, kernel, **kw):
+        m = _metrics()
+        for row in m["shapes"].values():
+            row["fused_ms"] = fused_ms
+        stages = [StageResult(stage=s, status="pass", summary="ok") for s in ("static", "compile", "correctness", "gradients")]
+        stages.append(StageResult(stage="bench", status="pass", summary="ok", metrics=m))
+        return Verdict(spec=loaded.name, spec_hash=loaded.spec_hash, candidate_hash=sha256_file(kernel),
+                       stages=stages, environment=Environment(gpu="NVIDIA H200", compute_capability="9.0"))
+    return fake
+
+
+def test_split_bench_calls_land_on_one_page(tmp_path):
+    shutil.copytree(ROOT / "kernel_specs", tmp_path / "kernel_specs")
+    _accepted(tmp_path, "swiglu_fwd", "good_swiglu_fwd.py")
+    bwd = _accepted(tmp_path, "swiglu_bwd", "good_swiglu_bwd.py")
+    out = tmp_path / "out"
+
+    first = bench_kernels(tmp_path, ["swiglu_fwd"], verify_fn=_gpu_verify(0.25), out_dir=out)
+    vdir = next(p for p in out.iterdir() if p.is_dir())
+    assert vdir.name.endswith("-nvidia-h200") and [p.name for p in vdir.iterdir()] == ["swiglu_fwd.json"]
+    assert "## swiglu_bwd" not in first.markdown_path.read_text()
+
+    second = bench_kernels(tmp_path, ["swiglu_bwd"], verify_fn=_gpu_verify(0.75), out_dir=out)
+    assert second.markdown_path == first.markdown_path
+    text = second.markdown_path.read_text()
+    # both kernels on the page, each with the fused time of its own run
+    assert "## swiglu_fwd: verified" in text and "## swiglu_bwd: verified" in text
+    assert "| llama3-1b/M8192 | 0.2500 |" in text and "| llama3-1b/M8192 | 0.7500 |" in text
+    assert set(second.page_verdicts) == {"swiglu_fwd", "swiglu_bwd"} and set(second.verdicts) == {"swiglu_bwd"}
+
+    # a kernel replaced since it was measured is left off the page, and the page says so
+    bwd.write_text(bwd.read_text() + "\n# replaced\n")
+    third = bench_kernels(tmp_path, ["swiglu_fwd"], verify_fn=_gpu_verify(0.25), out_dir=out)
+    text = third.markdown_path.read_text()
+    assert "## swiglu_bwd" not in text and "swiglu_bwd: measured for a kernel that is no longer the accepted one" in text
+
+
+def test_cpu_only_verdicts_are_not_kept(tmp_path):
+    shutil.copytree(ROOT / "kernel_specs", tmp_path / "kernel_specs")
+    _accepted(tmp_path, "swiglu_fwd", "good_swiglu_fwd.py")
+
+    def no_gpu(loaded, kernel, **kw):
+        stages = [StageResult(stage="static", status="pass", summary="ok"),
+                  StageResult(stage="compile", status="pass", summary="ok"),
+                  StageResult(stage="correctness", status="skip", summary="no CUDA GPU: not verified")]
+        return Verdict(spec=loaded.name, spec_hash=loaded.spec_hash, candidate_hash=sha256_file(kernel), stages=stages)
+
+    rep = bench_kernels(tmp_path, None, verify_fn=no_gpu, out_dir=tmp_path / "out")
+    assert rep.markdown_path is None and not (tmp_path / "out").exists()

@@ -87,6 +87,37 @@ def test_static_failure_stops(tmp_path, monkeypatch):
     assert [s.stage for s in v.stages] == ["static"] and v.failed_stage.stage == "static"
 
 
+def test_cpu_stages_many_runs_ahead_and_verify_reuses_them(tmp_path, monkeypatch):
+    """bench's order: every static/compile first (compiles in parallel), then verify() per
+    kernel without compiling again; a file changed in between is compiled again."""
+    calls = []
+
+    def static(loaded, cand):
+        calls.append(("static", cand.name))
+        bad = "BAD" in cand.read_text()
+        return StageResult(stage="static", status="fail" if bad else "pass", summary="1 violation(s)" if bad else "ok")
+
+    def compile_(loaded, cand, timeout_s=300):
+        calls.append(("compile", cand.name))
+        return StageResult(stage="compile", status="pass", summary="ok")
+
+    monkeypatch.setattr(pipeline, "run_static", static)
+    monkeypatch.setattr(pipeline, "run_compile", compile_)
+    a, b = _write(tmp_path, GOOD_FWD, "a.py"), _write(tmp_path, GOOD_FWD + "# BAD\n", "b.py")
+    done = pipeline.cpu_stages_many([(FWD, a), (FWD, b), (FWD, a)], jobs=3)
+    assert [[s.status for s in d.stages] for d in done] == [["pass", "pass"], ["fail"], ["pass", "pass"]]
+    assert sorted(calls) == sorted([("static", "a.py"), ("static", "b.py"), ("static", "a.py"),
+                                    ("compile", "a.py"), ("compile", "a.py")])
+    calls.clear()
+    v = verify(FWD, a, cpu_only=True, cpu_done=done[0])
+    assert calls == [] and [s.summary for s in v.stages[:2]] == ["ok", "ok"] and v.passed
+    v = verify(FWD, b, cpu_only=True, cpu_done=done[1])
+    assert calls == [] and v.failed_stage.stage == "static" and len(v.stages) == 1
+    a.write_text(a.read_text() + "# BAD\n")  # changed after its CPU stages ran: they run again
+    v = verify(FWD, a, cpu_only=True, cpu_done=done[0])
+    assert calls == [("static", "a.py")] and v.failed_stage.stage == "static"
+
+
 def test_missing_candidate_raises(tmp_path):
     with pytest.raises(FileNotFoundError):
         verify(FWD, tmp_path / "nope.py")

@@ -174,3 +174,51 @@ def test_kernel_made_slower_is_caught_on_gpu(tmp_path):
     (row,) = rep.rows
     assert row.status == "fail" and row.stage == "bench", row
     assert "slower relative to its baselines" in row.message
+
+
+# -- regress --verdicts: judge what `coda-agent bench` kept, without measuring again ------------
+
+def test_kept_bench_verdict_is_judged_without_measuring(workspace, tmp_path_factory):
+    loaded = load_spec(workspace / "kernel_specs" / "swiglu_fwd")
+    kernel = workspace / "generated_kernels" / "swiglu_fwd" / "kernel.py"
+    vdir = tmp_path_factory.mktemp("verdicts")
+
+    def never(*a, **kw):
+        raise AssertionError("--verdicts must not run the verifier")
+
+    # slower relative to the bare GEMM than at acceptance (1.01 -> 1.30): a regression
+    (vdir / "swiglu_fwd.json").write_text(_synthetic_verdict(loaded, kernel, _bench(1.30)).to_json())
+    (row,) = regress(workspace, cpu_only=False, verify_fn=never, verdicts=vdir).rows
+    assert row.status == "fail" and row.stage == "bench" and "fused/bare_gemm is 1.29x" in row.message
+    # the same ratios as at acceptance: pass, ratio change 1.0
+    (vdir / "swiglu_fwd.json").write_text(_synthetic_verdict(loaded, kernel, _bench(1.01)).to_json())
+    (row,) = regress(workspace, cpu_only=False, verify_fn=never, verdicts=vdir).rows
+    assert row.status == "pass" and row.worst_ratio_change == pytest.approx(1.0)
+
+
+def test_kept_verdict_of_another_kernel_or_missing_fails(workspace, tmp_path_factory):
+    loaded = load_spec(workspace / "kernel_specs" / "swiglu_fwd")
+    vdir = tmp_path_factory.mktemp("verdicts")
+    (row,) = regress(workspace, cpu_only=False, verdicts=vdir).rows
+    assert row.status == "fail" and "no usable benchmark verdict" in row.message
+    other = workspace / "other.py"
+    other.write_text("# a different kernel.py\n")
+    (vdir / "swiglu_fwd.json").write_text(_synthetic_verdict(loaded, other, _bench(1.01)).to_json())
+    (row,) = regress(workspace, cpu_only=False, verdicts=vdir).rows
+    assert row.status == "fail" and "hash differs" in row.message
+    with pytest.raises(ValueError, match="not a folder"):
+        regress(workspace, cpu_only=False, verdicts=vdir / "nope")
+
+
+def test_failing_static_in_gpu_verdict_gets_the_static_row(workspace):
+    """GPU mode takes static/compile from the verdict (no second compile): same rows as CPU mode."""
+    loaded = load_spec(workspace / "kernel_specs" / "swiglu_fwd")
+
+    def fake_verify(ld, kernel, bench_shapes=None):
+        v = _synthetic_verdict(ld, kernel, _bench())
+        v.stages = [StageResult(stage="static", status="fail", summary="1 violation(s)")]
+        return v
+
+    (row,) = regress(workspace, cpu_only=False, verify_fn=fake_verify).rows
+    assert row.status == "fail" and row.stage == "static" and row.message == "1 violation(s)"
+    assert loaded.name == row.kernel
