@@ -17,6 +17,16 @@ first failure of that kernel:
    10 %, and no single shape by more than twice that). Absolute times are never
    compared across runs.
 
+   Only fused/``bare_gemm`` gates (when the spec times it; otherwise every baseline
+   does). The bare GEMM is torch's cuBLAS GEMM of the same M/N/K: one device-bound
+   kernel, the same in every run, so it cancels run-to-run drift of the machine and
+   still moves when quack's mainloop or the epilogue gets slower. The other baselines
+   (torch eager/compile, quack's library kernel, Liger) are third-party code whose
+   own time can move between runs: on the H200, quack's RoPE library kernel at the
+   1B shapes (host-bound, ~0.2 ms) took 0.314 ms in one run and 0.206 ms in another,
+   while the fused kernel did not get slower. Their ratio changes are reported in the
+   row (``info``), never a failure.
+
 The report is data (:class:`RegressReport`); cli.py renders it and ``--json`` saves it.
 """
 
@@ -73,8 +83,12 @@ class RegressReport(BaseModel):
         return json.dumps(d, indent=2, sort_keys=True) + "\n"
 
 
+GATING_BASELINE = "bare_gemm"
+"""The baseline whose fused/baseline ratio gates a regression (module docstring, item 4)."""
+
+
 def compare_ratios(accepted_shapes: dict[str, Any], now_shapes: dict[str, Any], tolerance: float,
-                   pair_tolerance: float | None = None) -> dict[str, Any]:
+                   pair_tolerance: float | None = None, gate: set[str] | None = None) -> dict[str, Any]:
     """Compare fused/baseline ratios between acceptance and now.
 
     Both arguments are bench-stage ``metrics["shapes"]``: ``{shape: {"baselines":
@@ -89,8 +103,13 @@ def compare_ratios(accepted_shapes: dict[str, Any], now_shapes: dict[str, Any], 
     normal) would fail CI for nothing; a real regression moves the ratios at every
     shape, and a regression confined to one shape still trips the per-pair guard.
 
+    ``gate``: only these baselines can make a pair or geomean ``regressed`` (and give
+    ``worst``); the others are compared and listed in ``pairs``/``geomean`` but only
+    inform (``info_worst``/``info_worst_at``). None: every baseline gates.
+
     Returns ``{"worst": float | None, "worst_at": str, "regressed": [str], "pairs":
-    {"shape/baseline": [accepted, now, change]}, "geomean": {baseline: change}}``.
+    {"shape/baseline": [accepted, now, change]}, "geomean": {baseline: change},
+    "info_worst": float | None, "info_worst_at": str}``.
     """
     pair_tol = 2 * tolerance if pair_tolerance is None else pair_tolerance
     pairs: dict[str, list[float]] = {}
@@ -104,13 +123,19 @@ def compare_ratios(accepted_shapes: dict[str, Any], now_shapes: dict[str, Any], 
             if ra and rn:
                 pairs[f"{shape}/{b}"] = [ra, rn, rn / ra]
                 by_base.setdefault(b, []).append(rn / ra)
-    if not pairs:
-        return {"worst": None, "worst_at": "", "regressed": [], "pairs": {}, "geomean": {}}
+    gates = (lambda b: True) if gate is None else (lambda b: b in gate)
+    gated = {k: v for k, v in pairs.items() if gates(k.rsplit("/", 1)[1])}
+    info = {k: v for k, v in pairs.items() if k not in gated}
+    if not gated:
+        return {"worst": None, "worst_at": "", "regressed": [], "pairs": pairs, "geomean": {},
+                "info_worst": None, "info_worst_at": ""}
     geomean = {b: math.exp(sum(math.log(c) for c in cs) / len(cs)) for b, cs in by_base.items()}
-    worst_at, (_, _, worst) = max(pairs.items(), key=lambda kv: kv[1][2])
-    regressed = sorted(f"geomean/{b}" for b, g in geomean.items() if g > 1 + tolerance)
-    regressed += sorted(k for k, v in pairs.items() if v[2] > 1 + pair_tol)
-    return {"worst": worst, "worst_at": worst_at, "regressed": regressed, "pairs": pairs, "geomean": geomean}
+    worst_at, (_, _, worst) = max(gated.items(), key=lambda kv: kv[1][2])
+    info_at, (_, _, info_worst) = max(info.items(), key=lambda kv: kv[1][2]) if info else ("", (0, 0, None))
+    regressed = sorted(f"geomean/{b}" for b, g in geomean.items() if gates(b) and g > 1 + tolerance)
+    regressed += sorted(k for k, v in gated.items() if v[2] > 1 + pair_tol)
+    return {"worst": worst, "worst_at": worst_at, "regressed": regressed, "pairs": pairs, "geomean": geomean,
+            "info_worst": info_worst, "info_worst_at": info_at}
 
 
 def _kernel_names(root: Path, kernels: list[str] | None) -> list[str]:
@@ -221,7 +246,13 @@ def regress_one(root: Path, name: str, *, cpu_only: bool, tolerance: float, veri
         return RegressRow(kernel=name, status="fail", stage="bench",
                           message="no GPU benchmark ran (needs a Hopper GPU; use --cpu-only elsewhere)")
     acc_shapes = (man.get("stages", {}).get("bench", {}).get("metrics") or {}).get("shapes") or {}
-    cmp = compare_ratios(acc_shapes, bench.metrics.get("shapes") or {}, tolerance)
+    timed = {b for m in acc_shapes.values() for b in m.get("baselines", {})}
+    gate = {GATING_BASELINE} if GATING_BASELINE in timed else None
+    cmp = compare_ratios(acc_shapes, bench.metrics.get("shapes") or {}, tolerance, gate=gate)
+    info = ""
+    if cmp["info_worst"] is not None:
+        info = (f" (not gating: other baselines' ratios moved at most {cmp['info_worst']:.2f}x, "
+                f"at {cmp['info_worst_at']})")
     if cmp["worst"] is None:
         return RegressRow(kernel=name, status="fail", stage="bench",
                           message="no comparable (shape, baseline) ratio between acceptance and now")
@@ -238,11 +269,11 @@ def regress_one(root: Path, name: str, *, cpu_only: bool, tolerance: float, veri
             kernel=name, status="fail", stage="bench", worst_ratio_change=cmp["worst"], worst_at=cmp["worst_at"],
             ratios=cmp["pairs"],
             message=f"slower relative to its baselines (tolerance {tolerance:.0%} on the geometric mean, "
-            f"{2 * tolerance:.0%} per shape): {detail}",
+            f"{2 * tolerance:.0%} per shape): {detail}{info}",
         )
     return RegressRow(kernel=name, status="pass", stage="bench", worst_ratio_change=cmp["worst"],
                       worst_at=cmp["worst_at"], ratios=cmp["pairs"],
-                      message="correct, gradients ok, perf ratios within tolerance")
+                      message=f"correct, gradients ok, perf ratios within tolerance{info}")
 
 
 def regress(root: Path, kernels: list[str] | None = None, *, cpu_only: bool = False,

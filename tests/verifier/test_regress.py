@@ -122,6 +122,37 @@ def test_gpu_ratio_regression_logic_with_injected_verdict(workspace):
     assert loaded.name == row.kernel
 
 
+def test_only_bare_gemm_gates_other_baselines_inform():
+    """Numbers from the H200 (gemm_rmsnorm_rope, 1B/M8192): the fused kernel got faster
+    (0.2053 -> 0.1773 ms), quack's library baseline much faster (0.3144 -> 0.2064 ms):
+    fused/quack_library 0.653 -> 0.859, a 1.32x "change" that is the baseline's, not the kernel's."""
+    def shape(fused, bare, quack):
+        return {"s/M8192": {"fused_ms": fused, "baselines": {
+            "bare_gemm": {"ms": bare, "ratio": fused / bare}, "quack_library": {"ms": quack, "ratio": fused / quack}}}}
+
+    acc, now = shape(0.2053, 0.1489, 0.3144), shape(0.1773, 0.1459, 0.2064)
+    every = compare_ratios(acc, now, 0.10)
+    assert "s/M8192/quack_library" in every["regressed"]  # the old rule: a false regression
+    gated = compare_ratios(acc, now, 0.10, gate={"bare_gemm"})
+    assert gated["regressed"] == [] and gated["worst_at"] == "s/M8192/bare_gemm"
+    assert gated["worst"] == pytest.approx((0.1773 / 0.1459) / (0.2053 / 0.1489))
+    assert gated["info_worst_at"] == "s/M8192/quack_library" and gated["info_worst"] == pytest.approx(1.315, abs=1e-3)
+    # the kernel itself 30 % slower (bare GEMM unchanged): the gate trips
+    slow = compare_ratios(acc, shape(0.2053 * 1.3, 0.1489, 0.3144), 0.10, gate={"bare_gemm"})
+    assert "geomean/bare_gemm" in slow["regressed"] and "s/M8192/bare_gemm" in slow["regressed"]
+
+
+def test_regress_row_reports_non_gating_baselines(workspace, tmp_path_factory):
+    loaded = load_spec(workspace / "kernel_specs" / "swiglu_fwd")
+    kernel = workspace / "generated_kernels" / "swiglu_fwd" / "kernel.py"
+    m = _bench(1.01)
+    m["shapes"]["llama3-8b/M8192"]["baselines"]["torch_compile"]["ratio"] = 1.0  # was 1/1.3: 1.3x "worse"
+    vdir = tmp_path_factory.mktemp("verdicts")
+    (vdir / "swiglu_fwd.json").write_text(_synthetic_verdict(loaded, kernel, m).to_json())
+    (row,) = regress(workspace, cpu_only=False, verdicts=vdir).rows
+    assert row.status == "pass" and "not gating" in row.message and "1.30x" in row.message
+
+
 @pytest.mark.compile
 def test_untouched_library_passes_cpu(workspace):
     rep = regress(workspace, cpu_only=True)
