@@ -256,6 +256,17 @@ def cmd_bench(args) -> int:
     from coda_agent.verifier.benchrun import bench_kernels
 
     root = _root(args)
+    if args.from_verdicts is not None:
+        from coda_agent.verifier.benchrun import page_from_kept
+
+        try:
+            report = page_from_kept(root, args.from_verdicts)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+        if report.markdown_path is None:
+            raise UsageError(f"{args.from_verdicts}: no kept verdict of a current accepted kernel with a passing bench")
+        console.print(f"wrote {report.markdown_path}" + (f" and {report.plot_path}" if report.plot_path else ""))
+        return OK
     if not args.all and not args.spec:
         raise UsageError("bench needs SPEC ... or --all")
     if args.all and args.spec:
@@ -392,6 +403,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--shape", action="append", help="only this benchmark shape (repeatable), e.g. llama3-8b/M8192")
     b.add_argument("--from-manifests", action="store_true",
                    help="measure nothing: write the results page from the numbers recorded at acceptance")
+    b.add_argument("--from-verdicts", type=Path, default=None, metavar="DIR",
+                   help="measure nothing: rewrite the page of the verdicts a live bench kept in DIR "
+                   "(benchmarks/results/<date>-<gpu>/), e.g. after a kernel was put back")
     b.set_defaults(fn=cmd_bench)
 
     r = sub.add_parser("regress", help="re-check every accepted kernel (integrity, static, compile; GPU: numerics, perf ratios)")

@@ -323,18 +323,29 @@ def bench_kernels(root: Path, names: list[str] | None, *, out_dir: Path | None =
             vdir = verdicts_dir(out_dir, date, v.environment.gpu)
             atomic_write_text(vdir / f"{loaded.name}.json", v.to_json())
     if vdir is not None:
-        page, notes = _day_verdicts(root, vdir)
-        if any((v.stage("bench") and v.stage("bench").status == "pass") for v in page.values()):
-            rep.page_verdicts = page
-            note = (f"Collected from the verdicts kept in `{vdir.name}/` ({len(page)} kernel(s)); each kernel's "
-                    "fused and baseline times come from one run.")
-            if notes:
-                note += "\n\n" + "\n".join(notes)
-            _write_page(rep, out_dir, date, page, note)
+        page_from_kept(root, vdir, rep)
     return rep
 
 
-def _write_page(rep: BenchReport, out_dir: Path, date: str, verdicts: dict[str, Verdict], note: str) -> None:
-    page = BenchReport(verdicts=verdicts)
-    _write_results(page, out_dir, date, note)
-    rep.markdown_path, rep.plot_path = page.markdown_path, page.plot_path
+def page_from_kept(root: Path, vdir: Path, rep: BenchReport | None = None) -> BenchReport:
+    """(Re)write the page ``<vdir>.md`` (+ ``.png``) beside ``vdir`` from the verdicts kept in it.
+
+    Measures nothing. Used by every live ``bench`` call, and by ``bench --from-verdicts``
+    after the library changed under a kept folder (e.g. a regenerated kernel put back:
+    its verdict is then left off, with a note, until benchmarked again). The date is
+    the folder's (``<date>-<gpu>``). Raises ValueError when ``vdir`` is not a folder."""
+    rep = rep or BenchReport()
+    vdir = Path(vdir)
+    if not vdir.is_dir():
+        raise ValueError(f"{vdir}: not a folder of kept verdicts (expected benchmarks/results/<date>-<gpu>/)")
+    page, notes = _day_verdicts(root, vdir)
+    if any((v.stage("bench") and v.stage("bench").status == "pass") for v in page.values()):
+        rep.page_verdicts = page
+        note = (f"Collected from the verdicts kept in `{vdir.name}/` ({len(page)} kernel(s)); each kernel's "
+                "fused and baseline times come from one run.")
+        if notes:
+            note += "\n\n" + "\n".join(notes)
+        out = BenchReport(verdicts=page)
+        _write_results(out, vdir.parent, vdir.name[:10], note)
+        rep.markdown_path, rep.plot_path = out.markdown_path, out.plot_path
+    return rep

@@ -5,7 +5,9 @@ import shutil
 from pathlib import Path
 
 from coda_agent.verifier.accept import accept
-from coda_agent.verifier.benchrun import bench_kernels, results_markdown, verdict_from_manifest
+import pytest
+
+from coda_agent.verifier.benchrun import bench_kernels, page_from_kept, results_markdown, verdict_from_manifest
 from coda_agent.verifier.spec import load_spec
 from coda_agent.verifier.verdict import Environment, StageResult, Verdict
 from coda_agent.verifier.workspace import sha256_file
@@ -121,6 +123,14 @@ def test_split_bench_calls_land_on_one_page(tmp_path):
     third = bench_kernels(tmp_path, ["swiglu_fwd"], verify_fn=_gpu_verify(0.25), out_dir=out)
     text = third.markdown_path.read_text()
     assert "## swiglu_bwd" not in text and "swiglu_bwd: measured for a kernel that is no longer the accepted one" in text
+
+    # the old kernel put back: re-rendering the kept verdicts (nothing measured) brings it back
+    bwd.write_text(bwd.read_text().replace("\n# replaced\n", ""))
+    again = page_from_kept(tmp_path, vdir)
+    assert again.markdown_path == first.markdown_path and set(again.page_verdicts) == {"swiglu_fwd", "swiglu_bwd"}
+    assert "| llama3-1b/M8192 | 0.7500 |" in again.markdown_path.read_text()
+    with pytest.raises(ValueError, match="not a folder"):
+        page_from_kept(tmp_path, tmp_path / "nope")
 
 
 def test_cpu_only_verdicts_are_not_kept(tmp_path):
