@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
@@ -73,7 +74,7 @@ def print_verdict(verdict) -> None:
     t.add_column("summary", overflow="fold")
     t.add_column("s", justify="right")
     for s in verdict.stages:
-        t.add_row(s.stage, f"[{_status_style(s.status)}]{s.status}[/]", s.summary, f"{s.duration_s:.1f}")
+        t.add_row(s.stage, f"[{_status_style(s.status)}]{s.status}[/]", escape(s.summary), f"{s.duration_s:.1f}")
     console.print(t)
     env = verdict.environment
     where = f"GPU: {env.gpu} (sm {env.compute_capability})" if env.gpu else "no GPU (CPU-only)"
@@ -82,7 +83,7 @@ def print_verdict(verdict) -> None:
         if s.status in ("fail", "error"):
             for f in s.findings[:20]:
                 loc = f" line {f.line}" if f.line else ""
-                console.print(f"  [red]{s.stage}[/] [{f.kind}]{loc}: {f.message}")
+                console.print(f"  [red]{s.stage}[/] " + escape(f"[{f.kind}]{loc}: {f.message}"))
     if verdict.stage("bench") and verdict.stage("bench").metrics.get("rows"):
         print_bench_rows(verdict.stage("bench").metrics["rows"])
     if verdict.gpu_verified:
@@ -131,7 +132,7 @@ def cmd_list(args) -> int:
             ls = load_spec(d)
         except SpecError as e:
             problems += 1
-            t.add_row(d.name, "[red]invalid[/]", str(e).splitlines()[0], "", "", "")
+            t.add_row(d.name, "[red]invalid[/]", escape(str(e).splitlines()[0]), "", "", "")
             continue
         man_path = root / "generated_kernels" / ls.name / "manifest.json"
         if man_path.exists():
@@ -260,7 +261,7 @@ def cmd_bench(args) -> int:
         from coda_agent.verifier.benchrun import page_from_kept
 
         try:
-            report = page_from_kept(root, args.from_verdicts)
+            report = page_from_kept(root, args.from_verdicts, out_dir=Path(args.out) if args.out else None)
         except ValueError as e:
             raise UsageError(str(e)) from None
         if report.markdown_path is None:
@@ -282,8 +283,8 @@ def cmd_bench(args) -> int:
     for verdict in report.verdicts.values():
         print_verdict(verdict)
     if report.markdown_path:
-        console.print(f"wrote {report.markdown_path}" + (f" and {report.plot_path}" if report.plot_path else
-                      " (no plot: matplotlib is not installed; pip install -e '.[bench]')"))
+        console.print(escape(f"wrote {report.markdown_path}" + (f" and {report.plot_path}" if report.plot_path else
+                      " (no plot: matplotlib is not installed; pip install -e '.[bench]')")))
     else:
         console.print("[yellow]nothing measured (benchmarks need a Hopper GPU); no results written[/]")
     return OK if report.ok else FAILED
@@ -298,11 +299,14 @@ def cmd_regress(args) -> int:
                       bench_shapes=args.shape or None, verdicts=args.verdicts)
     except ValueError as e:
         raise UsageError(str(e)) from None
-    t = Table(title=f"regression over generated_kernels/ ({'CPU-only' if args.cpu_only else 'GPU'})")
+    mode = "CPU-only" if args.cpu_only else (f"GPU verdicts from {args.verdicts}, measured on {', '.join(rep.measured_on) or '?'}"
+                                             if args.verdicts else "GPU")
+    t = Table(title=escape(f"regression over generated_kernels/ ({mode}); gate: fused/bare_gemm geomean "
+                           f"<= +{args.tolerance:.0%}, any shape <= +{2 * args.tolerance:.0%}"))
     for c in ("kernel", "status", "stage", "ratio now vs accepted", "message"):
         t.add_column(c, overflow="fold")
     for r in rep.rows:
-        t.add_row(r.kernel, f"[{_status_style(r.status)}]{r.status}[/]", r.stage, r.ratio_text, r.message)
+        t.add_row(r.kernel, f"[{_status_style(r.status)}]{r.status}[/]", r.stage, escape(r.ratio_text), escape(r.message))
     console.print(t)
     if args.json:
         Path(args.json).write_text(rep.to_json())

@@ -227,7 +227,7 @@ def _summary(shapes: dict[str, Any], metrics: dict[str, Any], failing: list[Find
         return f"{len(failing)} problem(s): {', '.join(sorted({f.kind for f in failing}))}"
     if not shapes:
         return "no benchmark shape was timed"
-    parts = [f"{len(shapes)} shape(s)"]
+    parts = [f"{len(shapes)} shape(s); geomean over shapes:"]
     for b, g in sorted(metrics["geomean_ratio"].items()):
         parts.append(f"fused/{b} {g:.3f}x")
     bars = metrics["bar"]

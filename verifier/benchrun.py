@@ -110,6 +110,7 @@ def results_markdown(verdicts: dict[str, Verdict], date: str) -> str:
               "same run as the fused kernel. ratio = fused / baseline (< 1: fused is faster); \"error\": the",
               "baseline failed, \"n/a\": no such baseline here (e.g. no Liger equivalent, or liger-kernel not",
               "installed). Baselines are compared by time only: their outputs are not checked.", ""]
+    lines += targets_table(verdicts)
     for name, v in verdicts.items():
         b = v.stage("bench")
         shapes = (b.metrics.get("shapes") if b else None) or {}
@@ -135,6 +136,58 @@ def results_markdown(verdicts: dict[str, Verdict], date: str) -> str:
             lines += [""] + bars
         lines.append("")
     return "\n".join(lines) + "\n"
+
+
+TARGETS = {"bare_gemm": 1.05, "quack_library": 1.03, "torch_compile_8b_speedup": 1.3}
+"""The catalogue's speed targets (issue #7): forward kernels within 5 % of the bare GEMM,
+no kernel more than 3 % slower than quack's library equivalent, backward kernels at least
+1.3x faster than torch.compile at the 8B shapes. Checked at every shape (worst shape shown)."""
+
+
+def _worst(shapes: dict[str, Any], base: str) -> tuple[float, str] | None:
+    got = [(m["baselines"][base]["ratio"], s) for s, m in shapes.items()
+           if m.get("baselines", {}).get(base, {}).get("ratio")]
+    return max(got) if got else None
+
+
+def targets_table(verdicts: dict[str, Verdict]) -> list[str]:
+    """The summary at the top of the page: each kernel against :data:`TARGETS`."""
+    rows = []
+    for name, v in verdicts.items():
+        b = v.stage("bench")
+        shapes = (b.metrics.get("shapes") if b else None) or {}
+        if not shapes:
+            continue
+        bwd = name.endswith("_bwd")
+        cells, met = [name, "backward" if bwd else "forward"], []
+        bare, quack = _worst(shapes, "bare_gemm"), _worst(shapes, "quack_library")
+        cells.append(f"{bare[0]:.3f} ({bare[1]})" if bare else "-")
+        if bare and not bwd:
+            met.append(bare[0] <= TARGETS["bare_gemm"])
+        cells.append(f"{quack[0]:.3f} ({quack[1]})" if quack else "-")
+        if quack:
+            met.append(quack[0] <= TARGETS["quack_library"])
+        sp = [(1 / m["baselines"]["torch_compile"]["ratio"], s) for s, m in shapes.items()
+              if "8b" in s and m.get("baselines", {}).get("torch_compile", {}).get("ratio")]
+        low = min(sp) if sp else None
+        cells.append(f"{low[0]:.2f}x ({low[1]})" if low else "-")
+        if bwd and low:
+            met.append(low[0] >= TARGETS["torch_compile_8b_speedup"])
+        cells.append("yes" if met and all(met) else "no" if met else "-")
+        rows.append("| " + " | ".join(cells) + " |")
+    if not rows:
+        return []
+    return ["## Targets", "",
+            "The catalogue's targets: forward kernels within 5 % of the bare GEMM (fused/bare_gemm <= 1.05), "
+            "no kernel more than 3 % slower than quack's library equivalent (fused/quack_library <= 1.03), "
+            "backward kernels at least 1.3x faster than torch.compile at the 8B shapes. Each cell is the "
+            "worst shape (for backward kernels the bare-GEMM column is informative: the fused kernel "
+            "also does the epilogue's memory traffic). The per-spec bars under each kernel are the specs' "
+            "own, reported and not enforced.", "",
+            "| kernel | pass (fwd/bwd) | worst fused/bare_gemm | worst fused/quack_library | lowest speedup vs torch.compile at 8B | targets met |",
+            "|---|---|---|---|---|---|", *rows, "",
+            "Plot (same folder, `.png`): speedup = baseline ms / fused ms per shape, > 1 means the fused "
+            "kernel is faster (the inverse of the tables' ratio).", ""]
 
 
 def _bar_lines(bar: dict[str, Any] | None) -> list[str]:
@@ -222,9 +275,9 @@ def verdict_from_manifest(manifest: dict[str, Any]) -> Verdict:
     })
 
 
-def _write_results(rep: BenchReport, out_dir: Path, date: str, note: str = "") -> None:
+def _write_results(rep: BenchReport, out_dir: Path, date: str, note: str = "", suffix: str = "") -> None:
     env = next(iter(rep.verdicts.values())).environment
-    stem = f"{date}-{_slug(env.gpu or 'cpu')}"
+    stem = f"{date}-{_slug(env.gpu or 'cpu')}{suffix}"
     rep.markdown_path = out_dir / f"{stem}.md"
     text = results_markdown(rep.verdicts, date)
     if note:
@@ -288,9 +341,10 @@ def bench_kernels(root: Path, names: list[str] | None, *, out_dir: Path | None =
     its baselines always come from one run. A kept verdict whose kernel has since been
     replaced is left off the page (the page says so).
 
-    ``from_manifests=True`` measures nothing: it writes the results page from the numbers
-    each kernel's acceptance run recorded (each kernel's baselines were measured in its
-    own acceptance run; the page says so), e.g. to publish them without a GPU at hand.
+    ``from_manifests=True`` measures nothing: it writes ``<date>-<gpu>-manifests.md`` (its
+    own name: it never replaces a measured page) from the numbers each kernel's acceptance
+    run recorded (each kernel's baselines were measured in its own acceptance run; the
+    page says so), e.g. to publish them without a GPU at hand.
     """
     names = _accepted_names(root, names)
     out_dir = out_dir or (root / "benchmarks" / "results")
@@ -303,7 +357,7 @@ def bench_kernels(root: Path, names: list[str] | None, *, out_dir: Path | None =
             dates.add(str(man.get("accepted_at", ""))[:10])
         note = ("Numbers recorded by each kernel's acceptance run (manifest.json), not re-measured: "
                 "within a kernel, the fused kernel and its baselines come from the same run.")
-        _write_results(rep, out_dir, max(dates) or _dt.date.today().isoformat(), note)
+        _write_results(rep, out_dir, max(dates) or _dt.date.today().isoformat(), note, suffix="-manifests")
         return rep
     items = [(load_spec(root / "kernel_specs" / n), root / "generated_kernels" / n / "kernel.py") for n in names]
     extra: dict[str, dict[str, Any]] = {}
@@ -327,8 +381,9 @@ def bench_kernels(root: Path, names: list[str] | None, *, out_dir: Path | None =
     return rep
 
 
-def page_from_kept(root: Path, vdir: Path, rep: BenchReport | None = None) -> BenchReport:
-    """(Re)write the page ``<vdir>.md`` (+ ``.png``) beside ``vdir`` from the verdicts kept in it.
+def page_from_kept(root: Path, vdir: Path, rep: BenchReport | None = None, out_dir: Path | None = None) -> BenchReport:
+    """(Re)write the page ``<vdir name>.md`` (+ ``.png``) in ``out_dir`` (default: beside
+    ``vdir``) from the verdicts kept in ``vdir``.
 
     Measures nothing. Used by every live ``bench`` call, and by ``bench --from-verdicts``
     after the library changed under a kept folder (e.g. a regenerated kernel put back:
@@ -346,6 +401,6 @@ def page_from_kept(root: Path, vdir: Path, rep: BenchReport | None = None) -> Be
         if notes:
             note += "\n\n" + "\n".join(notes)
         out = BenchReport(verdicts=page)
-        _write_results(out, vdir.parent, vdir.name[:10], note)
+        _write_results(out, Path(out_dir) if out_dir else vdir.parent, vdir.name[:10], note)
         rep.markdown_path, rep.plot_path = out.markdown_path, out.plot_path
     return rep

@@ -97,6 +97,8 @@ def _run_worker(
             PYTHONDONTWRITEBYTECODE="1",
             PYTHONUNBUFFERED="1",
             NO_COLOR="1",
+            TMPDIR=str(tmp),  # the worker may write only beneath tmp (and a shared cache)
+            TRITON_CACHE_DIR=str(tmp / "triton_cache"),
         )
         if cache_dir is None:
             env.update(
@@ -241,6 +243,7 @@ def _interpret(
         "cases": cases,
         "outputs": {c.get("case", ""): c.get("outputs") for c in calls if c.get("outputs") is not None},
         "cache": cache_mode,
+        "sandbox": res.get("sandbox") or "not reported (the worker ended before its result)",
     }
     if status == "pass":
         summary = f"compiled {metrics['variants_compiled']} kernel variant(s) for sm_90a (cases: {', '.join(cases)})"

@@ -389,7 +389,15 @@ def main(argv: list[str] | None = None) -> int:
     _, hard_as = resource.getrlimit(resource.RLIMIT_AS)
     if cap_as > 0 and (hard_as == resource.RLIM_INFINITY or cap_as <= hard_as):
         resource.setrlimit(resource.RLIMIT_AS, (cap_as, hard_as))
+    # Candidate code runs in here (tracing imports and calls it): from now on this process
+    # may write only beneath its temporary folder (TMPDIR, private caches) and the shared
+    # compile cache when one was asked for (verifier/fs_sandbox.py).
+    from coda_agent.verifier.fs_sandbox import confine_worker
+
+    shared = [os.environ[k] for k in ("QUACK_CACHE_DIR", "CUTE_DSL_CACHE_DIR") if os.environ.get(k)]
+    sandbox = confine_worker([ns.result.parent, *shared])
     result = run_request(req)
+    result["sandbox"] = sandbox
     faulthandler.cancel_dump_traceback_later()
     _write_json_atomic(ns.result, result)
     sys.stdout.flush()

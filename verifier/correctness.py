@@ -212,8 +212,16 @@ def _prologue(run: GpuRun, stage: str) -> StageResult | None:
         return StageResult(stage=stage, status="error", summary="not a Hopper GPU: not verified",
                            findings=[Finding(kind="not-hopper", message=str(setup.get("message")))])
     if setup is None or not setup.get("ok"):
+        found = (Finding(kind=str(setup.get("error")), message=f"{setup.get('message')} (worker sandbox: {setup.get('sandbox')})")
+                 if setup is not None and setup.get("message") else failure_finding(run.cand))
         return StageResult(stage=stage, status="error", summary="candidate worker failed during setup (verifier problem)",
-                           findings=[failure_finding(run.cand)])
+                           findings=[found])
+    tampered = run.tampered_trial_files()
+    if tampered:
+        return StageResult(stage=stage, status="fail", summary="saved trial files were changed after the worker wrote them",
+                           findings=[Finding(kind="tampered-trial-file",
+                                             message=f"the saved tensors of trial(s) {', '.join(tampered)} no longer match the "
+                                             "sha256 the worker recorded: candidate code rewrote them")])
     # Inputs are drawn once for every case before the candidate is imported; only a failure
     # there is the verifier's (a later one is charged to the candidate by the worker).
     errs = run.cand_part("error")

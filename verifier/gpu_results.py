@@ -13,6 +13,8 @@ wrote them, and a pickle from it must not be able to run code in the parent.
 
 from __future__ import annotations
 
+import hashlib
+
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,9 +63,28 @@ class GpuRun:
     def ref_trial(self, key: str) -> dict[str, Any] | None:
         return next((r for r in self.ref_part("trial") if r.get("key") == key), None)
 
+    def cand_file(self, key: str) -> tuple[Path, str | None]:
+        """Where the candidate worker saved trial ``key`` and the sha256 it recorded."""
+        rec = self.cand_trial(key) or {}
+        return self.cand_dir / str(rec.get("file") or f"{key}.pt"), rec.get("sha256")
+
+    def tampered_trial_files(self) -> list[str]:
+        """Trial keys whose saved file is not the one the worker wrote (sha256 differs or it is
+        gone): only code running in the candidate's process after the save can do that."""
+        out = []
+        for rec in self.cand_part("trial") + self.cand_part("recheck"):
+            path, digest = self.cand_file(str(rec.get("key")))
+            try:
+                ok = digest is not None and hashlib.sha256(path.read_bytes()).hexdigest() == digest
+            except OSError:
+                ok = False
+            if not ok:
+                out.append(str(rec.get("key")))
+        return out
+
     def load_cand(self, key: str) -> dict[str, Any]:
         """``{"outputs", "inputs_before", "inputs_after"}`` of the candidate trial ``key``."""
-        return load_pt(self.cand_dir / f"{key}.pt")
+        return load_pt(self.cand_file(key)[0])
 
     def load_ref(self, key: str) -> dict[str, Any]:
         """``{"inputs", "ref32", "ref_lowp"}`` of the reference trial ``key``."""
@@ -73,6 +94,12 @@ class GpuRun:
     def setup(self) -> dict[str, Any] | None:
         s = self.cand_part("setup")
         return s[-1] if s else None
+
+    @property
+    def sandbox(self) -> str | None:
+        """How the candidate worker was confined (``fs_sandbox.confine_worker``'s description)."""
+        s = self.setup
+        return None if s is None else s.get("sandbox")
 
     @property
     def gpu_env(self) -> dict[str, Any]:

@@ -52,6 +52,7 @@ from coda_agent.verifier.protocol import (
     PLAN_FILE,
     REF_DIR,
     RESULTS_FILE,
+    SCRATCH_DIR,
     Plan,
     make_bench_shapes,
     make_runs,
@@ -135,8 +136,18 @@ def run_gpu_workers(
     logs = workdir / "logs"
     env = _worker_env()
     cand_dir = _fresh_dir(workdir / CAND_DIR)
+    # The candidate worker may write only beneath cand_dir/scratch (fs_sandbox.py): its temporary
+    # files and compile caches live there too (a private quack cache also means a
+    # candidate cannot plant compiled kernels that the reference worker would load).
+    scratch = cand_dir / SCRATCH_DIR
+    cache = scratch / "cache"
+    cand_env = {**env, "TMPDIR": str(scratch / "tmp"), "QUACK_CACHE_DIR": str(cache / "quack"),
+                "CUTE_DSL_CACHE_DIR": str(cache / "cute_dsl"), "TRITON_CACHE_DIR": str(cache / "triton"),
+                "CUDA_CACHE_PATH": str(cache / "nv")}
+    for d in ("tmp", "cache/quack", "cache/cute_dsl", "cache/triton", "cache/nv", "trials"):
+        (scratch / d).mkdir(parents=True, exist_ok=True)
     atomic_write_text(cand_dir / PLAN_FILE, plan.to_json())
-    cand = run_worker(CAND_WORKER, ["--dir", str(cand_dir)], timeout, cwd=cand_dir, env=env,
+    cand = run_worker(CAND_WORKER, ["--dir", str(cand_dir)], timeout, cwd=cand_dir, env=cand_env,
                       results=cand_dir / RESULTS_FILE, log_dir=logs)
     run = GpuRun(workdir=workdir, plan=plan, cand=cand)
     if records_of(cand.records, "trial"):
@@ -302,6 +313,7 @@ def verify(
         for k, v in env.items():
             if v is not None and hasattr(verdict.environment, k):
                 setattr(verdict.environment, k, v)
+        verdict.environment.worker_sandbox = run.sandbox
         stages = gpu_stages(loaded, run)
         if device != "cuda":
             for s in stages:

@@ -38,6 +38,11 @@ PLAN_FILE = "plan.json"
 RESULTS_FILE = "results.jsonl"
 CAND_DIR = "cand"
 REF_DIR = "ref"
+SCRATCH_DIR = "scratch"
+"""The only part of the candidate worker's folder it may write once confined
+(verifier/fs_sandbox.py): saved trial tensors, TMPDIR and its compile caches. Its
+``plan.json`` and ``results.jsonl`` sit outside it (the results file is written through a
+descriptor opened before confinement), and each saved file's sha256 is in its record."""
 RECHECK_SEED_OFFSET = 1000
 """The post-timing recheck uses seed ``spec.shapes.seeds[0] + RECHECK_SEED_OFFSET``."""
 

@@ -71,7 +71,10 @@ class RegressReport(BaseModel):
     cpu_only: bool
     tolerance: float
     rows: list[RegressRow] = Field(default_factory=list)
-    environment: dict[str, Any] = Field(default_factory=dict)
+    environment: dict[str, Any] = Field(default_factory=dict, description="the machine that ran regress")
+    source: str = Field("measured by this run", description="where the GPU numbers come from: this run, "
+                        "or the folder of verdicts kept by `coda-agent bench` (--verdicts)")
+    measured_on: list[str] = Field(default_factory=list, description="GPU(s) of the kept verdicts (--verdicts)")
 
     @property
     def ok(self) -> bool:
@@ -291,6 +294,17 @@ def regress(root: Path, kernels: list[str] | None = None, *, cpu_only: bool = Fa
 
     rep = RegressReport(cpu_only=cpu_only, tolerance=tolerance,
                         environment=collect_environment().model_dump(mode="json"))
+    if verdicts is not None and not cpu_only:
+        from coda_agent.verifier.verdict import Verdict
+
+        rep.source = f"verdicts kept by coda-agent bench in {verdicts}"
+        gpus = set()
+        for f in sorted(Path(verdicts).glob("*.json")):
+            try:
+                gpus.add(str(Verdict.model_validate_json(f.read_text()).environment.gpu))
+            except ValueError:
+                continue
+        rep.measured_on = sorted(gpus)
     for name in _kernel_names(root, kernels):
         rep.rows.append(regress_one(root, name, cpu_only=cpu_only, tolerance=tolerance, verify_fn=verify_fn,
                                     bench_shapes=bench_shapes, verdicts=verdicts))

@@ -99,6 +99,7 @@ KINDS: dict[str, str] = {
     "torch-api": "a torch function outside allocation/views/dtypes and the spec's allowed_torch",
     "precision-cast": "tensor dtype casts (.float(), .half(), .to(torch.float32), ...)",
     "data-ptr": "raw pointer or storage access (.data_ptr(), .untyped_storage(), ...)",
+    "host-escape": "tensor -> host/numpy/file paths (.cpu(), .numpy(), .tofile(), .new_tensor(), ...)",
     "try-except": "try/except (a silent fallback path)",
     "with-statement": "with blocks (contexts, streams, no_grad, ...)",
     "class-definition": "class definitions",
@@ -232,6 +233,15 @@ POINTER_ATTRS = frozenset({
     "__cuda_array_interface__", "__dlpack__", "unsafe_get", "unsafe_set",
 })
 """Raw pointer/storage access (cache keys on pointers, out-of-band aliasing)."""
+
+HOST_ESCAPE_ATTRS = frozenset({
+    "numpy", "cpu", "tofile", "fromfile", "dump", "dumps", "tobytes", "tostring", "frombuffer",
+    "from_numpy", "memmap", "savetxt", "save", "load", "to_dlpack", "from_dlpack", "pin_memory",
+    "share_memory_", "new_tensor", "write_bytes", "write_text", "open",
+})
+"""Ways from a tensor to host memory, numpy or the filesystem (red-team round 5:
+``x.new_tensor(bytes).cpu().numpy().tofile(path)`` wrote any file). A kernel's host code
+never needs them: outputs are GPU tensors, and nothing leaves the GPU."""
 
 INTROSPECTION_ATTRS = frozenset({
     "f_back", "f_globals", "f_locals", "f_builtins", "f_code", "f_trace", "gi_frame",
@@ -638,6 +648,10 @@ class _Checker:
             return
         if attr in POINTER_ATTRS:
             self.add("data-ptr", node, f"`.{attr}` exposes raw pointers/storage: outputs must not depend on addresses (no pointer-keyed caches)")
+            return
+        if attr in HOST_ESCAPE_ATTRS:
+            self.add("host-escape", node, f"`{_src(node)}`: copies to the host, numpy, files and shared memory are not allowed "
+                     "(a kernel's host code only allocates, makes views and launches)")
             return
         if attr.startswith("_"):
             self.add("banned-attribute", node, f"private attribute `{_src(node)}` is not allowed (private APIs bypass the contract)")

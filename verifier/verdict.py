@@ -60,6 +60,9 @@ class Environment(BaseModel):
     quack: str | None = None
     python: str | None = None
     hostname: str | None = None
+    worker_sandbox: str | None = Field(
+        None, description="how the candidate worker was confined (verifier/fs_sandbox.py), e.g. "
+        "'landlock ABI 7: writes only beneath 2 folder(s); ...', or 'unavailable: <why>'")
 
 
 class Verdict(BaseModel):

@@ -50,6 +50,9 @@ _perf_counter = _time.perf_counter
 import argparse  # noqa: E402
 import functools  # noqa: E402
 import gc  # noqa: E402
+import hashlib  # noqa: E402
+import io  # noqa: E402
+import json  # noqa: E402
 import importlib.util  # noqa: E402
 import os  # noqa: E402
 import statistics  # noqa: E402
@@ -75,9 +78,10 @@ except Exception:  # noqa: BLE001
     _triton_testing = None
     _do_bench = None
 
+from coda_agent.verifier.fs_sandbox import confine_worker  # noqa: E402
 from coda_agent.verifier.inputs import make_inputs, rotation_count, tensor_bytes  # noqa: E402
 from coda_agent.verifier.numerics import POISON_WORD16, bitwise_equal  # noqa: E402
-from coda_agent.verifier.protocol import PLAN_FILE, RESULTS_FILE, Plan, Run, append_record  # noqa: E402
+from coda_agent.verifier.protocol import PLAN_FILE, RESULTS_FILE, SCRATCH_DIR, Plan, Run  # noqa: E402
 from coda_agent.verifier.spec import load_spec  # noqa: E402
 
 _WATCHED: dict[str, Callable[[], Any]] = {
@@ -124,6 +128,9 @@ class Worker:
 
     def __init__(self, folder: Path):
         self.dir = folder
+        self.scratch = folder / SCRATCH_DIR
+        (self.scratch / "trials").mkdir(parents=True, exist_ok=True)
+        self._out = open(folder / RESULTS_FILE, "a", encoding="utf-8")  # noqa: SIM115 -- lives as long as the worker
         self.plan = Plan.from_json((folder / PLAN_FILE).read_text())
         self.results = folder / RESULTS_FILE
         self.device = torch.device(self.plan.device)
@@ -138,7 +145,11 @@ class Worker:
 
     # -- plumbing -----------------------------------------------------------------
     def record(self, part: str, **fields: Any) -> None:
-        append_record(self.results, {"part": part, **fields})
+        """Append one record through the descriptor opened before confinement (the file
+        itself is read-only to this process afterwards: nothing can rewrite earlier records)."""
+        self._out.write(json.dumps({"part": part, **fields}, sort_keys=True, default=str) + "\n")
+        self._out.flush()
+        os.fsync(self._out.fileno())
 
     def begin(self, what: str) -> None:
         self.record("begin", what=what)
@@ -167,6 +178,11 @@ class Worker:
         self.sync()
         count, _ = self.count_launches(lambda: a * 2)
         return count
+
+    def instrument_probe(self) -> Callable[[], Any]:
+        """A known kernel to time once in setup (initialises the timer's driver helpers)."""
+        a = torch.ones(1 << 16, device=self.device)
+        return lambda: a * 2
 
     def poison(self) -> int:
         """Fill every free byte the caching allocator holds (plus slack) with the poison word.
@@ -261,11 +277,16 @@ class Worker:
                     saved[spec_o.name] = o.detach().to("cpu", copy=True)
         after = {k: v.detach().to("cpu", copy=True) for k, v in inputs.items()}
         mutated = [k for k in inputs if not bitwise_equal(before[k], after[k])]
-        fname = f"{run.key}.pt"
-        torch.save({"outputs": saved, "inputs_before": before, "inputs_after": after}, self.dir / fname)
+        fname = f"{SCRATCH_DIR}/trials/{run.key}.pt"
+        buf = io.BytesIO()
+        torch.save({"outputs": saved, "inputs_before": before, "inputs_after": after}, buf)
+        data = buf.getvalue()
+        (self.dir / fname).write_bytes(data)
         del res, outs, inputs
-        return dict(key=run.key, file=fname, violations=violations, inputs_mutated=mutated,
-                    call_s=call_s, poisoned_bytes=poisoned, ok=True)
+        # the sha256 goes through the protected results file: a saved file changed later
+        # (by candidate code still running in this process) no longer matches it
+        return dict(key=run.key, file=fname, sha256=hashlib.sha256(data).hexdigest(), violations=violations,
+                    inputs_mutated=mutated, call_s=call_s, poisoned_bytes=poisoned, ok=True)
 
     def check_output(self, spec_o: Any, o: Any, run: Run, in_spans: dict, out_spans: dict) -> list[dict[str, Any]]:
         """Violations of the output contract for one returned value (see module doc)."""
@@ -370,10 +391,20 @@ class Worker:
         if refusal:
             self.record("setup", ok=False, error="not-hopper", message=refusal)
             return EXIT_REFUSED
+        # Confined before the instruments' self-tests, so they prove they work confined
+        # (a library that needs a write outside this folder fails here, as the verifier's
+        # problem, not later as the candidate's): fs_sandbox.py.
+        sandbox = confine_worker([self.scratch])
         selftest = self.profiler_selftest() if self.cuda else None
+        try:
+            timer_ms = self.time_event_ms(self.instrument_probe()) if self.cuda and self.plan.bench else None
+        except Exception as e:  # noqa: BLE001 -- no candidate code has run yet: the environment's fault
+            self.record("setup", ok=False, error="timer-broken", sandbox=sandbox,
+                        message=f"the benchmark timer fails in the confined worker: {type(e).__name__}: {e}")
+            return EXIT_REFUSED
         env = collect_environment(probe_gpu=self.cuda).model_dump()
         self.record("setup", ok=True, device=str(self.device), env=env, profiler_selftest=selftest,
-                    plan_sha256=self.plan.sha256())
+                    plan_sha256=self.plan.sha256(), sandbox=sandbox, timer_selftest_ms=timer_ms)
 
         # Every correctness/recheck case's inputs once before any candidate code runs: a spec
         # or verifier problem in drawing them shows up here, not charged to the candidate.

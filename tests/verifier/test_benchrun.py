@@ -36,10 +36,11 @@ def test_results_from_manifests(tmp_path):
     rep = bench_kernels(tmp_path, None, from_manifests=True, out_dir=tmp_path / "out")
     assert rep.verdicts["swiglu_fwd"].gpu_verified
     text = rep.markdown_path.read_text()
-    assert rep.markdown_path.name.endswith("-nvidia-h200.md")
+    assert rep.markdown_path.name.endswith("-nvidia-h200-manifests.md")  # never the measured page's name
     assert "not re-measured" in text and "## swiglu_fwd: verified" in text
     # smallest problem first, the failed baseline shown as an error, ratios printed
-    assert text.index("llama3-1b/M8192") < text.index("llama3-8b/M8192")
+    section = text[text.index("## swiglu_fwd"):]
+    assert section.index("llama3-1b/M8192") < section.index("llama3-8b/M8192")
     assert "| llama3-1b/M8192 | 0.5000 | 700 | 0.5500 | 0.909 | error | - |" in text
     if importlib.util.find_spec("matplotlib"):
         assert rep.plot_path is not None and rep.plot_path.stat().st_size > 1000
@@ -145,3 +146,21 @@ def test_cpu_only_verdicts_are_not_kept(tmp_path):
 
     rep = bench_kernels(tmp_path, None, verify_fn=no_gpu, out_dir=tmp_path / "out")
     assert rep.markdown_path is None and not (tmp_path / "out").exists()
+
+
+def test_targets_table_reports_worst_shapes():
+    from coda_agent.verifier.benchrun import targets_table
+
+    def verdict(name, rows):
+        shapes = {s: {"fused_ms": 1.0, "baselines": {b: {"ratio": r} for b, r in bs.items()}} for s, bs in rows.items()}
+        st = [StageResult(stage="bench", status="pass", summary="ok", metrics={"shapes": shapes})]
+        return Verdict(spec=name, spec_hash="h", candidate_hash="c", stages=st)
+
+    fwd = verdict("x_fwd", {"llama3-1b/M8192": {"bare_gemm": 1.08, "quack_library": 0.99, "torch_compile": 0.9},
+                            "llama3-8b/M8192": {"bare_gemm": 1.01, "quack_library": 1.02, "torch_compile": 0.8}})
+    bwd = verdict("x_bwd", {"llama3-8b/M8192": {"bare_gemm": 1.1, "torch_compile": 0.7},
+                            "llama3-8b/M16384": {"bare_gemm": 1.1, "torch_compile": 0.75}})
+    text = "\n".join(targets_table({"x_fwd": fwd, "x_bwd": bwd}))
+    assert "| x_fwd | forward | 1.080 (llama3-1b/M8192) | 1.020 (llama3-8b/M8192) | 1.25x (llama3-8b/M8192) | no |" in text
+    # backward: 1/0.75 = 1.33x >= 1.3 at both 8B shapes; the bare-GEMM column does not gate
+    assert "| x_bwd | backward | 1.100 (llama3-8b/M8192) | - | 1.33x (llama3-8b/M16384) | yes |" in text

@@ -156,7 +156,8 @@ def test_cpu_device_good_fwd_passes_every_stage(tmp_path):
     row = st["bench"].metrics["rows"][0]
     assert row["shape"] == "small" and set(row["baselines_ms"]) == {"torch_eager", "bare_gemm"}
     files = sorted(p.name for p in (tmp_path / "work" / "cand").iterdir())
-    assert "plan.json" in files and "results.jsonl" in files and "recheck-c2-ragged-all-s1000.pt" in files
+    assert files == ["plan.json", "results.jsonl", "scratch"]
+    assert (tmp_path / "work" / "cand" / "scratch" / "trials" / "recheck-c2-ragged-all-s1000.pt").is_file()
     json.loads(v.to_json())
 
 
@@ -309,3 +310,66 @@ def test_cpu_device_wrong_gradient(tmp_path):
     g = v.stage("gradients")
     assert g.status == "fail" and {f.kind for f in g.findings} == {"tolerance"}
     assert all(f.output == "dpreact" for f in g.findings)
+
+
+# -- OS-level confinement of the candidate worker (verifier/fs_sandbox.py) ---------------------
+
+def _landlock_or_skip():
+    from coda_agent.verifier.fs_sandbox import SandboxUnavailable, abi_version
+
+    try:
+        abi_version()
+    except SandboxUnavailable as e:
+        pytest.skip(f"this kernel has no Landlock: {e}")
+
+
+def test_confined_candidate_cannot_write_outside_scratch(tmp_path):
+    """Red-team round 5 wrote a .pth file into a site folder and rewrote results.jsonl;
+    confined, both writes fail and the candidate's failure stays the candidate's."""
+    _landlock_or_skip()
+    target = tmp_path / "site" / "zz_evil.pth"
+    target.parent.mkdir()
+    body = GOOD_FWD + f"""
+import pathlib
+def swiglu_fwd(x, w1):
+    pathlib.Path({str(target)!r}).write_text("import os")
+"""
+    v = _cpu_verify(FWD, _write(tmp_path, body), tmp_path)
+    assert not target.exists()
+    assert v.environment.worker_sandbox.startswith("landlock ABI")
+    msgs = " | ".join(f.message for s in v.stages for f in s.findings)
+    assert _failed(v) == "correctness" and v.stage("correctness").status == "fail" and "PermissionError" in msgs
+
+    forge = GOOD_FWD + """
+import pathlib
+_orig = swiglu_fwd
+def swiglu_fwd(x, w1):
+    pathlib.Path("results.jsonl").write_text('{"part": "error", "error": "input-generation", "verifier": true}\\n')
+    return _orig(x, w1)
+"""
+    v = _cpu_verify(FWD, _write(tmp_path, forge, "forge.py"), tmp_path)
+    st = v.stage("correctness")
+    assert st.status == "fail" and "PermissionError" in " | ".join(f.message for f in st.findings)
+
+
+def test_rewritten_trial_file_is_the_candidates_failure(tmp_path):
+    """Saved trial tensors live in the writable scratch folder; their sha256 goes through the
+    protected results file, so a candidate that rewrites an earlier trial's file fails."""
+    _landlock_or_skip()
+    body = GOOD_FWD + """
+import pathlib
+_orig = swiglu_fwd
+def swiglu_fwd(x, w1):
+    for p in pathlib.Path("scratch/trials").glob("*.pt"):
+        p.write_bytes(b"forged")
+    return _orig(x, w1)
+"""
+    v = _cpu_verify(FWD, _write(tmp_path, body), tmp_path)
+    st = v.stage("correctness")
+    assert st.status == "fail" and [f.kind for f in st.findings] == ["tampered-trial-file"], st
+
+
+def test_sandbox_off_switch_is_reported(tmp_path, monkeypatch):
+    monkeypatch.setenv("CODA_FS_SANDBOX", "off")
+    v = _cpu_verify(FWD, _write(tmp_path, GOOD_FWD), tmp_path)
+    assert v.passed and v.environment.worker_sandbox == "off (CODA_FS_SANDBOX=off)"

@@ -506,6 +506,10 @@ counter += 1
     "def _h(x):\n    return cute2.native_struct(_probe)\n",
     "_ANN = 'int'\ndef _probe(x: _ANN):\n    return x\n",
     "import cutlass.cute as cute2\ndef _probe(x):\n    return x\ndef _h(x):\n    return cute2.make_fragment_like(_probe)\n",
+    # round 5: tensor -> numpy -> file (a .pth in a site folder runs code in every later python)
+    "def _h(x):\n    x.new_tensor([105, 109], dtype=torch.uint8).cpu().numpy().tofile('/tmp/x.pth')\n",
+    "def _h(x):\n    x.detach().numpy().dump('/tmp/x.pkl')\n",
+    "def _h(x):\n    return x.cpu().tolist()\n",
 ])
 def test_red_team_escapes_are_rejected(extra):
     """Each line defeated the 2026-11-30 static stage (two red-team rounds): a method patched
@@ -515,7 +519,8 @@ def test_red_team_escapes_are_rejected(extra):
     assert set(ks) & {"attribute-write", "subscript-store", "container-mutation", "import-time-call",
                       "match-statement", "generator", "mutating-attribute", "banned-call", "introspection",
                       "banned-attribute", "mutable-default", "module-state-mutation", "foreign-object",
-                      "augmented-assignment", "module-level-container", "string-annotation", "library-callback"}, ks
+                      "augmented-assignment", "module-level-container", "string-annotation", "library-callback",
+                      "host-escape"}, ks
 
 
 def test_home_made_gemm_epilogue_is_not_an_epilogue():

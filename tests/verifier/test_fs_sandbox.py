@@ -1,0 +1,73 @@
+"""verifier/fs_sandbox.py: Landlock confinement, checked in a child process (it is irreversible).
+
+Skipped (never faked) where the kernel has no Landlock."""
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from coda_agent.verifier.fs_sandbox import SandboxUnavailable, abi_version, confine_worker, write_rights
+
+try:
+    ABI = abi_version()
+except SandboxUnavailable as e:  # pragma: no cover - depends on the kernel
+    ABI = None
+    WHY = str(e)
+
+needs_landlock = pytest.mark.skipif(ABI is None, reason="this kernel has no Landlock")
+
+
+def _child(code: str) -> list[str]:
+    r = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.splitlines()
+
+
+@needs_landlock
+def test_writes_only_beneath_the_given_folders(tmp_path):
+    ok, other = tmp_path / "ok", tmp_path / "other"
+    other.mkdir()
+    (other / "keep.txt").write_text("precious")
+    out = _child(f"""
+        import os, subprocess
+        from coda_agent.verifier.fs_sandbox import confine_worker
+        print(confine_worker([{str(ok)!r}]))
+        open({str(ok / 'a.txt')!r}, "w").write("x"); print("inside ok")
+        for what, f in (("create", lambda: open({str(other / 'b.txt')!r}, "w")),
+                        ("truncate", lambda: os.truncate({str(other / 'keep.txt')!r}, 0)),
+                        ("remove", lambda: os.remove({str(other / 'keep.txt')!r})),
+                        ("mkdir", lambda: os.mkdir({str(other / 'd')!r}))):
+            try:
+                f(); print(what, "ALLOWED")
+            except PermissionError:
+                print(what, "denied")
+        r = subprocess.run(["sh", "-c", "echo x > {other / 'c.txt'}"], capture_output=True)
+        print("child", "denied" if r.returncode else "ALLOWED")
+    """)
+    assert out[0].startswith(f"landlock ABI {ABI}: writes only beneath 2 folder(s)")
+    assert out[1:] == ["inside ok", "create denied", "truncate denied", "remove denied", "mkdir denied", "child denied"]
+    assert (other / "keep.txt").read_text() == "precious" and not (other / "b.txt").exists()
+
+
+@needs_landlock
+def test_signals_to_the_parent_are_denied_where_scoped():
+    if ABI < 6:
+        pytest.skip(f"Landlock ABI {ABI} has no signal scoping")
+    out = _child("""
+        import os
+        from coda_agent.verifier.fs_sandbox import confine_worker
+        confine_worker(["/tmp"])
+        try:
+            os.kill(os.getppid(), 0); print("ALLOWED")
+        except PermissionError:
+            print("denied")
+    """)
+    assert out == ["denied"]
+
+
+def test_off_switch_and_rights(monkeypatch):
+    monkeypatch.setenv("CODA_FS_SANDBOX", "off")
+    assert confine_worker(["/tmp"]) == "off (CODA_FS_SANDBOX=off)"  # nothing applied in this process
+    assert write_rights(1) & (1 << 14) == 0 and write_rights(3) & (1 << 14)  # TRUNCATE from ABI 3

@@ -1,0 +1,164 @@
+"""OS-level confinement of the candidate worker (Linux Landlock): no writes outside its folder.
+
+Why: the static stage is the first trust boundary, and four red-team rounds each found a
+way past it (e.g. a compile option that truncates any file, a type-hint ``eval`` that ran
+arbitrary code). Whatever a candidate manages to run, the process it runs in should not
+be able to change anything the verifier trusts afterwards: the spec's ``reference.py``,
+the verifier's own modules, accepted kernels, the quack/cutlass install the trusted
+reference worker imports, or a compile cache that worker reads.
+
+How: right before the candidate is imported (after CUDA, the profiler and every input
+check are set up), :mod:`~coda_agent.verifier.worker_candidate` calls
+:func:`restrict_writes`. It builds a Landlock ruleset that *handles* every write-type
+filesystem right (write, truncate, create, remove, rename/link across folders) and grants
+them only beneath the given folders: the worker's own folder (results, saved tensors,
+per-worker caches and TMPDIR) and ``/dev`` (GPU device nodes are reopened read-write by
+the driver). Reads and execution stay allowed everywhere (the libraries must load).
+Where the kernel's Landlock ABI offers it, TCP bind/connect is denied outright (ABI >= 4)
+and signals and abstract unix sockets are scoped to the worker's own processes (ABI >= 6:
+a candidate cannot signal the verifier). The restriction is irreversible and inherited
+by every child process; it needs no privileges (``PR_SET_NO_NEW_PRIVS`` is set first).
+
+The trusted reference worker and the parent are not confined. Landlock exists since
+Linux 5.13; without it (or with ``CODA_FS_SANDBOX=off``) the worker runs unconfined and
+says so: the description lands in the verdict's ``environment.worker_sandbox``, so a
+verdict always tells whether its candidate ran confined.
+
+Syscalls through ctypes (no dependency): numbers 444-446 are the same on every Linux
+architecture; struct layouts from ``include/uapi/linux/landlock.h``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from pathlib import Path
+
+SYS_CREATE_RULESET, SYS_ADD_RULE, SYS_RESTRICT_SELF = 444, 445, 446
+CREATE_RULESET_VERSION = 1 << 0
+RULE_PATH_BENEATH = 1
+PR_SET_NO_NEW_PRIVS = 38
+
+# filesystem rights (ABI version that introduced them)
+WRITE_FILE = 1 << 1
+REMOVE_DIR, REMOVE_FILE = 1 << 4, 1 << 5
+MAKE_CHAR, MAKE_DIR, MAKE_REG, MAKE_SOCK, MAKE_FIFO, MAKE_BLOCK, MAKE_SYM = (1 << i for i in range(6, 13))
+REFER = 1 << 13  # ABI 2
+TRUNCATE = 1 << 14  # ABI 3
+WRITE_RIGHTS_V1 = (WRITE_FILE | REMOVE_DIR | REMOVE_FILE | MAKE_CHAR | MAKE_DIR | MAKE_REG | MAKE_SOCK
+                   | MAKE_FIFO | MAKE_BLOCK | MAKE_SYM)
+NET_BIND_TCP, NET_CONNECT_TCP = 1 << 0, 1 << 1  # ABI 4
+SCOPE_ABSTRACT_UNIX_SOCKET, SCOPE_SIGNAL = 1 << 0, 1 << 1  # ABI 6
+
+ENV_SWITCH = "CODA_FS_SANDBOX"
+"""Set to ``off`` to run the candidate worker unconfined (debugging only; the verdict says so)."""
+
+
+class SandboxUnavailable(RuntimeError):
+    """Landlock cannot be used here (old kernel, disabled LSM, seccomp); the message says why."""
+
+
+class _RulesetAttr(ctypes.Structure):
+    _fields_ = [("handled_access_fs", ctypes.c_uint64), ("handled_access_net", ctypes.c_uint64),
+                ("scoped", ctypes.c_uint64)]
+
+
+class _PathBeneathAttr(ctypes.Structure):
+    _pack_ = 1
+    _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+
+
+def _libc():
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def abi_version() -> int:
+    """The kernel's Landlock ABI version; raises :class:`SandboxUnavailable` when there is none."""
+    libc = _libc()
+    v = libc.syscall(SYS_CREATE_RULESET, None, ctypes.c_size_t(0), ctypes.c_uint32(CREATE_RULESET_VERSION))
+    if v < 0:
+        err = ctypes.get_errno()
+        raise SandboxUnavailable(f"Landlock not available: {os.strerror(err)} (errno {err})")
+    return int(v)
+
+
+def write_rights(abi: int) -> int:
+    """Every write-type filesystem right the ABI knows."""
+    rights = WRITE_RIGHTS_V1
+    if abi >= 2:
+        rights |= REFER
+    if abi >= 3:
+        rights |= TRUNCATE
+    return rights
+
+
+def restrict_writes(writable: list[str | Path]) -> str:
+    """Confine this process (and its future children) for good: writes only beneath ``writable``.
+
+    Args:
+        writable: existing folders where creating, writing, truncating and removing files
+            stays allowed; everything else becomes read-only for this process.
+
+    Returns:
+        A one-line description for the verdict, e.g. ``"landlock ABI 7: writes only
+        beneath 2 folder(s); TCP denied; signals and abstract sockets scoped"``.
+
+    Raises:
+        SandboxUnavailable: no Landlock, or a syscall failed (nothing was applied then).
+        FileNotFoundError: a ``writable`` folder does not exist.
+    """
+    abi = abi_version()
+    libc = _libc()
+    rights = write_rights(abi)
+    attr = _RulesetAttr(handled_access_fs=rights)
+    size = 8
+    extras = []
+    if abi >= 4:
+        attr.handled_access_net = NET_BIND_TCP | NET_CONNECT_TCP
+        size = 16
+        extras.append("TCP denied")
+    if abi >= 6:
+        attr.scoped = SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL
+        size = 24
+        extras.append("signals and abstract sockets scoped")
+    fd = libc.syscall(SYS_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(size), ctypes.c_uint32(0))
+    if fd < 0:
+        err = ctypes.get_errno()
+        raise SandboxUnavailable(f"landlock_create_ruleset failed: {os.strerror(err)}")
+    try:
+        for folder in writable:
+            pfd = os.open(str(folder), os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+            try:
+                rule = _PathBeneathAttr(allowed_access=rights, parent_fd=pfd)
+                if libc.syscall(SYS_ADD_RULE, ctypes.c_int(fd), ctypes.c_int(RULE_PATH_BENEATH),
+                                ctypes.byref(rule), ctypes.c_uint32(0)) < 0:
+                    err = ctypes.get_errno()
+                    raise SandboxUnavailable(f"landlock_add_rule({folder}) failed: {os.strerror(err)}")
+            finally:
+                os.close(pfd)
+        if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+            err = ctypes.get_errno()
+            raise SandboxUnavailable(f"prctl(PR_SET_NO_NEW_PRIVS) failed: {os.strerror(err)}")
+        if libc.syscall(SYS_RESTRICT_SELF, ctypes.c_int(fd), ctypes.c_uint32(0)) < 0:
+            err = ctypes.get_errno()
+            raise SandboxUnavailable(f"landlock_restrict_self failed: {os.strerror(err)}")
+    finally:
+        os.close(fd)
+    return f"landlock ABI {abi}: writes only beneath {len(writable)} folder(s)" + "".join(f"; {e}" for e in extras)
+
+
+def confine_worker(folders: list[str | Path]) -> str:
+    """A worker's confinement: writes only beneath ``folders`` (created if missing) and ``/dev``.
+
+    Used by the candidate worker (its folder) and the compile worker (its temporary
+    folder and, when shared, the compile cache), both of which run candidate code.
+    Never raises: returns the description for the verdict, ``"off (CODA_FS_SANDBOX=off)"``
+    or ``"unavailable: <why>"`` (the worker then runs unconfined)."""
+    if os.environ.get(ENV_SWITCH, "").strip().lower() == "off":
+        return f"off ({ENV_SWITCH}=off)"
+    try:
+        for f in folders:
+            Path(f).mkdir(parents=True, exist_ok=True)
+        return restrict_writes([*folders, "/dev"])
+    except (SandboxUnavailable, OSError) as e:
+        return f"unavailable: {e}"
