@@ -324,7 +324,11 @@ def cmd_tricks(args) -> int:
 
 
 def _tricks_add(root, args, add_from_run, add_trick) -> int:
+    if args.from_run and args.text:
+        raise UsageError("tricks add: give TEXT or --from-run RUN, not both")
     if args.from_run:
+        if not Path(args.from_run).is_dir():
+            raise UsageError(f"--from-run {args.from_run}: no such run folder (runs/<RUN>)")
         entry = add_from_run(root, Path(args.from_run))
     elif args.text:
         if "\n" in args.text.strip():
@@ -376,7 +380,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--cmd", metavar="CMD",
                    help="for --llm command: shell command that reads the prompt on stdin and writes the answer")
     g.add_argument("--model", help="model id for --llm anthropic (default: $CODA_MODEL or the built-in default)")
-    g.add_argument("--max-attempts", type=int, default=5)
+    g.add_argument("--max-attempts", type=int, default=5, help="attempts before giving up (default 5)")
     g.add_argument("--resume", metavar="RUN", help="continue runs/<RUN> (e.g. after --llm manual)")
     g.add_argument("--cpu-only", action="store_true", help="static + compile only (never accepts)")
     g.add_argument("--no-accept", action="store_true", help="verify but do not write generated_kernels/")
@@ -400,7 +404,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("bench", help="benchmark accepted kernels against their baselines (GPU)")
     b.add_argument("spec", nargs="*", help="accepted kernels to benchmark (or --all)")
-    b.add_argument("--all", action="store_true")
+    b.add_argument("--all", action="store_true", help="every accepted kernel under generated_kernels/")
     b.add_argument("--jobs", type=int, default=None,
                    help="compile stages run at once before the GPU stages (default: half the cores, at most 8)")
     b.add_argument("--out", help="results folder (default benchmarks/results)")
@@ -414,7 +418,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("regress", help="re-check every accepted kernel (integrity, static, compile; GPU: numerics, perf ratios)")
     r.add_argument("kernels", nargs="*")
-    r.add_argument("--cpu-only", action="store_true")
+    r.add_argument("--cpu-only", action="store_true",
+                   help="integrity, spec, static and sm_90a compile only (what CI runs; no numerics or speed)")
     r.add_argument("--tolerance", type=_fraction, default=0.10,
                    help="allowed worsening of fused/baseline ratios, geometric mean over shapes (default 0.10)")
     r.add_argument("--json", help="write the report as JSON")
@@ -431,7 +436,7 @@ def build_parser() -> argparse.ArgumentParser:
     tsub = t.add_subparsers(dest="tricks_cmd", required=True, metavar="ACTION")
     ta = tsub.add_parser("add", help='append a dated entry: tricks add "..." [--kernel K] | --from-run RUN')
     ta.add_argument("text", nargs="?")
-    ta.add_argument("--kernel")
+    ta.add_argument("--kernel", help="the spec the lesson is about (default: general)")
     ta.add_argument("--from-run", metavar="RUN", help="append the lesson proposed in a run (after reading it)")
     ta.set_defaults(fn=cmd_tricks)
 
