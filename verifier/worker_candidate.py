@@ -179,6 +179,25 @@ class Worker:
         count, _ = self.count_launches(lambda: a * 2)
         return count
 
+    def dsl_selftest(self) -> float:
+        """Compile and run quack's plain-GEMM epilogue mod once, confined, before any candidate
+        code: a DSL/driver/cache write that the confinement breaks fails here, as the
+        verifier's problem, instead of failing a good candidate. Seconds taken; raises
+        when the result is wrong or anything fails."""
+        from quack.epilogue.library import identity_epi
+
+        t0 = _perf_counter()
+        g = torch.Generator(device=self.device).manual_seed(0)
+        a = torch.randn(256, 128, device=self.device, generator=g).to(torch.bfloat16)
+        b = torch.randn(128, 256, device=self.device, generator=g).to(torch.bfloat16)
+        d = identity_epi(a, b, tuned=False)["D"]
+        want = a.float() @ b.float()
+        err = (d.float() - want).abs().max().item()
+        if not err <= 0.05 * want.abs().max().item():
+            raise RuntimeError(f"identity_epi GEMM max error {err:.3g}")
+        self.sync()
+        return _perf_counter() - t0
+
     def instrument_probe(self) -> Callable[[], Any]:
         """A known kernel to time once in setup (initialises the timer's driver helpers)."""
         a = torch.ones(1 << 16, device=self.device)
@@ -402,9 +421,17 @@ class Worker:
             self.record("setup", ok=False, error="timer-broken", sandbox=sandbox,
                         message=f"the benchmark timer fails in the confined worker: {type(e).__name__}: {e}")
             return EXIT_REFUSED
+        try:
+            dsl_s = self.dsl_selftest() if self.cuda else None
+        except Exception as e:  # noqa: BLE001 -- quack's own kernel: a failure is the environment's
+            self.record("setup", ok=False, error="dsl-broken", sandbox=sandbox,
+                        message=f"quack's identity_epi GEMM does not compile/run in the confined worker: "
+                        f"{type(e).__name__}: {e}")
+            return EXIT_REFUSED
         env = collect_environment(probe_gpu=self.cuda).model_dump()
         self.record("setup", ok=True, device=str(self.device), env=env, profiler_selftest=selftest,
-                    plan_sha256=self.plan.sha256(), sandbox=sandbox, timer_selftest_ms=timer_ms)
+                    plan_sha256=self.plan.sha256(), sandbox=sandbox, timer_selftest_ms=timer_ms,
+                    dsl_selftest_s=dsl_s)
 
         # Every correctness/recheck case's inputs once before any candidate code runs: a spec
         # or verifier problem in drawing them shows up here, not charged to the candidate.
