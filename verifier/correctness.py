@@ -216,6 +216,13 @@ def _prologue(run: GpuRun, stage: str) -> StageResult | None:
                  if setup is not None and setup.get("message") else failure_finding(run.cand))
         return StageResult(stage=stage, status="error", summary="candidate worker failed during setup (verifier problem)",
                            findings=[found])
+    from coda_agent.verifier.pipeline import SCRATCH_BUDGET
+
+    if run.scratch_bytes > SCRATCH_BUDGET:
+        return StageResult(stage=stage, status="fail", summary="the candidate filled its scratch folder",
+                           findings=[Finding(kind="scratch-over-budget",
+                                             message=f"the candidate worker left {run.scratch_bytes / 2**30:.1f} GiB in its "
+                                             f"scratch folder (budget {SCRATCH_BUDGET / 2**30:.0f} GiB): candidate code wrote files")])
     tampered = run.tampered_trial_files()
     if tampered:
         return StageResult(stage=stage, status="fail", summary="saved trial files were changed after the worker wrote them",
@@ -281,10 +288,15 @@ def correctness_stage(loaded: LoadedSpec, run: GpuRun) -> StageResult:
         err = _contract_checks(loaded, run, f, [t])
         if err:
             return stage_result("correctness", "error", err, f.items, metrics, t0)
-        rm, err = check_outputs(loaded, run, loaded.spec.value_outputs, [t], f, drift=True)
+        # a bench-shape check (t.sample) is judged like any trial: its failures are the kernel
+        # being wrong at a timed shape, not drift
+        rm, err = check_outputs(loaded, run, loaded.spec.value_outputs, [t], f, drift=not t.sample)
         if err:
             return stage_result("correctness", "error", err, f.items, metrics, t0)
-        metrics["recheck"] = rm.get(t.key, {})
+        if t.sample:
+            metrics.setdefault("bench_checks", {})[t.case] = rm.get(t.key, {})
+        else:
+            metrics["recheck"] = rm.get(t.key, {})
     integ = run.cand_part("integrity")
     if integ and integ[-1].get("tampered"):
         f.add("harness-tampered", f"during the run the candidate replaced: {', '.join(integ[-1]['tampered'])}")

@@ -12,8 +12,8 @@ check are set up), :mod:`~coda_agent.verifier.worker_candidate` calls
 :func:`restrict_writes`. It builds a Landlock ruleset that *handles* every write-type
 filesystem right (write, truncate, create, remove, rename/link across folders) and grants
 them only beneath the given folders: the worker's own folder (results, saved tensors,
-per-worker caches and TMPDIR) and ``/dev`` (GPU device nodes are reopened read-write by
-the driver). Reads and execution stay allowed everywhere (the libraries must load).
+per-worker caches and TMPDIR) and the GPU device nodes plus ``/dev/null`` (the driver
+reopens its nodes read-write; ``/dev/shm`` stays read-only). Reads and execution stay allowed everywhere (the libraries must load).
 Where the kernel's Landlock ABI offers it, TCP bind/connect is denied outright (ABI >= 4)
 and signals and abstract unix sockets are scoped to the worker's own processes (ABI >= 6:
 a candidate cannot signal the verifier). The restriction is irreversible and inherited
@@ -97,7 +97,8 @@ def restrict_writes(writable: list[str | Path]) -> str:
 
     Args:
         writable: existing folders where creating, writing, truncating and removing files
-            stays allowed; everything else becomes read-only for this process.
+            stays allowed, or single files that stay writable (device nodes); everything
+            else becomes read-only for this process.
 
     Returns:
         A one-line description for the verdict, e.g. ``"landlock ABI 7: writes only
@@ -127,9 +128,12 @@ def restrict_writes(writable: list[str | Path]) -> str:
         raise SandboxUnavailable(f"landlock_create_ruleset failed: {os.strerror(err)}")
     try:
         for folder in writable:
-            pfd = os.open(str(folder), os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+            is_dir = os.path.isdir(folder)
+            pfd = os.open(str(folder), os.O_PATH | os.O_CLOEXEC | (os.O_DIRECTORY if is_dir else 0))
             try:
-                rule = _PathBeneathAttr(allowed_access=rights, parent_fd=pfd)
+                # a file rule may only carry the rights that apply to files
+                rule = _PathBeneathAttr(allowed_access=rights if is_dir else rights & (WRITE_FILE | TRUNCATE),
+                                        parent_fd=pfd)
                 if libc.syscall(SYS_ADD_RULE, ctypes.c_int(fd), ctypes.c_int(RULE_PATH_BENEATH),
                                 ctypes.byref(rule), ctypes.c_uint32(0)) < 0:
                     err = ctypes.get_errno()
@@ -144,11 +148,26 @@ def restrict_writes(writable: list[str | Path]) -> str:
             raise SandboxUnavailable(f"landlock_restrict_self failed: {os.strerror(err)}")
     finally:
         os.close(fd)
-    return f"landlock ABI {abi}: writes only beneath {len(writable)} folder(s)" + "".join(f"; {e}" for e in extras)
+    return f"landlock ABI {abi}: writes only beneath {len(writable)} path(s)" + "".join(f"; {e}" for e in extras)
+
+
+def device_files() -> list[str]:
+    """The device nodes a CUDA process writes: ``/dev/null`` and the NVIDIA nodes
+    (``/dev/nvidia*``, ``/dev/nvidia-caps/*``). Not ``/dev`` as a whole: ``/dev/shm`` is a
+    RAM-backed folder that outlives the worker (red-team round 6 kept a call counter there
+    across verifications)."""
+    import glob
+
+    out = ["/dev/null"]
+    for p in sorted(glob.glob("/dev/nvidia*") + glob.glob("/dev/nvidia-caps/*")):
+        if not os.path.isdir(p):
+            out.append(p)
+    return [p for p in out if os.path.exists(p)]
 
 
 def confine_worker(folders: list[str | Path]) -> str:
-    """A worker's confinement: writes only beneath ``folders`` (created if missing) and ``/dev``.
+    """A worker's confinement: writes only beneath ``folders`` (created if missing) and to
+    the device nodes of :func:`device_files`.
 
     Used by the candidate worker (its folder) and the compile worker (its temporary
     folder and, when shared, the compile cache), both of which run candidate code.
@@ -159,6 +178,6 @@ def confine_worker(folders: list[str | Path]) -> str:
     try:
         for f in folders:
             Path(f).mkdir(parents=True, exist_ok=True)
-        return restrict_writes([*folders, "/dev"])
+        return restrict_writes([*folders, *device_files()])
     except (SandboxUnavailable, OSError) as e:
         return f"unavailable: {e}"

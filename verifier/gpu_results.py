@@ -14,6 +14,9 @@ wrote them, and a pickle from it must not be able to run code in the parent.
 from __future__ import annotations
 
 import hashlib
+import io
+import os
+import stat
 
 import math
 from dataclasses import dataclass
@@ -22,7 +25,7 @@ from typing import Any
 
 import torch
 
-from coda_agent.verifier.protocol import CAND_DIR, REF_DIR, Plan, records_of
+from coda_agent.verifier.protocol import CAND_DIR, REF_DIR, SCRATCH_DIR, Plan, records_of
 from coda_agent.verifier.sandbox import WorkerOutcome
 from coda_agent.verifier.verdict import Finding
 
@@ -38,6 +41,8 @@ class GpuRun:
     plan: Plan
     cand: WorkerOutcome
     ref: WorkerOutcome | None = None
+    scratch_bytes: int = 0
+    """Disk bytes of saved trials the candidate worker left (pipeline.SCRATCH_BUDGET)."""
 
     @property
     def cand_dir(self) -> Path:
@@ -64,27 +69,49 @@ class GpuRun:
         return next((r for r in self.ref_part("trial") if r.get("key") == key), None)
 
     def cand_file(self, key: str) -> tuple[Path, str | None]:
-        """Where the candidate worker saved trial ``key`` and the sha256 it recorded."""
+        """Where the candidate worker saves trial ``key`` (fixed by the protocol, never taken
+        from a record) and the sha256 it recorded."""
         rec = self.cand_trial(key) or {}
-        return self.cand_dir / str(rec.get("file") or f"{key}.pt"), rec.get("sha256")
+        return self.cand_dir / SCRATCH_DIR / "trials" / f"{key}.pt", rec.get("sha256")
+
+    def _read_cand_file(self, key: str) -> bytes | None:
+        """The bytes of trial ``key``'s saved file when it is exactly what the worker wrote,
+        else None. The folder is writable by candidate code, so the file is opened without
+        following symlinks and without blocking (a FIFO), must be a regular file of the
+        recorded size (read no more than that: a sparse 8 GiB file is not read) and match
+        the recorded sha256."""
+        rec = self.cand_trial(key) or {}
+        path, digest, size = self.cand_file(key)[0], rec.get("sha256"), rec.get("bytes")
+        if digest is None or size is None:
+            return None
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:
+            return None
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_size != int(size):
+                return None
+            with os.fdopen(fd, "rb", closefd=False) as f:
+                data = f.read(int(size) + 1)
+        finally:
+            os.close(fd)
+        return data if len(data) == int(size) and hashlib.sha256(data).hexdigest() == digest else None
 
     def tampered_trial_files(self) -> list[str]:
-        """Trial keys whose saved file is not the one the worker wrote (sha256 differs or it is
-        gone): only code running in the candidate's process after the save can do that."""
-        out = []
-        for rec in self.cand_part("trial") + self.cand_part("recheck"):
-            path, digest = self.cand_file(str(rec.get("key")))
-            try:
-                ok = digest is not None and hashlib.sha256(path.read_bytes()).hexdigest() == digest
-            except OSError:
-                ok = False
-            if not ok:
-                out.append(str(rec.get("key")))
-        return out
+        """Trial keys whose saved file is not the one the worker wrote (sha256 or size differs,
+        not a regular file, or gone): only code running in the candidate's process after the
+        save can do that."""
+        keys = [r.key for r in self.plan.runs if self.cand_trial(r.key) is not None]
+        return [k for k in keys if self._read_cand_file(k) is None]
 
     def load_cand(self, key: str) -> dict[str, Any]:
-        """``{"outputs", "inputs_before", "inputs_after"}`` of the candidate trial ``key``."""
-        return load_pt(self.cand_file(key)[0])
+        """``{"outputs", "inputs_before", "inputs_after"}`` of the candidate trial ``key``.
+        Raises ``FileNotFoundError`` when the file is not the one the worker wrote."""
+        data = self._read_cand_file(key)
+        if data is None:
+            raise FileNotFoundError(f"trial {key}: the saved file is missing or not the one the worker wrote")
+        return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
 
     def load_ref(self, key: str) -> dict[str, Any]:
         """``{"inputs", "ref32", "ref_lowp"}`` of the reference trial ``key``."""

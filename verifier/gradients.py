@@ -39,10 +39,13 @@ def gradients_stage(loaded: LoadedSpec, run: GpuRun) -> StageResult:
     for t in run.plan.recheck_runs:
         if run.cand_trial(t.key) is None:
             continue
-        rm, err = check_outputs(loaded, run, outputs, [t], f, drift=True)
+        rm, err = check_outputs(loaded, run, outputs, [t], f, drift=not t.sample)
         if err:
             return stage_result("gradients", "error", err, f.items, metrics, t0)
-        metrics["recheck"] = rm.get(t.key, {})
+        if t.sample:  # a bench-shape check (protocol.make_bench_checks)
+            metrics.setdefault("bench_checks", {})[t.case] = rm.get(t.key, {})
+        else:
+            metrics["recheck"] = rm.get(t.key, {})
     if f.items:
         summary = f"{len(f.items)} problem(s): {', '.join(sorted({x.kind for x in f.items}))}"
         return stage_result("gradients", "fail", summary, f.items, metrics, t0)

@@ -37,7 +37,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime as _dt
+import os
 import shutil
+import stat
 import sys
 import tempfile
 import time
@@ -54,6 +56,7 @@ from coda_agent.verifier.protocol import (
     RESULTS_FILE,
     SCRATCH_DIR,
     Plan,
+    make_bench_checks,
     make_bench_shapes,
     make_runs,
     records_of,
@@ -123,10 +126,11 @@ def run_gpu_workers(
     """
     spec = loaded.spec
     timeout = float(timeout_s or spec.timeout_s)
+    shapes = make_bench_shapes(spec, bench_shapes) if bench else []
     plan = Plan(
         spec_dir=str(Path(loaded.directory).resolve()),
-        runs=make_runs(spec),
-        bench_shapes=make_bench_shapes(spec, bench_shapes) if bench else [],
+        runs=make_runs(spec) + make_bench_checks(spec, shapes),
+        bench_shapes=shapes,
         bench=bench,
         device=device,
         candidate=str(Path(candidate).resolve()),
@@ -150,6 +154,10 @@ def run_gpu_workers(
     cand = run_worker(CAND_WORKER, ["--dir", str(cand_dir)], timeout, cwd=cand_dir, env=cand_env,
                       results=cand_dir / RESULTS_FILE, log_dir=logs)
     run = GpuRun(workdir=workdir, plan=plan, cand=cand)
+    run.scratch_bytes = _clean_scratch(scratch)
+    if run.scratch_bytes > SCRATCH_BUDGET:
+        shutil.rmtree(scratch, ignore_errors=True)  # free the disk before the trusted worker runs
+        return run
     if records_of(cand.records, "trial"):
         ref_plan = dataclasses.replace(plan, candidate=None)
         ref_dir = _fresh_dir(workdir / REF_DIR)
@@ -159,6 +167,37 @@ def run_gpu_workers(
         run.ref = run_worker(REF_WORKER, ["--dir", str(ref_dir)], ref_timeout, cwd=ref_dir, env=env,
                              results=ref_dir / RESULTS_FILE, log_dir=logs)
     return run
+
+
+SCRATCH_BUDGET = 24 << 30
+"""Bytes of saved trial tensors a candidate worker may leave (the largest legitimate run,
+a bench-shape check of a big-vocabulary spec, is a few GiB). More is the candidate's
+doing (red-team round 6 filled the disk so the *reference* worker's files failed, which
+read as a verifier error): the run fails as ``scratch-over-budget``."""
+
+
+def _clean_scratch(scratch: Path) -> int:
+    """After the candidate worker: delete everything in its scratch folder but ``trials/``
+    (TMPDIR, caches, anything candidate code left), without following symlinks; return
+    the disk bytes ``trials/`` holds (allocated blocks, so sparse files count as written)."""
+    if not scratch.is_dir() or scratch.is_symlink():
+        return 0
+    for p in scratch.iterdir():
+        if p.name == "trials" and p.is_dir() and not p.is_symlink():
+            continue
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            p.unlink(missing_ok=True)
+    total = 0
+    for root, dirs, files in os.walk(scratch / "trials"):
+        for name in files + dirs:
+            try:
+                st = os.lstat(os.path.join(root, name))
+            except OSError:
+                continue
+            total += max(st.st_size if stat.S_ISREG(st.st_mode) else 0, st.st_blocks * 512)
+    return total
 
 
 def _fresh_dir(p: Path) -> Path:

@@ -45,6 +45,13 @@ SCRATCH_DIR = "scratch"
 descriptor opened before confinement), and each saved file's sha256 is in its record."""
 RECHECK_SEED_OFFSET = 1000
 """The post-timing recheck uses seed ``spec.shapes.seeds[0] + RECHECK_SEED_OFFSET``."""
+BENCH_CHECK_SEED_OFFSET = 2000
+BENCH_CHECK_SAMPLE = 1 << 20
+"""Elements per output compared at each benchmark shape (red-team round 6: a kernel that
+did 3/4 of the work only at the benchmark shapes passed, because no benchmark shape was
+ever checked). Sampled positions are drawn from the run's seed, which candidate code
+never sees; a wrong tile of 128 x 256 elements in a 134 M-element output is missed with
+probability about exp(-250)."""
 
 
 @dataclass(frozen=True)
@@ -59,6 +66,10 @@ class Run:
     dims: dict[str, int]
     seed: int
     recheck: bool = False
+    sample: int = 0
+    """> 0: a bench-shape check: only this many elements of each output (the same
+    :func:`sample_index` positions in both workers) are saved and compared, and the
+    inputs are not saved (they are large; mutation is checked at the correctness shapes)."""
 
 
 @dataclass(frozen=True)
@@ -140,6 +151,25 @@ def make_runs(spec: Any) -> list[Run]:
     seed = spec.shapes.seeds[0] + RECHECK_SEED_OFFSET
     runs.append(Run(key=f"recheck-c{i}-{_slug(name)}-s{seed}", case=name, dims=dict(case.dims), seed=seed, recheck=True))
     return runs
+
+
+def make_bench_checks(spec: Any, shapes: list[BenchShape]) -> list[Run]:
+    """One post-timing check per benchmark shape (exactly the timed dims, a fresh seed),
+    compared on :data:`BENCH_CHECK_SAMPLE` sampled elements per output."""
+    seed = spec.shapes.seeds[0] + BENCH_CHECK_SEED_OFFSET
+    return [Run(key=f"bench-{_slug(b.name)}-s{seed}", case=f"bench {b.name}", dims=dict(b.dims), seed=seed,
+                recheck=True, sample=BENCH_CHECK_SAMPLE) for b in shapes]
+
+
+def sample_index(numel: int, n: int, seed: int, position: int):
+    """The flat element positions compared for output number ``position`` of a sampled run
+    (CPU int64; every element when ``numel <= n``). Both workers call this."""
+    import torch
+
+    if numel <= n:
+        return torch.arange(numel)
+    g = torch.Generator().manual_seed(seed * 1009 + position)
+    return torch.randint(0, numel, (n,), generator=g)
 
 
 def make_bench_shapes(spec: Any, override: list[Any] | None = None) -> list[BenchShape]:

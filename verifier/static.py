@@ -238,6 +238,9 @@ HOST_ESCAPE_ATTRS = frozenset({
     "numpy", "cpu", "tofile", "fromfile", "dump", "dumps", "tobytes", "tostring", "frombuffer",
     "from_numpy", "memmap", "savetxt", "save", "load", "to_dlpack", "from_dlpack", "pin_memory",
     "share_memory_", "new_tensor", "write_bytes", "write_text", "open",
+    # round 6: storage classes open and mmap files (b.storage_type().from_file(path, True, n)),
+    # .new(...) wraps storages/bytes, .fn runs an epilogue body eagerly on host tensors
+    "storage_type", "new", "set_", "is_shared", "fn", "gemm_tuned",
 })
 """Ways from a tensor to host memory, numpy or the filesystem (red-team round 5:
 ``x.new_tensor(bytes).cpu().numpy().tofile(path)`` wrote any file). A kernel's host code
@@ -649,7 +652,7 @@ class _Checker:
         if attr in POINTER_ATTRS:
             self.add("data-ptr", node, f"`.{attr}` exposes raw pointers/storage: outputs must not depend on addresses (no pointer-keyed caches)")
             return
-        if attr in HOST_ESCAPE_ATTRS:
+        if attr in HOST_ESCAPE_ATTRS or attr.endswith("Storage"):
             self.add("host-escape", node, f"`{_src(node)}`: copies to the host, numpy, files and shared memory are not allowed "
                      "(a kernel's host code only allocates, makes views and launches)")
             return

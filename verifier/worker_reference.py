@@ -44,7 +44,7 @@ from typing import Any, Callable
 import torch
 
 from coda_agent.verifier.inputs import make_inputs, rotation_count, tensor_bytes, upcast
-from coda_agent.verifier.protocol import PLAN_FILE, RESULTS_FILE, Plan, Run, append_record
+from coda_agent.verifier.protocol import PLAN_FILE, RESULTS_FILE, Plan, Run, append_record, sample_index
 from coda_agent.verifier.spec import LIGER_MISSING, NO_LIGER, GradientSpec, load_spec
 
 BENCH_SEED_BASE = 10_000  # same input sets as the candidate worker's bench
@@ -110,8 +110,15 @@ class RefWorker:
             assert o.gradient is not None
             ref32[o.name] = self.gradient(o.gradient, in32, consts).float().cpu()
             lowp[o.name] = self.gradient(o.gradient, inputs, consts).cpu()
+        saved_inputs = {k: v.cpu() for k, v in inputs.items()}
+        if run.sample:  # a bench-shape check: the same sampled positions as the candidate worker
+            pos = {o.name: i for i, o in enumerate(self.spec.entry.outputs)}
+            for d in (ref32, lowp):
+                for name in list(d):
+                    d[name] = d[name].reshape(-1)[sample_index(d[name].numel(), run.sample, run.seed, pos[name])]
+            saved_inputs = {}
         fname = f"{run.key}.pt"
-        torch.save({"inputs": {k: v.cpu() for k, v in inputs.items()}, "ref32": ref32, "ref_lowp": lowp}, self.dir / fname)
+        torch.save({"inputs": saved_inputs, "ref32": ref32, "ref_lowp": lowp}, self.dir / fname)
         return dict(key=run.key, file=fname, recheck=run.recheck)
 
     # -- baselines ------------------------------------------------------------------------

@@ -45,9 +45,17 @@ def test_writes_only_beneath_the_given_folders(tmp_path):
                 print(what, "denied")
         r = subprocess.run(["sh", "-c", "echo x > {other / 'c.txt'}"], capture_output=True)
         print("child", "denied" if r.returncode else "ALLOWED")
+        open("/dev/null", "w").write("x"); print("devnull ok")
+        try:
+            open("/dev/shm/coda-sandbox-test", "w"); print("shm ALLOWED")
+        except PermissionError:
+            print("shm denied")
+        except FileNotFoundError:
+            print("shm denied")  # no /dev/shm on this machine: nothing to write to either
     """)
-    assert out[0].startswith(f"landlock ABI {ABI}: writes only beneath 2 folder(s)")
-    assert out[1:] == ["inside ok", "create denied", "truncate denied", "remove denied", "mkdir denied", "child denied"]
+    assert out[0].startswith(f"landlock ABI {ABI}: writes only beneath 2 path(s)")
+    assert out[1:] == ["inside ok", "create denied", "truncate denied", "remove denied", "mkdir denied", "child denied",
+                       "devnull ok", "shm denied"]
     assert (other / "keep.txt").read_text() == "precious" and not (other / "b.txt").exists()
 
 

@@ -373,3 +373,24 @@ def test_sandbox_off_switch_is_reported(tmp_path, monkeypatch):
     monkeypatch.setenv("CODA_FS_SANDBOX", "off")
     v = _cpu_verify(FWD, _write(tmp_path, GOOD_FWD), tmp_path)
     assert v.passed and v.environment.worker_sandbox == "off (CODA_FS_SANDBOX=off)"
+
+
+def test_kernel_wrong_only_at_the_benchmark_shape_is_caught(tmp_path):
+    """Red-team round 6: a kernel that does 3/4 of K only at the (public) benchmark dims
+    passed every correctness trial and was timed fast. Every benchmark shape now gets a
+    post-timing check on sampled output elements (protocol.make_bench_checks)."""
+    body = GOOD_FWD + """
+_orig = swiglu_fwd
+def swiglu_fwd(x, w1):
+    if x.shape[1] == 128:  # the benchmark shape's K (no correctness case has it)
+        k = 96
+        return _orig(x[:, :k], w1[:, :k])
+    return _orig(x, w1)
+"""
+    v = _cpu_verify(FWD, _write(tmp_path, body), tmp_path, bench=True)
+    st = v.stage("correctness")
+    assert st.status == "fail", [(s.stage, s.status, s.summary) for s in v.stages]
+    assert {f.case for f in st.findings} == {"bench small"} and "tolerance" in {f.kind for f in st.findings}
+    good = _cpu_verify(FWD, _write(tmp_path, GOOD_FWD, "good.py"), tmp_path, bench=True)
+    checks = good.stage("correctness").metrics["bench_checks"]
+    assert set(checks) == {"bench small"} and set(checks["bench small"]) == {"preact", "postact"}

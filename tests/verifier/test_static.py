@@ -510,6 +510,10 @@ counter += 1
     "def _h(x):\n    x.new_tensor([105, 109], dtype=torch.uint8).cpu().numpy().tofile('/tmp/x.pth')\n",
     "def _h(x):\n    x.detach().numpy().dump('/tmp/x.pkl')\n",
     "def _h(x):\n    return x.cpu().tolist()\n",
+    # round 6: storage classes mmap files; .new wraps bytes; .fn runs an epilogue body eagerly
+    "def _h(x):\n    b = torch.empty(0, dtype=torch.uint8)\n    return b.new(b.storage_type().from_file('/tmp/x', True, 8))\n",
+    "def _h(x):\n    return x.new([1, 2])\n",
+    "def _h(x):\n    return torch.ByteStorage\n",
 ])
 def test_red_team_escapes_are_rejected(extra):
     """Each line defeated the 2026-11-30 static stage (two red-team rounds): a method patched
