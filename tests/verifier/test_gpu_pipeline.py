@@ -74,6 +74,17 @@ def test_good_corpus_candidate_is_gpu_verified(path, tmp_path):
     assert row["shape"] == first and row["fused_ms"] > row["sol_ms"]
     if loaded.spec.gradient_outputs:
         assert v.stage("gradients").status == "pass"
+    # the timed shape itself was checked after timing (sampled elements)
+    checked = v.stage("gradients" if not loaded.spec.value_outputs else "correctness").metrics["bench_checks"]
+    assert set(checked) == {f"bench {first}"}
+    # the candidate worker ran confined wherever the kernel has Landlock (never silently)
+    from coda_agent.verifier.fs_sandbox import SandboxUnavailable, abi_version
+
+    try:
+        abi_version()
+        assert v.environment.worker_sandbox.startswith("landlock ABI"), v.environment.worker_sandbox
+    except SandboxUnavailable:
+        assert v.environment.worker_sandbox.startswith("unavailable"), v.environment.worker_sandbox
 
 
 @pytest.mark.parametrize("path", _corpus("gpu "), ids=lambda p: p.stem)
