@@ -254,8 +254,9 @@ def correctness_stage(loaded: LoadedSpec, run: GpuRun) -> StageResult:
     if pre is not None:
         pre.duration_s = time.monotonic() - t0
         return pre
-    for who, recs in (("candidate", run.cand_part("setup")), ("reference", run.ref_part("setup"))):
-        if recs and recs[-1].get("plan_sha256") not in (None, run.plan.sha256()):
+    for who, recs, want in (("candidate", run.cand_part("setup"), run.cand_plan_sha256 or run.plan.sha256()),
+                            ("reference", run.ref_part("setup"), run.plan.sha256())):
+        if recs and recs[-1].get("plan_sha256") not in (None, want):
             msg = f"the {who} worker ran a different plan than the parent wrote (plan hash mismatch)"
             return stage_result("correctness", "error", msg, [Finding(kind="verifier-error", message=msg)], {}, t0)
     f = FindingSet()

@@ -43,6 +43,9 @@ class GpuRun:
     ref: WorkerOutcome | None = None
     scratch_bytes: int = 0
     """Disk bytes of saved trials the candidate worker left (pipeline.SCRATCH_BUDGET)."""
+    cand_plan_sha256: str | None = None
+    """The hash of the plan the candidate worker was given (``plan`` gains the timed-call
+    checks afterwards, for the reference worker); None: ``plan.sha256()``."""
 
     @property
     def cand_dir(self) -> Path:

@@ -38,6 +38,7 @@ import argparse
 import dataclasses
 import datetime as _dt
 import os
+import secrets
 import shutil
 import stat
 import sys
@@ -49,6 +50,7 @@ from typing import Any, Callable
 
 from coda_agent.verifier.environment import collect_environment, cuda_available
 from coda_agent.verifier.gpu_results import GpuRun
+from coda_agent.verifier.inputs import rotation_count, tensor_bytes
 from coda_agent.verifier.protocol import (
     CAND_DIR,
     PLAN_FILE,
@@ -60,6 +62,7 @@ from coda_agent.verifier.protocol import (
     make_bench_shapes,
     make_runs,
     records_of,
+    timed_check_run,
 )
 from coda_agent.verifier.sandbox import run_worker, worker_env
 from coda_agent.verifier.spec import LoadedSpec, load_spec
@@ -127,10 +130,12 @@ def run_gpu_workers(
     spec = loaded.spec
     timeout = float(timeout_s or spec.timeout_s)
     shapes = make_bench_shapes(spec, bench_shapes) if bench else []
+    secret = secrets.randbelow(1 << 30)  # never leaves the parent and the workers' plan files
     plan = Plan(
         spec_dir=str(Path(loaded.directory).resolve()),
-        runs=make_runs(spec) + make_bench_checks(spec, shapes),
+        runs=make_runs(spec, secret) + make_bench_checks(spec, shapes, secret),
         bench_shapes=shapes,
+        secret=secret,
         bench=bench,
         device=device,
         candidate=str(Path(candidate).resolve()),
@@ -153,7 +158,9 @@ def run_gpu_workers(
     atomic_write_text(cand_dir / PLAN_FILE, plan.to_json())
     cand = run_worker(CAND_WORKER, ["--dir", str(cand_dir)], timeout, cwd=cand_dir, env=cand_env,
                       results=cand_dir / RESULTS_FILE, log_dir=logs)
-    run = GpuRun(workdir=workdir, plan=plan, cand=cand)
+    cand_plan_sha256 = plan.sha256()
+    _add_timed_checks(plan, spec, cand.records)  # the reference worker's plan has them too
+    run = GpuRun(workdir=workdir, plan=plan, cand=cand, cand_plan_sha256=cand_plan_sha256)
     run.scratch_bytes = _clean_scratch(scratch)
     if run.scratch_bytes > SCRATCH_BUDGET:
         shutil.rmtree(scratch, ignore_errors=True)  # free the disk before the trusted worker runs
@@ -167,6 +174,19 @@ def run_gpu_workers(
         run.ref = run_worker(REF_WORKER, ["--dir", str(ref_dir)], ref_timeout, cwd=ref_dir, env=env,
                              results=ref_dir / RESULTS_FILE, log_dir=logs)
     return run
+
+
+def _add_timed_checks(plan: Plan, spec: Any, records: list[dict[str, Any]]) -> None:
+    """Add to ``plan`` the check of each benchmark shape's extra timed-rotation call, for
+    the input set the candidate worker says it used (validated against the set count the
+    protocol gives), so the reference worker computes it and the parent judges it."""
+    for bs in plan.bench_shapes:
+        key = timed_check_run(bs, 0, 0).key
+        rec = next((r for r in records_of(records, "recheck") if r.get("key") == key), None)
+        k = rec.get("timed_set") if rec else None
+        n = rotation_count(tensor_bytes(spec, bs.dims, "inputs"))
+        if isinstance(k, int) and 0 <= k < n:
+            plan.runs.append(timed_check_run(bs, k, plan.secret))
 
 
 SCRATCH_BUDGET = 24 << 30

@@ -92,6 +92,12 @@ class Plan:
     candidate: str | None = None
     baselines: list[str] | None = None
     """Baselines the reference worker times (None: the spec's ``bench.baselines``)."""
+    secret: int = 0
+    """Per-verification random offset (drawn by the parent) added to every seed the
+    candidate must not predict: the timed input sets, the recheck, the benchmark-shape
+    checks and so their sampled positions (red-team round 7: all seeds were public
+    constants, so a candidate could precompute which inputs were the checks). Only the
+    workers read it, before any candidate code runs."""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True) + "\n"
@@ -107,6 +113,7 @@ class Plan:
             device=d.get("device", "cuda"),
             candidate=d.get("candidate"),
             baselines=d.get("baselines"),
+            secret=int(d.get("secret", 0)),
         )
 
     def sha256(self) -> str:
@@ -132,7 +139,7 @@ def _ragged(dims: dict[str, int], tile: int = 128) -> bool:
     return any(v % tile for v in dims.values())
 
 
-def make_runs(spec: Any) -> list[Run]:
+def make_runs(spec: Any, secret: int = 0) -> list[Run]:
     """Every correctness case x seed, then one post-timing recheck run.
 
     ``spec`` is a :class:`~coda_agent.verifier.spec.KernelSpec`. The recheck re-runs the
@@ -149,16 +156,31 @@ def make_runs(spec: Any) -> list[Run]:
     i, case = (ragged or cases)[-1]
     name = case.name or f"case{i}"
     seed = spec.shapes.seeds[0] + RECHECK_SEED_OFFSET
-    runs.append(Run(key=f"recheck-c{i}-{_slug(name)}-s{seed}", case=name, dims=dict(case.dims), seed=seed, recheck=True))
+    runs.append(Run(key=f"recheck-c{i}-{_slug(name)}-s{seed}", case=name, dims=dict(case.dims), seed=seed + secret,
+                    recheck=True))
     return runs
 
 
-def make_bench_checks(spec: Any, shapes: list[BenchShape]) -> list[Run]:
+def make_bench_checks(spec: Any, shapes: list[BenchShape], secret: int = 0) -> list[Run]:
     """One post-timing check per benchmark shape (exactly the timed dims, a fresh seed),
     compared on :data:`BENCH_CHECK_SAMPLE` sampled elements per output."""
     seed = spec.shapes.seeds[0] + BENCH_CHECK_SEED_OFFSET
-    return [Run(key=f"bench-{_slug(b.name)}-s{seed}", case=f"bench {b.name}", dims=dict(b.dims), seed=seed,
+    return [Run(key=f"bench-{_slug(b.name)}-s{seed}", case=f"bench {b.name}", dims=dict(b.dims), seed=seed + secret,
                 recheck=True, sample=BENCH_CHECK_SAMPLE) for b in shapes]
+
+
+BENCH_SEED_BASE = 10_000
+"""Timed input set k of every benchmark shape uses seed ``BENCH_SEED_BASE + plan.secret + k``
+(the same sets in both workers)."""
+
+
+def timed_check_run(shape: BenchShape, set_index: int, secret: int) -> Run:
+    """The check of one *timed* call: after timing, the candidate worker makes one more call
+    in the same rotation of input sets (indistinguishable from the timed calls) and keeps
+    sampled outputs; this is the run the reference worker and the parent judge it by
+    (red-team round 7 marked its timed inputs and did less work only on marked sets)."""
+    return Run(key=f"timed-{_slug(shape.name)}", case=f"timed {shape.name}", dims=dict(shape.dims),
+               seed=BENCH_SEED_BASE + secret + set_index, recheck=True, sample=BENCH_CHECK_SAMPLE)
 
 
 def sample_index(numel: int, n: int, seed: int, position: int):

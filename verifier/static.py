@@ -241,6 +241,8 @@ HOST_ESCAPE_ATTRS = frozenset({
     # round 6: storage classes open and mmap files (b.storage_type().from_file(path, True, n)),
     # .new(...) wraps storages/bytes, .fn runs an epilogue body eagerly on host tensors
     "storage_type", "new", "set_", "is_shared", "fn", "gemm_tuned",
+    # round 7: host reads of tensor values (a marker written into an input, read back)
+    "item", "tolist",
 })
 """Ways from a tensor to host memory, numpy or the filesystem (red-team round 5:
 ``x.new_tensor(bytes).cpu().numpy().tofile(path)`` wrote any file). A kernel's host code
@@ -289,6 +291,13 @@ OPERATOR_BANNED = {
 
 FUNCTOOLS_CACHES = frozenset({"lru_cache", "cache", "cached_property"})
 
+BANNED_KEYWORDS = {
+    "post_init_attrs": "quack setattr()s these onto its GEMM object (round 7)",
+    "split_k_buffers": "scratch buffers the candidate would own across calls",
+    "tile_count_semaphore": "scratch buffers the candidate would own across calls",
+}
+"""Keyword arguments of quack calls that install candidate objects or state into the library."""
+
 STREAM_RE = re.compile(r"stream|event|synchron|graph", re.IGNORECASE)
 """Attribute names that touch streams, events, synchronization or CUDA graphs."""
 
@@ -333,6 +342,7 @@ class _Checker:
         for node in ast.walk(self.tree):
             for child in ast.iter_child_nodes(node):
                 self.parents[child] = node
+        self.epilogue_names = {n.name for n in self.tree.body if isinstance(n, ast.FunctionDef) and n.decorator_list}
         self._collect_imports()
         self._module_level()
         self._import_time_calls()
@@ -558,12 +568,23 @@ class _Checker:
                 self._matmul_op(node)
             if isinstance(node, ast.Call):
                 q = self.qualname(node.func) or ""
-                if q.split(".")[0] in ("cutlass", "quack") and not self._is_gemm_epilogue(node.func):
+                lib_call = q.split(".")[0] in ("cutlass", "quack") or self._is_epilogue_mod_call(node)
+                if lib_call and not self._is_gemm_epilogue(node.func):
                     for arg in [*node.args, *(k.value for k in node.keywords)]:
-                        if isinstance(arg, ast.Name) and arg.id in self.module_defs:
-                            self.add("library-callback", node,
-                                     f"`{_src(node)}` hands your function `{arg.id}` to `{q}`: library code may "
-                                     "introspect or evaluate it (cute.native_struct eval'd annotations, round 4)")
+                        for sub in ast.walk(arg):  # also inside tuples/dicts (round 7: post_init_attrs)
+                            if isinstance(sub, ast.Lambda) or (isinstance(sub, ast.Name) and sub.id in self.module_defs
+                                                               and sub.id not in self.epilogue_names):
+                                what = "a lambda" if isinstance(sub, ast.Lambda) else f"your function `{sub.id}`"
+                                self.add("library-callback", node,
+                                         f"`{_src(node)}` hands {what} to `{q or _src(node.func)}`: library code may "
+                                         "introspect, evaluate or install it (cute.native_struct eval'd annotations, round 4)")
+                                break
+                for k in node.keywords:
+                    if k.arg in BANNED_KEYWORDS:
+                        self.add("banned-call", node, f"`{k.arg}=` in `{_src(node)}`: {BANNED_KEYWORDS[k.arg]}")
+                    elif k.arg == "out" and q.startswith("torch."):
+                        self.add("banned-call", node, f"`out=` in `{_src(node)}`: torch functions may not write into "
+                                 "existing tensors (round 7: torch.empty(..., out=x) reshaped an input to mark it)")
             if isinstance(node, ast.AugAssign) and not self._in_epilogue_fn(node):
                 self.add("augmented-assignment", node,
                          f"`{_src(node)}`: augmented assignment updates lists, dicts and tensors in place "
@@ -897,6 +918,13 @@ class _Checker:
                 return any(self._is_gemm_epilogue(d.func if isinstance(d, ast.Call) else d) for d in p.decorator_list)
             p = self.parents.get(p)
         return False
+
+    def _is_epilogue_mod_call(self, node: ast.Call) -> bool:
+        """``mod(...)`` or ``mod.gemm(...)`` for one of this module's epilogues."""
+        f = node.func
+        if isinstance(f, ast.Attribute) and f.attr == "gemm":
+            f = f.value
+        return isinstance(f, ast.Name) and f.id in self.epilogue_names
 
     def _is_gemm_epilogue(self, func: ast.AST) -> bool:
         # Must resolve to quack's decorator: a candidate's own `def gemm_epilogue` (which would

@@ -44,10 +44,9 @@ from typing import Any, Callable
 import torch
 
 from coda_agent.verifier.inputs import make_inputs, rotation_count, tensor_bytes, upcast
-from coda_agent.verifier.protocol import PLAN_FILE, RESULTS_FILE, Plan, Run, append_record, sample_index
+from coda_agent.verifier.protocol import BENCH_SEED_BASE, PLAN_FILE, RESULTS_FILE, Plan, Run, append_record, sample_index
 from coda_agent.verifier.spec import LIGER_MISSING, NO_LIGER, GradientSpec, load_spec
 
-BENCH_SEED_BASE = 10_000  # same input sets as the candidate worker's bench
 
 
 def _exact_fp32() -> None:
@@ -184,7 +183,8 @@ class RefWorker:
     def bench_shape(self, name: str, dims: dict[str, int], fns: dict[str, Any]) -> dict[str, Any]:
         n = rotation_count(tensor_bytes(self.spec, dims, "inputs"))
         consts = self.spec.constants_of(dims)
-        sets = [{**make_inputs(self.loaded, dims, BENCH_SEED_BASE + k, self.device, self.ref), **consts} for k in range(n)]
+        sets = [{**make_inputs(self.loaded, dims, BENCH_SEED_BASE + self.plan.secret + k, self.device, self.ref), **consts}
+                for k in range(n)]
         self.sync()
         out: dict[str, dict[str, Any]] = {}
         for b, f in fns.items():

@@ -390,7 +390,30 @@ def swiglu_fwd(x, w1):
     v = _cpu_verify(FWD, _write(tmp_path, body), tmp_path, bench=True)
     st = v.stage("correctness")
     assert st.status == "fail", [(s.stage, s.status, s.summary) for s in v.stages]
-    assert {f.case for f in st.findings} == {"bench small"} and "tolerance" in {f.kind for f in st.findings}
+    # caught by the fresh-seed check of the shape and by the check of a timed-rotation call
+    assert {f.case for f in st.findings} == {"bench small", "timed small"} and "tolerance" in {f.kind for f in st.findings}
     good = _cpu_verify(FWD, _write(tmp_path, GOOD_FWD, "good.py"), tmp_path, bench=True)
     checks = good.stage("correctness").metrics["bench_checks"]
-    assert set(checks) == {"bench small"} and set(checks["bench small"]) == {"preact", "postact"}
+    assert set(checks) == {"bench small", "timed small"} and set(checks["bench small"]) == {"preact", "postact"}
+
+
+def test_kernel_cheating_only_on_inputs_it_marked_while_timed_is_caught(tmp_path):
+    """Red-team round 7: mark each timed input set on first sight (here: reshape it in
+    place) and do less work on marked sets, i.e. only inside the timing loop; a fresh-seed
+    check never sees a marked set. The extra call in the timed rotation does."""
+    body = GOOD_FWD + """
+_orig = swiglu_fwd
+def swiglu_fwd(x, w1):
+    if x.ndim == 1:  # a set seen before: we are being timed
+        x2 = x.view(-1, w1.shape[1])
+        return _orig(x2[:, :64], w1[:, :64])
+    out = _orig(x, w1)
+    if x.shape[1] == 128:  # the benchmark shape: mark the set
+        torch.empty((x.numel(),), dtype=x.dtype, out=x)
+    return out
+"""
+    v = _cpu_verify(FWD, _write(tmp_path, body), tmp_path, bench=True)
+    st = v.stage("correctness")
+    assert st.status == "fail", [(s.stage, s.status, s.summary) for s in v.stages]
+    assert "timed small" in {f.case for f in st.findings}, [(f.kind, f.case, f.message[:200]) for f in st.findings]
+    assert "bench small" not in {f.case for f in st.findings}  # fresh inputs: the honest path

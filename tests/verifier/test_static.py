@@ -514,6 +514,10 @@ counter += 1
     "def _h(x):\n    b = torch.empty(0, dtype=torch.uint8)\n    return b.new(b.storage_type().from_file('/tmp/x', True, 8))\n",
     "def _h(x):\n    return x.new([1, 2])\n",
     "def _h(x):\n    return torch.ByteStorage\n",
+    # round 7: out= marks an input in place; host reads of values; quack setattr hooks
+    "def _h(x):\n    return torch.empty((x.numel(),), dtype=x.dtype, device=x.device, out=x)\n",
+    "def _h(x):\n    return x.item() == 7.0\n",
+    "def _h(x):\n    return dswiglu_epi.gemm(x, x, post_init_attrs=(('hook', lambda s: s),))\n",
 ])
 def test_red_team_escapes_are_rejected(extra):
     """Each line defeated the 2026-11-30 static stage (two red-team rounds): a method patched
