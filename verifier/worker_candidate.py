@@ -33,7 +33,15 @@ Design (threat numbers from verifier-threats.md):
   call) plus a host-wall cross-check (synchronize; t0; call; synchronize; t1) so the
   parent can flag work that escapes the timed stream.
 * **Recheck** (threats 6, 7): after timing, one more trial with a seed the candidate
-  never saw.
+  never saw; then, per benchmark shape, a check on fresh inputs at exactly the timed dims
+  and the outputs of one extra call in the timed rotation (both compared on sampled
+  elements: :func:`~coda_agent.verifier.protocol.make_bench_checks`,
+  :func:`~coda_agent.verifier.protocol.timed_check_run`). All unpredictable seeds carry the
+  parent's per-verification ``plan.secret``.
+* **Confinement** (:mod:`~coda_agent.verifier.fs_sandbox`): once CUDA is up and before
+  the self-tests (profiler, timer, one quack GEMM), the process may write only beneath
+  ``scratch/`` and to the GPU device nodes; records go through a descriptor opened
+  before that, and each saved trial file's sha256 and size are in its record.
 
 Exit status: 0 done, 1 the candidate raised (traceback on stderr), 3 refused (not an
 sm_90 GPU / profiler broken; a ``setup`` record says why). The worker ends with
@@ -65,6 +73,7 @@ import torch  # noqa: E402
 import torch.profiler  # noqa: E402
 
 _Tensor = torch.Tensor
+_set_sync_debug_mode = torch.cuda.set_sync_debug_mode
 _Event = torch.cuda.Event
 _synchronize = torch.cuda.synchronize
 _profile = torch.profiler.profile
@@ -102,6 +111,7 @@ _WATCHED: dict[str, Callable[[], Any]] = {
     "torch.cuda.Event.elapsed_time": lambda: torch.cuda.Event.elapsed_time,
     "torch.cuda.synchronize": lambda: torch.cuda.synchronize,
     "torch.profiler.profile": lambda: torch.profiler.profile,
+    "torch.cuda.set_sync_debug_mode": lambda: torch.cuda.set_sync_debug_mode,
     "triton.testing.do_bench": lambda: None if _triton_testing is None else _triton_testing.do_bench,
 }
 _SNAPSHOT = {k: f() for k, f in _WATCHED.items()}
@@ -188,6 +198,28 @@ class Worker:
         count, _ = self.count_launches(lambda: a * 2)
         return count
 
+    @staticmethod
+    def set_checksums(sets: list[dict[str, torch.Tensor]]) -> list[torch.Tensor]:
+        """Per input set, the int64 sums of every tensor's raw bits (on the device): a
+        write into a timed input (red-team round 8: an epilogue mod's ``out=`` aimed at
+        an input) changes them."""
+        ints = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+        return [torch.stack([t.detach().reshape(-1).view(ints[t.element_size()]).sum(dtype=torch.int64)
+                             for t in d.values()]) for d in sets]
+
+    def no_host_sync(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)`` with torch's sync debug mode at "error": a device-to-host read in
+        candidate code (``float(t)``, ``bool(t)``, ``if t != u``, ``.item()``, ``nonzero``)
+        raises, whatever the syntax (red-team round 8 read values through ``float()`` to
+        tell timed calls from checked ones). A fused kernel's call never needs one."""
+        if not self.cuda:
+            return fn(*args)
+        _set_sync_debug_mode("error")
+        try:
+            return fn(*args)
+        finally:
+            _set_sync_debug_mode(0)
+
     def dsl_selftest(self) -> float:
         """Compile and run quack's plain-GEMM epilogue mod once, confined, before any candidate
         code: a DSL/driver/cache write that the confinement breaks fails here, as the
@@ -199,7 +231,9 @@ class Worker:
         g = torch.Generator(device=self.device).manual_seed(0)
         a = torch.randn(256, 128, device=self.device, generator=g).to(torch.bfloat16)
         b = torch.randn(128, 256, device=self.device, generator=g).to(torch.bfloat16)
-        d = identity_epi(a, b, tuned=False)["D"]
+        # under the same no-sync rule as candidate calls: quack's own call path (first
+        # compile included) must not need a host sync, or the rule would blame candidates
+        d = self.no_host_sync(lambda: identity_epi(a, b, tuned=False)["D"])
         want = a.float() @ b.float()
         err = (d.float() - want).abs().max().item()
         if not err <= 0.05 * want.abs().max().item():
@@ -278,7 +312,7 @@ class Worker:
         before = {} if run.sample else {k: v.detach().to("cpu", copy=True) for k, v in inputs.items()}
         poisoned = self.poison()
         t0 = _perf_counter()
-        res = self.entry_with(run.dims)(*self.args_of(inputs))
+        res = self.no_host_sync(self.entry_with(run.dims), *self.args_of(inputs))
         self.sync()
         call_s = _perf_counter() - t0
         return self.save_result(run, res, inputs, before, call_s=call_s, poisoned_bytes=poisoned)
@@ -395,6 +429,7 @@ class Worker:
         n = rotation_count(set_bytes)
         set_inputs = [self.inputs_for(dims, BENCH_SEED_BASE + self.plan.secret + k) for k in range(n)]
         sets = [self.args_of(i) for i in set_inputs]
+        sums_before = self.set_checksums(set_inputs)
         self.sync()
         counter = [0]
         fn = self.entry_with(dims)
@@ -402,7 +437,7 @@ class Worker:
         def call():
             args = sets[counter[0] % n]
             counter[0] += 1
-            return fn(*args)
+            return self.no_host_sync(fn, *args)
 
         for _ in range(2):
             call()
@@ -424,7 +459,14 @@ class Worker:
         res = call()
         self.sync()
         check = timed_check_run(BenchShape(name=name, dims=dims), k, self.plan.secret)
-        self.record("recheck", **self.save_result(check, res, set_inputs[k], {}, timed_set=k))
+        fields = self.save_result(check, res, set_inputs[k], {}, timed_set=k)
+        changed = [i for i, (a, b) in enumerate(zip(sums_before, self.set_checksums(set_inputs))) if not torch.equal(a, b)]
+        if changed:
+            fields["violations"] = [*fields["violations"], dict(
+                kind="input-mutated", output=None,
+                message=f"timed input set(s) {changed} at {name} changed during timing (checksums before/after): "
+                        "inputs are read-only")]
+        self.record("recheck", **fields)
         del res, sets, set_inputs
         gc.collect()
         if self.cuda:
@@ -487,7 +529,7 @@ class Worker:
             args = self.args_of(inputs)
             self.sync()
             fn = self.entry_with(first.dims)
-            count, kernels = self.count_launches(lambda: fn(*args))
+            count, kernels = self.count_launches(lambda: self.no_host_sync(fn, *args))
             self.record("launches", count=count, kernels=kernels, selftest=selftest, key=first.key)
             del inputs, args
         else:

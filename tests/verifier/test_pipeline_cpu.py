@@ -417,3 +417,20 @@ def swiglu_fwd(x, w1):
     assert st.status == "fail", [(s.stage, s.status, s.summary) for s in v.stages]
     assert "timed small" in {f.case for f in st.findings}, [(f.kind, f.case, f.message[:200]) for f in st.findings]
     assert "bench small" not in {f.case for f in st.findings}  # fresh inputs: the honest path
+
+
+def test_write_into_a_timed_input_is_caught(tmp_path):
+    """Red-team round 8: writes into the caller's inputs only at the benchmark dims (where
+    inputs are not saved) are seen by the timed sets' checksums."""
+    body = GOOD_FWD + """
+_orig = swiglu_fwd
+def swiglu_fwd(x, w1):
+    out = _orig(x, w1)
+    if x.shape[1] == 128:
+        x[0, 0] = x[0, 0] + 1
+    return out
+"""
+    v = _cpu_verify(FWD, _write(tmp_path, body), tmp_path, bench=True)
+    st = v.stage("correctness")
+    assert st.status == "fail" and any(f.kind == "input-mutated" and f.case == "timed small" for f in st.findings), \
+        [(f.kind, f.case, f.message[:160]) for f in st.findings]
