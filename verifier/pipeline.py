@@ -161,6 +161,7 @@ def run_gpu_workers(
     cand_plan_sha256 = plan.sha256()
     _add_timed_checks(plan, spec, cand.records)  # the reference worker's plan has them too
     run = GpuRun(workdir=workdir, plan=plan, cand=cand, cand_plan_sha256=cand_plan_sha256)
+    _trim_logs(logs)
     run.scratch_bytes = _clean_scratch(scratch)
     if run.scratch_bytes > SCRATCH_BUDGET:
         shutil.rmtree(scratch, ignore_errors=True)  # free the disk before the trusted worker runs
@@ -187,6 +188,20 @@ def _add_timed_checks(plan: Plan, spec: Any, records: list[dict[str, Any]]) -> N
         n = rotation_count(tensor_bytes(spec, bs.dims, "inputs"))
         if isinstance(k, int) and 0 <= k < n:
             plan.runs.append(timed_check_run(bs, k, plan.secret))
+
+
+def _trim_logs(logs: Path, keep: int = 1 << 20) -> None:
+    """Cut each worker log beyond ``keep`` bytes down to its last ``keep`` bytes (the tail
+    is what a report quotes; a candidate may print up to the file-size limit)."""
+    for f in logs.glob("*") if logs.is_dir() else []:
+        try:
+            if f.is_file() and not f.is_symlink() and f.stat().st_size > keep:
+                with open(f, "rb") as fh:
+                    fh.seek(-keep, os.SEEK_END)
+                    tail = fh.read()
+                f.write_bytes(b"[... earlier output cut by the verifier ...]\n" + tail)
+        except OSError:
+            continue
 
 
 SCRATCH_BUDGET = 24 << 30

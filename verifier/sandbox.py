@@ -137,8 +137,10 @@ def tail_file(path: str | Path, limit: int = 64 * 1024) -> str:
         return f.read().decode("utf-8", errors="replace")
 
 
-WORKER_FSIZE_LIMIT = 8 << 30
-"""Largest file a worker may write (bytes): saved trial tensors are small; this only stops floods."""
+WORKER_FSIZE_LIMIT = 1 << 30
+"""Largest file a worker may write (bytes), its stdout/stderr logs included: saved trial
+tensors are small (benchmark shapes are saved as samples); this stops floods (round 9
+printed 8 GiB of stdout, outside the scratch budget)."""
 
 
 def _limit_worker() -> None:  # runs in the child between fork and exec

@@ -63,6 +63,7 @@ import io  # noqa: E402
 import json  # noqa: E402
 import importlib.util  # noqa: E402
 import os  # noqa: E402
+import random  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
 import traceback  # noqa: E402
@@ -157,6 +158,7 @@ class Worker:
         self.loaded = load_spec(self.plan.spec_dir)
         self.spec = self.loaded.spec
         self.fn: Callable[..., Any] | None = None
+        self._rng = random.Random(self.plan.secret ^ 0x5EED)  # heap ballast (no_host_sync)
         self.imported = False  # candidate code has run in this process
         # trusted reference.py, imported once before any candidate code (derived inputs)
         self.ref = self.loaded.load_reference() if any(
@@ -212,13 +214,21 @@ class Worker:
         candidate code (``float(t)``, ``bool(t)``, ``if t != u``, ``.item()``, ``nonzero``)
         raises, whatever the syntax (red-team round 8 read values through ``float()`` to
         tell timed calls from checked ones). A fused kernel's call never needs one."""
+        # a secret-random ballast of small objects alive during the call: where the
+        # candidate's own allocations land no longer tells which call this is (round 9
+        # read object addresses to tell timed calls from checked ones)
+        ballast = [bytearray(self._rng.randrange(1, 512)) for _ in range(self._rng.randrange(1, 48))]
         if not self.cuda:
-            return fn(*args)
+            try:
+                return fn(*args)
+            finally:
+                del ballast
         _set_sync_debug_mode("error")
         try:
             return fn(*args)
         finally:
             _set_sync_debug_mode(0)
+            del ballast
 
     def dsl_selftest(self) -> float:
         """Compile and run quack's plain-GEMM epilogue mod once, confined, before any candidate

@@ -434,3 +434,15 @@ def swiglu_fwd(x, w1):
     st = v.stage("correctness")
     assert st.status == "fail" and any(f.kind == "input-mutated" and f.case == "timed small" for f in st.findings), \
         [(f.kind, f.case, f.message[:160]) for f in st.findings]
+
+
+def test_worker_logs_are_cut_to_their_tail(tmp_path):
+    """Round 9 printed gigabytes to the worker's stdout (outside the scratch budget)."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "worker_candidate.stdout").write_bytes(b"x" * (3 << 20) + b"THE END")
+    (logs / "small.stderr").write_bytes(b"short")
+    pipeline._trim_logs(logs)
+    big = (logs / "worker_candidate.stdout").read_bytes()
+    assert len(big) < (1 << 20) + 100 and big.endswith(b"THE END") and big.startswith(b"[... earlier output cut")
+    assert (logs / "small.stderr").read_bytes() == b"short"

@@ -518,6 +518,12 @@ counter += 1
     "def _h(x):\n    return torch.empty((x.numel(),), dtype=x.dtype, device=x.device, out=x)\n",
     "def _h(x):\n    return x.item() == 7.0\n",
     "def _h(x):\n    return dswiglu_epi.gemm(x, x, post_init_attrs=(('hook', lambda s: s),))\n",
+    # round 9: object addresses through repr/str/format/f-strings/%-formatting/set order; print floods
+    "def _h(x):\n    r = repr(iter(()))\n    return int(r[r.rfind('0x'):-1], 16)\n",
+    "def _h(x):\n    return f'{x!r}'\n",
+    "def _h(x):\n    return '%r' % (x,)\n",
+    "def _h(x):\n    a, b = iter(()), iter(())\n    return list({a, b})[0] is a\n",
+    "def _h(x):\n    print(x)\n",
 ])
 def test_red_team_escapes_are_rejected(extra):
     """Each line defeated the 2026-11-30 static stage (two red-team rounds): a method patched
