@@ -205,6 +205,15 @@ def _launch_check(loaded: LoadedSpec, run: GpuRun, f: FindingSet, metrics: dict[
     return None
 
 
+def store_recheck(metrics: dict[str, Any], t: Run, by_trial: dict[str, Any]) -> None:
+    """File a post-timing trial's metrics: a benchmark-shape or timed-call check
+    (``t.sample``) under ``bench_checks[<case>]``, the fresh-seed recheck as ``recheck``."""
+    if t.sample:
+        metrics.setdefault("bench_checks", {})[t.case] = by_trial.get(t.key, {})
+    else:
+        metrics["recheck"] = by_trial.get(t.key, {})
+
+
 def _prologue(run: GpuRun, stage: str) -> StageResult | None:
     """Worker-level outcomes that decide the stage before any tensor is compared."""
     setup = run.setup
@@ -294,10 +303,7 @@ def correctness_stage(loaded: LoadedSpec, run: GpuRun) -> StageResult:
         rm, err = check_outputs(loaded, run, loaded.spec.value_outputs, [t], f, drift=not t.sample)
         if err:
             return stage_result("correctness", "error", err, f.items, metrics, t0)
-        if t.sample:
-            metrics.setdefault("bench_checks", {})[t.case] = rm.get(t.key, {})
-        else:
-            metrics["recheck"] = rm.get(t.key, {})
+        store_recheck(metrics, t, rm)
     integ = run.cand_part("integrity")
     if integ and integ[-1].get("tampered"):
         f.add("harness-tampered", f"during the run the candidate replaced: {', '.join(integ[-1]['tampered'])}")

@@ -71,11 +71,10 @@ class GpuRun:
     def ref_trial(self, key: str) -> dict[str, Any] | None:
         return next((r for r in self.ref_part("trial") if r.get("key") == key), None)
 
-    def cand_file(self, key: str) -> tuple[Path, str | None]:
+    def cand_file(self, key: str) -> Path:
         """Where the candidate worker saves trial ``key`` (fixed by the protocol, never taken
-        from a record) and the sha256 it recorded."""
-        rec = self.cand_trial(key) or {}
-        return self.cand_dir / SCRATCH_DIR / "trials" / f"{key}.pt", rec.get("sha256")
+        from a record)."""
+        return self.cand_dir / SCRATCH_DIR / "trials" / f"{key}.pt"
 
     def _read_cand_file(self, key: str) -> bytes | None:
         """The bytes of trial ``key``'s saved file when it is exactly what the worker wrote,
@@ -84,7 +83,7 @@ class GpuRun:
         recorded size (read no more than that: a sparse 8 GiB file is not read) and match
         the recorded sha256."""
         rec = self.cand_trial(key) or {}
-        path, digest, size = self.cand_file(key)[0], rec.get("sha256"), rec.get("bytes")
+        path, digest, size = self.cand_file(key), rec.get("sha256"), rec.get("bytes")
         if digest is None or size is None:
             return None
         try:

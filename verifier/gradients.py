@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 
-from coda_agent.verifier.correctness import FindingSet, stage_result, check_outputs, worst
+from coda_agent.verifier.correctness import FindingSet, check_outputs, stage_result, store_recheck, worst
 from coda_agent.verifier.gpu_results import GpuRun
 from coda_agent.verifier.spec import LoadedSpec
 from coda_agent.verifier.verdict import Finding, StageResult
@@ -42,10 +42,7 @@ def gradients_stage(loaded: LoadedSpec, run: GpuRun) -> StageResult:
         rm, err = check_outputs(loaded, run, outputs, [t], f, drift=not t.sample)
         if err:
             return stage_result("gradients", "error", err, f.items, metrics, t0)
-        if t.sample:  # a bench-shape check (protocol.make_bench_checks)
-            metrics.setdefault("bench_checks", {})[t.case] = rm.get(t.key, {})
-        else:
-            metrics["recheck"] = rm.get(t.key, {})
+        store_recheck(metrics, t, rm)
     if f.items:
         summary = f"{len(f.items)} problem(s): {', '.join(sorted({x.kind for x in f.items}))}"
         return stage_result("gradients", "fail", summary, f.items, metrics, t0)

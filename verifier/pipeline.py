@@ -277,16 +277,7 @@ def cpu_stages(loaded: LoadedSpec, candidate: Path, *, timeout_s: float | None =
     """static -> compile for ``candidate``, stopping at the first stage that is not ok.
 
     Neither needs a GPU; compile runs in its own process (``timeout_s``, default 300 s)."""
-    candidate = Path(candidate)
-    digest = sha256_file(candidate)
-    out: list[StageResult] = []
-    for name, fn in (("static", lambda: run_static(loaded, candidate)),
-                     ("compile", lambda: run_compile(loaded, candidate, timeout_s=timeout_s or 300))):
-        res = _guarded(name, fn)
-        out.append(res)
-        if not res.ok:
-            break
-    return CpuStages(candidate_hash=digest, stages=tuple(out))
+    return cpu_stages_many([(loaded, Path(candidate))], timeout_s=timeout_s)[0]
 
 
 def cpu_stages_many(items: list[tuple[LoadedSpec, Path]], *, jobs: int = 1,

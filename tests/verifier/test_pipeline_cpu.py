@@ -19,7 +19,7 @@ import coda_agent.verifier.pipeline as pipeline
 from coda_agent.verifier.pipeline import verify
 from coda_agent.verifier.spec import load_spec
 from coda_agent.verifier.verdict import Finding, StageResult
-from verifier_helpers import stub_static_compile as stub_stages
+from verifier_helpers import landlock_or_skip, stub_static_compile as stub_stages
 
 ROOT = Path(__file__).resolve().parents[2]
 FWD = load_spec(ROOT / "kernel_specs" / "swiglu_fwd")
@@ -314,19 +314,10 @@ def test_cpu_device_wrong_gradient(tmp_path):
 
 # -- OS-level confinement of the candidate worker (verifier/fs_sandbox.py) ---------------------
 
-def _landlock_or_skip():
-    from coda_agent.verifier.fs_sandbox import SandboxUnavailable, abi_version
-
-    try:
-        abi_version()
-    except SandboxUnavailable as e:
-        pytest.skip(f"this kernel has no Landlock: {e}")
-
-
 def test_confined_candidate_cannot_write_outside_scratch(tmp_path):
     """Red-team round 5 wrote a .pth file into a site folder and rewrote results.jsonl;
     confined, both writes fail and the candidate's failure stays the candidate's."""
-    _landlock_or_skip()
+    landlock_or_skip()
     target = tmp_path / "site" / "zz_evil.pth"
     target.parent.mkdir()
     body = GOOD_FWD + f"""
@@ -355,7 +346,7 @@ def swiglu_fwd(x, w1):
 def test_rewritten_trial_file_is_the_candidates_failure(tmp_path):
     """Saved trial tensors live in the writable scratch folder; their sha256 goes through the
     protected results file, so a candidate that rewrites an earlier trial's file fails."""
-    _landlock_or_skip()
+    landlock_or_skip()
     body = GOOD_FWD + """
 import pathlib
 _orig = swiglu_fwd

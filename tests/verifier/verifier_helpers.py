@@ -23,3 +23,15 @@ def stub_static_compile(monkeypatch) -> None:
     monkeypatch.setattr(pipeline, "run_static", lambda loaded, cand: StageResult(stage="static", status="pass", summary="stub"))
     monkeypatch.setattr(pipeline, "run_compile",
                         lambda loaded, cand, timeout_s=300: StageResult(stage="compile", status="pass", summary="stub"))
+
+
+def landlock_or_skip() -> int:
+    """The kernel's Landlock ABI version; skips the test (never fakes it) where there is none."""
+    import pytest
+
+    from coda_agent.verifier.fs_sandbox import SandboxUnavailable, abi_version
+
+    try:
+        return abi_version()
+    except SandboxUnavailable as e:
+        pytest.skip(f"this kernel has no Landlock: {e}")
