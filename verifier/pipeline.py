@@ -153,7 +153,7 @@ def run_gpu_workers(
     cand_env = {**env, "TMPDIR": str(scratch / "tmp"), "QUACK_CACHE_DIR": str(cache / "quack"),
                 "CUTE_DSL_CACHE_DIR": str(cache / "cute_dsl"), "TRITON_CACHE_DIR": str(cache / "triton"),
                 "CUDA_CACHE_PATH": str(cache / "nv")}
-    for d in ("tmp", "cache/quack", "cache/cute_dsl", "cache/triton", "cache/nv", "trials"):
+    for d in ("tmp", "cache/quack", "cache/cute_dsl", "cache/triton", "cache/nv"):  # trials/: the worker's
         (scratch / d).mkdir(parents=True, exist_ok=True)
     atomic_write_text(cand_dir / PLAN_FILE, plan.to_json())
     cand = run_worker(CAND_WORKER, ["--dir", str(cand_dir)], timeout, cwd=cand_dir, env=cand_env,

@@ -219,9 +219,14 @@ def make_bench_shapes(spec: Any, override: list[Any] | None = None) -> list[Benc
 # --------------------------------------------------------------------------- JSONL
 
 
+def record_line(record: dict[str, Any]) -> str:
+    """One results-file line: the JSON object with sorted keys, newline-terminated."""
+    return json.dumps(record, sort_keys=True, default=str) + "\n"
+
+
 def append_record(path: str | Path, record: dict[str, Any]) -> None:
     """Append one JSON object (sorted keys) as a line, flushed and fsynced."""
-    line = json.dumps(record, sort_keys=True, default=str) + "\n"
+    line = record_line(record)
     with open(path, "a", encoding="utf-8") as f:
         f.write(line)
         f.flush()

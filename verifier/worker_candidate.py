@@ -60,7 +60,6 @@ import functools  # noqa: E402
 import gc  # noqa: E402
 import hashlib  # noqa: E402
 import io  # noqa: E402
-import json  # noqa: E402
 import importlib.util  # noqa: E402
 import os  # noqa: E402
 import random  # noqa: E402
@@ -99,6 +98,7 @@ from coda_agent.verifier.protocol import (  # noqa: E402
     BenchShape,
     Plan,
     Run,
+    record_line,
     sample_index,
     timed_check_run,
 )
@@ -168,7 +168,7 @@ class Worker:
     def record(self, part: str, **fields: Any) -> None:
         """Append one record through the descriptor opened before confinement (the file
         itself is read-only to this process afterwards: nothing can rewrite earlier records)."""
-        self._out.write(json.dumps({"part": part, **fields}, sort_keys=True, default=str) + "\n")
+        self._out.write(record_line({"part": part, **fields}))
         self._out.flush()
         os.fsync(self._out.fileno())
 
@@ -218,16 +218,13 @@ class Worker:
         # candidate's own allocations land no longer tells which call this is (round 9
         # read object addresses to tell timed calls from checked ones)
         ballast = [bytearray(self._rng.randrange(1, 512)) for _ in range(self._rng.randrange(1, 48))]
-        if not self.cuda:
-            try:
-                return fn(*args)
-            finally:
-                del ballast
-        _set_sync_debug_mode("error")
+        if self.cuda:
+            _set_sync_debug_mode("error")
         try:
             return fn(*args)
         finally:
-            _set_sync_debug_mode(0)
+            if self.cuda:
+                _set_sync_debug_mode(0)
             del ballast
 
     def dsl_selftest(self) -> float:
