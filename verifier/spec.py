@@ -300,7 +300,7 @@ class ShapesSpec(_Strict):
         return self
 
 
-Baseline = Literal["torch_eager", "torch_compile", "bare_gemm", "quack_library", "liger"]
+Baseline = Literal["torch_eager", "torch_compile", "bare_gemm", "quack_library", "liger", "quack_gemm"]
 
 
 class BenchSpec(_Strict):

@@ -21,6 +21,11 @@ reference function of that name) with the same method as the candidate: rotated 
 sets, ``triton.testing.do_bench(return_mode="median")``. A baseline that fails is
 recorded with its error and the others still run.
 
+``quack_gemm`` (added by ``coda-agent bench`` wherever ``bare_gemm`` is timed) is quack's
+identity-epilogue GEMM on the operands ``bare_gemm`` hands to ``aten.mm``, captured per
+input set before timing (:mod:`~coda_agent.verifier.gemm_floor`): the floor for an
+epilogue on quack's mainloop.
+
 ``liger`` (Liger Kernel, an optional dependency) is ``reference.liger`` when the
 reference defines it, else ``liger`` of the spec's optional ``liger.py`` (imported by
 path, like reference.py; not part of the spec hash). It is an error string, not a
@@ -32,6 +37,7 @@ adapter that needs autograd enters ``torch.enable_grad()`` itself.
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import os
 import statistics
@@ -43,6 +49,7 @@ from typing import Any, Callable
 
 import torch
 
+from coda_agent.verifier import gemm_floor
 from coda_agent.verifier.inputs import make_inputs, rotation_count, tensor_bytes, upcast
 from coda_agent.verifier.protocol import BENCH_SEED_BASE, PLAN_FILE, RESULTS_FILE, Plan, Run, append_record, sample_index
 from coda_agent.verifier.spec import LIGER_MISSING, NO_LIGER, GradientSpec, load_spec
@@ -140,6 +147,8 @@ class RefWorker:
                     fns[b] = f"torch.compile unavailable: {type(e).__name__}: {e}"
             elif b == "liger":
                 fns[b] = self.liger_fn()
+            elif b == gemm_floor.NAME:
+                fns[b] = self.quack_gemm_fn()
             else:
                 f = getattr(self.ref, b, None)
                 fns[b] = f if callable(f) else f"reference.py defines no function {b!r}"
@@ -168,6 +177,13 @@ class RefWorker:
             return f"liger-kernel does not import: {type(e).__name__}: {str(e)[:400]}"
         return f
 
+    def quack_gemm_fn(self) -> gemm_floor.Floor | str:
+        """The quack_gemm floor (:mod:`~coda_agent.verifier.gemm_floor`), or why there is none."""
+        if not self.cuda:
+            return "quack_gemm needs a CUDA GPU (quack's GEMM)"
+        f = getattr(self.ref, "bare_gemm", None)
+        return gemm_floor.Floor(f) if callable(f) else "reference.py defines no function 'bare_gemm'"
+
     def time_ms(self, call: Callable[[], Any]) -> float:
         if self.cuda:
             import triton.testing
@@ -193,14 +209,16 @@ class RefWorker:
                 continue
             counter = [0]
 
-            def call(f=f, counter=counter):
-                inp = sets[counter[0] % n]
+            def call(f=f, counter=counter, prepared=None):
+                i = counter[0] % n
                 counter[0] += 1
-                return f(**inp)
+                return prepared[i]() if prepared is not None else f(**sets[i])
 
             try:
                 t0 = time.perf_counter()
                 with torch.no_grad():
+                    if isinstance(f, gemm_floor.Floor):  # operands captured per set, before timing
+                        call = functools.partial(call, prepared=f.prepare(sets))
                     call()
                     call()
                     self.sync()
@@ -209,6 +227,8 @@ class RefWorker:
                 out[b] = {"ms": ms, "warmup_s": warm_s}
             except Exception as e:  # noqa: BLE001 -- a broken baseline is reported, not fatal
                 out[b] = {"error": f"{type(e).__name__}: {str(e)[:500]}"}
+            finally:
+                del call  # quack_gemm's captured operands (e.g. M x V logits per set) go with it
         del sets
         gc.collect()
         if self.cuda:

@@ -162,3 +162,20 @@ def test_torch_side_stream_is_flagged_by_timing(tmp_path):
     res = bench_stage(loaded, run)
     assert res.status == "fail", _explain([res])
     assert {f.kind for f in res.findings} & {"untimed-work", "speed-of-light"}, _explain([res])
+
+
+@pytest.mark.parametrize("spec", ["swiglu_fwd", "cross_entropy_bwd"])
+def test_quack_gemm_floor_is_timed_next_to_the_bare_gemm(spec, tmp_path):
+    # the floor baseline on quack's mainloop: same operands as bare_gemm (one GEMM for
+    # swiglu_fwd; three for cross_entropy_bwd, one an M-major transposed view), so its
+    # time is within a small factor of cuBLAS's (not an order of magnitude off: a wrong
+    # operand capture or shape would show)
+    from coda_agent.verifier.gemm_floor import NAME
+
+    loaded = _spec(spec)
+    first = loaded.spec.shapes.benchmark[0].name
+    good = ROOT / "generated_kernels" / spec / "kernel.py"  # the accepted kernel
+    v = verify(loaded, good, workdir=tmp_path, bench_shapes=[first], baselines=["bare_gemm", NAME])
+    base = v.stage("bench").metrics["shapes"][first]["baselines"]
+    assert "ms" in base[NAME], base
+    assert 0.5 < base[NAME]["ms"] / base["bare_gemm"]["ms"] < 2.0, base

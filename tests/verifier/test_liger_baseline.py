@@ -152,9 +152,10 @@ def test_bench_times_liger_exactly_when_liger_py_exists(tmp_path):
     rep = bench_kernels(root, None, verify_fn=fake_verify, out_dir=tmp_path / "out")
     assert set(calls) == {"swiglu_fwd", "gemm_rmsnorm"} and rep.markdown_path is None  # nothing measured
     with_l = load_spec(root / "kernel_specs" / "swiglu_fwd")
-    assert calls["swiglu_fwd"]["baselines"] == list(with_l.spec.bench.baselines) + ["liger"]
+    # (+ quack_gemm, the floor every bench adds beside bare_gemm: test_gemm_floor.py)
+    assert calls["swiglu_fwd"]["baselines"] == list(with_l.spec.bench.baselines) + ["liger", "quack_gemm"]
     without = load_spec(root / "kernel_specs" / "gemm_rmsnorm")
-    assert calls["gemm_rmsnorm"]["baselines"] == list(without.spec.bench.baselines)
+    assert calls["gemm_rmsnorm"]["baselines"] == list(without.spec.bench.baselines) + ["quack_gemm"]
     assert "liger" not in calls["gemm_rmsnorm"]["baselines"]
 
 
@@ -178,7 +179,7 @@ def test_results_page_shows_unavailable_liger_as_na():
     v = Verdict(spec="swiglu_fwd", spec_hash="h", candidate_hash="c", stages=stages)
     text = results_markdown({"swiglu_fwd": v}, "2026-12-01")
     # columns sorted: bare_gemm, liger, torch_compile
-    assert "| a/M8192 | 0.5000 | 700 | 0.5500 | 0.909 | n/a | - | error | - |" in text
+    assert "| a/M8192 | 0.5000 | - | 700 | 0.5500 | 0.909 | n/a | - | error | - |" in text
     assert f"- liger did not run (all shapes): {LIGER_MISSING}" in text
     assert "- torch_compile did not run (all shapes): boom" in text
 
