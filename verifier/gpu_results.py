@@ -121,8 +121,10 @@ class GpuRun:
 
     @property
     def setup(self) -> dict[str, Any] | None:
+        """The candidate worker's setup record: the *first* one, written before any candidate
+        code ran (anything later could have been appended by the candidate itself)."""
         s = self.cand_part("setup")
-        return s[-1] if s else None
+        return s[0] if s else None
 
     @property
     def sandbox(self) -> str | None:

@@ -73,7 +73,7 @@ import torch  # noqa: E402
 import torch.profiler  # noqa: E402
 
 _Tensor = torch.Tensor
-_set_sync_debug_mode = torch.cuda.set_sync_debug_mode
+_set_sync_debug_mode = torch._C._cuda_set_sync_debug_mode if hasattr(torch._C, "_cuda_set_sync_debug_mode") else None
 _Event = torch.cuda.Event
 _synchronize = torch.cuda.synchronize
 _profile = torch.profiler.profile
@@ -127,6 +127,12 @@ class InputGenerationError(RuntimeError):
     candidate can buy a verifier error; the pre-import draw of every correctness case makes
     a spec bug surface before the import."""
 BENCH_WALL_REPS = 7
+BALLAST_MAX = 47
+"""Most small objects (1-256 bytes each) in one guarded call's secret-random ballast."""
+
+
+def _noop() -> None:
+    """What :meth:`Worker.guard_host_ms` wraps to time the guard alone."""
 MAX_POISON_BYTES = 16 << 30
 SMALL_POISON_BLOCKS = 32  # 1 MiB each: allocations <= 1 MiB come from the small pool
 
@@ -216,16 +222,29 @@ class Worker:
         tell timed calls from checked ones). A fused kernel's call never needs one."""
         # a secret-random ballast of small objects alive during the call: where the
         # candidate's own allocations land no longer tells which call this is (round 9
-        # read object addresses to tell timed calls from checked ones)
-        ballast = [bytearray(self._rng.randrange(1, 512)) for _ in range(self._rng.randrange(1, 48))]
+        # read object addresses to tell timed calls from checked ones). The guard's own
+        # host cost is what a call pays for it: measured per shape (guard_host_ms).
+        raw = self._rng.randbytes(BALLAST_MAX + 1)  # fresh per call, one C-level draw
+        ballast = [bytearray(b + 1) for b in raw[1:2 + raw[0] % BALLAST_MAX]]
         if self.cuda:
-            _set_sync_debug_mode("error")
+            _set_sync_debug_mode(2)  # "error" (the C binding: CUDA is initialized by now)
         try:
             return fn(*args)
         finally:
             if self.cuda:
                 _set_sync_debug_mode(0)
             del ballast
+
+    def guard_host_ms(self, reps: int = 200) -> float:
+        """Median host ms that :meth:`no_host_sync` adds to one call (wrapping a no-op):
+        part of every timed candidate call and of none of the baselines', so a host-bound
+        shape's fused time includes it (reported beside the timings, never subtracted)."""
+        samples = []
+        for _ in range(reps):
+            t0 = _perf_counter()
+            self.no_host_sync(_noop)
+            samples.append((_perf_counter() - t0) * 1e3)
+        return statistics.median(samples)
 
     def dsl_selftest(self) -> float:
         """Compile and run quack's plain-GEMM epilogue mod once, confined, before any candidate
@@ -479,7 +498,8 @@ class Worker:
         if self.cuda:
             torch.cuda.empty_cache()
         return dict(shape=name, dims=dims, event_ms=event_ms, wall_ms=statistics.median(wall),
-                    host_ms=statistics.median(host), wall_samples_ms=wall, n_sets=n, set_bytes=set_bytes, calls=counter[0])
+                    host_ms=statistics.median(host), guard_host_ms=self.guard_host_ms(), wall_samples_ms=wall,
+                    n_sets=n, set_bytes=set_bytes, calls=counter[0])
 
     # -- main -----------------------------------------------------------------------
     def main(self) -> int:

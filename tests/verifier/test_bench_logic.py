@@ -143,3 +143,12 @@ def test_bench_stage_uses_the_workers_host_time_for_the_untimed_check():
     host_bound = bench_stage(FWD, _run(FWD, [{**rec, "host_ms": 1.9}], ref, [SHAPE]))
     assert "untimed-work" not in {f.kind for f in host_bound.findings}, host_bound.findings
     assert host_bound.metrics["shapes"][SHAPE.name]["host_ms"] == 1.9
+
+
+def test_sandbox_comes_from_the_first_setup_record():
+    """The worker writes its setup record (confinement included) before any candidate code
+    runs; a later 'setup' record could only come from the candidate, so it never counts."""
+    run = _run(FWD, [], [], [SHAPE])
+    run.cand.records[0]["sandbox"] = "unavailable: no landlock"
+    run.cand.records.append({"part": "setup", "ok": True, "sandbox": "landlock ABI 7: forged"})
+    assert run.sandbox == "unavailable: no landlock"

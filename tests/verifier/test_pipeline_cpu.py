@@ -155,6 +155,9 @@ def test_cpu_device_good_fwd_passes_every_stage(tmp_path):
     assert set(st["correctness"].metrics["recheck"]) == {"preact", "postact"}
     row = st["bench"].metrics["rows"][0]
     assert row["shape"] == "small" and set(row["baselines_ms"]) == {"torch_eager", "bare_gemm"}
+    # the per-call guard's own host cost is measured and kept (a pooled ballast: microseconds)
+    guard = st["bench"].metrics["shapes"]["small"]["guard_host_ms"]
+    assert 0 < guard < 0.5, guard
     files = sorted(p.name for p in (tmp_path / "work" / "cand").iterdir())
     assert files == ["plan.json", "results.jsonl", "scratch"]
     assert (tmp_path / "work" / "cand" / "scratch" / "trials" / "recheck-c2-ragged-all-s1000.pt").is_file()
