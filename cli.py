@@ -191,6 +191,7 @@ def cmd_verify(args) -> int:
 
         try:
             dest = accept(loaded, cand, verdict, root=root, force=args.force,
+                          allow_unconfined=args.allow_unconfined,
                           provenance={"backend": "human", "source": str(cand)})
         except AcceptError as e:
             raise UsageError(str(e)) from None
@@ -232,7 +233,11 @@ def cmd_generate(args) -> int:
         raise UsageError(str(e)) from None
     accept_fn = None
     if not args.no_accept:
-        from coda_agent.verifier.accept import accept as accept_fn
+        import functools
+
+        from coda_agent.verifier.accept import accept
+
+        accept_fn = functools.partial(accept, allow_unconfined=args.allow_unconfined)
     try:
         summary = generate(
             loaded,
@@ -385,6 +390,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--cpu-only", action="store_true", help="static + compile only (never accepts)")
     g.add_argument("--no-accept", action="store_true", help="verify but do not write generated_kernels/")
     g.add_argument("--force", action="store_true", help="replace an accepted kernel (old one kept in history/)")
+    g.add_argument("--allow-unconfined", action="store_true",
+                   help="accept even if the candidate ran without the Landlock confinement (recorded in the manifest)")
     g.set_defaults(fn=cmd_generate)
 
     pr = sub.add_parser("prompt", help="print exactly what the model would receive for SPEC")
@@ -397,6 +404,8 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("candidate")
     v.add_argument("--accept", action="store_true", help="on success, write generated_kernels/<spec>/")
     v.add_argument("--force", action="store_true", help="with --accept: replace an accepted kernel")
+    v.add_argument("--allow-unconfined", action="store_true",
+                   help="with --accept: accept even if the candidate ran unconfined (recorded in the manifest)")
     v.add_argument("--cpu-only", action="store_true", help="static + sm_90a compile only (not verification)")
     v.add_argument("--no-bench", action="store_true", help="skip the benchmark stage")
     v.add_argument("--json", help="also write the verdict as JSON")
@@ -421,7 +430,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--cpu-only", action="store_true",
                    help="integrity, spec, static and sm_90a compile only (what CI runs; no numerics or speed)")
     r.add_argument("--tolerance", type=_fraction, default=0.10,
-                   help="allowed worsening of fused/baseline ratios, geometric mean over shapes (default 0.10)")
+                   help="allowed worsening of fused/bare_gemm (the only gating ratio), geometric mean over shapes "
+                        "(default 0.10; a single shape may worsen by twice that; host-bound shapes never gate)")
     r.add_argument("--json", help="write the report as JSON")
     r.add_argument("--shape", action="append", help="GPU mode: benchmark only this spec shape (repeatable)")
     r.add_argument("--verdicts", type=Path, default=None,

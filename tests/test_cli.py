@@ -87,6 +87,8 @@ def test_review_shows_status_provenance_and_numbers(ws, capsys):
     assert "spec unchanged since acceptance" in out
     assert "backend: manual" in out and "NVIDIA H200" in out
     assert "fused/quack_library" in out
+    # swiglu_bwd's accepted kernel was verified confined on the H200
+    assert "candidate confinement during verification: landlock ABI 7" in out
 
 
 def test_review_reports_edits_and_spec_changes(ws, capsys):

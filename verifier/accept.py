@@ -71,6 +71,30 @@ def _stamp(text: str) -> str:
     return re.sub(r"[^0-9A-Za-z_.-]", "-", text) or "unknown"
 
 
+CONFINED = "landlock"
+"""How ``environment.worker_sandbox`` starts when the candidate's processes ran confined
+(:func:`~coda_agent.verifier.fs_sandbox.confine_worker`); "off (...)" / "unavailable: ..." otherwise."""
+
+
+def unconfined_workers(verdict: Verdict) -> list[str]:
+    """The processes that ran candidate code without the Landlock confinement, by the
+    verdict's own record: the GPU candidate worker (``environment.worker_sandbox``) and
+    the compile worker (the compile stage's ``metrics.sandbox``, when that stage ran here)."""
+    out = []
+    if not (verdict.environment.worker_sandbox or "").startswith(CONFINED):
+        out.append(f"GPU candidate worker: {verdict.environment.worker_sandbox or 'not recorded'}")
+    comp = verdict.stage("compile")
+    sb = (comp.metrics or {}).get("sandbox") if comp is not None else None
+    if sb is not None and not str(sb).startswith(CONFINED):
+        out.append(f"compile worker: {sb}")
+    return out
+
+
+def confined(verdict: Verdict) -> bool:
+    """True when every process that ran the candidate's code was confined (see :func:`unconfined_workers`)."""
+    return not unconfined_workers(verdict)
+
+
 def build_manifest(loaded: LoadedSpec, kernel_bytes: bytes, verdict: Verdict, provenance: dict[str, Any], accepted_at: str) -> dict[str, Any]:
     """The manifest.json content (a JSON-safe dict)."""
     vd = verdict.model_dump(mode="json")
@@ -166,15 +190,26 @@ def accept(
     root: Path,
     provenance: dict[str, Any],
     force: bool = False,
+    allow_unconfined: bool = False,
 ) -> Path:
     """Install ``candidate`` as ``<root>/generated_kernels/<spec>/`` and return that folder.
 
     Raises :class:`AcceptError` when the verdict is not GPU-verified, belongs to another
-    spec / spec version / file, or an accepted kernel exists and ``force`` is False.
+    spec / spec version / file, its candidate ran without the Landlock confinement
+    (``environment.worker_sandbox``; ``allow_unconfined`` accepts it anyway and the
+    manifest says so), or an accepted kernel exists and ``force`` is False.
     """
     candidate = Path(candidate)
     if not verdict.gpu_verified:
         raise AcceptError(f"refusing to accept {candidate}: the verdict is not GPU-verified: {_why_not_verified(verdict)}")
+    loose = unconfined_workers(verdict)
+    if loose and not allow_unconfined:
+        raise AcceptError(
+            f"refusing to accept {candidate}: its code ran unconfined during verification "
+            f"({'; '.join(loose)}), so nothing bounds what it wrote "
+            "outside its scratch folder while it was judged. Verify again where Landlock works, or pass "
+            "--allow-unconfined (recorded in the manifest as accepted_unconfined)"
+        )
     if verdict.spec != loaded.name:
         raise AcceptError(f"the verdict is for spec {verdict.spec!r}, not {loaded.name!r}")
     if verdict.spec_hash != loaded.spec_hash:
@@ -199,6 +234,8 @@ def accept(
             )
     accepted_at = _now()
     manifest = build_manifest(loaded, data, verdict, provenance, accepted_at)
+    if not confined(verdict):
+        manifest["accepted_unconfined"] = True
     tmp = Path(tempfile.mkdtemp(dir=base, prefix=f".{loaded.name}.new-"))
     try:
         _write(tmp / "kernel.py", data)

@@ -78,6 +78,8 @@ def review_text(root: Path, loaded: LoadedSpec) -> str:
         f"{env.get('driver')}, CUDA {env.get('cuda')}, torch {env.get('torch')}, cutlass-dsl "
         f"{env.get('cutlass_dsl')}, quack {env.get('quack')}; accepted {man.get('accepted_at')}"
     )
+    lines.append(f"- candidate confinement during verification: {env.get('worker_sandbox') or 'not recorded'}"
+                 + (" (ACCEPTED UNCONFINED, --allow-unconfined)" if man.get("accepted_unconfined") else ""))
     lines.append("")
 
     # 2. provenance

@@ -13,7 +13,7 @@ import shutil
 from pathlib import Path
 
 from coda_agent.verifier.spec import load_spec
-from coda_agent.verifier.verdict import Finding, StageResult, Verdict
+from coda_agent.verifier.verdict import Environment, Finding, StageResult, Verdict
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -112,6 +112,8 @@ def make_verdict(loaded, candidate: Path, *, passed: bool, cpu_only: bool = Fals
         candidate_hash=_hash(candidate),
         stages=stages,
         cpu_only=cpu_only,
+        # as a confined GPU worker records it (acceptance refuses unconfined verdicts)
+        environment=Environment(worker_sandbox=None if cpu_only else "landlock ABI 7 (test)"),
     )
 
 

@@ -23,7 +23,10 @@ def _bench_metrics():
         "bar": {"bare_gemm": {"limit": 1.03, "met": True, "met_shapes": 1, "shapes": 1}}}
 
 
-def _verdict(cand: Path, *, cpu_only=False, fail=None, bench="pass") -> Verdict:
+CONFINED = "landlock ABI 7: writes only beneath 8 path(s); TCP denied"
+
+
+def _verdict(cand: Path, *, cpu_only=False, fail=None, bench="pass", sandbox=CONFINED) -> Verdict:
     stages = [StageResult(stage=s, status="pass", summary=f"{s} ok") for s in ("static", "compile")]
     stages.append(StageResult(stage="correctness", status="fail" if fail == "correctness" else "pass", summary="c",
                               metrics={"worst": {"preact": {"max_err": 0.01, "allowed": 0.03, "ratio": 0.33, "trial": "c0-aligned-s0"}},
@@ -31,7 +34,8 @@ def _verdict(cand: Path, *, cpu_only=False, fail=None, bench="pass") -> Verdict:
     stages.append(StageResult(stage="gradients", status="skip", summary="none"))
     stages.append(StageResult(stage="bench", status=bench, summary="b", metrics=_bench_metrics()))
     return Verdict(spec=LOADED.name, spec_hash=LOADED.spec_hash, candidate_hash=sha256_file(cand), stages=stages,
-                   environment=Environment(gpu="NVIDIA H200", compute_capability="9.0", torch="2.11"), cpu_only=cpu_only)
+                   environment=Environment(gpu="NVIDIA H200", compute_capability="9.0", torch="2.11",
+                                           worker_sandbox=sandbox), cpu_only=cpu_only)
 
 
 @pytest.fixture
@@ -60,6 +64,30 @@ def test_refuses_other_bytes_or_spec(tmp_path, cand):
     v.spec_hash = "0" * 64
     with pytest.raises(AcceptError, match="spec hash differs"):
         accept(LOADED, cand, v, root=tmp_path, provenance=PROV)
+
+
+@pytest.mark.parametrize("sandbox", [None, "off (CODA_FS_SANDBOX=off)", "unavailable: no landlock in this kernel"])
+def test_refuses_an_unconfined_verdict_unless_allowed(tmp_path, cand, sandbox):
+    v = _verdict(cand, sandbox=sandbox)
+    with pytest.raises(AcceptError, match="ran unconfined") as e:
+        accept(LOADED, cand, v, root=tmp_path, provenance=PROV)
+    assert f"GPU candidate worker: {sandbox or 'not recorded'}" in str(e.value) and "--allow-unconfined" in str(e.value)
+    assert not (tmp_path / "generated_kernels").exists() or not any((tmp_path / "generated_kernels").iterdir())
+    dest = accept(LOADED, cand, v, root=tmp_path, provenance=PROV, allow_unconfined=True)
+    man = json.loads((dest / "manifest.json").read_text())
+    assert man["accepted_unconfined"] is True and man["environment"]["worker_sandbox"] == sandbox
+    # a confined verdict's manifest carries no such flag
+    again = accept(LOADED, cand, _verdict(cand), root=tmp_path, provenance=PROV, force=True)
+    assert "accepted_unconfined" not in json.loads((again / "manifest.json").read_text())
+
+
+def test_refuses_when_the_compile_worker_ran_unconfined(tmp_path, cand):
+    v = _verdict(cand)
+    v.stage("compile").metrics = {"sandbox": "off (CODA_FS_SANDBOX=off)"}
+    with pytest.raises(AcceptError, match=r"compile worker: off \(CODA_FS_SANDBOX=off\)"):
+        accept(LOADED, cand, v, root=tmp_path, provenance=PROV)
+    v.stage("compile").metrics = {"sandbox": "landlock ABI 7: writes only beneath 10 path(s)"}
+    assert accept(LOADED, cand, v, root=tmp_path, provenance=PROV).is_dir()
 
 
 def test_writes_kernel_manifest_report(tmp_path, cand):
