@@ -39,6 +39,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from coda_agent.verifier.bench import host_bound
+
 from coda_agent.verifier.spec import SpecError, diff_fields, load_spec
 from coda_agent.verifier.workspace import sha256_file
 
@@ -108,15 +110,17 @@ def compare_ratios(accepted_shapes: dict[str, Any], now_shapes: dict[str, Any], 
 
     ``gate``: only these baselines can make a pair or geomean ``regressed`` (and give
     ``worst``); the others are compared and listed in ``pairs``/``geomean`` but only
-    inform (``info_worst``/``info_worst_at``). None: every baseline gates.
+    inform (``info_worst``/``info_worst_at``). None: every baseline gates. Shapes that
+    are host-bound at acceptance or now (:func:`~coda_agent.verifier.bench.host_bound`)
+    never gate and are left out of the geometric means; they are listed in ``host_bound``
+    and their pairs inform like a non-gating baseline's.
 
     Returns ``{"worst": float | None, "worst_at": str, "regressed": [str], "pairs":
     {"shape/baseline": [accepted, now, change]}, "geomean": {baseline: change},
-    "info_worst": float | None, "info_worst_at": str}``.
+    "info_worst": float | None, "info_worst_at": str, "host_bound": [shape]}``.
     """
     pair_tol = 2 * tolerance if pair_tolerance is None else pair_tolerance
     pairs: dict[str, list[float]] = {}
-    by_base: dict[str, list[float]] = {}
     for shape, acc in accepted_shapes.items():
         now = now_shapes.get(shape)
         if not now:
@@ -125,20 +129,27 @@ def compare_ratios(accepted_shapes: dict[str, Any], now_shapes: dict[str, Any], 
             ra, rn = r.get("ratio"), now.get("baselines", {}).get(b, {}).get("ratio")
             if ra and rn:
                 pairs[f"{shape}/{b}"] = [ra, rn, rn / ra]
-                by_base.setdefault(b, []).append(rn / ra)
+    # a host-bound shape (at acceptance or now) times Python and launch gaps, not the kernel
+    hb = sorted(sh for sh in accepted_shapes if sh in now_shapes
+                and (host_bound(accepted_shapes[sh]) or host_bound(now_shapes[sh])))
     gates = (lambda b: True) if gate is None else (lambda b: b in gate)
-    gated = {k: v for k, v in pairs.items() if gates(k.rsplit("/", 1)[1])}
+    gated = {k: v for k, v in pairs.items() if gates(k.rsplit("/", 1)[1]) and k.rsplit("/", 1)[0] not in hb}
     info = {k: v for k, v in pairs.items() if k not in gated}
     if not gated:
         return {"worst": None, "worst_at": "", "regressed": [], "pairs": pairs, "geomean": {},
-                "info_worst": None, "info_worst_at": ""}
+                "info_worst": None, "info_worst_at": "", "host_bound": hb}
+    by_base: dict[str, list[float]] = {}
+    for k, v in pairs.items():
+        shape, b = k.rsplit("/", 1)
+        if shape not in hb:
+            by_base.setdefault(b, []).append(v[2])
     geomean = {b: math.exp(sum(math.log(c) for c in cs) / len(cs)) for b, cs in by_base.items()}
     worst_at, (_, _, worst) = max(gated.items(), key=lambda kv: kv[1][2])
     info_at, (_, _, info_worst) = max(info.items(), key=lambda kv: kv[1][2]) if info else ("", (0, 0, None))
     regressed = sorted(f"geomean/{b}" for b, g in geomean.items() if gates(b) and g > 1 + tolerance)
     regressed += sorted(k for k, v in gated.items() if v[2] > 1 + pair_tol)
     return {"worst": worst, "worst_at": worst_at, "regressed": regressed, "pairs": pairs, "geomean": geomean,
-            "info_worst": info_worst, "info_worst_at": info_at}
+            "info_worst": info_worst, "info_worst_at": info_at, "host_bound": hb}
 
 
 def _kernel_names(root: Path, kernels: list[str] | None) -> list[str]:
@@ -254,11 +265,16 @@ def regress_one(root: Path, name: str, *, cpu_only: bool, tolerance: float, veri
     cmp = compare_ratios(acc_shapes, bench.metrics.get("shapes") or {}, tolerance, gate=gate)
     info = ""
     if cmp["info_worst"] is not None:
-        info = (f" (not gating: other baselines' ratios moved at most {cmp['info_worst']:.2f}x, "
-                f"at {cmp['info_worst_at']})")
+        info = (f" (not gating: other baselines' or host-bound shapes' ratios moved at most "
+                f"{cmp['info_worst']:.2f}x, at {cmp['info_worst_at']})")
+    if cmp["host_bound"]:
+        info += f"; host-bound shapes not gated: {', '.join(cmp['host_bound'])}"
     if cmp["worst"] is None:
+        if cmp["pairs"] and cmp["host_bound"]:
+            return RegressRow(kernel=name, status="pass", stage="bench", ratios=cmp["pairs"],
+                              message="correct; every comparable shape is host-bound, so speed is not judged" + info)
         return RegressRow(kernel=name, status="fail", stage="bench",
-                          message="no comparable (shape, baseline) ratio between acceptance and now")
+                          message="no comparable (shape, baseline) ratio between acceptance and now" + info)
     if cmp["regressed"]:
         k = cmp["regressed"][0]
         if k.startswith("geomean/"):
@@ -274,9 +290,11 @@ def regress_one(root: Path, name: str, *, cpu_only: bool, tolerance: float, veri
             message=f"slower relative to its baselines (tolerance {tolerance:.0%} on the geometric mean, "
             f"{2 * tolerance:.0%} per shape): {detail}{info}",
         )
+    g = verdict.stage("gradients")
+    grads = "gradients ok" if g is not None and g.status == "pass" else "no gradient outputs to check"
     return RegressRow(kernel=name, status="pass", stage="bench", worst_ratio_change=cmp["worst"],
                       worst_at=cmp["worst_at"], ratios=cmp["pairs"],
-                      message=f"correct, gradients ok, perf ratios within tolerance{info}")
+                      message=f"correct, {grads}, perf ratios within tolerance{info}")
 
 
 def regress(root: Path, kernels: list[str] | None = None, *, cpu_only: bool = False,

@@ -30,7 +30,7 @@ def test_results_from_manifests(tmp_path):
     stages = [StageResult(stage=s, status="pass", summary="ok") for s in ("static", "compile", "correctness", "gradients")]
     stages.append(StageResult(stage="bench", status="pass", summary="ok", metrics=_metrics()))
     v = Verdict(spec=loaded.name, spec_hash=loaded.spec_hash, candidate_hash=sha256_file(cand), stages=stages,
-                environment=Environment(gpu="NVIDIA H200", compute_capability="9.0", torch="2.11.0"))
+                environment=Environment(gpu="NVIDIA H200", compute_capability="9.0", torch="2.11.0", worker_sandbox="landlock ABI 7 (test)"))
     accept(loaded, cand, v, root=tmp_path, provenance={"backend": "test"})
 
     rep = bench_kernels(tmp_path, None, from_manifests=True, out_dir=tmp_path / "out")
@@ -41,7 +41,7 @@ def test_results_from_manifests(tmp_path):
     # smallest problem first, the failed baseline shown as an error, ratios printed
     section = text[text.index("## swiglu_fwd"):]
     assert section.index("llama3-1b/M8192") < section.index("llama3-8b/M8192")
-    assert "| llama3-1b/M8192 | 0.5000 | 700 | 0.5500 | 0.909 | error | - |" in text
+    assert "| llama3-1b/M8192 | 0.5000 | - | 700 | 0.5500 | 0.909 | error | - |" in text
     if importlib.util.find_spec("matplotlib"):
         assert rep.plot_path is not None and rep.plot_path.stat().st_size > 1000
 
@@ -83,7 +83,7 @@ def _accepted(root: Path, name: str, corpus_file: str) -> Path:
     stages = [StageResult(stage=s, status="pass", summary="ok") for s in ("static", "compile", "correctness", "gradients")]
     stages.append(StageResult(stage="bench", status="pass", summary="ok", metrics=_metrics()))
     v = Verdict(spec=name, spec_hash=loaded.spec_hash, candidate_hash=sha256_file(cand), stages=stages,
-                environment=Environment(gpu="NVIDIA H200", compute_capability="9.0"))
+                environment=Environment(gpu="NVIDIA H200", compute_capability="9.0", worker_sandbox="landlock ABI 7 (test)"))
     accept(loaded, cand, v, root=root, provenance={"backend": "test"})
     return root / "generated_kernels" / name / "kernel.py"
 
@@ -96,7 +96,7 @@ def _gpu_verify(fused_ms: float):
         stages = [StageResult(stage=s, status="pass", summary="ok") for s in ("static", "compile", "correctness", "gradients")]
         stages.append(StageResult(stage="bench", status="pass", summary="ok", metrics=m))
         return Verdict(spec=loaded.name, spec_hash=loaded.spec_hash, candidate_hash=sha256_file(kernel),
-                       stages=stages, environment=Environment(gpu="NVIDIA H200", compute_capability="9.0"))
+                       stages=stages, environment=Environment(gpu="NVIDIA H200", compute_capability="9.0", worker_sandbox="landlock ABI 7 (test)"))
     return fake
 
 
@@ -152,15 +152,45 @@ def test_targets_table_reports_worst_shapes():
     from coda_agent.verifier.benchrun import targets_table
 
     def verdict(name, rows):
-        shapes = {s: {"fused_ms": 1.0, "baselines": {b: {"ratio": r} for b, r in bs.items()}} for s, bs in rows.items()}
+        # fused 1.0 ms everywhere, so a baseline's ms is 1 / its ratio
+        shapes = {s: {"fused_ms": 1.0, "baselines": {b: {"ratio": r, "ms": 1.0 / r} for b, r in bs.items()}}
+                  for s, bs in rows.items()}
         st = [StageResult(stage="bench", status="pass", summary="ok", metrics={"shapes": shapes})]
         return Verdict(spec=name, spec_hash="h", candidate_hash="c", stages=st)
 
-    fwd = verdict("x_fwd", {"llama3-1b/M8192": {"bare_gemm": 1.08, "quack_library": 0.99, "torch_compile": 0.9},
-                            "llama3-8b/M8192": {"bare_gemm": 1.01, "quack_library": 1.02, "torch_compile": 0.8}})
+    fwd = verdict("x_fwd", {"llama3-1b/M8192": {"bare_gemm": 1.08, "quack_library": 0.99, "torch_compile": 0.9,
+                                                "quack_gemm": 1.0},
+                            "llama3-8b/M8192": {"bare_gemm": 1.01, "quack_library": 1.02, "torch_compile": 0.8,
+                                                "quack_gemm": 1.02}})
     bwd = verdict("x_bwd", {"llama3-8b/M8192": {"bare_gemm": 1.1, "torch_compile": 0.7},
                             "llama3-8b/M16384": {"bare_gemm": 1.1, "torch_compile": 0.75}})
     text = "\n".join(targets_table({"x_fwd": fwd, "x_bwd": bwd}))
-    assert "| x_fwd | forward | 1.080 (llama3-1b/M8192) | 1.020 (llama3-8b/M8192) | 1.25x (llama3-8b/M8192) | no |" in text
+    # quack_gemm: worst fused/quack_gemm 1.02 at 8B; at the worst bare shape (1B) quack's GEMM
+    # takes 1/1.0 ms against cuBLAS's 1/1.08 ms -> 1.080: the miss is the mainloop's
+    assert ("| x_fwd | forward | 1.080 (llama3-1b/M8192) | 1.020 (llama3-8b/M8192) | 1.25x (llama3-8b/M8192) "
+            "| 1.020 (llama3-8b/M8192) | 1.080 | no |") in text
     # backward: 1/0.75 = 1.33x >= 1.3 at both 8B shapes; the bare-GEMM column does not gate
-    assert "| x_bwd | backward | 1.100 (llama3-8b/M8192) | - | 1.33x (llama3-8b/M16384) | yes |" in text
+    assert "| x_bwd | backward | 1.100 (llama3-8b/M8192) | - | 1.33x (llama3-8b/M16384) | - | - | yes |" in text
+
+
+def test_page_shows_host_time_and_flags_host_bound_shapes():
+    from coda_agent.verifier.benchrun import results_markdown
+
+    shapes = {
+        # host 0.48 ms for a 0.40 ms call: host-bound (>= 0.8 x)
+        "llama3-1b/M8192": {"fused_ms": 0.40, "host_ms": 0.48, "guard_host_ms": 0.004, "tflops": 300,
+                            "flops": 1.0, "baselines": {"bare_gemm": {"ms": 0.145, "ratio": 0.40 / 0.145}}},
+        # host 0.3 ms for a 1.2 ms call: not
+        "llama3-8b/M8192": {"fused_ms": 1.20, "host_ms": 0.30, "guard_host_ms": 0.006, "tflops": 600,
+                            "flops": 2.0, "baselines": {"bare_gemm": {"ms": 1.17, "ratio": 1.20 / 1.17}}},
+    }
+    st = [StageResult(stage="bench", status="pass", summary="ok", metrics={"shapes": shapes})]
+    text = results_markdown({"gemm_rope": Verdict(spec="gemm_rope", spec_hash="h", candidate_hash="c", stages=st)},
+                            "2026-12-01")
+    assert "| llama3-1b/M8192 | 0.4000 | 0.4800 | 300 | 0.1450 | 2.759 |" in text
+    assert "- host-bound (host ms >= 0.8 x fused ms): llama3-1b/M8192." in text
+    # the Targets cell from that shape says so; the kernel says when and how it was measured
+    assert "| gemm_rope | forward | 2.759 (llama3-1b/M8192, host-bound) |" in text
+    assert "Measured at an unrecorded time; candidate worker: confinement not recorded." in text
+    # the guard's median over the shapes (the upper of two), in microseconds
+    assert "adds 6 us of host time to each timed fused call" in text

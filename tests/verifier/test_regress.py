@@ -32,7 +32,7 @@ def _synthetic_verdict(loaded, cand: Path, bench_metrics) -> Verdict:
     stages = [StageResult(stage=s, status="pass", summary="ok") for s in ("static", "compile", "correctness", "gradients")]
     stages.append(StageResult(stage="bench", status="pass", summary="ok", metrics=bench_metrics))
     return Verdict(spec=loaded.name, spec_hash=loaded.spec_hash, candidate_hash=sha256_file(cand), stages=stages,
-                   environment=Environment(gpu="NVIDIA H200", compute_capability="9.0"))
+                   environment=Environment(gpu="NVIDIA H200", compute_capability="9.0", worker_sandbox="landlock ABI 7 (test)"))
 
 
 @pytest.fixture
@@ -140,6 +140,30 @@ def test_only_bare_gemm_gates_other_baselines_inform():
     # the kernel itself 30 % slower (bare GEMM unchanged): the gate trips
     slow = compare_ratios(acc, shape(0.2053 * 1.3, 0.1489, 0.3144), 0.10, gate={"bare_gemm"})
     assert "geomean/bare_gemm" in slow["regressed"] and "s/M8192/bare_gemm" in slow["regressed"]
+
+
+def test_host_bound_shapes_do_not_gate():
+    """Numbers from the H200 (gemm_rope, 1B/M8192, two live benches the same day): the same
+    kernel timed 0.165 ms, then 0.40 ms with 0.48 ms of host time per call (host-bound),
+    while the bare GEMM stayed at 0.145 ms: a 2.4x "regression" of Python, not of the kernel."""
+    def shapes(fused_1b, host_1b, fused_8b):
+        return {"1b/M8192": {"fused_ms": fused_1b, "host_ms": host_1b,
+                             "baselines": {"bare_gemm": {"ratio": fused_1b / 0.145}}},
+                "8b/M8192": {"fused_ms": fused_8b, "host_ms": 0.2,
+                             "baselines": {"bare_gemm": {"ratio": fused_8b / 0.59}}}}
+
+    acc = shapes(0.165, 0.10, 0.597)
+    now = compare_ratios(acc, shapes(0.40, 0.48, 0.63), 0.10, gate={"bare_gemm"})
+    assert now["host_bound"] == ["1b/M8192"] and now["regressed"] == []
+    assert now["worst_at"] == "8b/M8192/bare_gemm" and now["info_worst_at"] == "1b/M8192/bare_gemm"
+    # the geometric mean is over the shapes that are not host-bound only
+    assert now["geomean"]["bare_gemm"] == pytest.approx(0.63 / 0.597)
+    # a real slowdown where the kernel is device-bound still fails
+    slow = compare_ratios(acc, shapes(0.40, 0.48, 0.597 * 1.3), 0.10, gate={"bare_gemm"})
+    assert "8b/M8192/bare_gemm" in slow["regressed"]
+    # host-bound at acceptance counts too: the accepted number was not the kernel's either
+    acc_hb = shapes(0.30, 0.29, 0.597)
+    assert compare_ratios(acc_hb, shapes(0.165, 0.10, 0.597), 0.10, gate={"bare_gemm"})["host_bound"] == ["1b/M8192"]
 
 
 def test_regress_row_reports_non_gating_baselines(workspace, tmp_path_factory):
