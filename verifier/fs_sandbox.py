@@ -171,13 +171,27 @@ def confine_worker(folders: list[str | Path]) -> str:
 
     Used by the candidate worker (its folder) and the compile worker (its temporary
     folder and, when shared, the compile cache), both of which run candidate code.
-    Never raises: returns the description for the verdict, ``"off (CODA_FS_SANDBOX=off)"``
-    or ``"unavailable: <why>"`` (the worker then runs unconfined)."""
+    Then installs the seccomp filter of :mod:`~coda_agent.verifier.seccomp_filter`
+    (sockets, file-metadata changes, io_uring). Never raises: returns the description for
+    the verdict, ``"landlock ABI N: ...; seccomp: ..."``, ``"off (CODA_FS_SANDBOX=off)"``
+    (neither layer) or ``"unavailable: <why>; seccomp: ..."`` (no Landlock: the worker's
+    writes are unconfined)."""
     if os.environ.get(ENV_SWITCH, "").strip().lower() == "off":
         return f"off ({ENV_SWITCH}=off)"
     try:
         for f in folders:
             Path(f).mkdir(parents=True, exist_ok=True)
-        return restrict_writes([*folders, *device_files()])
+        desc = restrict_writes([*folders, *device_files()])
     except (SandboxUnavailable, OSError) as e:
-        return f"unavailable: {e}"
+        desc = f"unavailable: {e}"
+    return f"{desc}; {_seccomp()}"
+
+
+def _seccomp() -> str:
+    """The seccomp layer on top (:mod:`~coda_agent.verifier.seccomp_filter`); it needs
+    ``PR_SET_NO_NEW_PRIVS``, which Landlock already set unless Landlock was unavailable."""
+    from coda_agent.verifier.seccomp_filter import install
+
+    if _libc().prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        return f"seccomp unavailable: PR_SET_NO_NEW_PRIVS failed: {os.strerror(ctypes.get_errno())}"
+    return install()

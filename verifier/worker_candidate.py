@@ -514,7 +514,12 @@ class Worker:
         # (a library that needs a write outside this folder fails here, as the verifier's
         # problem, not later as the candidate's): fs_sandbox.py.
         sandbox = confine_worker([self.scratch])
-        selftest = self.profiler_selftest() if self.cuda else None
+        try:
+            selftest = self.profiler_selftest() if self.cuda else None
+        except Exception as e:  # noqa: BLE001 -- no candidate code has run yet: the environment's fault
+            self.record("setup", ok=False, error="profiler-broken", sandbox=sandbox,
+                        message=f"the launch-counting profiler fails in the confined worker: {type(e).__name__}: {e}")
+            return EXIT_REFUSED
         try:
             timer_ms = self.time_event_ms(self.instrument_probe()) if self.cuda and self.plan.bench else None
         except Exception as e:  # noqa: BLE001 -- no candidate code has run yet: the environment's fault

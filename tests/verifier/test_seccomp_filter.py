@@ -1,0 +1,108 @@
+"""verifier/seccomp_filter.py: the filter on top of Landlock, checked in child processes
+(it is irreversible). Skipped (never faked) off x86_64 Linux."""
+
+import platform
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from coda_agent.verifier.seccomp_filter import (
+    AUDIT_ARCH_X86_64, DENIED_X86_64, SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO, X32_SYSCALL_BIT, program,
+)
+
+x86_64_linux = pytest.mark.skipif(platform.system() != "Linux" or platform.machine() != "x86_64",
+                                  reason="the filter lists x86_64 syscall numbers only")
+
+
+def _run_bpf(rows, nr, arch=AUDIT_ARCH_X86_64):
+    """A tiny classic-BPF interpreter for the opcodes program() uses: what the kernel
+    would return for a call ``nr`` of architecture ``arch``."""
+    data = {0: nr, 4: arch}
+    pc, acc = 0, 0
+    while True:
+        code, jt, jf, k = rows[pc]
+        if code == 0x20:
+            acc = data[k]
+            pc += 1
+        elif code == 0x15:
+            pc += 1 + (jt if acc == k else jf)
+        elif code == 0x45:
+            pc += 1 + (jt if acc & k else jf)
+        elif code == 0x06:
+            return k
+        else:  # pragma: no cover
+            raise AssertionError(f"opcode {code:#x}")
+
+
+def test_program_denies_exactly_the_listed_calls():
+    rows = program()
+    deny = SECCOMP_RET_ERRNO | 1
+    for name, nr in DENIED_X86_64.items():
+        assert _run_bpf(rows, nr) == deny, name
+    # everything else a worker does stays allowed: read, write, openat, mmap, ioctl
+    # (the CUDA driver), socketpair, clone, futex
+    for nr in (0, 1, 257, 9, 16, 53, 56, 202):
+        assert _run_bpf(rows, nr) == SECCOMP_RET_ALLOW, nr
+    # x32 calls (the same syscalls under other numbers) and other architectures: denied
+    assert _run_bpf(rows, X32_SYSCALL_BIT | 90) == deny
+    assert _run_bpf(rows, 15, arch=0x40000003) == deny  # AUDIT_ARCH_I386
+    assert all(0 <= jt < 256 and 0 <= jf < 256 for _, jt, jf, _ in rows)
+
+
+def _child(code: str) -> list[str]:
+    r = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.splitlines()
+
+
+@x86_64_linux
+def test_installed_filter_denies_sockets_and_metadata_changes_on_every_thread(tmp_path):
+    f = tmp_path / "f.txt"
+    f.write_text("x")
+    out = _child(f"""
+        import ctypes, os, socket, threading
+        from coda_agent.verifier.seccomp_filter import install
+        go, done = threading.Event(), threading.Event()
+        seen = []
+        def early():  # a thread that exists before the filter (as CUDA's do)
+            go.wait()
+            try:
+                os.chmod({str(f)!r}, 0o777); seen.append("early thread: chmod allowed")
+            except PermissionError:
+                seen.append("early thread: chmod denied")
+            done.set()
+        threading.Thread(target=early).start()
+        ctypes.CDLL(None).prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS
+        print(install())
+        go.set(); done.wait(); print(seen[0])
+        for what, call in (("unix", lambda: socket.socket(socket.AF_UNIX)),
+                           ("udp", lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM)),
+                           ("tcp6", lambda: socket.socket(socket.AF_INET6)),
+                           ("chmod", lambda: os.chmod({str(f)!r}, 0o777)),
+                           ("utime", lambda: os.utime({str(f)!r}, (0, 0))),
+                           ("xattr", lambda: os.setxattr({str(f)!r}, "user.k", b"v"))):
+            try:
+                call(); print(what, "allowed")
+            except PermissionError:
+                print(what, "denied")
+        a, b = socket.socketpair(); a.send(b"ok"); print("socketpair", b.recv(2).decode())
+        open({str(tmp_path / 'g.txt')!r}, "w").write("still writes"); print("write ok")
+    """)
+    assert out[0].startswith("seccomp: ") and "all threads" in out[0], out
+    assert out[1] == "early thread: chmod denied"
+    assert out[2:8] == ["unix denied", "udp denied", "tcp6 denied", "chmod denied", "utime denied", "xattr denied"]
+    assert out[8:] == ["socketpair ok", "write ok"]
+
+
+@x86_64_linux
+def test_switch_off_and_worker_description(tmp_path):
+    out = _child(f"""
+        import os
+        os.environ["CODA_SECCOMP"] = "off"
+        from coda_agent.verifier.fs_sandbox import confine_worker
+        print(confine_worker([{str(tmp_path / 'w')!r}]))
+        os.chmod({str(tmp_path / 'w')!r}, 0o700); print("chmod allowed")
+    """)
+    assert out[0].endswith("; seccomp off (CODA_SECCOMP=off)") and out[1] == "chmod allowed"
