@@ -139,12 +139,28 @@ def _ragged(dims: dict[str, int], tile: int = 128) -> bool:
     return any(v % tile for v in dims.values())
 
 
+RECHECK_ROW_DIM = "M"
+"""The dim the post-timing recheck redraws at random (every catalogue spec's GEMM M, the
+token rows: any value is legal for a correct kernel)."""
+
+
+def recheck_rows(m: int, secret: int) -> int:
+    """The recheck's secret row count: uniform in ``[ceil(m / 2), 2 m]``, drawn from the
+    per-verification secret, so the candidate cannot know the shape it will be judged at
+    (correctness shapes are public: a kernel right only at those would pass them)."""
+    import random
+
+    return random.Random(secret ^ 0x2EC4ECC).randint(-(-m // 2), 2 * m)
+
+
 def make_runs(spec: Any, secret: int = 0) -> list[Run]:
     """Every correctness case x seed, then one post-timing recheck run.
 
     ``spec`` is a :class:`~coda_agent.verifier.spec.KernelSpec`. The recheck re-runs the
-    last ragged correctness case (the hardest one) with seed ``seeds[0] + 1000``, a seed
-    the candidate never saw before timing.
+    last ragged correctness case (the hardest one) with seed ``seeds[0] + 1000 + secret``,
+    a seed the candidate never saw before timing; with a ``secret`` (every real
+    verification has one) its ``M`` is also redrawn (:func:`recheck_rows`) and the case
+    is named ``"<case>, M=<rows>"``.
     """
     runs: list[Run] = []
     for i, case in enumerate(spec.shapes.correctness):
@@ -156,8 +172,12 @@ def make_runs(spec: Any, secret: int = 0) -> list[Run]:
     i, case = (ragged or cases)[-1]
     name = case.name or f"case{i}"
     seed = spec.shapes.seeds[0] + RECHECK_SEED_OFFSET
-    runs.append(Run(key=f"recheck-c{i}-{_slug(name)}-s{seed}", case=name, dims=dict(case.dims), seed=seed + secret,
-                    recheck=True))
+    dims = dict(case.dims)
+    if secret and RECHECK_ROW_DIM in dims:
+        dims[RECHECK_ROW_DIM] = recheck_rows(dims[RECHECK_ROW_DIM], secret)
+        name = f"{name}, {RECHECK_ROW_DIM}={dims[RECHECK_ROW_DIM]}"
+    runs.append(Run(key=f"recheck-c{i}-{_slug(case.name or f'case{i}')}-s{seed}", case=name, dims=dims,
+                    seed=seed + secret, recheck=True))
     return runs
 
 

@@ -32,6 +32,22 @@ def test_runs_cover_cases_seeds_and_one_recheck():
     assert re.seed == 1000 and re.case == "ragged-all" and re.key == "recheck-c2-ragged-all-s1000"
 
 
+def test_recheck_rows_are_secret_per_verification():
+    case_m = FWD.spec.shapes.correctness[2].dims["M"]
+    drawn = {}
+    for secret in range(1, 200):
+        (re,) = [r for r in make_runs(FWD.spec, secret) if r.recheck]
+        m = re.dims["M"]
+        assert -(-case_m // 2) <= m <= 2 * case_m and re.case == f"ragged-all, M={m}"
+        # only M changes; the other dims are the case's, the key does not reveal M
+        assert {k: v for k, v in re.dims.items() if k != "M"} == {k: v for k, v in FWD.spec.shapes.correctness[2].dims.items() if k != "M"}
+        assert re.key == "recheck-c2-ragged-all-s1000" and re.seed == 1000 + secret
+        drawn[secret] = m
+    # deterministic per secret (both workers read the same plan), spread over the range
+    assert [r.dims["M"] for r in make_runs(FWD.spec, 7) if r.recheck] == [drawn[7]]
+    assert len(set(drawn.values())) > 100
+
+
 def test_bench_shapes_override():
     assert len(make_bench_shapes(FWD.spec)) == 6
     (one,) = make_bench_shapes(FWD.spec, ["llama3-8b/M8192"])
