@@ -227,7 +227,8 @@ def targets_table(verdicts: dict[str, Verdict]) -> list[str]:
             "worst shape (for backward kernels the bare-GEMM column is informative: the fused kernel "
             "also does the epilogue's memory traffic). The per-spec bars under each kernel are the specs' "
             "own, reported and not enforced. A cell marked host-bound comes from a shape where one call's host "
-            "time reaches its device time (see the kernel's notes): that number is not the kernel's.", "",
+            f"time is at least {HOST_BOUND:g}x its device time (see the kernel's notes): that number measures the "
+            "host as much as the kernel.", "",
             "`quack_gemm` (informative, not a target) is quack's own GEMM with the identity epilogue "
             "(default config) on the bare GEMM's operands: fused/quack_gemm is what the epilogue costs on "
             "the quack mainloop every kernel is built on, and quack_gemm/bare_gemm is how that mainloop "
