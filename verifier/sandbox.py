@@ -112,7 +112,7 @@ class WorkerOutcome:
 ENV_KEEP = (
     "PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_", "TZ", "TMPDIR", "PYTHON", "VIRTUAL_ENV",
     "CONDA", "LD_LIBRARY_PATH", "CUDA_", "CUTE_DSL_", "QUACK_", "TRITON_", "NVIDIA_", "TORCH",
-    "OMP_", "MKL_", "CC", "CXX", "CODA_FS_SANDBOX",
+    "OMP_", "MKL_", "CC", "CXX", "CODA_FS_SANDBOX", "CODA_SECCOMP",
 )
 """Environment variables (exact names or prefixes) a worker gets; everything else (API
 keys, tokens, CI secrets) stays in the trusted parent."""

@@ -13,13 +13,24 @@ What it denies (``EPERM``, never a kill: a denied call is an exception the worke
 like any other candidate error):
 
 * ``socket`` in every address family. A worker needs no socket after CUDA is up (its
-  results go through a descriptor opened before confinement); ``socketpair`` (unnamed,
-  process-local) stays allowed.
-* chmod/chown/utime and extended-attribute changes, every variant (``*at``, ``f*``, ``l*``).
+  results go through a descriptor opened before confinement); ``socketpair`` stays
+  allowed for stream pairs only (a datagram pair can ``sendto`` any pathname socket).
+* chmod/chown/utime and extended-attribute changes, every variant (``*at``, ``f*``, ``l*``),
+  ``file_setattr`` and the attribute ioctls (immutable/append-only through a read-only fd).
 * ``io_uring_setup``/``enter``/``register``: io_uring performs opens, connects and sends
   from kernel workers that seccomp never sees.
+* ``setsid``/``setpgid`` (a child in its own session outlived the worker's group kill),
+  System V IPC and kernel keys (state that outlives the process), and scheduling,
+  priority and rlimit calls aimed at any process but the caller (aimed at the parent they
+  slowed the trusted reference worker's baselines).
 * on x86_64, every x32-ABI call (``nr`` with bit 30 set), which would otherwise reach the
   same syscalls under numbers this filter does not list.
+
+Before the filter, the calling thread drops every capability and the bounding set
+(:func:`drop_capabilities`): a worker running as root kept CAP_SYS_PTRACE and
+CAP_DAC_OVERRIDE, enough to read the parent's ``/proc/<pid>/environ`` (the API key)
+through Landlock's ptrace scoping, and CAP_SYS_ADMIN for mount changes. The red team of
+2026-11-30 found each of these from a confined child.
 
 How: a classic-BPF program over ``struct seccomp_data`` installed with
 ``seccomp(SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_TSYNC)``, so every thread of the
@@ -28,7 +39,7 @@ process (CUDA's and torch's included) gets it, irreversibly, and children inheri
 per-architecture; only x86_64 is listed (the dev machine and the H200); elsewhere
 :func:`install` reports "unavailable" and the worker runs with Landlock alone. Through
 ctypes, no dependency; layouts from ``include/uapi/linux/{seccomp,filter,audit}.h``.
-``CODA_SECCOMP=off`` turns it off (debugging; the verdict says so).
+``CODA_SECCOMP=off`` turns both off (debugging; the verdict says so).
 """
 
 from __future__ import annotations
@@ -56,17 +67,42 @@ DENIED_X86_64 = {
     "fchownat": 260, "fchmodat": 268, "fchmodat2": 452,
     "setxattr": 188, "lsetxattr": 189, "fsetxattr": 190,
     "removexattr": 197, "lremovexattr": 198, "fremovexattr": 199,
-    "setxattrat": 463, "removexattrat": 466,
+    "setxattrat": 463, "removexattrat": 466, "file_setattr": 469,
     "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427,
+    # a child in a new session/group escapes the parent's process-group kill and outlives
+    # the worker (red team: still alive after run_worker returned)
+    "setsid": 112, "setpgid": 109,
+    # System V IPC objects and kernel keys outlive the process: state across verifications
+    "shmget": 29, "semget": 64, "msgget": 68, "add_key": 248, "request_key": 249, "keyctl": 250,
 }
 """x86_64 syscall numbers (``arch/x86/entry/syscalls/syscall_64.tbl``) the filter denies."""
+
+SELF_ONLY_X86_64 = {
+    # name: (nr, argument indexes that must be 0 = "this process/thread")
+    "setpriority": (141, (0, 1)),  # which == PRIO_PROCESS and who == 0 (PRIO_USER 0 = every process of the uid)
+    "sched_setparam": (142, (0,)), "sched_setscheduler": (144, (0,)), "sched_setaffinity": (203, (0,)),
+    "sched_setattr": (314, (0,)), "prlimit64": (302, (0,)), "ioprio_set": (251, (1,)),
+}
+"""Calls allowed on the worker itself only: aimed at the parent (``getppid()``) they slowed
+the trusted reference worker started next (nice 19, SCHED_IDLE, one CPU, tiny rlimits)."""
+
+IOCTL_NR = 16
+DENIED_IOCTLS = {"FS_IOC_SETFLAGS": 0x40086602, "FS_IOC32_SETFLAGS": 0x40046602, "FS_IOC_FSSETXATTR": 0x401C5820}
+"""ioctl commands that change file attributes (immutable, append-only) through a read-only
+descriptor; every other ioctl (the CUDA driver's) stays allowed."""
+
+SOCKETPAIR_NR, SOCK_TYPE_MASK, SOCK_STREAM = 53, 0xF, 1
+"""``socketpair`` is allowed for stream pairs only: a datagram pair can ``sendto`` any
+pathname socket (red team: reached a listener outside the sandbox)."""
 
 # classic BPF opcodes (include/uapi/linux/filter.h)
 _LD_W_ABS = 0x20  # BPF_LD | BPF_W | BPF_ABS
 _JEQ_K = 0x15  # BPF_JMP | BPF_JEQ | BPF_K
 _JSET_K = 0x45  # BPF_JMP | BPF_JSET | BPF_K
+_AND_K = 0x54  # BPF_ALU | BPF_AND | BPF_K
 _RET_K = 0x06  # BPF_RET | BPF_K
 _OFF_NR, _OFF_ARCH = 0, 4  # struct seccomp_data
+ERRNO_EPERM = SECCOMP_RET_ERRNO | EPERM
 
 
 class _SockFilter(ctypes.Structure):
@@ -77,25 +113,108 @@ class _SockFprog(ctypes.Structure):
     _fields_ = [("len", ctypes.c_uint16), ("filter", ctypes.POINTER(_SockFilter))]
 
 
-def program(denied: dict[str, int] = DENIED_X86_64) -> list[tuple[int, int, int, int]]:
-    """The BPF program as ``(code, jt, jf, k)`` rows: wrong architecture -> deny
-    everything, x32 call -> deny, a listed number -> deny, else allow. Jumps are relative
-    (skip ``jt``/``jf`` rows); the last two rows are the allow and the deny returns."""
-    nrs = sorted(set(denied.values()))
-    n = len(nrs)
-    # rows: 0 ld arch; 1 jeq arch; 2 ld nr; 3 jset x32; 4..4+n-1 jeq nr; 4+n allow; 5+n deny
-    allow, deny = 4 + n, 5 + n
-    rows = [(_LD_W_ABS, 0, 0, _OFF_ARCH),
-            (_JEQ_K, 0, deny - 2, AUDIT_ARCH_X86_64),
-            (_LD_W_ABS, 0, 0, _OFF_NR),
-            (_JSET_K, deny - 4, 0, X32_SYSCALL_BIT)]
-    for i, nr in enumerate(nrs):
-        here = 4 + i
-        rows.append((_JEQ_K, deny - here - 1, 0, nr))
-    rows.append((_RET_K, 0, 0, SECCOMP_RET_ALLOW))
-    rows.append((_RET_K, 0, 0, SECCOMP_RET_ERRNO | EPERM))
-    assert len(rows) == deny + 1 and rows[allow][3] == SECCOMP_RET_ALLOW
-    return rows
+def _arg_lo(i: int) -> int:
+    """Offset of the low 32 bits of syscall argument ``i`` (little-endian ``u64 args[6]``)."""
+    return 16 + 8 * i
+
+
+def _arg_hi(i: int) -> int:
+    return 16 + 8 * i + 4
+
+
+class _Asm:
+    """A tiny classic-BPF assembler: jumps name labels, resolved to relative offsets."""
+
+    def __init__(self) -> None:
+        self.rows: list[list] = []
+        self.labels: dict[str, int] = {}
+
+    def label(self, name: str) -> None:
+        self.labels[name] = len(self.rows)
+
+    def op(self, code: int, k: int, jt: str | None = None, jf: str | None = None) -> None:
+        self.rows.append([code, jt, jf, k])
+
+    def assemble(self) -> list[tuple[int, int, int, int]]:
+        out = []
+        for i, (code, jt, jf, k) in enumerate(self.rows):
+            def rel(lbl: str | None) -> int:
+                if lbl is None:
+                    return 0
+                off = self.labels[lbl] - i - 1
+                if not 0 <= off < 256:
+                    raise ValueError(f"BPF jump to {lbl} out of range ({off})")
+                return off
+            out.append((code, rel(jt), rel(jf), k))
+        return out
+
+
+def program() -> list[tuple[int, int, int, int]]:
+    """The BPF program as ``(code, jt, jf, k)`` rows. Wrong architecture or an x32 call:
+    deny. A :data:`DENIED_X86_64` number: deny. A :data:`SELF_ONLY_X86_64` call: allow only
+    when its target arguments are 0 (both 32-bit halves). ``ioctl``: deny the
+    :data:`DENIED_IOCTLS` commands. ``socketpair``: stream pairs only. Anything else: allow."""
+    a = _Asm()
+    a.op(_LD_W_ABS, _OFF_ARCH)
+    a.op(_JEQ_K, AUDIT_ARCH_X86_64, None, "deny")
+    a.op(_LD_W_ABS, _OFF_NR)
+    a.op(_JSET_K, X32_SYSCALL_BIT, "deny", None)
+    for nr in sorted(set(DENIED_X86_64.values())):
+        a.op(_JEQ_K, nr, "deny", None)
+    for name, (nr, _) in sorted(SELF_ONLY_X86_64.items()):
+        a.op(_JEQ_K, nr, f"self_{name}", None)
+    a.op(_JEQ_K, IOCTL_NR, "ioctl", None)
+    a.op(_JEQ_K, SOCKETPAIR_NR, "socketpair", None)
+    a.op(_RET_K, SECCOMP_RET_ALLOW)
+    for name, (_, args) in sorted(SELF_ONLY_X86_64.items()):
+        a.label(f"self_{name}")
+        for i in args:
+            a.op(_LD_W_ABS, _arg_lo(i))
+            a.op(_JEQ_K, 0, None, "deny")
+            a.op(_LD_W_ABS, _arg_hi(i))
+            a.op(_JEQ_K, 0, None, "deny")
+        a.op(_RET_K, SECCOMP_RET_ALLOW)
+    a.label("ioctl")
+    a.op(_LD_W_ABS, _arg_lo(1))
+    for cmd in sorted(DENIED_IOCTLS.values()):
+        a.op(_JEQ_K, cmd, "deny", None)
+    a.op(_RET_K, SECCOMP_RET_ALLOW)
+    a.label("socketpair")
+    a.op(_LD_W_ABS, _arg_lo(1))
+    a.op(_AND_K, SOCK_TYPE_MASK)
+    a.op(_JEQ_K, SOCK_STREAM, "allow", "deny")
+    a.label("allow")
+    a.op(_RET_K, SECCOMP_RET_ALLOW)
+    a.label("deny")
+    a.op(_RET_K, ERRNO_EPERM)
+    return a.assemble()
+
+
+def drop_capabilities() -> str:
+    """Drop every capability of the calling thread (effective, permitted, inheritable,
+    ambient) and the bounding set: a root worker kept CAP_SYS_PTRACE/CAP_DAC_OVERRIDE and
+    could read the trusted parent's ``/proc/<pid>/environ`` (API keys) and change mounts.
+    Capabilities are per thread; candidate code runs on this one and threads it starts
+    inherit the empty sets. Returns what was done (never raises)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    try:
+        last = int(open("/proc/sys/kernel/cap_last_cap").read())
+    except (OSError, ValueError):
+        last = 40
+    for cap in range(last + 1):
+        libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0)  # EPERM without CAP_SETPCAP: nothing to drop then
+    libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
+    header = (ctypes.c_uint32 * 2)(_LINUX_CAPABILITY_VERSION_3, 0)
+    data = (ctypes.c_uint32 * 6)()  # two __user_cap_data_struct, all zero
+    libc.syscall.restype = ctypes.c_long
+    if libc.syscall(ctypes.c_long(SYS_CAPSET_X86_64), header, data) != 0:
+        return f"capabilities kept ({os.strerror(ctypes.get_errno())})"
+    return "no capabilities"
+
+
+PR_CAPBSET_DROP, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 24, 47, 4
+SYS_CAPSET_X86_64 = 126
+_LINUX_CAPABILITY_VERSION_3 = 0x20080522
 
 
 def install() -> str:
@@ -106,6 +225,7 @@ def install() -> str:
         return f"seccomp off ({ENV_SWITCH}=off)"
     if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
         return f"seccomp unavailable: syscall numbers listed for x86_64 only, not {platform.machine()}"
+    caps = drop_capabilities()
     rows = program()
     arr = (_SockFilter * len(rows))(*[_SockFilter(*r) for r in rows])
     prog = _SockFprog(len(rows), ctypes.cast(arr, ctypes.POINTER(_SockFilter)))
@@ -116,5 +236,6 @@ def install() -> str:
     if res != 0:
         err = ctypes.get_errno()
         why = f"thread {res} could not be synchronized" if res > 0 else os.strerror(err)
-        return f"seccomp unavailable: {why}"
-    return "seccomp: sockets, chmod/chown/utime/xattr changes and io_uring denied (all threads)"
+        return f"seccomp unavailable: {why}; {caps}"
+    return (f"seccomp: sockets, file-metadata changes, io_uring, new sessions, SysV IPC/keys and "
+            f"scheduling of other processes denied (all threads); {caps}")

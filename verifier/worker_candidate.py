@@ -513,6 +513,8 @@ class Worker:
         # Confined before the instruments' self-tests, so they prove they work confined
         # (a library that needs a write outside this folder fails here, as the verifier's
         # problem, not later as the candidate's): fs_sandbox.py.
+        # the environment first: nvidia-smi is a trusted subprocess, not something to confine
+        env = collect_environment(probe_gpu=self.cuda).model_dump()
         sandbox = confine_worker([self.scratch])
         try:
             selftest = self.profiler_selftest() if self.cuda else None
@@ -533,7 +535,6 @@ class Worker:
                         message=f"quack's identity_epi GEMM does not compile/run in the confined worker: "
                         f"{type(e).__name__}: {e}")
             return EXIT_REFUSED
-        env = collect_environment(probe_gpu=self.cuda).model_dump()
         self.record("setup", ok=True, device=str(self.device), env=env, profiler_selftest=selftest,
                     plan_sha256=self.plan.sha256(), sandbox=sandbox, timer_selftest_ms=timer_ms,
                     dsl_selftest_s=dsl_s)

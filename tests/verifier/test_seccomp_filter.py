@@ -9,22 +9,28 @@ import textwrap
 import pytest
 
 from coda_agent.verifier.seccomp_filter import (
-    AUDIT_ARCH_X86_64, DENIED_X86_64, SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO, X32_SYSCALL_BIT, program,
+    AUDIT_ARCH_X86_64, DENIED_IOCTLS, DENIED_X86_64, SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO, SELF_ONLY_X86_64,
+    X32_SYSCALL_BIT, program,
 )
 
 x86_64_linux = pytest.mark.skipif(platform.system() != "Linux" or platform.machine() != "x86_64",
                                   reason="the filter lists x86_64 syscall numbers only")
 
 
-def _run_bpf(rows, nr, arch=AUDIT_ARCH_X86_64):
+def _run_bpf(rows, nr, arch=AUDIT_ARCH_X86_64, args=(0, 0, 0, 0, 0, 0)):
     """A tiny classic-BPF interpreter for the opcodes program() uses: what the kernel
-    would return for a call ``nr`` of architecture ``arch``."""
+    would return for a call ``nr(*args)`` of architecture ``arch``."""
     data = {0: nr, 4: arch}
+    for i, a in enumerate(args):
+        data[16 + 8 * i], data[20 + 8 * i] = a & 0xFFFFFFFF, (a >> 32) & 0xFFFFFFFF
     pc, acc = 0, 0
     while True:
         code, jt, jf, k = rows[pc]
         if code == 0x20:
             acc = data[k]
+            pc += 1
+        elif code == 0x54:
+            acc &= k
             pc += 1
         elif code == 0x15:
             pc += 1 + (jt if acc == k else jf)
@@ -41,14 +47,36 @@ def test_program_denies_exactly_the_listed_calls():
     deny = SECCOMP_RET_ERRNO | 1
     for name, nr in DENIED_X86_64.items():
         assert _run_bpf(rows, nr) == deny, name
-    # everything else a worker does stays allowed: read, write, openat, mmap, ioctl
-    # (the CUDA driver), socketpair, clone, futex
-    for nr in (0, 1, 257, 9, 16, 53, 56, 202):
+    # everything else a worker does stays allowed: read, write, openat, mmap, clone, futex
+    for nr in (0, 1, 257, 9, 56, 202):
         assert _run_bpf(rows, nr) == SECCOMP_RET_ALLOW, nr
     # x32 calls (the same syscalls under other numbers) and other architectures: denied
     assert _run_bpf(rows, X32_SYSCALL_BIT | 90) == deny
     assert _run_bpf(rows, 15, arch=0x40000003) == deny  # AUDIT_ARCH_I386
     assert all(0 <= jt < 256 and 0 <= jf < 256 for _, jt, jf, _ in rows)
+
+
+def test_program_checks_arguments():
+    rows = program()
+    deny = SECCOMP_RET_ERRNO | 1
+    # scheduling/priority/rlimits: on the caller (0) only, never on the parent's pid
+    for name, (nr, idx) in SELF_ONLY_X86_64.items():
+        assert _run_bpf(rows, nr) == SECCOMP_RET_ALLOW, name
+        for i in idx:
+            for target in (4242, 1 << 32):
+                args = [0] * 6
+                args[i] = target
+                assert _run_bpf(rows, nr, args=args) == deny, (name, i, target)
+    # setpriority(PRIO_USER=2, 0, 19) renices every process of the uid
+    assert _run_bpf(rows, 141, args=(2, 0, 19, 0, 0, 0)) == deny
+    # ioctl: the CUDA driver's pass, the file-attribute ones do not
+    assert _run_bpf(rows, 16, args=(5, 0xC0104E4A, 0, 0, 0, 0)) == SECCOMP_RET_ALLOW
+    for cmd in DENIED_IOCTLS.values():
+        assert _run_bpf(rows, 16, args=(5, cmd, 0, 0, 0, 0)) == deny
+    # socketpair: stream pairs (with flags like SOCK_CLOEXEC) yes, datagram/seqpacket no
+    assert _run_bpf(rows, 53, args=(1, 1 | 0o2000000, 0, 0, 0, 0)) == SECCOMP_RET_ALLOW
+    assert _run_bpf(rows, 53, args=(1, 2, 0, 0, 0, 0)) == deny
+    assert _run_bpf(rows, 53, args=(1, 5, 0, 0, 0, 0)) == deny
 
 
 def _child(code: str) -> list[str]:
@@ -87,13 +115,27 @@ def test_installed_filter_denies_sockets_and_metadata_changes_on_every_thread(tm
                 call(); print(what, "allowed")
             except PermissionError:
                 print(what, "denied")
+        for what, call in (("dgram pair", lambda: socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)),
+                           ("renice parent", lambda: os.setpriority(os.PRIO_PROCESS, os.getppid(), 19)),
+                           ("setsid", os.setsid)):
+            try:
+                call(); print(what, "allowed")
+            except PermissionError:
+                print(what, "denied")
+        os.setpriority(os.PRIO_PROCESS, 0, 1); print("renice self ok")
         a, b = socket.socketpair(); a.send(b"ok"); print("socketpair", b.recv(2).decode())
         open({str(tmp_path / 'g.txt')!r}, "w").write("still writes"); print("write ok")
+        caps = [ln.split()[1] for ln in open("/proc/self/status") if ln.startswith(("CapEff", "CapBnd"))]
+        print("caps", *caps)
     """)
     assert out[0].startswith("seccomp: ") and "all threads" in out[0], out
     assert out[1] == "early thread: chmod denied"
     assert out[2:8] == ["unix denied", "udp denied", "tcp6 denied", "chmod denied", "utime denied", "xattr denied"]
-    assert out[8:] == ["socketpair ok", "write ok"]
+    assert out[8:11] == ["dgram pair denied", "renice parent denied", "setsid denied"]
+    assert out[11:13] == ["renice self ok", "socketpair ok"] and out[13] == "write ok"
+    # no capabilities left, even for a root worker (the bounding set too, where it could be dropped)
+    assert out[14].split()[1] == "0000000000000000", out[14]
+    assert out[0].endswith("; no capabilities")
 
 
 @x86_64_linux
@@ -106,3 +148,30 @@ def test_switch_off_and_worker_description(tmp_path):
         os.chmod({str(tmp_path / 'w')!r}, 0o700); print("chmod allowed")
     """)
     assert out[0].endswith("; seccomp off (CODA_SECCOMP=off)") and out[1] == "chmod allowed"
+
+
+@x86_64_linux
+def test_confined_worker_cannot_read_the_parents_environment(tmp_path):
+    """The parent holds the API key in its environment (workers get a filtered copy): a
+    root worker with its capabilities could read /proc/<parent>/environ past Landlock."""
+    out = _child(f"""
+        import os
+        from coda_agent.verifier.fs_sandbox import confine_worker
+        print(confine_worker([{str(tmp_path / 'w')!r}]))
+        try:
+            open(f"/proc/{{os.getppid()}}/environ", "rb").read(); print("environ read")
+        except PermissionError:
+            print("environ denied")
+    """)
+    if not out[0].startswith("landlock"):
+        pytest.skip(f"no Landlock here: {out[0]}")
+    assert out[1] == "environ denied"
+
+
+def test_the_off_switch_reaches_the_workers(monkeypatch):
+    from coda_agent.verifier.sandbox import worker_env
+
+    monkeypatch.setenv("CODA_SECCOMP", "off")
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "secret")
+    env = worker_env()
+    assert env["CODA_SECCOMP"] == "off" and "ANTHROPIC_API_KEY" not in env
