@@ -194,7 +194,8 @@ def cmd_verify(args) -> int:
                           allow_unconfined=args.allow_unconfined,
                           provenance={"backend": "human", "source": str(cand)})
         except AcceptError as e:
-            raise UsageError(str(e)) from None
+            kept = f" The verdict is in {args.json}." if args.json else " (--json FILE keeps the verdict.)"
+            raise UsageError(f"{e}.{kept}") from None
         console.print(f"[green]accepted[/] -> {dest}")
     return OK
 
