@@ -19,6 +19,15 @@ and signals and abstract unix sockets are scoped to the worker's own processes (
 a candidate cannot signal the verifier). The restriction is irreversible and inherited
 by every child process; it needs no privileges (``PR_SET_NO_NEW_PRIVS`` is set first).
 
+Known gap (red team, 2026-11-30): Landlock binds the *calling thread* and the threads and
+children it starts; threads that exist before (torch's and CUDA's, since the candidate
+worker confines after CUDA init) stay unconfined, and native code in the process can run
+on them (a signal handler sent with ``tgkill`` did). The description says how many there
+were ("N earlier thread(s) not confined"). The fix is to confine before any thread exists
+(in the child between fork and exec, with the results file passed as an inherited
+descriptor) or Landlock's thread-sync flag where the kernel has it; the seccomp layer
+(:mod:`~coda_agent.verifier.seccomp_filter`) does reach every thread.
+
 The trusted reference worker and the parent are not confined. Landlock exists since
 Linux 5.13; without it (or with ``CODA_FS_SANDBOX=off``) the worker runs unconfined and
 says so: the description lands in the verdict's ``environment.worker_sandbox``, so a
@@ -148,7 +157,20 @@ def restrict_writes(writable: list[str | Path]) -> str:
             raise SandboxUnavailable(f"landlock_restrict_self failed: {os.strerror(err)}")
     finally:
         os.close(fd)
+    earlier = _other_threads()
+    if earlier:
+        # Landlock binds the calling thread and what it starts; threads that already exist
+        # (torch's, CUDA's) are not confined (red team 2026-11-30: native code hijacked one)
+        extras.append(f"{earlier} earlier thread(s) not confined")
     return f"landlock ABI {abi}: writes only beneath {len(writable)} path(s)" + "".join(f"; {e}" for e in extras)
+
+
+def _other_threads() -> int:
+    """Threads of this process besides the calling one (0 where /proc is unreadable)."""
+    try:
+        return max(0, len(os.listdir("/proc/self/task")) - 1)
+    except OSError:
+        return 0
 
 
 def device_files() -> list[str]:

@@ -78,3 +78,23 @@ def test_off_switch_and_rights(monkeypatch):
     monkeypatch.setenv("CODA_FS_SANDBOX", "off")
     assert confine_worker(["/tmp"]) == "off (CODA_FS_SANDBOX=off)"  # nothing applied in this process
     assert write_rights(1) & (1 << 14) == 0 and write_rights(3) & (1 << 14)  # TRUNCATE from ABI 3
+
+
+@needs_landlock
+def test_description_counts_threads_that_landlock_does_not_bind(tmp_path):
+    # Landlock confines the calling thread and what it starts, not threads that exist
+    # already (torch's and CUDA's in the candidate worker): the verdict must say so
+    out = _child(f"""
+        import threading
+        from coda_agent.verifier.fs_sandbox import restrict_writes
+        stop = threading.Event()
+        threading.Thread(target=stop.wait).start()
+        print(restrict_writes([{str(tmp_path)!r}]))
+        stop.set()
+    """)
+    assert "; 1 earlier thread(s) not confined" in out[0], out
+    alone = _child(f"""
+        from coda_agent.verifier.fs_sandbox import restrict_writes
+        print(restrict_writes([{str(tmp_path)!r}]))
+    """)
+    assert "earlier thread" not in alone[0], alone
