@@ -2,11 +2,9 @@
 
 Skipped (never faked) where the kernel has no Landlock."""
 
-import subprocess
-import sys
-import textwrap
 
 import pytest
+from verifier_helpers import run_child
 
 from coda_agent.verifier.fs_sandbox import SandboxUnavailable, abi_version, confine_worker, write_rights
 
@@ -18,10 +16,7 @@ except SandboxUnavailable:  # pragma: no cover - depends on the kernel
 needs_landlock = pytest.mark.skipif(ABI is None, reason="this kernel has no Landlock")
 
 
-def _child(code: str) -> list[str]:
-    r = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0, r.stderr
-    return r.stdout.splitlines()
+_child = run_child
 
 
 @needs_landlock

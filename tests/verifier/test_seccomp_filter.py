@@ -2,11 +2,9 @@
 (it is irreversible). Skipped (never faked) off x86_64 Linux."""
 
 import platform
-import subprocess
-import sys
-import textwrap
 
 import pytest
+from verifier_helpers import run_child
 
 from coda_agent.verifier.seccomp_filter import (
     AUDIT_ARCH_X86_64, DENIED_IOCTLS, DENIED_X86_64, SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO, SELF_ONLY_X86_64,
@@ -79,10 +77,7 @@ def test_program_checks_arguments():
     assert _run_bpf(rows, 53, args=(1, 5, 0, 0, 0, 0)) == deny
 
 
-def _child(code: str) -> list[str]:
-    r = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0, r.stderr
-    return r.stdout.splitlines()
+_child = run_child
 
 
 @x86_64_linux

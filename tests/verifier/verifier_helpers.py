@@ -35,3 +35,15 @@ def landlock_or_skip() -> int:
         return abi_version()
     except SandboxUnavailable as e:
         pytest.skip(f"this kernel has no Landlock: {e}")
+
+
+def run_child(code: str) -> list[str]:
+    """Run ``code`` (dedented) in a fresh Python process and return its stdout lines; the
+    confinement tests need one because Landlock and seccomp are irreversible."""
+    import subprocess
+    import sys
+    import textwrap
+
+    r = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.splitlines()
