@@ -90,11 +90,6 @@ def unconfined_workers(verdict: Verdict) -> list[str]:
     return out
 
 
-def confined(verdict: Verdict) -> bool:
-    """True when every process that ran the candidate's code was confined (see :func:`unconfined_workers`)."""
-    return not unconfined_workers(verdict)
-
-
 def build_manifest(loaded: LoadedSpec, kernel_bytes: bytes, verdict: Verdict, provenance: dict[str, Any], accepted_at: str) -> dict[str, Any]:
     """The manifest.json content (a JSON-safe dict)."""
     vd = verdict.model_dump(mode="json")
@@ -234,7 +229,7 @@ def accept(
             )
     accepted_at = _now()
     manifest = build_manifest(loaded, data, verdict, provenance, accepted_at)
-    if not confined(verdict):
+    if loose:
         manifest["accepted_unconfined"] = True
     tmp = Path(tempfile.mkdtemp(dir=base, prefix=f".{loaded.name}.new-"))
     try:

@@ -221,9 +221,11 @@ def targets_table(verdicts: dict[str, Verdict]) -> list[str]:
     if not rows:
         return []
     return ["## Targets", "",
-            "The catalogue's targets: forward kernels within 5 % of the bare GEMM (fused/bare_gemm <= 1.05), "
-            "no kernel more than 3 % slower than quack's library equivalent (fused/quack_library <= 1.03), "
-            "backward kernels at least 1.3x faster than torch.compile at the 8B shapes. Each cell is the "
+            f"The catalogue's targets: forward kernels within {TARGETS['bare_gemm'] - 1:.0%} of the bare GEMM "
+            f"(fused/bare_gemm <= {TARGETS['bare_gemm']:g}), no kernel more than "
+            f"{TARGETS['quack_library'] - 1:.0%} slower than quack's library equivalent "
+            f"(fused/quack_library <= {TARGETS['quack_library']:g}), backward kernels at least "
+            f"{TARGETS['torch_compile_8b_speedup']:g}x faster than torch.compile at the 8B shapes. Each cell is the "
             "worst shape (for backward kernels the bare-GEMM column is informative: the fused kernel "
             "also does the epilogue's memory traffic). The per-spec bars under each kernel are the specs' "
             "own, reported and not enforced. A cell marked host-bound comes from a shape where one call's host "

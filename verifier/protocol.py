@@ -172,12 +172,12 @@ def make_runs(spec: Any, secret: int = 0) -> list[Run]:
     i, case = (ragged or cases)[-1]
     name = case.name or f"case{i}"
     seed = spec.shapes.seeds[0] + RECHECK_SEED_OFFSET
+    key = f"recheck-c{i}-{_slug(name)}-s{seed}"  # the key never tells the redrawn M
     dims = dict(case.dims)
     if secret and RECHECK_ROW_DIM in dims:
         dims[RECHECK_ROW_DIM] = recheck_rows(dims[RECHECK_ROW_DIM], secret)
         name = f"{name}, {RECHECK_ROW_DIM}={dims[RECHECK_ROW_DIM]}"
-    runs.append(Run(key=f"recheck-c{i}-{_slug(case.name or f'case{i}')}-s{seed}", case=name, dims=dims,
-                    seed=seed + secret, recheck=True))
+    runs.append(Run(key=key, case=name, dims=dims, seed=seed + secret, recheck=True))
     return runs
 
 

@@ -40,7 +40,6 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from coda_agent.verifier.bench import host_bound
-
 from coda_agent.verifier.spec import SpecError, diff_fields, load_spec
 from coda_agent.verifier.workspace import sha256_file
 

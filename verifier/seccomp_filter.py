@@ -47,6 +47,7 @@ from __future__ import annotations
 import ctypes
 import os
 import platform
+from pathlib import Path
 
 ENV_SWITCH = "CODA_SECCOMP"
 """Set to ``off`` to skip the filter (the worker's sandbox description says so)."""
@@ -190,15 +191,26 @@ def program() -> list[tuple[int, int, int, int]]:
     return a.assemble()
 
 
+PR_CAPBSET_DROP, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 24, 47, 4
+SYS_CAPSET_X86_64 = 126
+_LINUX_CAPABILITY_VERSION_3 = 0x20080522
+
+
+def _libc() -> ctypes.CDLL:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    return libc
+
+
 def drop_capabilities() -> str:
     """Drop every capability of the calling thread (effective, permitted, inheritable,
     ambient) and the bounding set: a root worker kept CAP_SYS_PTRACE/CAP_DAC_OVERRIDE and
     could read the trusted parent's ``/proc/<pid>/environ`` (API keys) and change mounts.
     Capabilities are per thread; candidate code runs on this one and threads it starts
     inherit the empty sets. Returns what was done (never raises)."""
-    libc = ctypes.CDLL(None, use_errno=True)
+    libc = _libc()
     try:
-        last = int(open("/proc/sys/kernel/cap_last_cap").read())
+        last = int(Path("/proc/sys/kernel/cap_last_cap").read_text())
     except (OSError, ValueError):
         last = 40
     for cap in range(last + 1):
@@ -206,15 +218,9 @@ def drop_capabilities() -> str:
     libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
     header = (ctypes.c_uint32 * 2)(_LINUX_CAPABILITY_VERSION_3, 0)
     data = (ctypes.c_uint32 * 6)()  # two __user_cap_data_struct, all zero
-    libc.syscall.restype = ctypes.c_long
     if libc.syscall(ctypes.c_long(SYS_CAPSET_X86_64), header, data) != 0:
         return f"capabilities kept ({os.strerror(ctypes.get_errno())})"
     return "no capabilities"
-
-
-PR_CAPBSET_DROP, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 24, 47, 4
-SYS_CAPSET_X86_64 = 126
-_LINUX_CAPABILITY_VERSION_3 = 0x20080522
 
 
 def install() -> str:
@@ -229,9 +235,7 @@ def install() -> str:
     rows = program()
     arr = (_SockFilter * len(rows))(*[_SockFilter(*r) for r in rows])
     prog = _SockFprog(len(rows), ctypes.cast(arr, ctypes.POINTER(_SockFilter)))
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.syscall.restype = ctypes.c_long
-    res = libc.syscall(ctypes.c_long(SYS_SECCOMP_X86_64), ctypes.c_ulong(SECCOMP_SET_MODE_FILTER),
+    res = _libc().syscall(ctypes.c_long(SYS_SECCOMP_X86_64), ctypes.c_ulong(SECCOMP_SET_MODE_FILTER),
                        ctypes.c_ulong(SECCOMP_FILTER_FLAG_TSYNC), ctypes.byref(prog))
     if res != 0:
         err = ctypes.get_errno()

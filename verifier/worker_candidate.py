@@ -510,31 +510,30 @@ class Worker:
         if refusal:
             self.record("setup", ok=False, error="not-hopper", message=refusal)
             return EXIT_REFUSED
-        # Confined before the instruments' self-tests, so they prove they work confined
-        # (a library that needs a write outside this folder fails here, as the verifier's
-        # problem, not later as the candidate's): fs_sandbox.py.
         # the environment first: nvidia-smi is a trusted subprocess, not something to confine
         env = collect_environment(probe_gpu=self.cuda).model_dump()
+        # Confined before the instruments' self-tests, so they prove they work confined
+        # (a library that needs a write outside this folder fails here, as the verifier's
+        # problem, not later as the candidate's): fs_sandbox.py. No candidate code has run
+        # yet, so a failing self-test is the environment's fault.
         sandbox = confine_worker([self.scratch])
-        try:
-            selftest = self.profiler_selftest() if self.cuda else None
-        except Exception as e:  # noqa: BLE001 -- no candidate code has run yet: the environment's fault
-            self.record("setup", ok=False, error="profiler-broken", sandbox=sandbox,
-                        message=f"the launch-counting profiler fails in the confined worker: {type(e).__name__}: {e}")
-            return EXIT_REFUSED
-        try:
-            timer_ms = self.time_event_ms(self.instrument_probe()) if self.cuda and self.plan.bench else None
-        except Exception as e:  # noqa: BLE001 -- no candidate code has run yet: the environment's fault
-            self.record("setup", ok=False, error="timer-broken", sandbox=sandbox,
-                        message=f"the benchmark timer fails in the confined worker: {type(e).__name__}: {e}")
-            return EXIT_REFUSED
-        try:
-            dsl_s = self.dsl_selftest() if self.cuda else None
-        except Exception as e:  # noqa: BLE001 -- quack's own kernel: a failure is the environment's
-            self.record("setup", ok=False, error="dsl-broken", sandbox=sandbox,
-                        message=f"quack's identity_epi GEMM does not compile/run in the confined worker: "
-                        f"{type(e).__name__}: {e}")
-            return EXIT_REFUSED
+        selftests = (
+            ("profiler-broken", "the launch-counting profiler fails",
+             lambda: self.profiler_selftest() if self.cuda else None),
+            ("timer-broken", "the benchmark timer fails",
+             lambda: self.time_event_ms(self.instrument_probe()) if self.cuda and self.plan.bench else None),
+            ("dsl-broken", "quack's identity_epi GEMM does not compile/run",
+             lambda: self.dsl_selftest() if self.cuda else None),
+        )
+        got = {}
+        for error, what, test in selftests:
+            try:
+                got[error] = test()
+            except Exception as e:  # noqa: BLE001 -- see above
+                self.record("setup", ok=False, error=error, sandbox=sandbox,
+                            message=f"{what} in the confined worker: {type(e).__name__}: {e}")
+                return EXIT_REFUSED
+        selftest, timer_ms, dsl_s = got["profiler-broken"], got["timer-broken"], got["dsl-broken"]
         self.record("setup", ok=True, device=str(self.device), env=env, profiler_selftest=selftest,
                     plan_sha256=self.plan.sha256(), sandbox=sandbox, timer_selftest_ms=timer_ms,
                     dsl_selftest_s=dsl_s)

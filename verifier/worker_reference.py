@@ -55,7 +55,6 @@ from coda_agent.verifier.protocol import BENCH_SEED_BASE, PLAN_FILE, RESULTS_FIL
 from coda_agent.verifier.spec import LIGER_MISSING, NO_LIGER, GradientSpec, load_spec
 
 
-
 def _exact_fp32() -> None:
     """No TF32 anywhere: ref32 must be a true fp32 computation."""
     torch.set_float32_matmul_precision("highest")
@@ -208,17 +207,19 @@ class RefWorker:
                 out[b] = {"error": f}
                 continue
             counter = [0]
+            per_set: list[Callable[[], Any]] = []  # one no-argument call per input set
 
-            def call(f=f, counter=counter, prepared=None):
+            def call(counter=counter, per_set=per_set):
                 i = counter[0] % n
                 counter[0] += 1
-                return prepared[i]() if prepared is not None else f(**sets[i])
+                return per_set[i]()
 
             try:
                 t0 = time.perf_counter()
                 with torch.no_grad():
-                    if isinstance(f, gemm_floor.Floor):  # operands captured per set, before timing
-                        call = functools.partial(call, prepared=f.prepare(sets))
+                    # quack_gemm: bare_gemm's operands captured per set, before timing
+                    per_set += (f.prepare(sets) if isinstance(f, gemm_floor.Floor)
+                                else [functools.partial(f, **s) for s in sets])
                     call()
                     call()
                     self.sync()
@@ -228,7 +229,7 @@ class RefWorker:
             except Exception as e:  # noqa: BLE001 -- a broken baseline is reported, not fatal
                 out[b] = {"error": f"{type(e).__name__}: {str(e)[:500]}"}
             finally:
-                del call  # quack_gemm's captured operands (e.g. M x V logits per set) go with it
+                per_set.clear()  # quack_gemm's captured operands (e.g. M x V logits per set) go with it
         del sets
         gc.collect()
         if self.cuda:
