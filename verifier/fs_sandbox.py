@@ -7,9 +7,8 @@ be able to change anything the verifier trusts afterwards: the spec's ``referenc
 the verifier's own modules, accepted kernels, the quack/cutlass install the trusted
 reference worker imports, or a compile cache that worker reads.
 
-How: right before the candidate is imported (after CUDA, the profiler and every input
-check are set up), :mod:`~coda_agent.verifier.worker_candidate` calls
-:func:`restrict_writes`. It builds a Landlock ruleset that *handles* every write-type
+How: before anything else runs in the worker (:mod:`~coda_agent.verifier.confine_launch`),
+:func:`confine_worker` calls :func:`restrict_writes`. It builds a Landlock ruleset that *handles* every write-type
 filesystem right (write, truncate, create, remove, rename/link across folders) and grants
 them only beneath the given folders: the worker's own folder (results, saved tensors,
 per-worker caches and TMPDIR) and the GPU device nodes plus ``/dev/null`` (the driver
@@ -19,14 +18,16 @@ and signals and abstract unix sockets are scoped to the worker's own processes (
 a candidate cannot signal the verifier). The restriction is irreversible and inherited
 by every child process; it needs no privileges (``PR_SET_NO_NEW_PRIVS`` is set first).
 
-Known gap (red team, 2026-11-30): Landlock binds the *calling thread* and the threads and
-children it starts; threads that exist before (torch's and CUDA's, since the candidate
-worker confines after CUDA init) stay unconfined, and native code in the process can run
-on them (a signal handler sent with ``tgkill`` did). The description says how many there
-were ("N earlier thread(s) not confined"). The fix is to confine before any thread exists
-(in the child between fork and exec, with the results file passed as an inherited
-descriptor) or Landlock's thread-sync flag where the kernel has it; the seccomp layer
-(:mod:`~coda_agent.verifier.seccomp_filter`) does reach every thread.
+Threads: Landlock binds the *calling thread* and the threads and children it starts;
+threads that exist before stay unconfined, and native code in the process can run on them
+(red team 2026-11-30: a signal handler sent with ``tgkill``). So the candidate worker is
+started through :mod:`~coda_agent.verifier.confine_launch`, which confines the process
+while it has one thread, before ``import torch`` (which starts a BLAS thread pool) and
+before CUDA init (the driver's threads): 16 threads in all on the H200 host; the launcher hands the worker the description and a
+results descriptor through :data:`LAUNCH_SANDBOX` and :data:`LAUNCH_RESULTS_FD`. Whenever
+threads did exist at confinement, the description says how many ("N earlier thread(s)
+not confined"); the seccomp layer (:mod:`~coda_agent.verifier.seccomp_filter`) reaches
+every thread either way.
 
 The trusted reference worker and the parent are not confined. Landlock exists since
 Linux 5.13; without it (or with ``CODA_FS_SANDBOX=off``) the worker runs unconfined and
@@ -58,6 +59,13 @@ WRITE_RIGHTS_V1 = (WRITE_FILE | REMOVE_DIR | REMOVE_FILE | MAKE_CHAR | MAKE_DIR 
                    | MAKE_FIFO | MAKE_BLOCK | MAKE_SYM)
 NET_BIND_TCP, NET_CONNECT_TCP = 1 << 0, 1 << 1  # ABI 4
 SCOPE_ABSTRACT_UNIX_SOCKET, SCOPE_SIGNAL = 1 << 0, 1 << 1  # ABI 6
+
+LAUNCH_SANDBOX: str | None = None
+"""The confinement description, when :mod:`~coda_agent.verifier.confine_launch` confined
+this process before the worker module ran (None: it did not)."""
+
+LAUNCH_RESULTS_FD: int | None = None
+"""The results file's descriptor the launcher opened for appending before confinement."""
 
 ENV_SWITCH = "CODA_FS_SANDBOX"
 """Set to ``off`` to run the candidate worker unconfined (debugging only; the verdict says so)."""
@@ -187,33 +195,56 @@ def device_files() -> list[str]:
     return [p for p in out if os.path.exists(p)]
 
 
-def confine_worker(folders: list[str | Path]) -> str:
-    """A worker's confinement: writes only beneath ``folders`` (created if missing) and to
-    the device nodes of :func:`device_files`.
+def switched_off() -> bool:
+    """``CODA_FS_SANDBOX=off``: no layer at all (debugging only; the verdict says so)."""
+    return os.environ.get(ENV_SWITCH, "").strip().lower() == "off"
 
-    Used by the candidate worker (its folder) and the compile worker (its temporary
-    folder and, when shared, the compile cache), both of which run candidate code.
-    Then installs the seccomp filter of :mod:`~coda_agent.verifier.seccomp_filter`
-    (sockets, file-metadata changes, io_uring). Never raises: returns the description for
-    the verdict, ``"landlock ABI N: ...; seccomp: ..."``, ``"off (CODA_FS_SANDBOX=off)"``
+
+def own_proc_dir() -> list[str]:
+    """``/proc/<pid>`` of this process (empty without procfs). CUDA init writes there (most
+    likely the driver naming its threads through ``/proc/self/task/<tid>/comm``): with the
+    folder read-only, ``cuInit`` fails with error 304 (measured on the H200 when the worker
+    is confined before CUDA init). Everything beneath it acts on this process only."""
+    p = f"/proc/{os.getpid()}"
+    return [p] if os.path.isdir(p) else []
+
+
+def confine_worker(folders: list[str | Path], *, seccomp: bool = True) -> str:
+    """A worker's confinement: writes only beneath ``folders`` (created if missing), its own
+    ``/proc/<pid>`` (:func:`own_proc_dir`) and the device nodes of :func:`device_files`.
+
+    Used by the candidate worker (its folder, through :mod:`~coda_agent.verifier.confine_launch`)
+    and the compile worker (its temporary folder and, when shared, the compile cache),
+    both of which run candidate code. Then installs the seccomp filter of
+    :mod:`~coda_agent.verifier.seccomp_filter` (sockets, file-metadata changes, io_uring),
+    or, with ``seccomp=False``, only drops every capability (per thread, so this must
+    happen before threads exist) and leaves the filter to :func:`install_seccomp`: CUDA
+    init opens a socket, so a process that initializes CUDA confined installs the filter
+    afterwards (it reaches every thread then too). Never raises: returns the description
+    for the verdict, ``"landlock ABI N: ...; seccomp: ..."``, ``"off (CODA_FS_SANDBOX=off)"``
     (neither layer) or ``"unavailable: <why>; seccomp: ..."`` (no Landlock: the worker's
     writes are unconfined)."""
-    if os.environ.get(ENV_SWITCH, "").strip().lower() == "off":
+    if switched_off():
         return f"off ({ENV_SWITCH}=off)"
     try:
         for f in folders:
             Path(f).mkdir(parents=True, exist_ok=True)
-        desc = restrict_writes([*folders, *device_files()])
+        desc = restrict_writes([*folders, *own_proc_dir(), *device_files()])
     except (SandboxUnavailable, OSError) as e:
         desc = f"unavailable: {e}"
-    return f"{desc}; {_seccomp()}"
+    if not seccomp:
+        from coda_agent.verifier.seccomp_filter import drop_capabilities
+
+        return f"{desc}; {drop_capabilities()}"
+    return f"{desc}; {install_seccomp()}"
 
 
-def _seccomp() -> str:
+def install_seccomp(drop_caps: bool = True) -> str:
     """The seccomp layer on top (:mod:`~coda_agent.verifier.seccomp_filter`); it needs
-    ``PR_SET_NO_NEW_PRIVS``, which Landlock already set unless Landlock was unavailable."""
+    ``PR_SET_NO_NEW_PRIVS``, which Landlock already set unless Landlock was unavailable.
+    Returns its description (never raises)."""
     from coda_agent.verifier.seccomp_filter import install
 
     if _libc().prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
         return f"seccomp unavailable: PR_SET_NO_NEW_PRIVS failed: {os.strerror(ctypes.get_errno())}"
-    return install()
+    return install(drop_caps=drop_caps)

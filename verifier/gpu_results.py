@@ -134,9 +134,17 @@ class GpuRun:
 
     @property
     def gpu_env(self) -> dict[str, Any]:
-        """The environment the candidate worker saw (empty when it did not get that far)."""
+        """The environment the workers saw: the candidate worker's setup record, with every
+        field the trusted reference worker also recorded taken from it (the candidate worker
+        probes confined, where e.g. ``nvidia-smi`` may be refused). Empty when the
+        candidate worker did not finish its setup."""
         s = self.setup
-        return dict(s.get("env") or {}) if s and s.get("ok") else {}
+        if not (s and s.get("ok")):
+            return {}
+        env = dict(s.get("env") or {})
+        ref = self.ref_part("setup")
+        env.update({k: v for k, v in ((ref[0].get("env") or {}) if ref else {}).items() if v is not None})
+        return env
 
 
 def load_pt(path: Path) -> dict[str, Any]:

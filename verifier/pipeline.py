@@ -157,7 +157,7 @@ def run_gpu_workers(
         (scratch / d).mkdir(parents=True, exist_ok=True)
     atomic_write_text(cand_dir / PLAN_FILE, plan.to_json())
     cand = run_worker(CAND_WORKER, ["--dir", str(cand_dir)], timeout, cwd=cand_dir, env=cand_env,
-                      results=cand_dir / RESULTS_FILE, log_dir=logs)
+                      results=cand_dir / RESULTS_FILE, log_dir=logs, confine=[scratch])
     cand_plan_sha256 = plan.sha256()
     _add_timed_checks(plan, spec, cand.records)  # the reference worker's plan has them too
     run = GpuRun(workdir=workdir, plan=plan, cand=cand, cand_plan_sha256=cand_plan_sha256)

@@ -109,6 +109,9 @@ class WorkerOutcome:
         return head + (f"\n{self.stderr_tail}" if self.stderr_tail else "")
 
 
+LAUNCHER = "coda_agent.verifier.confine_launch"
+"""The module that confines a worker before it runs (``run_worker(confine=...)``)."""
+
 ENV_KEEP = (
     "PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_", "TZ", "TMPDIR", "PYTHON", "VIRTUAL_ENV",
     "CONDA", "LD_LIBRARY_PATH", "CUDA_", "CUTE_DSL_", "QUACK_", "TRITON_", "NVIDIA_", "TORCH",
@@ -189,6 +192,7 @@ def run_worker(
     *,
     results: str | Path | None = None,
     log_dir: str | Path | None = None,
+    confine: list[str | Path] | None = None,
 ) -> WorkerOutcome:
     """Run ``sys.executable -m <module> <args...>`` in a new session and wait at most ``timeout_s`` s.
 
@@ -197,7 +201,10 @@ def run_worker(
     and ``PYTHONUNBUFFERED=1`` are always set so a segfault leaves a Python stack in
     stderr. ``results`` is the worker's results file (read back into
     ``WorkerOutcome.records``); ``log_dir`` keeps ``<module>.stdout/.stderr`` (a temp
-    folder otherwise). On timeout the whole process group gets SIGTERM, then SIGKILL.
+    folder otherwise). ``confine`` (folders that stay writable) starts the worker through
+    :mod:`~coda_agent.verifier.confine_launch`: confined before its first import, with
+    ``results`` opened for appending before that. On timeout the whole process group gets
+    SIGTERM, then SIGKILL.
     Never raises for anything the worker does; raises ``OSError`` only if the
     interpreter cannot be started.
     """
@@ -212,12 +219,17 @@ def run_worker(
     log_dir.mkdir(parents=True, exist_ok=True)
     short = module.rsplit(".", 1)[-1]
     out_path, err_path = log_dir / f"{short}.stdout", log_dir / f"{short}.stderr"
+    cmd = [sys.executable, "-m", module, *args]
+    if confine is not None:
+        launch = [a for d in confine for a in ("--write", str(d))]
+        launch += ["--append", str(results)] if results is not None else []
+        cmd = [sys.executable, "-m", LAUNCHER, *launch, module, "--", *args]
     t0 = time.monotonic()
     timed_out = False
     try:
         with open(out_path, "wb") as fo, open(err_path, "wb") as fe:
             proc = subprocess.Popen(
-                [sys.executable, "-m", module, *args],
+                cmd,
                 cwd=str(cwd) if cwd is not None else None,
                 env=full_env,
                 stdin=subprocess.DEVNULL,

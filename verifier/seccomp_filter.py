@@ -223,15 +223,16 @@ def drop_capabilities() -> str:
     return "no capabilities"
 
 
-def install() -> str:
-    """Install the filter on every thread of this process. Never raises: returns the
-    description for the verdict (``"seccomp: ..."``, ``"seccomp off (CODA_SECCOMP=off)"``
-    or ``"seccomp unavailable: <why>"``)."""
+def install(drop_caps: bool = True) -> str:
+    """Install the filter on every thread of this process, after :func:`drop_capabilities`
+    unless ``drop_caps`` is False (the launcher dropped them already, before any thread
+    existed). Never raises: returns the description for the verdict (``"seccomp: ..."``,
+    ``"seccomp off (CODA_SECCOMP=off)"`` or ``"seccomp unavailable: <why>"``)."""
     if os.environ.get(ENV_SWITCH, "").strip().lower() == "off":
         return f"seccomp off ({ENV_SWITCH}=off)"
     if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
         return f"seccomp unavailable: syscall numbers listed for x86_64 only, not {platform.machine()}"
-    caps = drop_capabilities()
+    caps = drop_capabilities() if drop_caps else "capabilities dropped before"
     rows = program()
     arr = (_SockFilter * len(rows))(*[_SockFilter(*r) for r in rows])
     prog = _SockFprog(len(rows), ctypes.cast(arr, ctypes.POINTER(_SockFilter)))

@@ -38,10 +38,14 @@ Design (threat numbers from verifier-threats.md):
   elements: :func:`~coda_agent.verifier.protocol.make_bench_checks`,
   :func:`~coda_agent.verifier.protocol.timed_check_run`). All unpredictable seeds carry the
   parent's per-verification ``plan.secret``.
-* **Confinement** (:mod:`~coda_agent.verifier.fs_sandbox`): once CUDA is up and before
-  the self-tests (profiler, timer, one quack GEMM), the process may write only beneath
-  ``scratch/`` and to the GPU device nodes; records go through a descriptor opened
-  before that, and each saved trial file's sha256 and size are in its record.
+* **Confinement** (:mod:`~coda_agent.verifier.fs_sandbox`): the pipeline starts this
+  module through :mod:`~coda_agent.verifier.confine_launch`, so from before ``import
+  torch`` (one thread; every later thread inherits it) the process may write only beneath
+  ``scratch/``, its own ``/proc/<pid>`` and the GPU device nodes, and holds no
+  capabilities; the seccomp filter follows once CUDA is up (libcuda's init opens a
+  socket), on every thread. Records go through a descriptor opened before that, and each
+  saved trial file's sha256 and size are in its record. The setup self-tests (profiler,
+  timer, one quack GEMM) run under every layer.
 
 Exit status: 0 done, 1 the candidate raised (traceback on stderr), 3 refused (not an
 sm_90 GPU / profiler broken; a ``setup`` record says why). The worker ends with
@@ -87,7 +91,7 @@ except Exception:  # noqa: BLE001
     _triton_testing = None
     _do_bench = None
 
-from coda_agent.verifier.fs_sandbox import confine_worker  # noqa: E402
+from coda_agent.verifier import fs_sandbox  # noqa: E402
 from coda_agent.verifier.inputs import make_inputs, rotation_count, tensor_bytes  # noqa: E402
 from coda_agent.verifier.numerics import POISON_WORD16, bitwise_equal  # noqa: E402
 from coda_agent.verifier.protocol import (  # noqa: E402
@@ -156,7 +160,9 @@ class Worker:
         self.dir = folder
         self.scratch = folder / SCRATCH_DIR
         (self.scratch / "trials").mkdir(parents=True, exist_ok=True)
-        self._out = open(folder / RESULTS_FILE, "a", encoding="utf-8")  # noqa: SIM115 -- lives as long as the worker
+        fd = fs_sandbox.LAUNCH_RESULTS_FD  # opened by confine_launch before confinement
+        self._out = (open(folder / RESULTS_FILE, "a", encoding="utf-8") if fd is None  # noqa: SIM115
+                     else os.fdopen(fd, "a", encoding="utf-8"))  # lives as long as the worker
         self.plan = Plan.from_json((folder / PLAN_FILE).read_text())
         self.results = folder / RESULTS_FILE
         self.device = torch.device(self.plan.device)
@@ -505,18 +511,24 @@ class Worker:
     def main(self) -> int:
         from coda_agent.verifier.environment import collect_environment
 
+        # Normally confined since before `import torch` (confine_launch: no thread escapes);
+        # started without the launcher (a developer's direct run), it confines here, after
+        # CUDA init, and the description counts the threads that stay unconfined.
+        sandbox = fs_sandbox.LAUNCH_SANDBOX
         self.begin("setup")
         refusal = self.check_device()
         if refusal:
-            self.record("setup", ok=False, error="not-hopper", message=refusal)
+            self.record("setup", ok=False, error="not-hopper", sandbox=sandbox, message=refusal)
             return EXIT_REFUSED
-        # the environment first: nvidia-smi is a trusted subprocess, not something to confine
         env = collect_environment(probe_gpu=self.cuda).model_dump()
-        # Confined before the instruments' self-tests, so they prove they work confined
-        # (a library that needs a write outside this folder fails here, as the verifier's
-        # problem, not later as the candidate's): fs_sandbox.py. No candidate code has run
-        # yet, so a failing self-test is the environment's fault.
-        sandbox = confine_worker([self.scratch])
+        if sandbox is None:
+            sandbox = fs_sandbox.confine_worker([self.scratch])
+        elif not fs_sandbox.switched_off():  # the launcher left seccomp for after CUDA init (it opens a socket)
+            sandbox = f"{sandbox}; {fs_sandbox.install_seccomp(drop_caps=False)}"
+        # The instruments' self-tests run confined, so a library that needs a write outside
+        # this folder (or a socket) fails here, as the verifier's problem, not later as the
+        # candidate's. No candidate code has run yet, so a failing self-test is the
+        # environment's fault.
         selftests = (
             ("profiler-broken", "the launch-counting profiler fails",
              lambda: self.profiler_selftest() if self.cuda else None),

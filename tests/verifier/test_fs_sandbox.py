@@ -2,11 +2,16 @@
 
 Skipped (never faked) where the kernel has no Landlock."""
 
+import os
+import subprocess
+import sys
+import textwrap
 
 import pytest
 from verifier_helpers import run_child
 
 from coda_agent.verifier.fs_sandbox import SandboxUnavailable, abi_version, confine_worker, write_rights
+from coda_agent.verifier.sandbox import LAUNCHER
 
 try:
     ABI = abi_version()
@@ -47,7 +52,7 @@ def test_writes_only_beneath_the_given_folders(tmp_path):
         except FileNotFoundError:
             print("shm denied")  # no /dev/shm on this machine: nothing to write to either
     """)
-    assert out[0].startswith(f"landlock ABI {ABI}: writes only beneath 2 path(s)")
+    assert out[0].startswith(f"landlock ABI {ABI}: writes only beneath 3 path(s)")  # + its /proc/<pid>
     assert out[1:] == ["inside ok", "create denied", "truncate denied", "remove denied", "mkdir denied", "child denied",
                        "devnull ok", "shm denied"]
     assert (other / "keep.txt").read_text() == "precious" and not (other / "b.txt").exists()
@@ -93,3 +98,73 @@ def test_description_counts_threads_that_landlock_does_not_bind(tmp_path):
         print(restrict_writes([{str(tmp_path)!r}]))
     """)
     assert "earlier thread" not in alone[0], alone
+
+
+@needs_landlock
+def test_launcher_confines_before_any_thread_and_threads_inherit(tmp_path):
+    # confine_launch confines while the interpreter has one thread, then runs the worker
+    # module: threads the worker starts later (numpy's BLAS pool, a Python thread) are bound
+    # too, the results descriptor appends while the results file is read-only by path
+    ok, other = tmp_path / "ok", tmp_path / "other"
+    other.mkdir()
+    results = tmp_path / "results.jsonl"
+    (tmp_path / "launched_probe.py").write_text(textwrap.dedent(f"""
+        import os, sys, threading
+        import numpy  # starts a BLAS thread pool on import
+        from coda_agent.verifier import fs_sandbox
+        print(fs_sandbox.LAUNCH_SANDBOX)
+        print("argv", sys.argv[1:])
+        print("threads", len(os.listdir("/proc/self/task")) > 1)
+        def attempt():
+            try:
+                open({str(other / 'from-thread.txt')!r}, "w"); print("thread write ALLOWED")
+            except PermissionError:
+                print("thread write denied")
+        t = threading.Thread(target=attempt); t.start(); t.join()
+        os.write(fs_sandbox.LAUNCH_RESULTS_FD, b"record\\n"); print("fd append ok")
+        try:
+            open({str(results)!r}, "w"); print("results rewrite ALLOWED")
+        except PermissionError:
+            print("results rewrite denied")
+    """))
+    r = subprocess.run([sys.executable, "-m", LAUNCHER, "--write", str(ok), "--append", str(results),
+                        "launched_probe", "--", "--dir", "x"],
+                       capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"})
+    assert r.returncode == 0, r.stderr
+    out = r.stdout.splitlines()
+    assert out[0].startswith(f"landlock ABI {ABI}: writes only beneath") and "earlier thread" not in out[0], out
+    assert out[1:] == ["argv ['--dir', 'x']", "threads True", "thread write denied", "fd append ok",
+                       "results rewrite denied"], out
+    assert results.read_text() == "record\n" and not (other / "from-thread.txt").exists()
+
+
+@pytest.mark.gpu
+def test_cuda_comes_up_inside_the_launched_confinement(tmp_path):
+    # the candidate worker initializes CUDA (driver threads, device nodes) already confined
+    # by Landlock with no capabilities, then adds seccomp: the profiler works under all
+    (tmp_path / "cuda_probe.py").write_text(textwrap.dedent("""
+        import os, subprocess
+        import torch
+        from coda_agent.verifier import fs_sandbox
+        print(fs_sandbox.LAUNCH_SANDBOX)
+        a = torch.randn(256, 256, device="cuda")
+        print("matmul", float((a @ a).abs().sum()) > 0)
+        print(fs_sandbox.install_seccomp(drop_caps=False))  # as the worker does, once CUDA is up
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            (a * 2).sum(); torch.cuda.synchronize()
+        print("profiler", any(e.device_type == torch.autograd.DeviceType.CUDA for e in prof.events()))
+        smi = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True)
+        print("nvidia-smi", smi.returncode == 0, smi.stderr.strip()[:200])
+    """))
+    (tmp_path / "w").mkdir()
+    r = subprocess.run([sys.executable, "-m", LAUNCHER, "--write", str(tmp_path / "w"), "cuda_probe"],
+                       capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "TMPDIR": str(tmp_path / "w"),  # as the pipeline gives the worker
+                            "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = r.stdout.splitlines()
+    assert "earlier thread" not in out[0] and out[0].endswith("; no capabilities"), out
+    assert out[1] == "matmul True" and out[2].startswith("seccomp: ") and out[3] == "profiler True", out
+    print(out)  # nvidia-smi confined: informative (the verdict's driver comes from the reference worker)

@@ -69,7 +69,7 @@ def test_good_corpus_candidate_is_gpu_verified(path, tmp_path):
     assert v.gpu_verified, _explain(v.stages)
     c = v.stage("correctness").metrics
     assert c["launches"] == 1, c.get("kernels")
-    assert v.environment.compute_capability == "9.0"
+    assert v.environment.compute_capability == "9.0" and v.environment.driver, v.environment
     row = v.stage("bench").metrics["rows"][0]
     assert row["shape"] == first and row["fused_ms"] > row["sol_ms"]
     if loaded.spec.gradient_outputs:
@@ -83,6 +83,8 @@ def test_good_corpus_candidate_is_gpu_verified(path, tmp_path):
     try:
         abi_version()
         assert v.environment.worker_sandbox.startswith("landlock ABI"), v.environment.worker_sandbox
+        # confined before torch and CUDA started their threads (confine_launch): none escaped
+        assert "earlier thread" not in v.environment.worker_sandbox, v.environment.worker_sandbox
     except SandboxUnavailable:
         assert v.environment.worker_sandbox.startswith("unavailable"), v.environment.worker_sandbox
 

@@ -1,0 +1,64 @@
+"""Start a worker module already confined, while its process still has a single thread.
+
+Why: Landlock binds the thread that calls ``landlock_restrict_self`` and the threads and
+children it starts afterwards, and a dropped capability is dropped for the calling
+thread only. Threads that already exist keep full rights. A worker that confined itself
+after ``import torch`` (which starts a BLAS thread pool) and after CUDA init (the
+driver's threads) left 16 threads unconfined and running as root on the H200 host, and native code in the process can run on any of them (the red team
+of 2026-11-30 hijacked one through a signal handler sent with ``tgkill``).
+
+How: ``python -m coda_agent.verifier.confine_launch --write DIR ... [--append FILE] --
+MODULE ARGS...`` imports nothing but the standard library and
+:mod:`~coda_agent.verifier.fs_sandbox`, applies
+:func:`~coda_agent.verifier.fs_sandbox.confine_worker` (Landlock, capability drop,
+seccomp) while the interpreter has exactly one thread, and then runs ``MODULE`` as
+``__main__`` in the same process (:func:`runpy.run_module`). Every thread that appears
+later (BLAS, CUDA, the profiler, compilers' children) inherits the Landlock domain and the
+empty capability sets, so the description carries no "earlier thread(s) not confined"
+note. The seccomp filter is the one layer left to the worker: libcuda's init opens a
+socket (denied, ``cuInit`` fails with error 304 on the H200), so the worker installs it
+with :func:`~coda_agent.verifier.fs_sandbox.install_seccomp` once CUDA is up; seccomp's
+thread-sync flag puts it on every thread that exists then, so nothing escapes it either.
+
+The worker learns what happened through two attributes of ``fs_sandbox``, set before it
+runs (a candidate's code runs much later, after the worker's first setup record):
+``LAUNCH_SANDBOX`` (the description for the verdict) and ``LAUNCH_RESULTS_FD`` (``--append``
+opened for appending before confinement: records can be added, while the file itself,
+outside the writable folders, cannot be rewritten or truncated by path).
+
+``CODA_FS_SANDBOX=off`` / ``CODA_SECCOMP=off`` switch layers off exactly as for a
+self-confining worker, and the description says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import runpy
+import sys
+
+from coda_agent.verifier import fs_sandbox
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Confine this process, then run the worker module (never returns normally when the
+    worker ends with ``os._exit``). Raises ``SystemExit(2)`` on a bad command line and
+    ``OSError`` when ``--append`` cannot be opened (nothing was confined then)."""
+    ap = argparse.ArgumentParser(description="run a worker module, confined from its first instruction")
+    ap.add_argument("--write", action="append", default=[], metavar="DIR",
+                    help="a folder that stays writable (repeatable; created when missing)")
+    ap.add_argument("--append", metavar="FILE", help="results file opened for appending before confinement")
+    ap.add_argument("module", help="the worker module to run as __main__")
+    ap.add_argument("args", nargs=argparse.REMAINDER, help="its arguments (after --)")
+    a = ap.parse_args(argv)
+    args = a.args[1:] if a.args[:1] == ["--"] else a.args
+    if a.append:
+        fd = os.open(a.append, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        fs_sandbox.LAUNCH_RESULTS_FD = fd
+    fs_sandbox.LAUNCH_SANDBOX = fs_sandbox.confine_worker(a.write, seccomp=False)
+    sys.argv = [a.module, *args]
+    runpy.run_module(a.module, run_name="__main__", alter_sys=True)
+
+
+if __name__ == "__main__":
+    main()
