@@ -7,8 +7,8 @@ after ``import torch`` (which starts a BLAS thread pool) and after CUDA init (th
 driver's threads) left 16 threads unconfined and running as root on the H200 host, and native code in the process can run on any of them (the red team
 of 2026-11-30 hijacked one through a signal handler sent with ``tgkill``).
 
-How: ``python -m coda_agent.verifier.confine_launch --write DIR ... [--append FILE] --
-MODULE ARGS...`` imports nothing but the standard library and
+How: ``python -m coda_agent.verifier.confine_launch --write DIR ... [--results-fd FD]
+MODULE -- ARGS...`` imports nothing but the standard library and
 :mod:`~coda_agent.verifier.fs_sandbox`, applies
 :func:`~coda_agent.verifier.fs_sandbox.confine_worker` (Landlock, capability drop,
 seccomp) while the interpreter has exactly one thread, and then runs ``MODULE`` as
@@ -22,9 +22,10 @@ thread-sync flag puts it on every thread that exists then, so nothing escapes it
 
 The worker learns what happened through two attributes of ``fs_sandbox``, set before it
 runs (a candidate's code runs much later, after the worker's first setup record):
-``LAUNCH_SANDBOX`` (the description for the verdict) and ``LAUNCH_RESULTS_FD`` (``--append``
-opened for appending before confinement: records can be added, while the file itself,
-outside the writable folders, cannot be rewritten or truncated by path).
+``LAUNCH_SANDBOX`` (the description for the verdict) and ``LAUNCH_RESULTS_FD`` (the write
+end of a pipe the parent copies into ``results.jsonl``: records can only be appended; a
+file descriptor would let candidate code truncate or rewrite earlier records, which the
+red team did through one opened before confinement).
 
 ``CODA_FS_SANDBOX=off`` / ``CODA_SECCOMP=off`` switch layers off exactly as for a
 self-confining worker, and the description says so.
@@ -43,18 +44,19 @@ from coda_agent.verifier import fs_sandbox
 def main(argv: list[str] | None = None) -> None:
     """Confine this process, then run the worker module (never returns normally when the
     worker ends with ``os._exit``). Raises ``SystemExit(2)`` on a bad command line and
-    ``OSError`` when ``--append`` cannot be opened (nothing was confined then)."""
+    ``OSError`` when ``--results-fd`` is not an open descriptor (nothing was confined then)."""
     ap = argparse.ArgumentParser(description="run a worker module, confined from its first instruction")
     ap.add_argument("--write", action="append", default=[], metavar="DIR",
                     help="a folder that stays writable (repeatable; created when missing)")
-    ap.add_argument("--append", metavar="FILE", help="results file opened for appending before confinement")
+    ap.add_argument("--results-fd", type=int, metavar="FD",
+                    help="inherited write end of the parent's results pipe (sandbox.run_worker)")
     ap.add_argument("module", help="the worker module to run as __main__")
     ap.add_argument("args", nargs=argparse.REMAINDER, help="its arguments (after --)")
     a = ap.parse_args(argv)
     args = a.args[1:] if a.args[:1] == ["--"] else a.args
-    if a.append:
-        fd = os.open(a.append, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        fs_sandbox.LAUNCH_RESULTS_FD = fd
+    if a.results_fd is not None:
+        os.set_inheritable(a.results_fd, False)  # the worker's own children do not get it
+        fs_sandbox.LAUNCH_RESULTS_FD = a.results_fd
     fs_sandbox.LAUNCH_SANDBOX = fs_sandbox.confine_worker(a.write, seccomp=False)
     sys.argv = [a.module, *args]
     runpy.run_module(a.module, run_name="__main__", alter_sys=True)

@@ -27,6 +27,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -141,9 +142,60 @@ def tail_file(path: str | Path, limit: int = 64 * 1024) -> str:
 
 
 WORKER_FSIZE_LIMIT = 1 << 30
-"""Largest file a worker may write (bytes), its stdout/stderr logs included: saved trial
-tensors are small (benchmark shapes are saved as samples); this stops floods (round 9
-printed 8 GiB of stdout, outside the scratch budget)."""
+"""Largest file a worker may write (bytes): saved trial tensors are small (benchmark
+shapes are saved as samples); this stops floods in its own folder. Its stdout/stderr go
+through pipes the parent caps (:data:`LOG_HEAD`; round 9 printed 8 GiB of stdout)."""
+
+
+LOG_HEAD, LOG_TAIL = 4 << 20, 1 << 20
+"""Bytes of a worker's stdout/stderr kept: the first ``LOG_HEAD``, then only the last
+``LOG_TAIL`` (what a report quotes)."""
+
+RESULTS_CAP = 256 << 20
+"""Bytes of records kept from a confined worker's results pipe (the legitimate stream is a
+few MiB at most); beyond it the stream is dropped, so a flood loses the worker's own
+``done`` record and reads as an unfinished run."""
+
+
+def _drain(rfd: int, path: Path, head: int, tail: int) -> threading.Thread:
+    """Start a thread copying the pipe ``rfd`` into ``path`` (appending) until every writer
+    has closed it: the first ``head`` bytes as they come, then only the last ``tail``
+    bytes, written at the end after a cut marker (``tail=0``: the rest is dropped).
+
+    Why pipes: a worker that holds a *file* descriptor can seek, truncate, ``fallocate``
+    or clear ``O_APPEND`` on it whatever Landlock says (rights are checked at open time),
+    and the red team of 2026-11-30 did all four: rewrote earlier records of the results
+    file and hid gigabytes behind 16-byte logs. A pipe's write end can only append."""
+    def run() -> None:
+        kept, cut, ring = 0, 0, bytearray()
+        try:
+            with open(path, "ab") as f:
+                while chunk := _read(rfd):
+                    if kept < head:
+                        n = min(len(chunk), head - kept)
+                        f.write(chunk[:n])
+                        f.flush()
+                        kept, chunk = kept + n, chunk[n:]
+                    if chunk:
+                        cut += len(chunk)
+                        if tail:
+                            ring += chunk
+                            del ring[:max(0, len(ring) - tail)]
+                if cut and tail:
+                    f.write(b"\n[... %d bytes cut by the verifier ...]\n" % (cut - len(ring)) + bytes(ring))
+        finally:
+            os.close(rfd)
+
+    t = threading.Thread(target=run, name=f"drain-{path.name}", daemon=True)
+    t.start()
+    return t
+
+
+def _read(rfd: int) -> bytes:
+    try:
+        return os.read(rfd, 1 << 16)
+    except OSError:
+        return b""
 
 
 def _limit_worker() -> None:  # runs in the child between fork and exec
@@ -201,10 +253,11 @@ def run_worker(
     and ``PYTHONUNBUFFERED=1`` are always set so a segfault leaves a Python stack in
     stderr. ``results`` is the worker's results file (read back into
     ``WorkerOutcome.records``); ``log_dir`` keeps ``<module>.stdout/.stderr`` (a temp
-    folder otherwise). ``confine`` (folders that stay writable) starts the worker through
-    :mod:`~coda_agent.verifier.confine_launch`: confined before its first import, with
-    ``results`` opened for appending before that. On timeout the whole process group gets
-    SIGTERM, then SIGKILL.
+    folder otherwise); both reach their files through pipes (:func:`_drain`, at most
+    :data:`LOG_HEAD` + :data:`LOG_TAIL` bytes each). ``confine`` (folders that stay
+    writable) starts the worker through :mod:`~coda_agent.verifier.confine_launch`:
+    confined before its first import, writing its records into a pipe that the parent
+    copies to ``results``. On timeout the whole process group gets SIGTERM, then SIGKILL.
     Never raises for anything the worker does; raises ``OSError`` only if the
     interpreter cannot be started.
     """
@@ -219,40 +272,57 @@ def run_worker(
     log_dir.mkdir(parents=True, exist_ok=True)
     short = module.rsplit(".", 1)[-1]
     out_path, err_path = log_dir / f"{short}.stdout", log_dir / f"{short}.stderr"
+    for path in (out_path, err_path):
+        path.write_bytes(b"")
+    # (read end, write end, file it drains into, head, tail)
+    pipes = [(*os.pipe(), out_path, LOG_HEAD, LOG_TAIL), (*os.pipe(), err_path, LOG_HEAD, LOG_TAIL)]
     cmd = [sys.executable, "-m", module, *args]
     if confine is not None:
         launch = [a for d in confine for a in ("--write", str(d))]
-        launch += ["--append", str(results)] if results is not None else []
+        if results is not None:
+            pipes.append((*os.pipe(), Path(results), RESULTS_CAP, 0))
+            launch += ["--results-fd", str(pipes[2][1])]
         cmd = [sys.executable, "-m", LAUNCHER, *launch, module, "--", *args]
     t0 = time.monotonic()
     timed_out = False
+    drains: list[threading.Thread] = []
     try:
-        with open(out_path, "wb") as fo, open(err_path, "wb") as fe:
+        try:
             proc = subprocess.Popen(
                 cmd,
                 cwd=str(cwd) if cwd is not None else None,
                 env=full_env,
                 stdin=subprocess.DEVNULL,
-                stdout=fo,
-                stderr=fe,
+                stdout=pipes[0][1],
+                stderr=pipes[1][1],
+                pass_fds=tuple(p[1] for p in pipes[2:]),
                 start_new_session=True,
                 preexec_fn=_limit_worker,
             )
+        finally:
+            for _, w, *_ in pipes:  # the worker holds the write ends now
+                os.close(w)
+        drains = [_drain(r, path, head, tail) for r, _, path, head, tail in pipes]
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            _kill_group(proc.pid)
+            proc.wait()
+        else:
+            # reap anything the worker left behind in its group (compilers, children)
             try:
-                proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                timed_out = True
-                _kill_group(proc.pid)
-                proc.wait()
-            else:
-                # reap anything the worker left behind in its group (compilers, children)
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        for t in drains:  # every writer is gone: each drain reaches end of file
+            t.join(timeout=30)
         duration = time.monotonic() - t0
         stderr = tail_file(err_path)
     finally:
+        if not drains:  # Popen failed: nobody reads the pipes
+            for r, *_ in pipes:
+                os.close(r)
         if tmp is not None:
             tmp.cleanup()
     rc = None if timed_out else proc.returncode

@@ -13,16 +13,21 @@ What it denies (``EPERM``, never a kill: a denied call is an exception the worke
 like any other candidate error):
 
 * ``socket`` in every address family. A worker needs no socket after CUDA is up (its
-  results go through a descriptor opened before confinement); ``socketpair`` stays
-  allowed for stream pairs only (a datagram pair can ``sendto`` any pathname socket).
+  results go through a pipe to the parent; libcuda's init does open one, so a worker that
+  initializes CUDA installs the filter afterwards); ``socketpair`` stays allowed for
+  stream pairs only (a datagram pair can ``sendto`` any pathname socket).
 * chmod/chown/utime and extended-attribute changes, every variant (``*at``, ``f*``, ``l*``),
   ``file_setattr`` and the attribute ioctls (immutable/append-only through a read-only fd).
 * ``io_uring_setup``/``enter``/``register``: io_uring performs opens, connects and sends
   from kernel workers that seccomp never sees.
 * ``setsid``/``setpgid`` (a child in its own session outlived the worker's group kill),
-  System V IPC and kernel keys (state that outlives the process), and scheduling,
-  priority and rlimit calls aimed at any process but the caller (aimed at the parent they
-  slowed the trusted reference worker's baselines).
+  System V IPC, creating and operating on objects, and kernel keys (state that outlives
+  the process), and scheduling, priority and rlimit calls aimed at any process but the
+  caller (aimed at the parent they slowed the trusted reference worker's baselines).
+* new user namespaces (``unshare``/``clone`` with ``CLONE_NEWUSER``; ``clone3`` fails with
+  ENOSYS so libc falls back to ``clone``) and ``setns``: inside a new user namespace a
+  process holds every capability again; ``fallocate`` with a mode (blocks allocated
+  beyond what ``st_size`` and the file-size limit see).
 * on x86_64, every x32-ABI call (``nr`` with bit 30 set), which would otherwise reach the
   same syscalls under numbers this filter does not list.
 
@@ -59,7 +64,7 @@ AUDIT_ARCH_X86_64 = 0xC000003E
 X32_SYSCALL_BIT = 0x40000000
 SECCOMP_RET_ALLOW = 0x7FFF0000
 SECCOMP_RET_ERRNO = 0x00050000
-EPERM = 1
+EPERM, ENOSYS = 1, 38
 
 DENIED_X86_64 = {
     "socket": 41,
@@ -73,8 +78,14 @@ DENIED_X86_64 = {
     # a child in a new session/group escapes the parent's process-group kill and outlives
     # the worker (red team: still alive after run_worker returned)
     "setsid": 112, "setpgid": 109,
-    # System V IPC objects and kernel keys outlive the process: state across verifications
+    # System V IPC objects and kernel keys outlive the process: state across verifications;
+    # the operations too, since objects that already exist are found in /proc/sysvipc
+    # (red team 2026-11-30: attached, overwrote and removed a root-owned 0600 segment)
     "shmget": 29, "semget": 64, "msgget": 68, "add_key": 248, "request_key": 249, "keyctl": 250,
+    "shmat": 30, "shmctl": 31, "semop": 65, "semctl": 66, "msgsnd": 69, "msgrcv": 70, "msgctl": 71,
+    "semtimedop": 220,
+    # joining another process's namespaces
+    "setns": 308,
 }
 """x86_64 syscall numbers (``arch/x86/entry/syscalls/syscall_64.tbl``) the filter denies."""
 
@@ -86,6 +97,23 @@ SELF_ONLY_X86_64 = {
 }
 """Calls allowed on the worker itself only: aimed at the parent (``getppid()``) they slowed
 the trusted reference worker started next (nice 19, SCHED_IDLE, one CPU, tiny rlimits)."""
+
+CLONE_NEWUSER = 0x10000000
+FLAG_DENIED_X86_64 = {
+    # name: (nr, argument index, bits that may not be set)
+    # a new user namespace hands back a full capability set inside it (red team 2026-11-30:
+    # after an execve, unshare + its own uid_map, which the /proc/<pid> allowance lets it write)
+    "unshare": (272, 0, CLONE_NEWUSER), "clone": (56, 0, CLONE_NEWUSER),
+    # fallocate with a mode (KEEP_SIZE, PUNCH_HOLE, ...): allocates blocks that st_size and the
+    # file-size rlimit do not see (red team: 3 GiB behind a 16-byte file, outside any budget)
+    "fallocate": (285, 1, 0xFFFFFFFF),
+}
+"""Calls denied when an argument has any of the given bits (its low 32 bits: clone flags
+and fallocate modes fit there)."""
+
+CLONE3_NR = 435
+"""``clone3`` passes its flags in a struct seccomp cannot read: it fails with ENOSYS, so
+libc falls back to ``clone``, whose flags the filter checks (the usual container policy)."""
 
 IOCTL_NR = 16
 DENIED_IOCTLS = {"FS_IOC_SETFLAGS": 0x40086602, "FS_IOC32_SETFLAGS": 0x40046602, "FS_IOC_FSSETXATTR": 0x401C5820}
@@ -153,7 +181,8 @@ class _Asm:
 def program() -> list[tuple[int, int, int, int]]:
     """The BPF program as ``(code, jt, jf, k)`` rows. Wrong architecture or an x32 call:
     deny. A :data:`DENIED_X86_64` number: deny. A :data:`SELF_ONLY_X86_64` call: allow only
-    when its target arguments are 0 (both 32-bit halves). ``ioctl``: deny the
+    when its target arguments are 0 (both 32-bit halves). A :data:`FLAG_DENIED_X86_64` call:
+    deny when the argument has one of its bits. ``clone3``: ENOSYS. ``ioctl``: deny the
     :data:`DENIED_IOCTLS` commands. ``socketpair``: stream pairs only. Anything else: allow."""
     a = _Asm()
     a.op(_LD_W_ABS, _OFF_ARCH)
@@ -164,9 +193,19 @@ def program() -> list[tuple[int, int, int, int]]:
         a.op(_JEQ_K, nr, "deny", None)
     for name, (nr, _) in sorted(SELF_ONLY_X86_64.items()):
         a.op(_JEQ_K, nr, f"self_{name}", None)
+    for name, (nr, _, _) in sorted(FLAG_DENIED_X86_64.items()):
+        a.op(_JEQ_K, nr, f"flags_{name}", None)
+    a.op(_JEQ_K, CLONE3_NR, "enosys", None)
     a.op(_JEQ_K, IOCTL_NR, "ioctl", None)
     a.op(_JEQ_K, SOCKETPAIR_NR, "socketpair", None)
     a.op(_RET_K, SECCOMP_RET_ALLOW)
+    for name, (_, i, bits) in sorted(FLAG_DENIED_X86_64.items()):
+        a.label(f"flags_{name}")
+        a.op(_LD_W_ABS, _arg_lo(i))
+        a.op(_JSET_K, bits, "deny", None)
+        a.op(_RET_K, SECCOMP_RET_ALLOW)
+    a.label("enosys")
+    a.op(_RET_K, SECCOMP_RET_ERRNO | ENOSYS)
     for name, (_, args) in sorted(SELF_ONLY_X86_64.items()):
         a.label(f"self_{name}")
         for i in args:
@@ -242,5 +281,5 @@ def install(drop_caps: bool = True) -> str:
         err = ctypes.get_errno()
         why = f"thread {res} could not be synchronized" if res > 0 else os.strerror(err)
         return f"seccomp unavailable: {why}; {caps}"
-    return (f"seccomp: sockets, file-metadata changes, io_uring, new sessions, SysV IPC/keys and "
-            f"scheduling of other processes denied (all threads); {caps}")
+    return (f"seccomp: sockets, file-metadata changes, io_uring, new sessions, SysV IPC/keys, user "
+            f"namespaces, fallocate modes and scheduling of other processes denied (all threads); {caps}")

@@ -43,8 +43,9 @@ Design (threat numbers from verifier-threats.md):
   torch`` (one thread; every later thread inherits it) the process may write only beneath
   ``scratch/``, its own ``/proc/<pid>`` and the GPU device nodes, and holds no
   capabilities; the seccomp filter follows once CUDA is up (libcuda's init opens a
-  socket), on every thread. Records go through a descriptor opened before that, and each
-  saved trial file's sha256 and size are in its record. The setup self-tests (profiler,
+  socket), on every thread. Records go through a pipe the parent copies into
+  ``results.jsonl`` (append-only by construction), and each saved trial file's sha256 and
+  size are in its record. The setup self-tests (profiler,
   timer, one quack GEMM) run under every layer.
 
 Exit status: 0 done, 1 the candidate raised (traceback on stderr), 3 refused (not an
@@ -67,6 +68,7 @@ import io  # noqa: E402
 import importlib.util  # noqa: E402
 import os  # noqa: E402
 import random  # noqa: E402
+import stat  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
 import traceback  # noqa: E402
@@ -160,9 +162,10 @@ class Worker:
         self.dir = folder
         self.scratch = folder / SCRATCH_DIR
         (self.scratch / "trials").mkdir(parents=True, exist_ok=True)
-        fd = fs_sandbox.LAUNCH_RESULTS_FD  # opened by confine_launch before confinement
+        fd = fs_sandbox.LAUNCH_RESULTS_FD  # the parent's results pipe (confine_launch)
         self._out = (open(folder / RESULTS_FILE, "a", encoding="utf-8") if fd is None  # noqa: SIM115
-                     else os.fdopen(fd, "a", encoding="utf-8"))  # lives as long as the worker
+                     else os.fdopen(fd, "w", encoding="utf-8"))  # lives as long as the worker
+        self._fsync = stat.S_ISREG(os.fstat(self._out.fileno()).st_mode)  # a pipe needs none
         self.plan = Plan.from_json((folder / PLAN_FILE).read_text())
         self.results = folder / RESULTS_FILE
         self.device = torch.device(self.plan.device)
@@ -178,11 +181,12 @@ class Worker:
 
     # -- plumbing -----------------------------------------------------------------
     def record(self, part: str, **fields: Any) -> None:
-        """Append one record through the descriptor opened before confinement (the file
-        itself is read-only to this process afterwards: nothing can rewrite earlier records)."""
+        """Append one record to the parent's results pipe (a pipe can only be appended to:
+        nothing in this process can rewrite earlier records; the file is read-only here)."""
         self._out.write(record_line({"part": part, **fields}))
         self._out.flush()
-        os.fsync(self._out.fileno())
+        if self._fsync:
+            os.fsync(self._out.fileno())
 
     def begin(self, what: str) -> None:
         self.record("begin", what=what)

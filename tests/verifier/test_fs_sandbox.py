@@ -104,10 +104,11 @@ def test_description_counts_threads_that_landlock_does_not_bind(tmp_path):
 def test_launcher_confines_before_any_thread_and_threads_inherit(tmp_path):
     # confine_launch confines while the interpreter has one thread, then runs the worker
     # module: threads the worker starts later (numpy's BLAS pool, a Python thread) are bound
-    # too, the results descriptor appends while the results file is read-only by path
+    # too; records go into a pipe (no truncating/rewriting them) and the file is read-only
     ok, other = tmp_path / "ok", tmp_path / "other"
     other.mkdir()
     results = tmp_path / "results.jsonl"
+    results.write_text("first\n")
     (tmp_path / "launched_probe.py").write_text(textwrap.dedent(f"""
         import os, sys, threading
         import numpy  # starts a BLAS thread pool on import
@@ -121,22 +122,33 @@ def test_launcher_confines_before_any_thread_and_threads_inherit(tmp_path):
             except PermissionError:
                 print("thread write denied")
         t = threading.Thread(target=attempt); t.start(); t.join()
-        os.write(fs_sandbox.LAUNCH_RESULTS_FD, b"record\\n"); print("fd append ok")
+        fd = fs_sandbox.LAUNCH_RESULTS_FD
+        os.write(fd, b"record\\n"); print("pipe append ok")
+        for what, call in (("truncate", lambda: os.ftruncate(fd, 0)), ("pwrite", lambda: os.pwrite(fd, b"x", 0)),
+                           ("fallocate", lambda: os.posix_fallocate(fd, 0, 1 << 20))):
+            try:
+                call(); print(what, "ALLOWED")
+            except OSError:
+                print(what, "fails")
         try:
             open({str(results)!r}, "w"); print("results rewrite ALLOWED")
         except PermissionError:
             print("results rewrite denied")
     """))
-    r = subprocess.run([sys.executable, "-m", LAUNCHER, "--write", str(ok), "--append", str(results),
+    r_fd, w_fd = os.pipe()
+    r = subprocess.run([sys.executable, "-m", LAUNCHER, "--write", str(ok), "--results-fd", str(w_fd),
                         "launched_probe", "--", "--dir", "x"],
-                       capture_output=True, text=True, timeout=60,
+                       capture_output=True, text=True, timeout=60, pass_fds=(w_fd,),
                        env={**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"})
+    os.close(w_fd)
+    with os.fdopen(r_fd, "rb") as f:
+        piped = f.read()
     assert r.returncode == 0, r.stderr
     out = r.stdout.splitlines()
     assert out[0].startswith(f"landlock ABI {ABI}: writes only beneath") and "earlier thread" not in out[0], out
-    assert out[1:] == ["argv ['--dir', 'x']", "threads True", "thread write denied", "fd append ok",
-                       "results rewrite denied"], out
-    assert results.read_text() == "record\n" and not (other / "from-thread.txt").exists()
+    assert out[1:] == ["argv ['--dir', 'x']", "threads True", "thread write denied", "pipe append ok",
+                       "truncate fails", "pwrite fails", "fallocate fails", "results rewrite denied"], out
+    assert piped == b"record\n" and results.read_text() == "first\n" and not (other / "from-thread.txt").exists()
 
 
 @pytest.mark.gpu

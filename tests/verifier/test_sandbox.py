@@ -135,3 +135,27 @@ def test_worker_gets_no_secrets_and_parent_reads_only_the_stderr_tail(tmp_path, 
     assert out.status == "exception"
     assert "KEY=absent" in out.stderr_tail
     assert len(out.stderr_tail) < 100_000
+
+
+def test_logs_reach_the_parent_through_capped_pipes(tmp_path):
+    # a worker's stdout/stderr are pipes: the parent keeps LOG_HEAD bytes plus the last
+    # LOG_TAIL, and the worker cannot truncate or fallocate them (it could a log *file*)
+    from coda_agent.verifier.sandbox import LOG_HEAD, LOG_TAIL
+
+    out = _run("flood", tmp_path)
+    assert out.ok, out.message()
+    log = (tmp_path / "logs" / "flood.stdout").read_bytes()
+    assert log.endswith(b"THE END") and b"bytes cut by the verifier" in log
+    assert LOG_HEAD + LOG_TAIL < len(log) < LOG_HEAD + LOG_TAIL + 100
+    attack = next(r for r in out.records if r["part"] == "attack")
+    assert attack == {"part": "attack", "truncate": False, "fallocate": False}
+
+
+def test_confined_worker_records_go_through_a_pipe(tmp_path):
+    results = tmp_path / "results.jsonl"
+    out = run_worker("sandbox_fixtures.piped", [], 60, cwd=HERE, env=_env(), results=results,
+                     log_dir=tmp_path / "logs", confine=[tmp_path / "scratch"])
+    assert out.ok, out.message()
+    assert [r["part"] for r in out.records] == ["begin", "attack", "done"]
+    assert out.records[1]["truncate"] is False
+    assert out.records[0]["sandbox"]  # the launcher's description reached the worker

@@ -71,6 +71,16 @@ def test_program_checks_arguments():
     assert _run_bpf(rows, 16, args=(5, 0xC0104E4A, 0, 0, 0, 0)) == SECCOMP_RET_ALLOW
     for cmd in DENIED_IOCTLS.values():
         assert _run_bpf(rows, 16, args=(5, cmd, 0, 0, 0, 0)) == deny
+    # user namespaces (every capability again inside one): never; other clone flags: yes
+    assert _run_bpf(rows, 272, args=(0x10000000, 0, 0, 0, 0, 0)) == deny  # unshare(CLONE_NEWUSER)
+    assert _run_bpf(rows, 56, args=(0x10000000 | 0x11, 0, 0, 0, 0, 0)) == deny  # clone(CLONE_NEWUSER|SIGCHLD)
+    assert _run_bpf(rows, 56, args=(0x3D0F00, 0, 0, 0, 0, 0)) == SECCOMP_RET_ALLOW  # a pthread's clone
+    assert _run_bpf(rows, 272, args=(0x400, 0, 0, 0, 0, 0)) == SECCOMP_RET_ALLOW  # unshare(CLONE_FILES)
+    assert _run_bpf(rows, 435) == SECCOMP_RET_ERRNO | 38  # clone3: ENOSYS, libc falls back to clone
+    # fallocate: plain (the size grows: rlimit and budgets see it) yes; KEEP_SIZE/PUNCH_HOLE no
+    assert _run_bpf(rows, 285, args=(5, 0, 0, 1 << 20, 0, 0)) == SECCOMP_RET_ALLOW
+    for mode in (1, 3, 0x10):
+        assert _run_bpf(rows, 285, args=(5, mode, 0, 1 << 20, 0, 0)) == deny, mode
     # socketpair: stream pairs (with flags like SOCK_CLOEXEC) yes, datagram/seqpacket no
     assert _run_bpf(rows, 53, args=(1, 1 | 0o2000000, 0, 0, 0, 0)) == SECCOMP_RET_ALLOW
     assert _run_bpf(rows, 53, args=(1, 2, 0, 0, 0, 0)) == deny
@@ -117,6 +127,12 @@ def test_installed_filter_denies_sockets_and_metadata_changes_on_every_thread(tm
                 call(); print(what, "allowed")
             except PermissionError:
                 print(what, "denied")
+        libc = ctypes.CDLL(None, use_errno=True)
+        fd = os.open({str(tmp_path / 'h.bin')!r}, os.O_RDWR | os.O_CREAT)
+        print("unshare user", "denied" if libc.unshare(0x10000000) != 0 else "allowed",
+              "fallocate keep-size", "denied" if libc.fallocate(fd, 1, 0, 1 << 20) != 0 else "allowed")
+        os.posix_fallocate(fd, 0, 4096); t = threading.Thread(target=print, args=("new thread ok",)); t.start(); t.join()
+        import subprocess; print("child", subprocess.run(["true"]).returncode)
         os.setpriority(os.PRIO_PROCESS, 0, 1); print("renice self ok")
         a, b = socket.socketpair(); a.send(b"ok"); print("socketpair", b.recv(2).decode())
         open({str(tmp_path / 'g.txt')!r}, "w").write("still writes"); print("write ok")
@@ -127,9 +143,11 @@ def test_installed_filter_denies_sockets_and_metadata_changes_on_every_thread(tm
     assert out[1] == "early thread: chmod denied"
     assert out[2:8] == ["unix denied", "udp denied", "tcp6 denied", "chmod denied", "utime denied", "xattr denied"]
     assert out[8:11] == ["dgram pair denied", "renice parent denied", "setsid denied"]
-    assert out[11:13] == ["renice self ok", "socketpair ok"] and out[13] == "write ok"
+    # threads and children still start (clone3 -> ENOSYS -> clone); a plain fallocate works
+    assert out[11:14] == ["unshare user denied fallocate keep-size denied", "new thread ok", "child 0"], out
+    assert out[14:16] == ["renice self ok", "socketpair ok"] and out[16] == "write ok"
     # no capabilities left, even for a root worker (the bounding set too, where it could be dropped)
-    assert out[14].split()[1] == "0000000000000000", out[14]
+    assert out[17].split()[1] == "0000000000000000", out[17]
     assert out[0].endswith("; no capabilities")
 
 
