@@ -367,7 +367,8 @@ def main(argv: list[str] | None = None) -> int:
     import faulthandler
     import resource
 
-    # No core dumps; no runaway file writes (stdout floods, stray dumps) beyond 1 GiB.
+    # No core dumps; no runaway file writes (stray dumps in its folder) beyond 1 GiB; its
+    # stdout/stderr are pipes the parent caps (sandbox.LOG_HEAD).
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
     cap = 1 << 30 if hard == resource.RLIM_INFINITY else min(1 << 30, hard)

@@ -10,8 +10,8 @@ of 2026-11-30 hijacked one through a signal handler sent with ``tgkill``).
 How: ``python -m coda_agent.verifier.confine_launch --write DIR ... [--results-fd FD]
 MODULE -- ARGS...`` imports nothing but the standard library and
 :mod:`~coda_agent.verifier.fs_sandbox`, applies
-:func:`~coda_agent.verifier.fs_sandbox.confine_worker` (Landlock, capability drop,
-seccomp) while the interpreter has exactly one thread, and then runs ``MODULE`` as
+:func:`~coda_agent.verifier.fs_sandbox.confine_worker` with ``seccomp=False`` (Landlock
+and the capability drop) while the interpreter has exactly one thread, and then runs ``MODULE`` as
 ``__main__`` in the same process (:func:`runpy.run_module`). Every thread that appears
 later (BLAS, CUDA, the profiler, compilers' children) inherits the Landlock domain and the
 empty capability sets, so the description carries no "earlier thread(s) not confined"
@@ -27,8 +27,8 @@ end of a pipe the parent copies into ``results.jsonl``: records can only be appe
 file descriptor would let candidate code truncate or rewrite earlier records, which the
 red team did through one opened before confinement).
 
-``CODA_FS_SANDBOX=off`` / ``CODA_SECCOMP=off`` switch layers off exactly as for a
-self-confining worker, and the description says so.
+``CODA_FS_SANDBOX=off`` switches every layer off (the description says so);
+``CODA_SECCOMP=off`` only the filter: the launcher drops capabilities either way.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import os
 import runpy
+import stat
 import sys
 
 from coda_agent.verifier import fs_sandbox
@@ -43,18 +44,26 @@ from coda_agent.verifier import fs_sandbox
 
 def main(argv: list[str] | None = None) -> None:
     """Confine this process, then run the worker module (never returns normally when the
-    worker ends with ``os._exit``). Raises ``SystemExit(2)`` on a bad command line and
-    ``OSError`` when ``--results-fd`` is not an open descriptor (nothing was confined then)."""
+    worker ends with ``os._exit``). Everything after the first ``--`` is the worker's
+    command line, untouched. Raises ``SystemExit(2)`` on a bad command line, including a
+    ``--results-fd`` that is not a pipe (nothing was confined then)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    cut = argv.index("--") if "--" in argv else len(argv)
+    own, args = argv[:cut], argv[cut + 1:]
     ap = argparse.ArgumentParser(description="run a worker module, confined from its first instruction")
     ap.add_argument("--write", action="append", default=[], metavar="DIR",
                     help="a folder that stays writable (repeatable; created when missing)")
     ap.add_argument("--results-fd", type=int, metavar="FD",
                     help="inherited write end of the parent's results pipe (sandbox.run_worker)")
-    ap.add_argument("module", help="the worker module to run as __main__")
-    ap.add_argument("args", nargs=argparse.REMAINDER, help="its arguments (after --)")
-    a = ap.parse_args(argv)
-    args = a.args[1:] if a.args[:1] == ["--"] else a.args
+    ap.add_argument("module", help="the worker module to run as __main__ (its arguments follow --)")
+    a = ap.parse_args(own)
     if a.results_fd is not None:
+        try:
+            is_pipe = stat.S_ISFIFO(os.fstat(a.results_fd).st_mode)
+        except OSError:
+            is_pipe = False
+        if not is_pipe:  # a file descriptor could be truncated or rewritten: pipes only
+            ap.error(f"--results-fd {a.results_fd} is not an open pipe")
         os.set_inheritable(a.results_fd, False)  # the worker's own children do not get it
         fs_sandbox.LAUNCH_RESULTS_FD = a.results_fd
     fs_sandbox.LAUNCH_SANDBOX = fs_sandbox.confine_worker(a.write, seccomp=False)

@@ -216,6 +216,10 @@ def store_recheck(metrics: dict[str, Any], t: Run, by_trial: dict[str, Any]) -> 
 
 def _prologue(run: GpuRun, stage: str) -> StageResult | None:
     """Worker-level outcomes that decide the stage before any tensor is compared."""
+    lost = [p for p in run.cand.output_problems if p.startswith(("cannot open results", "cannot write results"))]
+    if lost:  # the parent failed to keep the records (a full disk): nothing can be judged
+        return StageResult(stage=stage, status="error", summary="the verifier lost the candidate worker's records",
+                           findings=[Finding(kind="verifier-error", message="; ".join(lost))])
     setup = run.setup
     if setup is not None and not setup.get("ok") and setup.get("error") == "not-hopper":
         return StageResult(stage=stage, status="error", summary="not a Hopper GPU: not verified",

@@ -65,7 +65,8 @@ LAUNCH_SANDBOX: str | None = None
 this process before the worker module ran (None: it did not)."""
 
 LAUNCH_RESULTS_FD: int | None = None
-"""The results file's descriptor the launcher opened for appending before confinement."""
+"""The write end of the parent's results pipe, handed over by the launcher (None: the
+worker was started without it and opens its results file itself)."""
 
 ENV_SWITCH = "CODA_FS_SANDBOX"
 """Set to ``off`` to run the candidate worker unconfined (debugging only; the verdict says so)."""

@@ -192,7 +192,8 @@ def _add_timed_checks(plan: Plan, spec: Any, records: list[dict[str, Any]]) -> N
 
 def _trim_logs(logs: Path, keep: int = 1 << 20) -> None:
     """Cut each worker log beyond ``keep`` bytes down to its last ``keep`` bytes (the tail
-    is what a report quotes; a candidate may print up to the file-size limit)."""
+    is what a report quotes; a worker's pipe drain keeps up to ``sandbox.LOG_HEAD`` +
+    ``sandbox.LOG_TAIL`` bytes of it)."""
     for f in logs.glob("*") if logs.is_dir() else []:
         try:
             if f.is_file() and not f.is_symlink() and f.stat().st_size > keep:

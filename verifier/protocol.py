@@ -41,8 +41,9 @@ REF_DIR = "ref"
 SCRATCH_DIR = "scratch"
 """The only part of the candidate worker's folder it may write once confined
 (verifier/fs_sandbox.py): saved trial tensors, TMPDIR and its compile caches. Its
-``plan.json`` and ``results.jsonl`` sit outside it (the results file is written through a
-descriptor opened before confinement), and each saved file's sha256 is in its record."""
+``plan.json`` and ``results.jsonl`` sit outside it (the worker's records reach the results
+file through a pipe the parent drains: :mod:`~coda_agent.verifier.confine_launch`), and
+each saved file's sha256 is in its record."""
 RECHECK_SEED_OFFSET = 1000
 """The post-timing recheck uses seed ``spec.shapes.seeds[0] + RECHECK_SEED_OFFSET``."""
 BENCH_CHECK_SEED_OFFSET = 2000

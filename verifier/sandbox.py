@@ -7,9 +7,10 @@ session means the parent survives all of that and can kill the whole process gro
 (workers may spawn compiler subprocesses) when the time is up.
 
 Results never come back through stdout (a candidate could print anything there):
-workers append JSON records to a results file (see :mod:`coda_agent.verifier.protocol`);
-stdout/stderr go to log files and only a short, ANSI-stripped stderr tail is kept, for
-the error message. Classification, in order:
+workers append JSON records to a results file (see :mod:`coda_agent.verifier.protocol`;
+a confined worker writes them into a pipe that the parent copies there). stdout/stderr
+reach log files through pipes the parent drains with a cap (:func:`_drain`), and only a
+short, ANSI-stripped stderr tail is kept, for the error message. Classification, in order:
 
 * ``timeout`` -- still running at the deadline (a hang); the group is killed;
 * ``signal``  -- killed by a signal (segfault, abort, OOM killer);
@@ -73,7 +74,10 @@ class WorkerOutcome:
     ``status``: see the module docstring; ``returncode`` (negative = signal number on
     POSIX); ``signal_name`` e.g. ``"SIGSEGV"``; ``stderr_tail`` ANSI-stripped; ``records``
     the JSON records the worker wrote; ``died_in`` the part it had begun and not
-    finished; ``duration_s`` wall seconds.
+    finished; ``duration_s`` wall seconds; ``output_problems`` what the parent could not
+    keep of the worker's output (a log or results file it failed to write, or a pipe still
+    held open by an escaped process at the deadline): the verifier's problem, said in
+    :meth:`message`.
     """
 
     status: OutcomeStatus
@@ -84,6 +88,7 @@ class WorkerOutcome:
     records: list[dict[str, Any]] = field(default_factory=list)
     died_in: str | None = None
     timeout_s: float | None = None
+    output_problems: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -98,7 +103,8 @@ class WorkerOutcome:
         """One human-readable paragraph: what happened, where, and the stderr tail."""
         where = f" during {self.died_in}" if self.died_in else ""
         if self.status == "ok":
-            return "worker finished"
+            return "worker finished" + ("" if not self.output_problems else
+                                        " (verifier: " + "; ".join(self.output_problems) + ")")
         if self.status == "timeout":
             head = f"hang: no result after {self.timeout_s:.0f} s{where}; the process group was killed"
         elif self.status == "signal":
@@ -107,6 +113,8 @@ class WorkerOutcome:
             head = f"CUDA error{where}"
         else:
             head = f"Python exception{where} (exit status {self.returncode})"
+        if self.output_problems:
+            head += "\n(verifier: " + "; ".join(self.output_problems) + ")"
         return head + (f"\n{self.stderr_tail}" if self.stderr_tail else "")
 
 
@@ -157,38 +165,62 @@ few MiB at most); beyond it the stream is dropped, so a flood loses the worker's
 ``done`` record and reads as an unfinished run."""
 
 
-def _drain(rfd: int, path: Path, head: int, tail: int) -> threading.Thread:
-    """Start a thread copying the pipe ``rfd`` into ``path`` (appending) until every writer
-    has closed it: the first ``head`` bytes as they come, then only the last ``tail``
-    bytes, written at the end after a cut marker (``tail=0``: the rest is dropped).
+DRAIN_GRACE_S = 10.0
+"""Seconds the parent waits, after the worker's process group is gone, for its pipes to
+reach end of file (a writer that escaped the group keeps them open)."""
+
+
+class _Drain(threading.Thread):
+    """Copies the pipe ``rfd`` into ``path`` (appending) until every writer has closed it:
+    the first ``head`` bytes as they come, then only the last ``tail`` bytes, written at
+    the end after a cut marker (``tail=0``: the rest is dropped). A failure to write the
+    file is kept in ``error`` and the pipe is still read to its end, so the worker never
+    sees a broken pipe for the verifier's problem.
 
     Why pipes: a worker that holds a *file* descriptor can seek, truncate, ``fallocate``
     or clear ``O_APPEND`` on it whatever Landlock says (rights are checked at open time),
     and the red team of 2026-11-30 did all four: rewrote earlier records of the results
     file and hid gigabytes behind 16-byte logs. A pipe's write end can only append."""
-    def run() -> None:
-        kept, cut, ring = 0, 0, bytearray()
-        try:
-            with open(path, "ab") as f:
-                while chunk := _read(rfd):
-                    if kept < head:
-                        n = min(len(chunk), head - kept)
-                        f.write(chunk[:n])
-                        f.flush()
-                        kept, chunk = kept + n, chunk[n:]
-                    if chunk:
-                        cut += len(chunk)
-                        if tail:
-                            ring += chunk
-                            del ring[:max(0, len(ring) - tail)]
-                if cut and tail:
-                    f.write(b"\n[... %d bytes cut by the verifier ...]\n" % (cut - len(ring)) + bytes(ring))
-        finally:
-            os.close(rfd)
 
-    t = threading.Thread(target=run, name=f"drain-{path.name}", daemon=True)
-    t.start()
-    return t
+    def __init__(self, rfd: int, path: Path, head: int, tail: int):
+        super().__init__(name=f"drain-{path.name}", daemon=True)
+        self.rfd, self.path, self.head, self.tail = rfd, path, head, tail
+        self.error: str | None = None
+
+    def run(self) -> None:
+        kept, cut, ring = 0, 0, bytearray()
+        f = None
+        try:
+            f = open(self.path, "ab")  # noqa: SIM115 -- closed below, after the last read
+        except OSError as e:
+            self.error = f"cannot open {self.path.name}: {e}"
+        try:
+            while chunk := _read(self.rfd):
+                if kept < self.head:
+                    n = min(len(chunk), self.head - kept)
+                    kept, part, chunk = kept + n, chunk[:n], chunk[n:]
+                    self._write(f, part)
+                if chunk:
+                    cut += len(chunk)
+                    if self.tail:
+                        ring += chunk
+                        del ring[:max(0, len(ring) - self.tail)]
+            if cut > len(ring):
+                self._write(f, b"\n[... %d bytes cut by the verifier ...]\n" % (cut - len(ring)))
+            self._write(f, bytes(ring))
+        finally:
+            os.close(self.rfd)
+            if f is not None:
+                f.close()
+
+    def _write(self, f: Any, data: bytes) -> None:
+        if f is None or self.error is not None or not data:
+            return
+        try:
+            f.write(data)
+            f.flush()
+        except OSError as e:
+            self.error = f"cannot write {self.path.name}: {e}"
 
 
 def _read(rfd: int) -> bytes:
@@ -274,19 +306,21 @@ def run_worker(
     out_path, err_path = log_dir / f"{short}.stdout", log_dir / f"{short}.stderr"
     for path in (out_path, err_path):
         path.write_bytes(b"")
-    # (read end, write end, file it drains into, head, tail)
-    pipes = [(*os.pipe(), out_path, LOG_HEAD, LOG_TAIL), (*os.pipe(), err_path, LOG_HEAD, LOG_TAIL)]
-    cmd = [sys.executable, "-m", module, *args]
-    if confine is not None:
-        launch = [a for d in confine for a in ("--write", str(d))]
-        if results is not None:
-            pipes.append((*os.pipe(), Path(results), RESULTS_CAP, 0))
-            launch += ["--results-fd", str(pipes[2][1])]
-        cmd = [sys.executable, "-m", LAUNCHER, *launch, module, "--", *args]
     t0 = time.monotonic()
     timed_out = False
-    drains: list[threading.Thread] = []
+    # (read end, write end, file it drains into, head, tail); ends not yet handed over
+    pipes: list[tuple[int, int, Path, int, int]] = []
+    drains: list[_Drain] = []
     try:
+        for path, head, tail_ in ((out_path, LOG_HEAD, LOG_TAIL), (err_path, LOG_HEAD, LOG_TAIL)):
+            pipes.append((*os.pipe(), path, head, tail_))
+        cmd = [sys.executable, "-m", module, *args]
+        if confine is not None:
+            launch = [a for d in confine for a in ("--write", str(d))]
+            if results is not None:
+                pipes.append((*os.pipe(), Path(results), RESULTS_CAP, 0))
+                launch += ["--results-fd", str(pipes[2][1])]
+            cmd = [sys.executable, "-m", LAUNCHER, *launch, module, "--", *args]
         try:
             proc = subprocess.Popen(
                 cmd,
@@ -300,9 +334,18 @@ def run_worker(
                 preexec_fn=_limit_worker,
             )
         finally:
-            for _, w, *_ in pipes:  # the worker holds the write ends now
+            for i, (r, w, *rest) in enumerate(pipes):  # the worker holds the write ends now
                 os.close(w)
-        drains = [_drain(r, path, head, tail) for r, _, path, head, tail in pipes]
+                pipes[i] = (r, -1, *rest)
+        while pipes:  # each read end belongs to its drain thread from here on
+            r, _, path, head, tail_ = pipes.pop(0)
+            d = _Drain(r, path, head, tail_)
+            try:
+                d.start()
+            except BaseException:
+                os.close(r)
+                raise
+            drains.append(d)
         try:
             proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
@@ -315,16 +358,21 @@ def run_worker(
                 os.killpg(proc.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
-        for t in drains:  # every writer is gone: each drain reaches end of file
-            t.join(timeout=30)
         duration = time.monotonic() - t0
+        deadline = time.monotonic() + DRAIN_GRACE_S  # one deadline for every pipe
+        for d in drains:
+            d.join(timeout=max(0.0, deadline - time.monotonic()))
         stderr = tail_file(err_path)
     finally:
-        if not drains:  # Popen failed: nobody reads the pipes
-            for r, *_ in pipes:
-                os.close(r)
+        for r, w, *_ in pipes:  # only when something failed before their drains started
+            for fd in (r, w):
+                if fd >= 0:
+                    os.close(fd)
         if tmp is not None:
             tmp.cleanup()
+    problems = [d.error for d in drains if d.error]
+    problems += [f"{d.path.name} still held open by an escaped process after {DRAIN_GRACE_S:.0f} s "
+                 "(what it held was read so far)" for d in drains if d.is_alive()]
     rc = None if timed_out else proc.returncode
     status, sig = classify(rc, stderr, timed_out)
     records = read_records(results) if results is not None else []
@@ -337,4 +385,5 @@ def run_worker(
         records=records,
         died_in=None if status == "ok" else last_begun(records),
         timeout_s=timeout_s,
+        output_problems=problems,
     )

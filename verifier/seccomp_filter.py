@@ -27,7 +27,8 @@ like any other candidate error):
 * new user namespaces (``unshare``/``clone`` with ``CLONE_NEWUSER``; ``clone3`` fails with
   ENOSYS so libc falls back to ``clone``) and ``setns``: inside a new user namespace a
   process holds every capability again; ``fallocate`` with a mode (blocks allocated
-  beyond what ``st_size`` and the file-size limit see).
+  beyond what ``st_size`` and the file-size limit see; EOPNOTSUPP, as from a file system
+  without it); POSIX message queues.
 * on x86_64, every x32-ABI call (``nr`` with bit 30 set), which would otherwise reach the
   same syscalls under numbers this filter does not list.
 
@@ -64,7 +65,7 @@ AUDIT_ARCH_X86_64 = 0xC000003E
 X32_SYSCALL_BIT = 0x40000000
 SECCOMP_RET_ALLOW = 0x7FFF0000
 SECCOMP_RET_ERRNO = 0x00050000
-EPERM, ENOSYS = 1, 38
+EPERM, ENOSYS, EOPNOTSUPP = 1, 38, 95
 
 DENIED_X86_64 = {
     "socket": 41,
@@ -84,6 +85,10 @@ DENIED_X86_64 = {
     "shmget": 29, "semget": 64, "msgget": 68, "add_key": 248, "request_key": 249, "keyctl": 250,
     "shmat": 30, "shmctl": 31, "semop": 65, "semctl": 66, "msgsnd": 69, "msgrcv": 70, "msgctl": 71,
     "semtimedop": 220,
+    # POSIX message queues: kernel objects that outlive the process, reached without a path
+    # walk (so without Landlock) and open to a uid-0 worker without any capability
+    "mq_open": 240, "mq_unlink": 241, "mq_timedsend": 242, "mq_timedreceive": 243, "mq_notify": 244,
+    "mq_getsetattr": 245,
     # joining another process's namespaces
     "setns": 308,
 }
@@ -109,7 +114,10 @@ FLAG_DENIED_X86_64 = {
     "fallocate": (285, 1, 0xFFFFFFFF),
 }
 """Calls denied when an argument has any of the given bits (its low 32 bits: clone flags
-and fallocate modes fit there)."""
+and fallocate modes fit there). ``fallocate`` fails with EOPNOTSUPP (what callers that
+preallocate fall back on: the file system does not support the mode), the others EPERM."""
+
+EOPNOTSUPP_CALLS = ("fallocate",)
 
 CLONE3_NR = 435
 """``clone3`` passes its flags in a struct seccomp cannot read: it fails with ENOSYS, so
@@ -182,7 +190,7 @@ def program() -> list[tuple[int, int, int, int]]:
     """The BPF program as ``(code, jt, jf, k)`` rows. Wrong architecture or an x32 call:
     deny. A :data:`DENIED_X86_64` number: deny. A :data:`SELF_ONLY_X86_64` call: allow only
     when its target arguments are 0 (both 32-bit halves). A :data:`FLAG_DENIED_X86_64` call:
-    deny when the argument has one of its bits. ``clone3``: ENOSYS. ``ioctl``: deny the
+    deny when the argument has one of its bits (``fallocate``: EOPNOTSUPP). ``clone3``: ENOSYS. ``ioctl``: deny the
     :data:`DENIED_IOCTLS` commands. ``socketpair``: stream pairs only. Anything else: allow."""
     a = _Asm()
     a.op(_LD_W_ABS, _OFF_ARCH)
@@ -202,8 +210,10 @@ def program() -> list[tuple[int, int, int, int]]:
     for name, (_, i, bits) in sorted(FLAG_DENIED_X86_64.items()):
         a.label(f"flags_{name}")
         a.op(_LD_W_ABS, _arg_lo(i))
-        a.op(_JSET_K, bits, "deny", None)
+        a.op(_JSET_K, bits, "unsupported" if name in EOPNOTSUPP_CALLS else "deny", None)
         a.op(_RET_K, SECCOMP_RET_ALLOW)
+    a.label("unsupported")
+    a.op(_RET_K, SECCOMP_RET_ERRNO | EOPNOTSUPP)
     a.label("enosys")
     a.op(_RET_K, SECCOMP_RET_ERRNO | ENOSYS)
     for name, (_, args) in sorted(SELF_ONLY_X86_64.items()):
@@ -281,5 +291,6 @@ def install(drop_caps: bool = True) -> str:
         err = ctypes.get_errno()
         why = f"thread {res} could not be synchronized" if res > 0 else os.strerror(err)
         return f"seccomp unavailable: {why}; {caps}"
-    return (f"seccomp: sockets, file-metadata changes, io_uring, new sessions, SysV IPC/keys, user "
-            f"namespaces, fallocate modes and scheduling of other processes denied (all threads); {caps}")
+    return (f"seccomp: sockets, file-metadata changes, io_uring, new sessions, SysV IPC/keys, message "
+            f"queues, user namespaces, fallocate modes and scheduling of other processes denied "
+            f"(all threads); {caps}")

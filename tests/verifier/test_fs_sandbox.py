@@ -139,7 +139,8 @@ def test_launcher_confines_before_any_thread_and_threads_inherit(tmp_path):
     r = subprocess.run([sys.executable, "-m", LAUNCHER, "--write", str(ok), "--results-fd", str(w_fd),
                         "launched_probe", "--", "--dir", "x"],
                        capture_output=True, text=True, timeout=60, pass_fds=(w_fd,),
-                       env={**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"})
+                       env={**os.environ, "OPENBLAS_NUM_THREADS": "2", "OMP_NUM_THREADS": "2",  # a pool exists
+                            "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"})
     os.close(w_fd)
     with os.fdopen(r_fd, "rb") as f:
         piped = f.read()
@@ -160,9 +161,11 @@ def test_cuda_comes_up_inside_the_launched_confinement(tmp_path):
         import torch
         from coda_agent.verifier import fs_sandbox
         print(fs_sandbox.LAUNCH_SANDBOX)
+        torch.cuda.get_device_capability(0)  # the worker's order: driver up, then seccomp,
+        seccomp = fs_sandbox.install_seccomp(drop_caps=False)  # then the context and kernels
         a = torch.randn(256, 256, device="cuda")
         print("matmul", float((a @ a).abs().sum()) > 0)
-        print(fs_sandbox.install_seccomp(drop_caps=False))  # as the worker does, once CUDA is up
+        print(seccomp)
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
             (a * 2).sum(); torch.cuda.synchronize()
         print("profiler", any(e.device_type == torch.autograd.DeviceType.CUDA for e in prof.events()))

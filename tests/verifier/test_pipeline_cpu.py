@@ -160,9 +160,11 @@ def test_cpu_device_good_fwd_passes_every_stage(tmp_path):
     assert 0 < guard < 0.5, guard
     files = sorted(p.name for p in (tmp_path / "work" / "cand").iterdir())
     assert files == ["plan.json", "results.jsonl", "scratch"]
-    # confined by confine_launch before `import torch`: no thread escaped the confinement
+    # confined by confine_launch before `import torch` (only that path says "capabilities
+    # dropped before": the launcher dropped them, the worker added seccomp after CUDA init)
     sandbox = v.environment.worker_sandbox
-    assert "earlier thread" not in sandbox and ("seccomp" in sandbox or sandbox.startswith("off")), sandbox
+    assert "earlier thread" not in sandbox, sandbox
+    assert "; no capabilities; seccomp: " in sandbox and sandbox.endswith("capabilities dropped before"), sandbox
     assert (tmp_path / "work" / "cand" / "scratch" / "trials" / "recheck-c2-ragged-all-s1000.pt").is_file()
     json.loads(v.to_json())
 

@@ -140,3 +140,15 @@ def test_import_failure_is_the_candidates_crash():
 
 def test_jsonable():
     assert jsonable({"a": float("inf"), "b": [float("nan"), 1.0]}) == {"a": "inf", "b": ["nan", 1.0]}
+
+
+def test_records_the_parent_failed_to_keep_are_the_verifiers_error():
+    # a full disk while copying the results pipe loses records: not the candidate's failure
+    run = _run_with([{"part": "setup", "ok": True, "sandbox": "landlock ABI 7"}])
+    run.cand.output_problems = ["cannot write results.jsonl: [Errno 28] No space left on device"]
+    res = correctness_stage(FWD, run)
+    assert res.status == "error" and res.findings[0].kind == "verifier-error"
+    assert "No space left" in res.findings[0].message
+    # a log the parent could not keep costs nothing: the same run without it is judged normally
+    run.cand.output_problems = ["cannot write worker_candidate.stdout: [Errno 28] No space left on device"]
+    assert correctness_stage(FWD, run).summary != res.summary

@@ -151,6 +151,23 @@ def test_logs_reach_the_parent_through_capped_pipes(tmp_path):
     assert attack == {"part": "attack", "truncate": False, "fallocate": False}
 
 
+def test_an_escaped_writer_costs_one_grace_period_and_is_reported(tmp_path, monkeypatch):
+    import signal
+
+    from coda_agent.verifier import sandbox
+
+    monkeypatch.setattr(sandbox, "DRAIN_GRACE_S", 1.0)
+    t0 = time.monotonic()
+    out = _run("escape", tmp_path)
+    waited = time.monotonic() - t0
+    pid = next(r["pid"] for r in out.records if r["part"] == "escaped")
+    os.kill(pid, signal.SIGKILL)
+    assert out.ok and out.finished
+    assert waited < 10, waited  # one shared deadline, not one per pipe, and not the child's 60 s
+    assert out.output_problems and all("still held open" in p for p in out.output_problems), out.output_problems
+    assert "still held open" in out.message()
+
+
 def test_confined_worker_records_go_through_a_pipe(tmp_path):
     results = tmp_path / "results.jsonl"
     out = run_worker("sandbox_fixtures.piped", [], 60, cwd=HERE, env=_env(), results=results,
@@ -158,4 +175,17 @@ def test_confined_worker_records_go_through_a_pipe(tmp_path):
     assert out.ok, out.message()
     assert [r["part"] for r in out.records] == ["begin", "attack", "done"]
     assert out.records[1]["truncate"] is False
-    assert out.records[0]["sandbox"]  # the launcher's description reached the worker
+    # the launcher's description reached the worker: Landlock (or why not), capabilities dropped
+    assert out.records[0]["sandbox"].startswith(("landlock ABI", "unavailable: ")), out.records[0]
+    assert out.records[0]["sandbox"].endswith("; no capabilities"), out.records[0]
+
+
+def test_a_results_file_the_parent_cannot_write_is_the_verifiers_problem(tmp_path):
+    # the drain keeps reading when its file fails, so the worker never sees a broken pipe
+    # (that would read as the candidate's crash); the outcome says what the verifier lost
+    results = tmp_path / "results.jsonl"
+    results.mkdir()  # not writable as a file
+    out = run_worker("sandbox_fixtures.piped", [], 60, cwd=HERE, env=_env(), results=results,
+                     log_dir=tmp_path / "logs", confine=[tmp_path / "scratch"])
+    assert out.ok and out.records == []
+    assert len(out.output_problems) == 1 and out.output_problems[0].startswith("cannot open results.jsonl")
