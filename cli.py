@@ -283,7 +283,7 @@ def cmd_bench(args) -> int:
     try:
         report = bench_kernels(root, None if args.all else list(args.spec),
                                out_dir=Path(args.out) if args.out else None, bench_shapes=args.shape or None,
-                               from_manifests=args.from_manifests, jobs=args.jobs)
+                               from_manifests=args.from_manifests, jobs=args.jobs, repeat=args.repeat)
     except ValueError as e:
         raise UsageError(str(e)) from None
     for verdict in report.verdicts.values():
@@ -419,6 +419,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="compile stages run at once before the GPU stages (default: half the cores, at most 8)")
     b.add_argument("--out", help="results folder (default benchmarks/results)")
     b.add_argument("--shape", action="append", help="only this benchmark shape (repeatable), e.g. llama3-8b/M8192")
+    b.add_argument("--repeat", type=int, default=1, metavar="N",
+                   help="verify and time every kernel N times (round-robin) and report per-shape medians "
+                   "over the runs, with each run's ratios (default 1)")
     b.add_argument("--from-manifests", action="store_true",
                    help="measure nothing: write the results page from the numbers recorded at acceptance")
     b.add_argument("--from-verdicts", type=Path, default=None, metavar="DIR",

@@ -196,6 +196,14 @@ def bench_stage(loaded: LoadedSpec, run: GpuRun, gpu: str | None = None) -> Stag
         shapes[bs.name] = m
         for kind, msg in problems:
             findings.append(Finding(kind=kind, message=f"[{bs.name}] {msg}", case=bs.name))
+    return stage_from_shapes(loaded, shapes, findings, gpu, time.monotonic() - t0)
+
+
+def stage_from_shapes(loaded: LoadedSpec, shapes: dict[str, Any], findings: list[Finding], gpu: str | None,
+                      duration_s: float = 0.0) -> StageResult:
+    """The ``bench`` StageResult from per-shape metrics (:func:`shape_metrics` records) and
+    the findings raised while building them: bar summary, geometric means, the flat rows,
+    pass/fail (a failing kind or a worker crash fails the stage) and the summary line."""
     pf, pb = peaks_for(gpu)
     metrics: dict[str, Any] = {"gpu": gpu, "peak_flops": pf, "peak_bw": pb, "shapes": shapes,
                                "bar": _bar_summary(loaded, shapes), "geomean_ratio": _geomeans(shapes),
@@ -204,7 +212,7 @@ def bench_stage(loaded: LoadedSpec, run: GpuRun, gpu: str | None = None) -> Stag
     status = "fail" if failing else "pass"
     summary = _summary(shapes, metrics, failing)
     return StageResult(stage="bench", status=status, summary=summary, findings=findings,
-                       metrics=jsonable(metrics), duration_s=time.monotonic() - t0)
+                       metrics=jsonable(metrics), duration_s=duration_s)
 
 
 def _rows(shapes: dict[str, Any]) -> list[dict[str, Any]]:

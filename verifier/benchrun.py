@@ -37,6 +37,7 @@ from typing import Any
 
 from coda_agent.verifier import gemm_floor
 from coda_agent.verifier.bench import HOST_BOUND, host_bound
+from coda_agent.verifier.repeats import combine
 from coda_agent.verifier.spec import LIGER_MISSING, NO_LIGER, LoadedSpec, load_spec
 from coda_agent.verifier.verdict import Verdict
 from coda_agent.verifier.workspace import atomic_write_text, sha256_file
@@ -107,6 +108,27 @@ def _host_notes(shapes: dict[str, Any], hb: list[str]) -> list[str]:
     return notes
 
 
+SPREAD_BASELINES = ("bare_gemm", "quack_library", "torch_compile")
+"""Baselines whose run-to-run spread the page prints for repeated runs (the targets' ones)."""
+
+
+def _repeat_notes(shapes: dict[str, Any]) -> list[str]:
+    """For a kernel measured in several runs (``bench --repeat``): how many, and the range of
+    each run's paired fused/baseline ratio per shape, for the targets' baselines."""
+    runs = [m["runs"] for _, m in _ordered(shapes) if m.get("runs")]
+    if not runs:
+        return []
+    n = max(len(r["fused_ms"]) for r in runs)
+    out = [f"- median of {n} runs (started {', '.join(runs[0]['started_at'])}); the table's times are medians "
+           "over the runs and its ratios are computed from them. Per-run fused/baseline ratio range:"]
+    for shape, m in _ordered(shapes):
+        r = m.get("runs") or {}
+        spans = [f"{b} {min(v):.3f}-{max(v):.3f}" for b in SPREAD_BASELINES if (v := r.get("ratios", {}).get(b))]
+        if spans:
+            out.append(f"  - {shape}: " + ", ".join(spans))
+    return out
+
+
 def bench_baselines(loaded: LoadedSpec) -> list[str]:
     """The baselines ``coda-agent bench`` times for a spec: its ``bench.baselines``, plus
     ``liger`` when the spec folder has a ``liger.py`` adapter, plus ``quack_gemm`` (quack's
@@ -158,7 +180,7 @@ def results_markdown(verdicts: dict[str, Verdict], date: str) -> str:
                 r = m.get("baselines", {}).get(n, {})
                 cells += [_cell(r), f"{r['ratio']:.3f}" if "ratio" in r else "-"]
             lines.append("| " + " | ".join(cells) + " |")
-        notes = _baseline_notes(shapes, bases) + _host_notes(shapes, hb)
+        notes = _baseline_notes(shapes, bases) + _host_notes(shapes, hb) + _repeat_notes(shapes)
         if notes:
             lines += [""] + notes
         bars = _bar_lines(b.metrics.get("bar") if b else None)
@@ -381,7 +403,7 @@ def default_jobs() -> int:
 
 def bench_kernels(root: Path, names: list[str] | None, *, out_dir: Path | None = None, verify_fn=None,
                   bench_shapes: list[Any] | None = None, from_manifests: bool = False,
-                  jobs: int | None = None) -> BenchReport:
+                  jobs: int | None = None, repeat: int = 1) -> BenchReport:
     """Benchmark the accepted kernels ``names`` (all when None). Raises ValueError for unknown names.
 
     Static and compile run first for every kernel (``jobs`` compiles at once, default
@@ -394,11 +416,17 @@ def bench_kernels(root: Path, names: list[str] | None, *, out_dir: Path | None =
     its baselines always come from one run. A kept verdict whose kernel has since been
     replaced is left off the page (the page says so).
 
+    ``repeat=N`` verifies every kernel N times, round-robin over the kernels, and keeps one
+    verdict per kernel with per-shape medians over the runs and each run's numbers
+    (:mod:`~coda_agent.verifier.repeats`). Raises ValueError when ``repeat`` < 1.
+
     ``from_manifests=True`` measures nothing: it writes ``<date>-<gpu>-manifests.md`` (its
     own name: it never replaces a measured page) from the numbers each kernel's acceptance
     run recorded (each kernel's baselines were measured in its own acceptance run; the
     page says so), e.g. to publish them without a GPU at hand.
     """
+    if repeat < 1:
+        raise ValueError(f"bench --repeat {repeat}: expected an integer >= 1")
     names = _accepted_names(root, names)
     out_dir = out_dir or (root / "benchmarks" / "results")
     rep = BenchReport()
@@ -422,9 +450,14 @@ def bench_kernels(root: Path, names: list[str] | None, *, out_dir: Path | None =
         extra = {ld.name: {"cpu_done": c} for (ld, _), c in zip(items, done)}
     date = _dt.date.today().isoformat()
     vdir = None
-    for loaded, kernel in items:
-        v = verify_fn(loaded, kernel, bench_shapes=bench_shapes, baselines=bench_baselines(loaded),
-                      **extra.get(loaded.name, {}))
+    runs: dict[str, list[Verdict]] = {}
+    for _ in range(repeat):  # round-robin: drift over the runs spreads over every kernel
+        for loaded, kernel in items:
+            runs.setdefault(loaded.name, []).append(
+                verify_fn(loaded, kernel, bench_shapes=bench_shapes, baselines=bench_baselines(loaded),
+                          **extra.get(loaded.name, {})))
+    for loaded, _ in items:
+        v = combine(loaded, runs[loaded.name])
         rep.verdicts[loaded.name] = v
         if _ran_on_gpu(v):
             vdir = verdicts_dir(out_dir, date, v.environment.gpu)
