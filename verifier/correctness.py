@@ -220,6 +220,11 @@ def _prologue(run: GpuRun, stage: str) -> StageResult | None:
     if lost:  # the parent failed to keep the records (a full disk): nothing can be judged
         return StageResult(stage=stage, status="error", summary="the verifier lost the candidate worker's records",
                            findings=[Finding(kind="verifier-error", message="; ".join(lost))])
+    if run.cand.record_anomalies:  # only code in the worker's process writes its records
+        return StageResult(stage=stage, status="fail", summary="records the worker did not write",
+                           findings=[Finding(kind="harness-tampered", message=(
+                               "the candidate worker's results hold records its own code does not write "
+                               "(candidate code wrote into the results pipe): " + "; ".join(run.cand.record_anomalies[:5])))])
     setup = run.setup
     if setup is not None and not setup.get("ok") and setup.get("error") == "not-hopper":
         return StageResult(stage=stage, status="error", summary="not a Hopper GPU: not verified",

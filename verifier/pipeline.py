@@ -39,7 +39,6 @@ import dataclasses
 import datetime as _dt
 import os
 import secrets
-import shutil
 import stat
 import sys
 import tempfile
@@ -67,7 +66,7 @@ from coda_agent.verifier.protocol import (
 from coda_agent.verifier.sandbox import run_worker, worker_env
 from coda_agent.verifier.spec import LoadedSpec, load_spec
 from coda_agent.verifier.verdict import Finding, StageResult, Verdict
-from coda_agent.verifier.workspace import atomic_write_text, sha256_file
+from coda_agent.verifier.workspace import atomic_write_text, remove_tree, sha256_file
 
 GPU_STAGES = ("correctness", "gradients", "bench")
 CAND_WORKER = "coda_agent.verifier.worker_candidate"
@@ -162,9 +161,10 @@ def run_gpu_workers(
     _add_timed_checks(plan, spec, cand.records)  # the reference worker's plan has them too
     run = GpuRun(workdir=workdir, plan=plan, cand=cand, cand_plan_sha256=cand_plan_sha256)
     _trim_logs(logs)
-    run.scratch_bytes = _clean_scratch(scratch)
+    saved = {r.key for r in plan.runs} | {timed_check_run(bs, 0, 0).key for bs in plan.bench_shapes}
+    run.scratch_bytes = _clean_scratch(scratch, {f"{k}.pt" for k in saved})
     if run.scratch_bytes > SCRATCH_BUDGET:
-        shutil.rmtree(scratch, ignore_errors=True)  # free the disk before the trusted worker runs
+        remove_tree(scratch)  # free the disk before the trusted worker runs
         return run
     if records_of(cand.records, "trial"):
         ref_plan = dataclasses.replace(plan, candidate=None)
@@ -212,33 +212,35 @@ doing (red-team round 6 filled the disk so the *reference* worker's files failed
 read as a verifier error): the run fails as ``scratch-over-budget``."""
 
 
-def _clean_scratch(scratch: Path) -> int:
-    """After the candidate worker: delete everything in its scratch folder but ``trials/``
-    (TMPDIR, caches, anything candidate code left), without following symlinks; return
-    the disk bytes ``trials/`` holds (allocated blocks, so sparse files count as written)."""
+def _clean_scratch(scratch: Path, keep: set[str]) -> int:
+    """After the candidate worker: delete everything in its scratch folder but the trial
+    files the worker saves (``trials/<key>.pt`` for the names in ``keep``; TMPDIR, caches,
+    folders and any other file candidate code left go, however deep: ``remove_tree``),
+    without following symlinks; return the disk bytes the kept files hold (allocated
+    blocks, so sparse files count as written). Keeping only the expected names also
+    ends a flood of files (red team: 175,000 empty files in ``trials/`` in 3 s, which a
+    byte budget does not see)."""
     if not scratch.is_dir() or scratch.is_symlink():
         return 0
+    trials = scratch / "trials"
     for p in scratch.iterdir():
-        if p.name == "trials" and p.is_dir() and not p.is_symlink():
+        if p == trials and p.is_dir() and not p.is_symlink():
             continue
-        if p.is_dir() and not p.is_symlink():
-            shutil.rmtree(p, ignore_errors=True)
-        else:
-            p.unlink(missing_ok=True)
+        remove_tree(p)
     total = 0
-    for root, dirs, files in os.walk(scratch / "trials"):
-        for name in files + dirs:
-            try:
-                st = os.lstat(os.path.join(root, name))
-            except OSError:
-                continue
-            total += max(st.st_size if stat.S_ISREG(st.st_mode) else 0, st.st_blocks * 512)
+    if trials.is_dir() and not trials.is_symlink():
+        with os.scandir(trials) as entries:
+            for e in entries:
+                if e.name in keep and e.is_file(follow_symlinks=False):
+                    st = e.stat(follow_symlinks=False)
+                    total += max(st.st_size, st.st_blocks * 512)
+                else:
+                    remove_tree(e.path)
     return total
 
 
 def _fresh_dir(p: Path) -> Path:
-    if p.exists():
-        shutil.rmtree(p)
+    remove_tree(p)
     p.mkdir(parents=True)
     return p
 
@@ -387,7 +389,8 @@ def verify(
         verdict.stages += stages
     finally:
         if tmp is not None:
-            tmp.cleanup()
+            remove_tree(tmp.name)  # any depth (TemporaryDirectory's own walk recurses per level)
+            tmp.cleanup()  # nothing left to delete: unregisters it
     return finish()
 
 

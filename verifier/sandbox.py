@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from coda_agent.verifier.protocol import last_begun, read_records
+from coda_agent.verifier.protocol import last_begun, read_records_checked
 
 OutcomeStatus = Literal["ok", "exception", "signal", "timeout", "cuda-error"]
 
@@ -77,7 +77,8 @@ class WorkerOutcome:
     finished; ``duration_s`` wall seconds; ``output_problems`` what the parent could not
     keep of the worker's output (a log or results file it failed to write, or a pipe still
     held open by an escaped process at the deadline): the verifier's problem, said in
-    :meth:`message`.
+    :meth:`message`; ``record_anomalies`` what in the results file the worker's own code
+    does not write (:func:`~coda_agent.verifier.protocol.read_records_checked`).
     """
 
     status: OutcomeStatus
@@ -89,6 +90,7 @@ class WorkerOutcome:
     died_in: str | None = None
     timeout_s: float | None = None
     output_problems: list[str] = field(default_factory=list)
+    record_anomalies: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -159,10 +161,11 @@ LOG_HEAD, LOG_TAIL = 4 << 20, 1 << 20
 """Bytes of a worker's stdout/stderr kept: the first ``LOG_HEAD``, then only the last
 ``LOG_TAIL`` (what a report quotes)."""
 
-RESULTS_CAP = 256 << 20
-"""Bytes of records kept from a confined worker's results pipe (the legitimate stream is a
-few MiB at most); beyond it the stream is dropped, so a flood loses the worker's own
-``done`` record and reads as an unfinished run."""
+RESULTS_CAP = 16 << 20
+"""Bytes of records kept from a confined worker's results pipe (a legitimate stream is
+well under 1 MiB); beyond it the stream is dropped, so a flood loses the worker's own
+``done`` record and reads as an unfinished run. Small on purpose: the parent parses
+what it keeps (red team: a 255 MiB record took it to 6.4 GiB)."""
 
 
 DRAIN_GRACE_S = 10.0
@@ -255,6 +258,22 @@ def classify(returncode: int | None, stderr: str, timed_out: bool) -> tuple[Outc
     if any(p.lower() in text.lower() for p in CUDA_ERROR_PATTERNS):
         return "cuda-error", None
     return "exception", None
+
+
+def _reap_group(pgid: int, wait_s: float = 2.0) -> None:
+    """Wait for (reap) every child of *this* process still in the worker's group: a child
+    made with ``CLONE_PARENT`` is ours, not the worker's, and would stay a zombie (the
+    red team made 2000). Returns when none is left or after ``wait_s`` seconds."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            pid, _ = os.waitpid(-pgid, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.01)
 
 
 def _kill_group(pgid: int) -> None:
@@ -358,6 +377,7 @@ def run_worker(
                 os.killpg(proc.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
+        _reap_group(proc.pid)
         duration = time.monotonic() - t0
         deadline = time.monotonic() + DRAIN_GRACE_S  # one deadline for every pipe
         for d in drains:
@@ -375,7 +395,7 @@ def run_worker(
                  "(what it held was read so far)" for d in drains if d.is_alive()]
     rc = None if timed_out else proc.returncode
     status, sig = classify(rc, stderr, timed_out)
-    records = read_records(results) if results is not None else []
+    records, anomalies = read_records_checked(results) if results is not None else ([], [])
     return WorkerOutcome(
         status=status,
         returncode=rc,
@@ -386,4 +406,5 @@ def run_worker(
         died_in=None if status == "ok" else last_begun(records),
         timeout_s=timeout_s,
         output_problems=problems,
+        record_anomalies=anomalies,
     )

@@ -23,10 +23,12 @@ like any other candidate error):
 * ``setsid``/``setpgid`` (a child in its own session outlived the worker's group kill),
   System V IPC, creating and operating on objects, and kernel keys (state that outlives
   the process), and scheduling, priority and rlimit calls aimed at any process but the
-  caller (aimed at the parent they slowed the trusted reference worker's baselines).
+  caller (aimed at the parent they slowed the trusted reference worker's baselines);
+  ``ioprio_set`` outright; ``fcntl(F_SETLEASE)`` (a lease stalls other openers of a file).
 * new user namespaces (``unshare``/``clone`` with ``CLONE_NEWUSER``; ``clone3`` fails with
   ENOSYS so libc falls back to ``clone``) and ``setns``: inside a new user namespace a
-  process holds every capability again; ``fallocate`` with a mode (blocks allocated
+  process holds every capability again; ``clone`` with ``CLONE_PARENT`` (the child would
+  be the verifier's, a zombie it never reaps); ``fallocate`` with a mode (blocks allocated
   beyond what ``st_size`` and the file-size limit see; EOPNOTSUPP, as from a file system
   without it); POSIX message queues.
 * on x86_64, every x32-ABI call (``nr`` with bit 30 set), which would otherwise reach the
@@ -91,6 +93,9 @@ DENIED_X86_64 = {
     "mq_getsetattr": 245,
     # joining another process's namespaces
     "setns": 308,
+    # I/O priority: its "who" argument alone is not the target (IOPRIO_WHO_USER 0 is every
+    # process of the uid); a worker has no use for it
+    "ioprio_set": 251,
 }
 """x86_64 syscall numbers (``arch/x86/entry/syscalls/syscall_64.tbl``) the filter denies."""
 
@@ -98,17 +103,19 @@ SELF_ONLY_X86_64 = {
     # name: (nr, argument indexes that must be 0 = "this process/thread")
     "setpriority": (141, (0, 1)),  # which == PRIO_PROCESS and who == 0 (PRIO_USER 0 = every process of the uid)
     "sched_setparam": (142, (0,)), "sched_setscheduler": (144, (0,)), "sched_setaffinity": (203, (0,)),
-    "sched_setattr": (314, (0,)), "prlimit64": (302, (0,)), "ioprio_set": (251, (1,)),
+    "sched_setattr": (314, (0,)), "prlimit64": (302, (0,)),
 }
 """Calls allowed on the worker itself only: aimed at the parent (``getppid()``) they slowed
 the trusted reference worker started next (nice 19, SCHED_IDLE, one CPU, tiny rlimits)."""
 
-CLONE_NEWUSER = 0x10000000
+CLONE_NEWUSER, CLONE_PARENT = 0x10000000, 0x8000
 FLAG_DENIED_X86_64 = {
     # name: (nr, argument index, bits that may not be set)
     # a new user namespace hands back a full capability set inside it (red team 2026-11-30:
-    # after an execve, unshare + its own uid_map, which the /proc/<pid> allowance lets it write)
-    "unshare": (272, 0, CLONE_NEWUSER), "clone": (56, 0, CLONE_NEWUSER),
+    # after an execve, unshare + its own uid_map, which the /proc/<pid> allowance lets it write);
+    # CLONE_PARENT makes the child the *verifier's*: 2000 zombies it never reaped (a pid
+    # exhaustion for the whole host at ~3000/s)
+    "unshare": (272, 0, CLONE_NEWUSER), "clone": (56, 0, CLONE_NEWUSER | CLONE_PARENT),
     # fallocate with a mode (KEEP_SIZE, PUNCH_HOLE, ...): allocates blocks that st_size and the
     # file-size rlimit do not see (red team: 3 GiB behind a 16-byte file, outside any budget)
     "fallocate": (285, 1, 0xFFFFFFFF),
@@ -122,6 +129,10 @@ EOPNOTSUPP_CALLS = ("fallocate",)
 CLONE3_NR = 435
 """``clone3`` passes its flags in a struct seccomp cannot read: it fails with ENOSYS, so
 libc falls back to ``clone``, whose flags the filter checks (the usual container policy)."""
+
+FCNTL_NR, F_SETLEASE = 72, 1024
+"""``fcntl(F_SETLEASE)`` is denied: a lease on a file the worker can only read makes any
+other opener wait up to the lease-break time (45 s by default)."""
 
 IOCTL_NR = 16
 DENIED_IOCTLS = {"FS_IOC_SETFLAGS": 0x40086602, "FS_IOC32_SETFLAGS": 0x40046602, "FS_IOC_FSSETXATTR": 0x401C5820}
@@ -205,6 +216,7 @@ def program() -> list[tuple[int, int, int, int]]:
         a.op(_JEQ_K, nr, f"flags_{name}", None)
     a.op(_JEQ_K, CLONE3_NR, "enosys", None)
     a.op(_JEQ_K, IOCTL_NR, "ioctl", None)
+    a.op(_JEQ_K, FCNTL_NR, "fcntl", None)
     a.op(_JEQ_K, SOCKETPAIR_NR, "socketpair", None)
     a.op(_RET_K, SECCOMP_RET_ALLOW)
     for name, (_, i, bits) in sorted(FLAG_DENIED_X86_64.items()):
@@ -228,6 +240,10 @@ def program() -> list[tuple[int, int, int, int]]:
     a.op(_LD_W_ABS, _arg_lo(1))
     for cmd in sorted(DENIED_IOCTLS.values()):
         a.op(_JEQ_K, cmd, "deny", None)
+    a.op(_RET_K, SECCOMP_RET_ALLOW)
+    a.label("fcntl")
+    a.op(_LD_W_ABS, _arg_lo(1))
+    a.op(_JEQ_K, F_SETLEASE, "deny", None)
     a.op(_RET_K, SECCOMP_RET_ALLOW)
     a.label("socketpair")
     a.op(_LD_W_ABS, _arg_lo(1))

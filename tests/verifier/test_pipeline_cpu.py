@@ -10,6 +10,7 @@ static.py / compile.py are stubbed: these candidates use torch math on purpose.
 """
 
 import json
+import os
 import textwrap
 from pathlib import Path
 
@@ -445,3 +446,29 @@ def test_worker_logs_are_cut_to_their_tail(tmp_path):
     big = (logs / "worker_candidate.stdout").read_bytes()
     assert len(big) < (1 << 20) + 100 and big.endswith(b"THE END") and big.startswith(b"[... earlier output cut")
     assert (logs / "small.stderr").read_bytes() == b"short"
+
+
+def test_scratch_cleanup_survives_deep_trees_and_keeps_only_the_trial_files(tmp_path):
+    """Red team 2026-11-30: 5000 nested folders crashed shutil.rmtree/os.walk (RecursionError,
+    paths past PATH_MAX) and 175,000 empty files in trials/ slipped past the byte budget."""
+    scratch = tmp_path / "scratch"
+    deep = scratch / "tmp"
+    for base in (scratch / "tmp", scratch / "trials" / "junk"):
+        base.mkdir(parents=True)
+        cur = os.open(base, os.O_RDONLY | os.O_DIRECTORY)
+        for _ in range(5000):  # deeper than Python's recursion limit, longer than PATH_MAX
+            os.mkdir("d", dir_fd=cur)
+            nxt = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=cur)
+            os.close(cur)
+            cur = nxt
+        os.close(cur)
+    for i in range(300):
+        (scratch / "trials" / f"extra{i}.pt").write_bytes(b"")
+    (scratch / "trials" / "c0.pt").write_bytes(b"x" * 4096)
+    (scratch / "trials" / "c1.pt").symlink_to("/etc/passwd")
+    total = pipeline._clean_scratch(scratch, {"c0.pt", "c1.pt"})
+    assert sorted(p.name for p in scratch.iterdir()) == ["trials"] and not deep.exists()
+    assert [p.name for p in (scratch / "trials").iterdir()] == ["c0.pt"]  # not the symlink, not the rest
+    assert total == 4096
+    pipeline._fresh_dir(tmp_path)  # and a folder holding such a tree is renewed, not a crash
+    assert list(tmp_path.iterdir()) == []

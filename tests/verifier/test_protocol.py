@@ -152,3 +152,35 @@ def test_records_the_parent_failed_to_keep_are_the_verifiers_error():
     # a log the parent could not keep costs nothing: the same run without it is judged normally
     run.cand.output_problems = ["cannot write worker_candidate.stdout: [Errno 28] No space left on device"]
     assert correctness_stage(FWD, run).summary != res.summary
+
+
+def test_strict_reading_names_what_the_worker_never_writes(tmp_path):
+    from coda_agent.verifier.protocol import MAX_RECORD_LINE, read_records_checked
+
+    f = tmp_path / "results.jsonl"
+    good = [{"part": "setup", "ok": True}, {"part": "begin", "what": "bench s"}, {"part": "bench", "shape": "s"}]
+    f.write_text("".join(json.dumps(r) + "\n" for r in good) + '{"part": "done"}\n{"part": "da')  # torn last line
+    recs, anomalies = read_records_checked(f)
+    assert [r["part"] for r in recs] == ["setup", "begin", "bench", "done"] and anomalies == []
+    # red team: a forged bench record, then a newline-less prefix that swallows the worker's
+    # real record, then records after done; a 200k-deep nesting and an over-long line
+    f.write_text('{"part": "bench", "shape": "s", "event_ms": 0.0001}\n{"junk":"'
+                 '{"part": "bench", "shape": "s", "event_ms": 1.0}\n'
+                 '{"part": "bench", "shape": "s", "event_ms": 0.0002}\n'
+                 '{"part": "done"}\n{"part": "integrity", "tampered": []}\n'
+                 + "[" * 200_000 + "\n" + "x" * (MAX_RECORD_LINE + 1) + "\n" + '{"part": "end"}\n')
+    recs, anomalies = read_records_checked(f)
+    assert recs[0]["event_ms"] == 0.0001  # every record is returned, first first
+    assert anomalies == ["line 2: not a JSON object", "line 3: a second 'bench' record for 's'",
+                         "line 5: a 'integrity' record after 'done'", "line 6: not a JSON object",
+                         f"line 7: {MAX_RECORD_LINE + 1} bytes (over {MAX_RECORD_LINE})",
+                         "line 8: a 'end' record after 'done'"]
+    assert read_records_checked(tmp_path / "missing") == ([], [])
+
+
+def test_records_the_worker_did_not_write_fail_the_candidate():
+    run = _run_with([{"part": "setup", "ok": True, "sandbox": "landlock ABI 7"}])
+    run.cand.record_anomalies = ["line 9: a second 'bench' record for 'llama3-8b/M8192'"]
+    res = correctness_stage(FWD, run)
+    assert res.status == "fail" and res.findings[0].kind == "harness-tampered"
+    assert "second 'bench' record" in res.findings[0].message

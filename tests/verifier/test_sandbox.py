@@ -189,3 +189,27 @@ def test_a_results_file_the_parent_cannot_write_is_the_verifiers_problem(tmp_pat
                      log_dir=tmp_path / "logs", confine=[tmp_path / "scratch"])
     assert out.ok and out.records == []
     assert len(out.output_problems) == 1 and out.output_problems[0].startswith("cannot open results.jsonl")
+
+
+def _children_in_group(pgid: int) -> list[int]:
+    kids = []
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            kids += [int(p) for p in (task / "children").read_text().split()]
+        except OSError:
+            continue
+    out = []
+    for pid in kids:
+        try:
+            if int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[2]) == pgid:
+                out.append(pid)
+        except (OSError, ValueError, IndexError):
+            continue
+    return out
+
+
+def test_children_a_worker_made_ours_are_reaped(tmp_path):
+    out = _run("orphans", tmp_path)
+    rec = next(r for r in out.records if r["part"] == "orphans")
+    assert out.ok and rec["made"] == 20  # unconfined here: the filter denies CLONE_PARENT in workers
+    assert _children_in_group(rec["pgid"]) == []  # no zombie of the worker's group left with us

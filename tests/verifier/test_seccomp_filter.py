@@ -75,6 +75,11 @@ def test_program_checks_arguments():
     assert _run_bpf(rows, 272, args=(0x10000000, 0, 0, 0, 0, 0)) == deny  # unshare(CLONE_NEWUSER)
     assert _run_bpf(rows, 56, args=(0x10000000 | 0x11, 0, 0, 0, 0, 0)) == deny  # clone(CLONE_NEWUSER|SIGCHLD)
     assert _run_bpf(rows, 56, args=(0x3D0F00, 0, 0, 0, 0, 0)) == SECCOMP_RET_ALLOW  # a pthread's clone
+    assert _run_bpf(rows, 56, args=(0x01200011, 0, 0, 0, 0, 0)) == SECCOMP_RET_ALLOW  # fork()'s clone
+    assert _run_bpf(rows, 56, args=(0x8000 | 0x11, 0, 0, 0, 0, 0)) == deny  # CLONE_PARENT: the verifier's zombie
+    # fcntl: everything but leases (F_SETLEASE stalls other openers of a read-only file)
+    assert _run_bpf(rows, 72, args=(5, 3, 0, 0, 0, 0)) == SECCOMP_RET_ALLOW  # F_GETFL
+    assert _run_bpf(rows, 72, args=(5, 1024, 0, 0, 0, 0)) == deny
     assert _run_bpf(rows, 272, args=(0x400, 0, 0, 0, 0, 0)) == SECCOMP_RET_ALLOW  # unshare(CLONE_FILES)
     assert _run_bpf(rows, 435) == SECCOMP_RET_ERRNO | 38  # clone3: ENOSYS, libc falls back to clone
     # fallocate: plain (the size grows: rlimit and budgets see it) yes; KEEP_SIZE/PUNCH_HOLE no
