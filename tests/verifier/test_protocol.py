@@ -142,15 +142,20 @@ def test_jsonable():
     assert jsonable({"a": float("inf"), "b": [float("nan"), 1.0]}) == {"a": "inf", "b": ["nan", 1.0]}
 
 
-def test_records_the_parent_failed_to_keep_are_the_verifiers_error():
-    # a full disk while copying the results pipe loses records: not the candidate's failure
+@pytest.mark.parametrize("field,problem,status,kind", [
+    # a full disk while copying the results pipe loses records: the verifier's error
+    ("output_problems", "cannot write results.jsonl: [Errno 28] No space left on device", "error", "verifier-error"),
+    # records the worker's own code never writes: candidate code wrote into the pipe
+    ("record_anomalies", "line 9: a second 'bench' record for 'llama3-8b/M8192'", "fail", "harness-tampered"),
+])
+def test_worker_output_problems_decide_the_stage(field, problem, status, kind):
     run = _run_with([{"part": "setup", "ok": True, "sandbox": "landlock ABI 7"}])
-    run.cand.output_problems = ["cannot write results.jsonl: [Errno 28] No space left on device"]
+    setattr(run.cand, field, [problem])
     res = correctness_stage(FWD, run)
-    assert res.status == "error" and res.findings[0].kind == "verifier-error"
-    assert "No space left" in res.findings[0].message
-    # a log the parent could not keep costs nothing: the same run without it is judged normally
+    assert res.status == status and res.findings[0].kind == kind and problem in res.findings[0].message
+    # a log the parent could not keep costs nothing: the run is judged as without it
     run.cand.output_problems = ["cannot write worker_candidate.stdout: [Errno 28] No space left on device"]
+    run.cand.record_anomalies = []
     assert correctness_stage(FWD, run).summary != res.summary
 
 
@@ -178,9 +183,10 @@ def test_strict_reading_names_what_the_worker_never_writes(tmp_path):
     assert read_records_checked(tmp_path / "missing") == ([], [])
 
 
-def test_records_the_worker_did_not_write_fail_the_candidate():
-    run = _run_with([{"part": "setup", "ok": True, "sandbox": "landlock ABI 7"}])
-    run.cand.record_anomalies = ["line 9: a second 'bench' record for 'llama3-8b/M8192'"]
-    res = correctness_stage(FWD, run)
-    assert res.status == "fail" and res.findings[0].kind == "harness-tampered"
-    assert "second 'bench' record" in res.findings[0].message
+def test_environment_fields_come_from_the_trusted_worker_where_it_has_them():
+    # the confined candidate worker may be refused nvidia-smi (no driver); the reference worker is not
+    run = _run_with([{"part": "setup", "ok": True, "env": {"gpu": "NVIDIA H200", "driver": None, "quack": "0.6.5"}}])
+    assert run.gpu_env == {"gpu": "NVIDIA H200", "driver": None, "quack": "0.6.5"}
+    run.ref = WorkerOutcome(status="ok", returncode=0, duration_s=1.0, records=[
+        {"part": "setup", "ok": True, "env": {"gpu": "NVIDIA H200", "driver": "580.159.04", "quack": None}}])
+    assert run.gpu_env == {"gpu": "NVIDIA H200", "driver": "580.159.04", "quack": "0.6.5"}
