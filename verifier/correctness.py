@@ -216,10 +216,9 @@ def store_recheck(metrics: dict[str, Any], t: Run, by_trial: dict[str, Any]) -> 
 
 def _prologue(run: GpuRun, stage: str) -> StageResult | None:
     """Worker-level outcomes that decide the stage before any tensor is compared."""
-    lost = [p for p in run.cand.output_problems if p.startswith(("cannot open results", "cannot write results"))]
-    if lost:  # the parent failed to keep the records (a full disk): nothing can be judged
+    if run.cand.records_lost:  # the parent failed to keep the records (a full disk): nothing can be judged
         return StageResult(stage=stage, status="error", summary="the verifier lost the candidate worker's records",
-                           findings=[Finding(kind="verifier-error", message="; ".join(lost))])
+                           findings=[Finding(kind="verifier-error", message=run.cand.records_lost)])
     if run.cand.record_anomalies:  # only code in the worker's process writes its records
         return StageResult(stage=stage, status="fail", summary="records the worker did not write",
                            findings=[Finding(kind="harness-tampered", message=(

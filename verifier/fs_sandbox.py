@@ -23,8 +23,8 @@ threads that exist before stay unconfined, and native code in the process can ru
 (red team 2026-11-30: a signal handler sent with ``tgkill``). So the candidate worker is
 started through :mod:`~coda_agent.verifier.confine_launch`, which confines the process
 while it has one thread, before ``import torch`` (which starts a BLAS thread pool) and
-before CUDA init (the driver's threads): 16 threads in all on the H200 host; the launcher hands the worker the description and a
-results descriptor through :data:`LAUNCH_SANDBOX` and :data:`LAUNCH_RESULTS_FD`. Whenever
+before CUDA init (the driver's threads): 16 threads in all on the H200 host; the launcher hands the worker the description and the
+write end of its results pipe through :data:`LAUNCH_SANDBOX` and :data:`LAUNCH_RESULTS_FD`. Whenever
 threads did exist at confinement, the description says how many ("N earlier thread(s)
 not confined"); the seccomp layer (:mod:`~coda_agent.verifier.seccomp_filter`) reaches
 every thread either way.

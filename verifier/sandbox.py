@@ -9,7 +9,7 @@ session means the parent survives all of that and can kill the whole process gro
 Results never come back through stdout (a candidate could print anything there):
 workers append JSON records to a results file (see :mod:`coda_agent.verifier.protocol`;
 a confined worker writes them into a pipe that the parent copies there). stdout/stderr
-reach log files through pipes the parent drains with a cap (:func:`_drain`), and only a
+reach log files through pipes the parent drains with a cap (:class:`_Drain`), and only a
 short, ANSI-stripped stderr tail is kept, for the error message. Classification, in order:
 
 * ``timeout`` -- still running at the deadline (a hang); the group is killed;
@@ -77,7 +77,8 @@ class WorkerOutcome:
     finished; ``duration_s`` wall seconds; ``output_problems`` what the parent could not
     keep of the worker's output (a log or results file it failed to write, or a pipe still
     held open by an escaped process at the deadline): the verifier's problem, said in
-    :meth:`message`; ``record_anomalies`` what in the results file the worker's own code
+    :meth:`message`; ``records_lost`` the one of those that lost records (the results
+    file could not be written: nothing can be judged); ``record_anomalies`` what in the results file the worker's own code
     does not write (:func:`~coda_agent.verifier.protocol.read_records_checked`).
     """
 
@@ -90,6 +91,7 @@ class WorkerOutcome:
     died_in: str | None = None
     timeout_s: float | None = None
     output_problems: list[str] = field(default_factory=list)
+    records_lost: str | None = None
     record_anomalies: list[str] = field(default_factory=list)
 
     @property
@@ -104,9 +106,9 @@ class WorkerOutcome:
     def message(self) -> str:
         """One human-readable paragraph: what happened, where, and the stderr tail."""
         where = f" during {self.died_in}" if self.died_in else ""
+        lost = "(verifier: " + "; ".join(self.output_problems) + ")" if self.output_problems else ""
         if self.status == "ok":
-            return "worker finished" + ("" if not self.output_problems else
-                                        " (verifier: " + "; ".join(self.output_problems) + ")")
+            return "worker finished" + (f" {lost}" if lost else "")
         if self.status == "timeout":
             head = f"hang: no result after {self.timeout_s:.0f} s{where}; the process group was killed"
         elif self.status == "signal":
@@ -115,8 +117,8 @@ class WorkerOutcome:
             head = f"CUDA error{where}"
         else:
             head = f"Python exception{where} (exit status {self.returncode})"
-        if self.output_problems:
-            head += "\n(verifier: " + "; ".join(self.output_problems) + ")"
+        if lost:
+            head += f"\n{lost}"
         return head + (f"\n{self.stderr_tail}" if self.stderr_tail else "")
 
 
@@ -304,7 +306,7 @@ def run_worker(
     and ``PYTHONUNBUFFERED=1`` are always set so a segfault leaves a Python stack in
     stderr. ``results`` is the worker's results file (read back into
     ``WorkerOutcome.records``); ``log_dir`` keeps ``<module>.stdout/.stderr`` (a temp
-    folder otherwise); both reach their files through pipes (:func:`_drain`, at most
+    folder otherwise); both reach their files through pipes (:class:`_Drain`, at most
     :data:`LOG_HEAD` + :data:`LOG_TAIL` bytes each). ``confine`` (folders that stay
     writable) starts the worker through :mod:`~coda_agent.verifier.confine_launch`:
     confined before its first import, writing its records into a pipe that the parent
@@ -391,6 +393,7 @@ def run_worker(
         if tmp is not None:
             tmp.cleanup()
     problems = [d.error for d in drains if d.error]
+    lost = next((d.error for d in drains if d.error and results is not None and d.path == Path(results)), None)
     problems += [f"{d.path.name} still held open by an escaped process after {DRAIN_GRACE_S:.0f} s "
                  "(what it held was read so far)" for d in drains if d.is_alive()]
     rc = None if timed_out else proc.returncode
@@ -406,5 +409,6 @@ def run_worker(
         died_in=None if status == "ok" else last_begun(records),
         timeout_s=timeout_s,
         output_problems=problems,
+        records_lost=lost,
         record_anomalies=anomalies,
     )

@@ -110,34 +110,35 @@ the trusted reference worker started next (nice 19, SCHED_IDLE, one CPU, tiny rl
 
 CLONE_NEWUSER, CLONE_PARENT = 0x10000000, 0x8000
 FLAG_DENIED_X86_64 = {
-    # name: (nr, argument index, bits that may not be set)
+    # name: (nr, argument index, bits that may not be set, errno)
     # a new user namespace hands back a full capability set inside it (red team 2026-11-30:
     # after an execve, unshare + its own uid_map, which the /proc/<pid> allowance lets it write);
     # CLONE_PARENT makes the child the *verifier's*: 2000 zombies it never reaped (a pid
     # exhaustion for the whole host at ~3000/s)
-    "unshare": (272, 0, CLONE_NEWUSER), "clone": (56, 0, CLONE_NEWUSER | CLONE_PARENT),
+    "unshare": (272, 0, CLONE_NEWUSER, EPERM), "clone": (56, 0, CLONE_NEWUSER | CLONE_PARENT, EPERM),
     # fallocate with a mode (KEEP_SIZE, PUNCH_HOLE, ...): allocates blocks that st_size and the
     # file-size rlimit do not see (red team: 3 GiB behind a 16-byte file, outside any budget)
-    "fallocate": (285, 1, 0xFFFFFFFF),
+    "fallocate": (285, 1, 0xFFFFFFFF, EOPNOTSUPP),
 }
-"""Calls denied when an argument has any of the given bits (its low 32 bits: clone flags
-and fallocate modes fit there). ``fallocate`` fails with EOPNOTSUPP (what callers that
-preallocate fall back on: the file system does not support the mode), the others EPERM."""
-
-EOPNOTSUPP_CALLS = ("fallocate",)
+"""Calls denied, with the given errno, when an argument has any of the given bits (its low
+32 bits: clone flags and fallocate modes fit there). ``fallocate`` fails with EOPNOTSUPP
+(what callers that preallocate fall back on: the file system does not support the mode)."""
 
 CLONE3_NR = 435
 """``clone3`` passes its flags in a struct seccomp cannot read: it fails with ENOSYS, so
 libc falls back to ``clone``, whose flags the filter checks (the usual container policy)."""
 
-FCNTL_NR, F_SETLEASE = 72, 1024
-"""``fcntl(F_SETLEASE)`` is denied: a lease on a file the worker can only read makes any
-other opener wait up to the lease-break time (45 s by default)."""
-
-IOCTL_NR = 16
 DENIED_IOCTLS = {"FS_IOC_SETFLAGS": 0x40086602, "FS_IOC32_SETFLAGS": 0x40046602, "FS_IOC_FSSETXATTR": 0x401C5820}
 """ioctl commands that change file attributes (immutable, append-only) through a read-only
 descriptor; every other ioctl (the CUDA driver's) stays allowed."""
+
+F_SETLEASE = 1024
+"""``fcntl(F_SETLEASE)``: a lease on a file the worker can only read makes any other
+opener wait up to the lease-break time (45 s by default)."""
+
+DENIED_COMMANDS_X86_64 = {"ioctl": (16, tuple(DENIED_IOCTLS.values())), "fcntl": (72, (F_SETLEASE,))}
+"""Calls denied (EPERM) for these values of their command argument (argument 1); every
+other command stays allowed."""
 
 SOCKETPAIR_NR, SOCK_TYPE_MASK, SOCK_STREAM = 53, 0xF, 1
 """``socketpair`` is allowed for stream pairs only: a datagram pair can ``sendto`` any
@@ -201,8 +202,9 @@ def program() -> list[tuple[int, int, int, int]]:
     """The BPF program as ``(code, jt, jf, k)`` rows. Wrong architecture or an x32 call:
     deny. A :data:`DENIED_X86_64` number: deny. A :data:`SELF_ONLY_X86_64` call: allow only
     when its target arguments are 0 (both 32-bit halves). A :data:`FLAG_DENIED_X86_64` call:
-    deny when the argument has one of its bits (``fallocate``: EOPNOTSUPP). ``clone3``: ENOSYS. ``ioctl``: deny the
-    :data:`DENIED_IOCTLS` commands. ``socketpair``: stream pairs only. Anything else: allow."""
+    deny, with its errno, when the argument has one of its bits. A
+    :data:`DENIED_COMMANDS_X86_64` call (``ioctl``, ``fcntl``): deny its listed commands.
+    ``clone3``: ENOSYS. ``socketpair``: stream pairs only. Anything else: allow."""
     a = _Asm()
     a.op(_LD_W_ABS, _OFF_ARCH)
     a.op(_JEQ_K, AUDIT_ARCH_X86_64, None, "deny")
@@ -212,20 +214,24 @@ def program() -> list[tuple[int, int, int, int]]:
         a.op(_JEQ_K, nr, "deny", None)
     for name, (nr, _) in sorted(SELF_ONLY_X86_64.items()):
         a.op(_JEQ_K, nr, f"self_{name}", None)
-    for name, (nr, _, _) in sorted(FLAG_DENIED_X86_64.items()):
+    for name, (nr, _, _, _) in sorted(FLAG_DENIED_X86_64.items()):
         a.op(_JEQ_K, nr, f"flags_{name}", None)
+    for name, (nr, _) in sorted(DENIED_COMMANDS_X86_64.items()):
+        a.op(_JEQ_K, nr, f"cmd_{name}", None)
     a.op(_JEQ_K, CLONE3_NR, "enosys", None)
-    a.op(_JEQ_K, IOCTL_NR, "ioctl", None)
-    a.op(_JEQ_K, FCNTL_NR, "fcntl", None)
     a.op(_JEQ_K, SOCKETPAIR_NR, "socketpair", None)
     a.op(_RET_K, SECCOMP_RET_ALLOW)
-    for name, (_, i, bits) in sorted(FLAG_DENIED_X86_64.items()):
+    for name, (_, i, bits, errno) in sorted(FLAG_DENIED_X86_64.items()):
         a.label(f"flags_{name}")
         a.op(_LD_W_ABS, _arg_lo(i))
-        a.op(_JSET_K, bits, "unsupported" if name in EOPNOTSUPP_CALLS else "deny", None)
+        a.op(_JSET_K, bits, None, "allow")
+        a.op(_RET_K, SECCOMP_RET_ERRNO | errno)
+    for name, (_, cmds) in sorted(DENIED_COMMANDS_X86_64.items()):
+        a.label(f"cmd_{name}")
+        a.op(_LD_W_ABS, _arg_lo(1))
+        for cmd in sorted(cmds):
+            a.op(_JEQ_K, cmd, "deny", None)
         a.op(_RET_K, SECCOMP_RET_ALLOW)
-    a.label("unsupported")
-    a.op(_RET_K, SECCOMP_RET_ERRNO | EOPNOTSUPP)
     a.label("enosys")
     a.op(_RET_K, SECCOMP_RET_ERRNO | ENOSYS)
     for name, (_, args) in sorted(SELF_ONLY_X86_64.items()):
@@ -236,15 +242,6 @@ def program() -> list[tuple[int, int, int, int]]:
             a.op(_LD_W_ABS, _arg_hi(i))
             a.op(_JEQ_K, 0, None, "deny")
         a.op(_RET_K, SECCOMP_RET_ALLOW)
-    a.label("ioctl")
-    a.op(_LD_W_ABS, _arg_lo(1))
-    for cmd in sorted(DENIED_IOCTLS.values()):
-        a.op(_JEQ_K, cmd, "deny", None)
-    a.op(_RET_K, SECCOMP_RET_ALLOW)
-    a.label("fcntl")
-    a.op(_LD_W_ABS, _arg_lo(1))
-    a.op(_JEQ_K, F_SETLEASE, "deny", None)
-    a.op(_RET_K, SECCOMP_RET_ALLOW)
     a.label("socketpair")
     a.op(_LD_W_ABS, _arg_lo(1))
     a.op(_AND_K, SOCK_TYPE_MASK)

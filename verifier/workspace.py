@@ -85,16 +85,17 @@ def remove_tree(path: str | Path) -> None:
     p = Path(path)
     if not os.path.lexists(p):
         return
+    if p.is_symlink() or not p.is_dir():  # a file or a link: no process to start
+        p.unlink()
+        return
     rm = shutil.which("rm")
     if rm is not None:
         subprocess.run([rm, "-rf", "--", str(p)], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                        stderr=subprocess.DEVNULL, check=False, timeout=3600)
-    elif p.is_dir() and not p.is_symlink():
+    else:
         try:
             shutil.rmtree(p, ignore_errors=True)
         except RecursionError:
             pass
-    else:
-        p.unlink(missing_ok=True)
     if os.path.lexists(p):
         raise OSError(f"could not remove {p}")

@@ -142,20 +142,24 @@ def test_jsonable():
     assert jsonable({"a": float("inf"), "b": [float("nan"), 1.0]}) == {"a": "inf", "b": ["nan", 1.0]}
 
 
-@pytest.mark.parametrize("field,problem,status,kind", [
+LOST = "cannot write results.jsonl: [Errno 28] No space left on device"
+FORGED = "line 9: a second 'bench' record for 'llama3-8b/M8192'"
+
+
+@pytest.mark.parametrize("field,value,problem,status,kind", [
     # a full disk while copying the results pipe loses records: the verifier's error
-    ("output_problems", "cannot write results.jsonl: [Errno 28] No space left on device", "error", "verifier-error"),
+    ("records_lost", LOST, LOST, "error", "verifier-error"),
     # records the worker's own code never writes: candidate code wrote into the pipe
-    ("record_anomalies", "line 9: a second 'bench' record for 'llama3-8b/M8192'", "fail", "harness-tampered"),
+    ("record_anomalies", [FORGED], FORGED, "fail", "harness-tampered"),
 ])
-def test_worker_output_problems_decide_the_stage(field, problem, status, kind):
+def test_worker_output_problems_decide_the_stage(field, value, problem, status, kind):
     run = _run_with([{"part": "setup", "ok": True, "sandbox": "landlock ABI 7"}])
-    setattr(run.cand, field, [problem])
+    setattr(run.cand, field, value)
     res = correctness_stage(FWD, run)
     assert res.status == status and res.findings[0].kind == kind and problem in res.findings[0].message
     # a log the parent could not keep costs nothing: the run is judged as without it
     run.cand.output_problems = ["cannot write worker_candidate.stdout: [Errno 28] No space left on device"]
-    run.cand.record_anomalies = []
+    run.cand.records_lost, run.cand.record_anomalies = None, []
     assert correctness_stage(FWD, run).summary != res.summary
 
 

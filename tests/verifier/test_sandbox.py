@@ -189,6 +189,7 @@ def test_a_results_file_the_parent_cannot_write_is_the_verifiers_problem(tmp_pat
                      log_dir=tmp_path / "logs", confine=[tmp_path / "scratch"])
     assert out.ok and out.records == []
     assert len(out.output_problems) == 1 and out.output_problems[0].startswith("cannot open results.jsonl")
+    assert out.records_lost == out.output_problems[0]
 
 
 def _children_in_group(pgid: int) -> list[int]:
