@@ -1,0 +1,241 @@
+"""Mainloop tile-config sweep of accepted kernels' epilogues (dev tool; H200 only).
+
+Why: three targets are missed on shapes where the accepted kernel runs quack's default
+SM90 tile (128x192 pingpong) or a tile picked by a rule measured at other K
+(gemm_rmsnorm and gemm_cross_entropy at 70B, swiglu_bwd at 8B). Whether another
+``GemmConfig`` closes the gap is a measurement question; this script answers it and the
+answer goes into ``tricks_log.md`` (a lesson the next author reads), never into an accepted
+kernel by hand.
+
+What it times, per case (a spec, one benchmark shape): the accepted kernel's own epilogue
+mod (imported from ``generated_kernels/<spec>/kernel.py``, called as the kernel calls it)
+under each candidate ``GemmConfig``, quack's identity-epilogue GEMM under the same configs,
+and cuBLAS (``torch.mm``) on the same operands, all in one process, in ``--rounds``
+interleaved rounds. Times are medians of ``triton.testing.do_bench`` (L2 flushed before
+each call) in ms; the table's ratio is ``ms / cuBLAS ms`` of the same round.
+
+Also (``--rope-host``): the host cost of gemm_rope's per-call table preparation against the
+mod call itself, in us per call (no synchronisation inside the timed loop).
+
+Usage (device machine, after ``source .device-bundle/p2/install.sh && source
+benchmarks/device_env.sh``)::
+
+    python3 benchmarks/config_sweep.py --out $OUT/sweep [--case NAME ...] [--rounds 2]
+
+Writes ``sweep.json`` and ``sweep.md`` under ``--out``. Raises SystemExit without CUDA.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import math
+import statistics
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _cfg(tile_m: int, tile_n: int, pingpong: bool, cluster_m: int = 2, cluster_n: int = 1):
+    from quack.gemm_config import GemmConfig
+    return GemmConfig(tile_m=tile_m, tile_n=tile_n, pingpong=pingpong, cluster_m=cluster_m,
+                      cluster_n=cluster_n, is_dynamic_persistent=False)
+
+
+def _configs(names: list[str]):
+    table = {
+        "128x192pp": (128, 192, True),          # quack's SM90 default
+        "128x160pp": (128, 160, True),
+        "128x128pp": (128, 128, True),
+        "128x256co": (128, 256, False),
+        "256x128co": (256, 128, False),
+        "256x160co": (256, 160, False),
+        "128x256co-c1x2": (128, 256, False, 1, 2),
+        "128x192pp-c1x2": (128, 192, True, 1, 2),
+    }
+    return {n: _cfg(*table[n]) for n in names}
+
+
+def _load_kernel(spec: str):
+    path = REPO / "generated_kernels" / spec / "kernel.py"
+    mod_spec = importlib.util.spec_from_file_location(f"sweep_{spec}", path)
+    mod = importlib.util.module_from_spec(mod_spec)
+    mod_spec.loader.exec_module(mod)
+    return mod
+
+
+def _randn(*shape, std=1.0):
+    return (torch.randn(*shape, device="cuda", dtype=torch.float32) * std).to(torch.bfloat16)
+
+
+# Each case: build(configs) -> (a, b) of the GEMM plus {config name: call}.
+def case_gemm_rmsnorm_70b(cfgs):
+    m, n, k = 16384, 10240, 8192
+    kern = _load_kernel("gemm_rmsnorm")
+    a, w = _randn(m, k), _randn(n, k, std=k ** -0.5)
+    rstd = torch.rand(m, device="cuda") * 1.5 + 0.5
+    calls = {c: (lambda cfg=cfg: kern.rstd_scale_epi(a, w.T, tuned=False, config=cfg,
+                                                    rstd=rstd.view(1, -1)))
+             for c, cfg in cfgs.items()}
+    return (a, w.T), calls
+
+
+def _ce_case(m, v, k):
+    def build(cfgs):
+        kern = _load_kernel("gemm_cross_entropy")
+        h, w = _randn(m, k), _randn(v, k, std=k ** -0.5)
+        target = torch.randint(0, v, (m,), device="cuda")
+        tgt = torch.empty(m, dtype=torch.float32, device="cuda")
+        calls = {}
+        for c, cfg in cfgs.items():
+            part = torch.empty(m, math.ceil(v / cfg.tile_n), dtype=torch.float32, device="cuda")
+            calls[c] = (lambda cfg=cfg, part=part: kern.ce_epi(
+                h, w.T, tuned=False, store_d=False, config=cfg, target=target, lse=part, tgt=tgt))
+        return (h, w.T), calls
+    return build
+
+
+def _swiglu_bwd_case(m, k, i):
+    def build(cfgs):
+        kern = _load_kernel("swiglu_bwd")
+        dout, w_down = _randn(m, k), _randn(k, i, std=i ** -0.5)
+        preact = _randn(m, 2 * i)
+        calls = {c: (lambda cfg=cfg: kern.dswiglu_epi(dout, w_down, preact, tuned=False, config=cfg))
+                 for c, cfg in cfgs.items()}
+        return (dout, w_down), calls
+    return build
+
+
+CASES = {
+    "gemm_rmsnorm/llama3-70b-qkv/M16384": (
+        case_gemm_rmsnorm_70b, ["128x192pp", "128x256co", "256x128co", "128x128pp", "128x256co-c1x2"]),
+    "gemm_cross_entropy/llama3-70b/M8192": (
+        _ce_case(8192, 128256, 8192), ["128x256co", "128x192pp", "256x128co", "128x256co-c1x2"]),
+    "gemm_cross_entropy/llama3-8b/M8192": (
+        _ce_case(8192, 128256, 4096), ["128x256co", "128x192pp", "256x128co"]),
+    "swiglu_bwd/llama3-8b/M8192": (
+        _swiglu_bwd_case(8192, 4096, 14336), ["128x192pp", "128x160pp", "128x128pp", "128x256co"]),
+    "swiglu_bwd/llama3-8b/M16384": (
+        _swiglu_bwd_case(16384, 4096, 14336), ["128x192pp", "128x160pp", "128x128pp", "128x256co"]),
+}
+
+
+def _bench(fn) -> float:
+    from triton.testing import do_bench
+    return float(do_bench(fn, warmup=25, rep=150, return_mode="median"))
+
+
+def run_case(name: str, rounds: int) -> dict:
+    from quack.epilogue.library import identity_epi
+    build, cfg_names = CASES[name]
+    cfgs = _configs(cfg_names)
+    (a, b), calls = build(cfgs)
+    ident = {c: (lambda cfg=cfg: identity_epi(a, b, tuned=False, config=cfg)) for c, cfg in cfgs.items()}
+    out = {"case": name, "configs": {c: asdict(cfg) for c, cfg in cfgs.items()}, "rounds": []}
+    t0 = time.time()
+    for fn in [*calls.values(), *ident.values()]:      # compile + warm every variant first
+        fn()
+    torch.cuda.synchronize()
+    out["compile_s"] = round(time.time() - t0, 1)
+    for _ in range(rounds):
+        r = {"cublas": _bench(lambda: torch.mm(a, b))}
+        for c in cfgs:
+            r[f"epi:{c}"] = _bench(calls[c])
+            r[f"identity:{c}"] = _bench(ident[c])
+        out["rounds"].append(r)
+        print(name, json.dumps({k: round(v, 4) for k, v in r.items()}), flush=True)
+    return out
+
+
+def rope_host(n_calls: int = 200) -> dict:
+    """Host us per call of gemm_rope's table prep vs its mod call (llama3-1b-qkv/M8192)."""
+    from quack.epilogue.rotary import make_interleaved_inv_freq
+    kern = _load_kernel("gemm_rope")
+    m, k, hq, hkv, hd = 8192, 2048, 32, 8, 64
+    n = (hq + 2 * hkv) * hd
+    x, w = _randn(m, k), _randn(n, k, std=k ** -0.5)
+    positions = torch.arange(m, device="cuda") % 4096
+    inv_freq = 1.0 / (500000.0 ** (torch.arange(0, hd, 2, device="cuda", dtype=torch.float32) / hd))
+    freq = make_interleaved_inv_freq(inv_freq, (hq + hkv) * hd, hkv * hd)
+    pos = positions.float()
+    cfg = kern.CFG_192 if n % 192 == 0 else kern.CFG_256
+    pieces = {
+        "table(make_interleaved_inv_freq)": lambda: make_interleaved_inv_freq(inv_freq, (hq + hkv) * hd, hkv * hd),
+        "positions.float()": lambda: positions.float(),
+        "mod call": lambda: kern.rope_epi(x, w.T, tuned=False, config=cfg, pos=pos.view(1, -1), freq=freq.view(1, -1)),
+        "whole entry": lambda: kern.gemm_rope(x, w, positions, inv_freq, HQ=hq, HKV=hkv),
+        "torch.mm (cuBLAS)": lambda: torch.mm(x, w.T),
+    }
+    res = {}
+    for label, fn in pieces.items():
+        for _ in range(20):
+            fn()
+        torch.cuda.synchronize()
+        per = []
+        for _ in range(5):
+            t = time.perf_counter()
+            for _ in range(n_calls // 5):
+                fn()
+            per.append((time.perf_counter() - t) / (n_calls // 5) * 1e6)
+            torch.cuda.synchronize()
+        res[label] = round(statistics.median(per), 1)
+    res["gpu ms: whole entry (do_bench)"] = round(_bench(pieces["whole entry"]), 4)
+    res["gpu ms: mod call (do_bench)"] = round(_bench(pieces["mod call"]), 4)
+    res["gpu ms: torch.mm (do_bench)"] = round(_bench(pieces["torch.mm (cuBLAS)"]), 4)
+    print("rope host us/call:", json.dumps(res), flush=True)
+    return res
+
+
+def _markdown(results: list[dict], rope: dict | None, env: str) -> str:
+    lines = ["# Mainloop config sweep", "", env, "",
+             "Median ms (triton do_bench, L2 flushed); ratio = ms / cuBLAS ms of the same round; "
+             "`epi` = the accepted kernel's epilogue mod, `identity` = quack's identity-epilogue GEMM.", ""]
+    for r in results:
+        lines += [f"## {r['case']}", "", f"compile + first call of all variants: {r['compile_s']} s", "",
+                  "| variant | " + " | ".join(f"round {i + 1} ms (ratio)" for i in range(len(r["rounds"]))) + " |",
+                  "|---|" + "---|" * len(r["rounds"])]
+        for key in r["rounds"][0]:
+            cells = [f"{rd[key]:.4f} ({rd[key] / rd['cublas']:.3f})" for rd in r["rounds"]]
+            lines.append(f"| {key} | " + " | ".join(cells) + " |")
+        lines.append("")
+    if rope:
+        lines += ["## gemm_rope host cost at llama3-1b-qkv/M8192 (us per call, no sync in the loop)", "",
+                  "| piece | value |", "|---|---|"] + [f"| {k} | {v} |" for k, v in rope.items()] + [""]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--case", action="append", choices=sorted(CASES), help="default: every case")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--rope-host", action="store_true")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("config_sweep: needs a CUDA (Hopper) device")
+    import importlib.metadata as md
+    env = (f"GPU: {torch.cuda.get_device_name(0)}; torch {torch.__version__}, CUDA {torch.version.cuda}, "
+           f"nvidia-cutlass-dsl {md.version('nvidia-cutlass-dsl')}, quack-kernels {md.version('quack-kernels')}; "
+           f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    results = []
+    for name in args.case or list(CASES):
+        try:
+            results.append(run_case(name, args.rounds))
+        except Exception as e:  # one failing variant must not lose the other cases
+            print(f"{name}: FAILED {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        (args.out / "sweep.json").write_text(json.dumps({"env": env, "cases": results}, indent=1))
+    rope = rope_host() if args.rope_host else None
+    (args.out / "sweep.json").write_text(json.dumps({"env": env, "cases": results, "rope_host": rope}, indent=1))
+    (args.out / "sweep.md").write_text(_markdown(results, rope, env))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

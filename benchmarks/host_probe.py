@@ -1,0 +1,134 @@
+"""Where the candidate worker's extra host time comes from (dev tool; H200 only).
+
+Why: on the 2026-11-30 page gemm_rope's fused call at llama3-1b-qkv/M8192 reads 0.40 ms
+(host 0.48 ms) in the candidate worker, while quack's own rope epilogue, doing the same
+per-call table preparation, reads 0.19 ms in the reference worker, and the same entry timed
+in a plain process reads 0.17 ms (``config_sweep.py --rope-host``). Calls with several
+torch launches (gemm_cross_entropy, cross_entropy_bwd) show host times of 0.5 ms too, while
+one-launch kernels read 0.06 ms. Something the candidate worker adds costs time per launch.
+
+This probe adds the worker's layers one at a time in one process, in the order the worker
+has them (the irreversible ones last), and after each measures three calls: gemm_rope's
+entry (about 12 launches), a chain of 6 small torch ops, and one ``torch.mm``:
+
+0. plain (CUDA up);
+1. after one ``torch.profiler.profile`` session (the worker counts launches with it);
+2. inside the per-call guard (sync debug mode "error" + heap ballast, as ``no_host_sync``);
+3. after the seccomp filter (``fs_sandbox.install_seccomp``);
+4. after Landlock (``fs_sandbox.restrict_writes``).
+
+Per call: host us in a pipelined loop (no sync inside), host us of one call right after a
+sync (what the page's "host ms" is), and do_bench ms. Writes ``host_probe.json`` and prints
+one line per layer. Raises SystemExit without CUDA.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import random
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _rope_entry():
+    spec = importlib.util.spec_from_file_location("probe_gemm_rope", REPO / "generated_kernels/gemm_rope/kernel.py")
+    kern = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(kern)
+    m, k, hq, hkv, hd = 8192, 2048, 32, 8, 64
+    x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+    w = (torch.randn((hq + 2 * hkv) * hd, k, device="cuda") * k ** -0.5).to(torch.bfloat16)
+    positions = torch.arange(m, device="cuda") % 4096
+    inv_freq = 1.0 / (500000.0 ** (torch.arange(0, hd, 2, device="cuda", dtype=torch.float32) / hd))
+    small = torch.randn(4096, device="cuda")
+    return {
+        "gemm_rope entry": lambda: kern.gemm_rope(x, w, positions, inv_freq, HQ=hq, HKV=hkv),
+        "6 small torch ops": lambda: torch.nn.functional.pad(((small.double() * 2).float() + 1).exp(), (0, 2)) * 3,
+        "torch.mm": lambda: torch.mm(x, w.T),
+    }
+
+
+def _measure(fn, wrap) -> dict:
+    from triton.testing import do_bench
+    call = (lambda: wrap(fn))
+    for _ in range(10):
+        call()
+    torch.cuda.synchronize()
+    piped = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(40):
+            call()
+        piped.append((time.perf_counter() - t0) / 40 * 1e6)
+        torch.cuda.synchronize()
+    after_sync = []
+    for _ in range(21):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        call()
+        after_sync.append((time.perf_counter() - t0) * 1e6)
+    torch.cuda.synchronize()
+    return {"host_us_pipelined": round(statistics.median(piped), 1),
+            "host_us_after_sync": round(statistics.median(after_sync), 1),
+            "do_bench_ms": round(float(do_bench(call, return_mode="median")), 4)}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("host_probe: needs a CUDA device")
+    from coda_agent.verifier import fs_sandbox
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    calls = _rope_entry()
+    rng = random.Random(1)
+
+    def plain(fn):
+        return fn()
+
+    def guarded(fn):  # as Worker.no_host_sync
+        raw = rng.randbytes(48)
+        ballast = [bytearray(b + 1) for b in raw[1:2 + raw[0] % 47]]
+        torch._C._cuda_set_sync_debug_mode(2)
+        try:
+            return fn()
+        finally:
+            torch._C._cuda_set_sync_debug_mode(0)
+            del ballast
+
+    def profiled():
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                                torch.profiler.ProfilerActivity.CUDA]):
+            calls["6 small torch ops"]()
+            torch.cuda.synchronize()
+
+    results, wrap = [], plain
+    layers = [("0 plain", None), ("1 after a profiler session", profiled),
+              ("2 guard", "guard"), ("3 + seccomp", lambda: fs_sandbox.install_seccomp(drop_caps=False)),
+              ("4 + landlock", lambda: fs_sandbox.restrict_writes([tempfile.mkdtemp(), *fs_sandbox.own_proc_dir(),
+                                                                   *fs_sandbox.device_files()]))]
+    for name, step in layers:
+        note = None
+        if step == "guard":
+            wrap = guarded
+        elif step is not None:
+            note = step()
+        row = {"layer": name, "note": note if isinstance(note, str) else None,
+               **{label: _measure(fn, wrap) for label, fn in calls.items()}}
+        results.append(row)
+        print(json.dumps(row), flush=True)
+        (args.out / "host_probe.json").write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
