@@ -112,6 +112,13 @@ SPREAD_BASELINES = ("bare_gemm", "quack_library", "torch_compile")
 """Baselines whose run-to-run spread the page prints for repeated runs (the targets' ones)."""
 
 
+def _run_count(v: Verdict) -> int:
+    """How many ``bench`` runs a kept verdict's timings are medians of (1 unless ``--repeat``)."""
+    b = v.stage("bench")
+    shapes = (b.metrics.get("shapes") if b else None) or {}
+    return max([len(m["runs"].get("fused_ms") or []) for m in shapes.values() if m.get("runs")], default=1)
+
+
 def _repeat_notes(shapes: dict[str, Any]) -> list[str]:
     """For a kernel measured in several runs (``bench --repeat``): how many, and the range of
     each run's paired fused/baseline ratio per shape, for the targets' baselines."""
@@ -482,8 +489,11 @@ def page_from_kept(root: Path, vdir: Path, rep: BenchReport | None = None, out_d
     page, notes = _day_verdicts(root, vdir)
     if any((v.stage("bench") and v.stage("bench").status == "pass") for v in page.values()):
         rep.page_verdicts = page
+        repeated = sorted(n for n, v in page.items() if _run_count(v) > 1)
         note = (f"Collected from the verdicts kept in `{vdir.name}/` ({len(page)} kernel(s)); each kernel's "
-                "fused and baseline times come from one run.")
+                "fused and baseline times come from one run" +
+                (f", except {', '.join(repeated)}: per-shape medians over several runs of `bench --repeat` "
+                 "(the count and each run's ratio range are in the kernel's notes)." if repeated else "."))
         if notes:
             note += "\n\n" + "\n".join(notes)
         out = BenchReport(verdicts=page)

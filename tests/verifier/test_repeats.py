@@ -83,6 +83,14 @@ def test_bench_repeat_runs_round_robin_and_prints_the_spread(tmp_path):
     text = rep.markdown_path.read_text()
     assert "- median of 3 runs (started t1, t3, t5)" in text
     assert f"  - {SHAPES[0].name}: bare_gemm 1.000-1.100, torch_compile 0.500-0.550" in text
+    assert ("times come from one run, except swiglu_bwd, swiglu_fwd: per-shape medians over several "
+            "runs of `bench --repeat`") in text
+    # a later single run of one kernel lands on the same page: only the other stays a median
+    fused = iter([1.05])
+    bench_kernels(tmp_path, ["swiglu_fwd"], verify_fn=fake, out_dir=tmp_path / "out", repeat=1)
+    text = rep.markdown_path.read_text()
+    assert "times come from one run, except swiglu_bwd: per-shape medians" in text
+    assert text.count("- median of 3 runs") == 1
     kept = sorted(p.name for p in (tmp_path / "out").iterdir() if p.is_dir() for p in p.iterdir())
     assert kept == ["swiglu_bwd.json", "swiglu_fwd.json"]  # one verdict per kernel, runs inside it
     with pytest.raises(ValueError, match="--repeat 0"):
