@@ -62,6 +62,7 @@ from coda_agent.verifier.protocol import (
     make_runs,
     records_of,
     timed_check_run,
+    timed_loop_check_run,
 )
 from coda_agent.verifier.sandbox import run_worker, worker_env
 from coda_agent.verifier.spec import LoadedSpec, load_spec
@@ -161,7 +162,7 @@ def run_gpu_workers(
     _add_timed_checks(plan, spec, cand.records)  # the reference worker's plan has them too
     run = GpuRun(workdir=workdir, plan=plan, cand=cand, cand_plan_sha256=cand_plan_sha256)
     _trim_logs(logs)
-    saved = {r.key for r in plan.runs} | {timed_check_run(bs, 0, 0).key for bs in plan.bench_shapes}
+    saved = {r.key for r in plan.runs} | {mk(bs, 0, 0).key for bs in plan.bench_shapes for mk in TIMED_CHECKS}
     run.scratch_bytes = _clean_scratch(scratch, {f"{k}.pt" for k in saved})
     if run.scratch_bytes > SCRATCH_BUDGET:
         remove_tree(scratch)  # free the disk before the trusted worker runs
@@ -177,17 +178,23 @@ def run_gpu_workers(
     return run
 
 
+TIMED_CHECKS = (timed_check_run, timed_loop_check_run)
+"""The checks of timed calls, per benchmark shape: the extra call after timing in the same
+rotation, and the call kept from inside the timing loop."""
+
+
 def _add_timed_checks(plan: Plan, spec: Any, records: list[dict[str, Any]]) -> None:
-    """Add to ``plan`` the check of each benchmark shape's extra timed-rotation call, for
-    the input set the candidate worker says it used (validated against the set count the
-    protocol gives), so the reference worker computes it and the parent judges it."""
+    """Add to ``plan`` the checks of each benchmark shape's timed calls (:data:`TIMED_CHECKS`),
+    for the input set the candidate worker says each used (validated against the set count
+    the protocol gives), so the reference worker computes them and the parent judges them."""
     for bs in plan.bench_shapes:
-        key = timed_check_run(bs, 0, 0).key
-        rec = next((r for r in records_of(records, "recheck") if r.get("key") == key), None)
-        k = rec.get("timed_set") if rec else None
         n = rotation_count(tensor_bytes(spec, bs.dims, "inputs"))
-        if isinstance(k, int) and 0 <= k < n:
-            plan.runs.append(timed_check_run(bs, k, plan.secret))
+        for make in TIMED_CHECKS:
+            key = make(bs, 0, 0).key
+            rec = next((r for r in records_of(records, "recheck") if r.get("key") == key), None)
+            k = rec.get("timed_set") if rec else None
+            if isinstance(k, int) and 0 <= k < n:
+                plan.runs.append(make(bs, k, plan.secret))
 
 
 def _trim_logs(logs: Path, keep: int = 1 << 20) -> None:

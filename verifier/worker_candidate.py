@@ -36,7 +36,9 @@ Design (threat numbers from verifier-threats.md):
   never saw; then, per benchmark shape, a check on fresh inputs at exactly the timed dims
   and the outputs of one extra call in the timed rotation (both compared on sampled
   elements: :func:`~coda_agent.verifier.protocol.make_bench_checks`,
-  :func:`~coda_agent.verifier.protocol.timed_check_run`). All unpredictable seeds carry the
+  :func:`~coda_agent.verifier.protocol.timed_check_run`), plus the sampled outputs of
+  one of do_bench's own calls, kept by secret reservoir sampling and gathered in stream
+  order right after it (:func:`~coda_agent.verifier.protocol.timed_loop_check_run`). All unpredictable seeds carry the
   parent's per-verification ``plan.secret``.
 * **Confinement** (:mod:`~coda_agent.verifier.fs_sandbox`): the pipeline starts this
   module through :mod:`~coda_agent.verifier.confine_launch`, so from before ``import
@@ -65,6 +67,7 @@ import functools  # noqa: E402
 import gc  # noqa: E402
 import hashlib  # noqa: E402
 import io  # noqa: E402
+import math  # noqa: E402
 import importlib.util  # noqa: E402
 import os  # noqa: E402
 import random  # noqa: E402
@@ -107,6 +110,7 @@ from coda_agent.verifier.protocol import (  # noqa: E402
     record_line,
     sample_index,
     timed_check_run,
+    timed_loop_check_run,
 )
 from coda_agent.verifier.spec import load_spec  # noqa: E402
 
@@ -387,16 +391,50 @@ class Worker:
         else:
             after = {k: v.detach().to("cpu", copy=True) for k, v in inputs.items()}
             mutated = [k for k in inputs if not bitwise_equal(before[k], after[k])]
+        del res, outs, inputs
+        return self._write_trial(run, saved, before, after, violations, mutated, **extra)
+
+    def _write_trial(self, run: Run, saved: dict[str, torch.Tensor | None], before: dict[str, torch.Tensor],
+                     after: dict[str, torch.Tensor], violations: list[dict[str, Any]], mutated: list[str],
+                     **extra: Any) -> dict[str, Any]:
+        """Save one trial's (CPU) outputs and inputs to ``trials/<key>.pt``; the record fields."""
         fname = f"{SCRATCH_DIR}/trials/{run.key}.pt"
         buf = io.BytesIO()
         torch.save({"outputs": saved, "inputs_before": before, "inputs_after": after}, buf)
         data = buf.getvalue()
         (self.dir / fname).write_bytes(data)
-        del res, outs, inputs
         # the sha256 goes through the protected results file: a saved file changed later
         # (by candidate code still running in this process) no longer matches it
         return dict(key=run.key, file=fname, sha256=hashlib.sha256(data).hexdigest(), bytes=len(data), violations=violations,
                     inputs_mutated=mutated, ok=True, **extra)
+
+    def gather_timed(self, run: Run, res: Any, inputs: dict[str, torch.Tensor],
+                     idx: list[torch.Tensor]) -> dict[str, Any]:
+        """The kept timed call (:func:`~coda_agent.verifier.protocol.timed_loop_check_run`):
+        the output contract checked on metadata only (host side, no sync), and each valid
+        output's sampled elements gathered on the device, in stream order right after the
+        call (``idx[pos]``: the run's sample positions for output ``pos``, on the device).
+        Nothing is copied to the host here: :meth:`save_gathered` does that after timing."""
+        outs = list(res) if type(res) in (tuple, list) else [res]
+        expected = self.spec.entry.outputs
+        violations: list[dict[str, Any]] = []
+        if len(outs) != len(expected):
+            violations.append(dict(kind="output-count", output=None,
+                                   message=f"returned {len(outs)} value(s); expected {len(expected)}"))
+        spans = {k: _span(v) for k, v in inputs.items()}
+        out_spans: dict[str, tuple[int, int]] = {}
+        gathered: dict[str, torch.Tensor | None] = {o.name: None for o in expected}
+        for pos, (spec_o, o) in enumerate(zip(expected, outs)):
+            v = self.check_output(spec_o, o, run, spans, out_spans)
+            violations += v
+            if not v:
+                gathered[spec_o.name] = o.detach().reshape(-1).index_select(0, idx[pos])
+        return {"run": run, "gathered": gathered, "violations": violations}
+
+    def save_gathered(self, kept: dict[str, Any], **extra: Any) -> dict[str, Any]:
+        """Write the kept timed call's gathered samples (:meth:`gather_timed`); record fields."""
+        saved = {k: (None if g is None else g.to("cpu")) for k, g in kept["gathered"].items()}
+        return self._write_trial(kept["run"], saved, {}, {}, kept["violations"], [], **extra)
 
     def check_output(self, spec_o: Any, o: Any, run: Run, in_spans: dict, out_spans: dict) -> list[dict[str, Any]]:
         """Violations of the output contract for one returned value (see module doc)."""
@@ -469,16 +507,37 @@ class Worker:
         self.sync()
         counter = [0]
         fn = self.entry_with(dims)
+        # The timed-loop check (protocol.timed_loop_check_run): one of the timer's calls,
+        # picked by reservoir sampling with a secret RNG, has its outputs' sampled elements
+        # gathered right after it. Sample positions are drawn per input set before timing.
+        shape = BenchShape(name=name, dims=dims)
+        loop_runs = [timed_loop_check_run(shape, k, self.plan.secret) for k in range(n)]
+        loop_idx = [[sample_index(math.prod(self.spec.shape_of(o, dims)), r.sample, r.seed, pos).to(self.device)
+                     for pos, o in enumerate(self.spec.entry.outputs)] for r in loop_runs]
+        pick = random.Random(f"{self.plan.secret}/timed-loop/{name}")
+        timing = {"on": False, "calls": 0}
+        kept: dict[str, Any] = {}
 
         def call():
-            args = sets[counter[0] % n]
+            k = counter[0] % n
             counter[0] += 1
-            return self.no_host_sync(fn, *args)
+            res = self.no_host_sync(fn, *sets[k])
+            if timing["on"]:
+                timing["calls"] += 1
+                if pick.random() * timing["calls"] < 1.0:  # the i-th timed call replaces the kept one with p = 1/i
+                    kept.update(check=self.gather_timed(loop_runs[k], res, set_inputs[k], loop_idx[k]),
+                                timed_set=k, timed_call=timing["calls"])
+            return res
 
         for _ in range(2):
             call()
         self.sync()
+        timing["on"] = True
         event_ms = self.time_event_ms(call)
+        timing["on"] = False
+        self.sync()
+        self.record("recheck", **self.save_gathered(kept["check"], timed_set=kept["timed_set"],
+                                                    timed_call=kept["timed_call"], timed_calls=timing["calls"]))
         wall, host = [], []
         for _ in range(BENCH_WALL_REPS):
             self.sync()

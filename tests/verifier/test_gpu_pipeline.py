@@ -74,9 +74,10 @@ def test_good_corpus_candidate_is_gpu_verified(path, tmp_path):
     assert row["shape"] == first and row["fused_ms"] > row["sol_ms"]
     if loaded.spec.gradient_outputs:
         assert v.stage("gradients").status == "pass"
-    # the timed shape itself was checked after timing (sampled elements)
+    # the timed shape itself was checked (sampled elements): fresh inputs after timing, the
+    # extra call after timing and the call kept from inside do_bench's loop
     checked = v.stage("gradients" if not loaded.spec.value_outputs else "correctness").metrics["bench_checks"]
-    assert set(checked) == {f"bench {first}", f"timed {first}"}
+    assert set(checked) == {f"bench {first}", f"timed {first}", f"timed-loop {first}"}
     # the candidate worker ran confined wherever the kernel has Landlock (never silently)
     from coda_agent.verifier.fs_sandbox import SandboxUnavailable, abi_version
 
@@ -132,6 +133,21 @@ def swiglu_fwd(x, w1):
     return pre, post
 """
 
+SKIPS_WHILE_QUEUED = """
+import torch
+
+def swiglu_fwd(x, w1):
+    # do_bench enqueues an L2 flush right before each timed call, so the stream is still
+    # busy when the call starts; after the worker's synchronizes it is idle. Skip 1/4 of K
+    # only while busy, at the benchmark shapes (stream.query() is not a sync).
+    if x.shape[0] >= 8192 and not torch.cuda.current_stream().query():
+        k = x.shape[1] * 3 // 4
+        x, w1 = x[:, :k], w1[:, :k]
+    pre = x @ w1.T
+    post = torch.nn.functional.silu(pre[:, 0::2]) * pre[:, 1::2]
+    return pre, post
+"""
+
 
 def _write(tmp_path, body):
     p = tmp_path / "candidate.py"
@@ -181,3 +197,16 @@ def test_quack_gemm_floor_is_timed_next_to_the_bare_gemm(spec, tmp_path):
     base = v.stage("bench").metrics["shapes"][first]["baselines"]
     assert "ms" in base[NAME], base
     assert 0.5 < base[NAME]["ms"] / base["bare_gemm"]["ms"] < 2.0, base
+
+
+def test_work_skipped_while_the_timer_runs_is_caught(tmp_path):
+    # the call kept from inside do_bench (protocol.timed_loop_check_run) sees the skipped
+    # work; the extra call after timing starts on an idle stream and is correct
+    loaded = _spec("swiglu_fwd")
+    first = loaded.spec.shapes.benchmark[0].name
+    run = run_gpu_workers(loaded, _write(tmp_path, SKIPS_WHILE_QUEUED), tmp_path / "w", bench=True,
+                          bench_shapes=[first], baselines=["bare_gemm"])
+    res = next(s for s in gpu_stages(loaded, run) if s.stage == "correctness")
+    assert res.status == "fail", _explain([res])
+    cases = {f.case for f in res.findings}
+    assert f"timed-loop {first}" in cases and f"timed {first}" not in cases, _explain([res])

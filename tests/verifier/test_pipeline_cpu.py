@@ -390,11 +390,36 @@ def swiglu_fwd(x, w1):
     v = _cpu_verify(FWD, _write(tmp_path, body), tmp_path, bench=True)
     st = v.stage("correctness")
     assert st.status == "fail", [(s.stage, s.status, s.summary) for s in v.stages]
-    # caught by the fresh-seed check of the shape and by the check of a timed-rotation call
-    assert {f.case for f in st.findings} == {"bench small", "timed small"} and "tolerance" in {f.kind for f in st.findings}
+    # caught by the fresh-seed check of the shape and by the checks of two timed calls
+    # (the extra call after timing, the call kept from inside the timing loop)
+    assert {f.case for f in st.findings} == {"bench small", "timed small", "timed-loop small"}
+    assert "tolerance" in {f.kind for f in st.findings}
     good = _cpu_verify(FWD, _write(tmp_path, GOOD_FWD, "good.py"), tmp_path, bench=True)
     checks = good.stage("correctness").metrics["bench_checks"]
-    assert set(checks) == {"bench small", "timed small"} and set(checks["bench small"]) == {"preact", "postact"}
+    assert set(checks) == {"bench small", "timed small", "timed-loop small"}
+    assert set(checks["bench small"]) == set(checks["timed-loop small"]) == {"preact", "postact"}
+
+
+def test_work_skipped_only_inside_the_timing_loop_is_caught(tmp_path):
+    """A kernel that tells the timer's calls apart (here: by counting its own calls; on
+    the GPU it could time the gaps between calls) and skips work only there is correct on
+    every call made outside the timer, the extra timed-rotation call included. The call
+    kept from inside the loop (protocol.timed_loop_check_run) catches it, whichever call
+    the secret reservoir draw keeps."""
+    body = GOOD_FWD + """
+_orig = swiglu_fwd
+def swiglu_fwd(x, w1):
+    if x.shape[1] == 128:                       # the benchmark shape
+        swiglu_fwd.n = getattr(swiglu_fwd, "n", 0) + 1
+        if 3 <= swiglu_fwd.n <= 7:              # its calls 3..7 (the CPU timer's five): 3/4 of K
+            return _orig(x[:, :96], w1[:, :96])
+    return _orig(x, w1)
+"""
+    v = _cpu_verify(FWD, _write(tmp_path, body), tmp_path, bench=True)
+    st = v.stage("correctness")
+    assert st.status == "fail", [(s.stage, s.status, s.summary) for s in v.stages]
+    assert {f.case for f in st.findings} == {"timed-loop small"}, st.findings
+    assert "tolerance" in {f.kind for f in st.findings}
 
 
 def test_kernel_cheating_only_on_inputs_it_marked_while_timed_is_caught(tmp_path):
