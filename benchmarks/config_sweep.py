@@ -28,10 +28,8 @@ Writes ``sweep.json`` and ``sweep.md`` under ``--out``. Raises SystemExit withou
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import math
-import statistics
 import sys
 import time
 from dataclasses import asdict
@@ -40,6 +38,8 @@ from pathlib import Path
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "benchmarks"))
+from host_probe import load_kernel, pipelined_host_us  # noqa: E402  (sibling dev script)
 
 
 def _cfg(tile_m: int, tile_n: int, pingpong: bool, cluster_m: int = 2, cluster_n: int = 1):
@@ -62,14 +62,6 @@ def _configs(names: list[str]):
     return {n: _cfg(*table[n]) for n in names}
 
 
-def _load_kernel(spec: str):
-    path = REPO / "generated_kernels" / spec / "kernel.py"
-    mod_spec = importlib.util.spec_from_file_location(f"sweep_{spec}", path)
-    mod = importlib.util.module_from_spec(mod_spec)
-    mod_spec.loader.exec_module(mod)
-    return mod
-
-
 def _randn(*shape, std=1.0):
     return (torch.randn(*shape, device="cuda", dtype=torch.float32) * std).to(torch.bfloat16)
 
@@ -77,7 +69,7 @@ def _randn(*shape, std=1.0):
 # Each case: build(configs) -> (a, b) of the GEMM plus {config name: call}.
 def case_gemm_rmsnorm_70b(cfgs):
     m, n, k = 16384, 10240, 8192
-    kern = _load_kernel("gemm_rmsnorm")
+    kern = load_kernel("gemm_rmsnorm")
     a, w = _randn(m, k), _randn(n, k, std=k ** -0.5)
     rstd = torch.rand(m, device="cuda") * 1.5 + 0.5
     calls = {c: (lambda cfg=cfg: kern.rstd_scale_epi(a, w.T, tuned=False, config=cfg,
@@ -88,7 +80,7 @@ def case_gemm_rmsnorm_70b(cfgs):
 
 def _ce_case(m, v, k):
     def build(cfgs):
-        kern = _load_kernel("gemm_cross_entropy")
+        kern = load_kernel("gemm_cross_entropy")
         h, w = _randn(m, k), _randn(v, k, std=k ** -0.5)
         target = torch.randint(0, v, (m,), device="cuda")
         tgt = torch.empty(m, dtype=torch.float32, device="cuda")
@@ -103,7 +95,7 @@ def _ce_case(m, v, k):
 
 def _swiglu_bwd_case(m, k, i):
     def build(cfgs):
-        kern = _load_kernel("swiglu_bwd")
+        kern = load_kernel("swiglu_bwd")
         dout, w_down = _randn(m, k), _randn(k, i, std=i ** -0.5)
         preact = _randn(m, 2 * i)
         calls = {c: (lambda cfg=cfg: kern.dswiglu_epi(dout, w_down, preact, tuned=False, config=cfg))
@@ -156,7 +148,7 @@ def run_case(name: str, rounds: int) -> dict:
 def rope_host(n_calls: int = 200) -> dict:
     """Host us per call of gemm_rope's table prep vs its mod call (llama3-1b-qkv/M8192)."""
     from quack.epilogue.rotary import make_interleaved_inv_freq
-    kern = _load_kernel("gemm_rope")
+    kern = load_kernel("gemm_rope")
     m, k, hq, hkv, hd = 8192, 2048, 32, 8, 64
     n = (hq + 2 * hkv) * hd
     x, w = _randn(m, k), _randn(n, k, std=k ** -0.5)
@@ -172,19 +164,7 @@ def rope_host(n_calls: int = 200) -> dict:
         "whole entry": lambda: kern.gemm_rope(x, w, positions, inv_freq, HQ=hq, HKV=hkv),
         "torch.mm (cuBLAS)": lambda: torch.mm(x, w.T),
     }
-    res = {}
-    for label, fn in pieces.items():
-        for _ in range(20):
-            fn()
-        torch.cuda.synchronize()
-        per = []
-        for _ in range(5):
-            t = time.perf_counter()
-            for _ in range(n_calls // 5):
-                fn()
-            per.append((time.perf_counter() - t) / (n_calls // 5) * 1e6)
-            torch.cuda.synchronize()
-        res[label] = round(statistics.median(per), 1)
+    res = {label: round(pipelined_host_us(fn, per_round=n_calls // 5, warm=20), 1) for label, fn in pieces.items()}
     res["gpu ms: whole entry (do_bench)"] = round(_bench(pieces["whole entry"]), 4)
     res["gpu ms: mod call (do_bench)"] = round(_bench(pieces["mod call"]), 4)
     res["gpu ms: torch.mm (do_bench)"] = round(_bench(pieces["torch.mm (cuBLAS)"]), 4)

@@ -38,10 +38,16 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _rope_entry():
-    spec = importlib.util.spec_from_file_location("probe_gemm_rope", REPO / "generated_kernels/gemm_rope/kernel.py")
+def load_kernel(name: str):
+    """Import ``generated_kernels/<name>/kernel.py`` as a standalone module (no package)."""
+    spec = importlib.util.spec_from_file_location(f"probe_{name}", REPO / "generated_kernels" / name / "kernel.py")
     kern = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(kern)
+    return kern
+
+
+def _rope_entry():
+    kern = load_kernel("gemm_rope")
     m, k, hq, hkv, hd = 8192, 2048, 32, 8, 64
     x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
     w = (torch.randn((hq + 2 * hkv) * hd, k, device="cuda") * k ** -0.5).to(torch.bfloat16)
@@ -55,19 +61,26 @@ def _rope_entry():
     }
 
 
-def _measure(fn, wrap) -> dict:
-    from triton.testing import do_bench
-    call = (lambda: wrap(fn))
-    for _ in range(10):
+def pipelined_host_us(call, per_round: int = 40, rounds: int = 5, warm: int = 10) -> float:
+    """Median host us per ``call()`` over ``rounds`` back-to-back runs of ``per_round``
+    calls (no synchronize inside a round: launches queue as in a training step)."""
+    for _ in range(warm):
         call()
     torch.cuda.synchronize()
     piped = []
-    for _ in range(5):
+    for _ in range(rounds):
         t0 = time.perf_counter()
-        for _ in range(40):
+        for _ in range(per_round):
             call()
-        piped.append((time.perf_counter() - t0) / 40 * 1e6)
+        piped.append((time.perf_counter() - t0) / per_round * 1e6)
         torch.cuda.synchronize()
+    return statistics.median(piped)
+
+
+def _measure(fn, wrap) -> dict:
+    from triton.testing import do_bench
+    call = (lambda: wrap(fn))
+    piped = pipelined_host_us(call)
     after_sync = []
     for _ in range(21):
         torch.cuda.synchronize()
@@ -75,7 +88,7 @@ def _measure(fn, wrap) -> dict:
         call()
         after_sync.append((time.perf_counter() - t0) * 1e6)
     torch.cuda.synchronize()
-    return {"host_us_pipelined": round(statistics.median(piped), 1),
+    return {"host_us_pipelined": round(piped, 1),
             "host_us_after_sync": round(statistics.median(after_sync), 1),
             "do_bench_ms": round(float(do_bench(call, return_mode="median")), 4)}
 
