@@ -200,6 +200,13 @@ def cmd_verify(args) -> int:
     return OK
 
 
+def _has_gpu() -> bool:
+    """Whether torch sees a CUDA device (commands that verify or measure need one)."""
+    from coda_agent.verifier import environment
+
+    return environment.cuda_available()
+
+
 def cmd_generate(args) -> int:
     """The main job: spec -> LLM -> verifier -> (repair)* -> accepted kernel."""
     from coda_agent.agent.llm import NO_BACKEND_HELP, LLMError, default_backend_name, make_backend
@@ -222,6 +229,13 @@ def cmd_generate(args) -> int:
         raise UsageError(NO_BACKEND_HELP)
     if name == "command" and not command:
         raise UsageError('--llm command needs the command: --llm command --cmd "CMD"')
+    if not args.cpu_only and not _has_gpu():
+        if name == "anthropic":
+            raise UsageError("no CUDA GPU here: every answer would get the static and sm_90a compile stages only "
+                             "and none could be accepted, while each attempt spends API tokens. Run on a Hopper GPU, "
+                             "or pass --cpu-only to check answers without verifying them")
+        err.print("[yellow]no CUDA GPU here: answers get the static and sm_90a compile stages only and cannot be "
+                  "accepted (as with --cpu-only); resume the run on a Hopper GPU to verify them[/]")
     accepted_dir = root / "generated_kernels" / loaded.name
     if (accepted_dir / "manifest.json").exists() and not (args.force or args.no_accept or args.resume or args.cpu_only):
         raise UsageError(
@@ -280,6 +294,10 @@ def cmd_bench(args) -> int:
         raise UsageError(f"bench: give SPEC names or --all, not both (got --all and {' '.join(args.spec)})")
     if args.jobs is not None and args.jobs < 1:
         raise UsageError(f"bench --jobs {args.jobs}: expected an integer >= 1")
+    if not args.from_manifests and not _has_gpu():
+        raise UsageError("bench measures on a Hopper GPU and there is no CUDA GPU here; without one, "
+                         "--from-verdicts DIR re-renders a measured page and --from-manifests writes one from "
+                         "the numbers recorded at acceptance")
     try:
         report = bench_kernels(root, None if args.all else list(args.spec),
                                out_dir=Path(args.out) if args.out else None, bench_shapes=args.shape or None,
@@ -300,6 +318,9 @@ def cmd_regress(args) -> int:
     from coda_agent.verifier.regress import regress
 
     root = _root(args)
+    if not (args.cpu_only or args.verdicts) and not _has_gpu():
+        raise UsageError("regress checks correctness and speed on a Hopper GPU and there is no CUDA GPU here; "
+                         "use --cpu-only (integrity, static, sm_90a compile) or --verdicts DIR (what bench measured)")
     try:
         rep = regress(root, kernels=args.kernels or None, cpu_only=args.cpu_only, tolerance=args.tolerance,
                       bench_shapes=args.shape or None, verdicts=args.verdicts)

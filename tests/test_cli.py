@@ -133,3 +133,23 @@ def test_atomic_writes_get_the_usual_file_mode(tmp_path):
     umask = os.umask(0)
     os.umask(umask)
     assert (p.stat().st_mode & 0o777) == (0o666 & ~umask)
+
+
+def test_gpu_commands_stop_early_without_a_gpu(ws, capsys, monkeypatch):
+    """Without a CUDA GPU, bench and regress refuse before compiling anything, and generate
+    refuses to spend API tokens on answers that could never be accepted (manual and
+    command authors only get a warning: their answers are checked as with --cpu-only)."""
+    from coda_agent.verifier import environment
+
+    monkeypatch.setattr(environment, "cuda_available", lambda: False)
+    assert main(["bench", "swiglu_fwd"]) == 2
+    assert "no CUDA GPU here" in capsys.readouterr().err
+    assert main(["regress"]) == 2
+    assert "use --cpu-only" in capsys.readouterr().err
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-test-never-sent")
+    assert main(["generate", "swiglu_fwd", "--no-accept"]) == 2
+    assert "spends API tokens" in capsys.readouterr().err
+    monkeypatch.delenv("ANTHROPIC_API_KEY")
+    assert main(["generate", "--llm", "manual", "swiglu_fwd", "--no-accept"]) == 0
+    cap = capsys.readouterr()
+    assert "cannot be accepted" in cap.err and "waiting-for-answer" in cap.out
