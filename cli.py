@@ -286,7 +286,9 @@ def cmd_bench(args) -> int:
             raise UsageError(str(e)) from None
         if report.markdown_path is None:
             raise UsageError(f"{args.from_verdicts}: no kept verdict of a current accepted kernel with a passing bench")
-        console.print(f"wrote {report.markdown_path}" + (f" and {report.plot_path}" if report.plot_path else ""))
+        console.print(escape(f"wrote {report.markdown_path}" + (f" and {report.plot_path}" if report.plot_path else
+                      " (no plot: matplotlib is not installed; pip install -e '.[bench]'; a .png already beside "
+                      "the page is from an earlier rendering)")))
         return OK
     if not args.all and not args.spec:
         raise UsageError("bench needs SPEC ... or --all")
