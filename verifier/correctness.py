@@ -130,7 +130,15 @@ def check_outputs(
             out = cand["outputs"].get(o.name)
             if o.name not in ref["ref32"]:
                 return metrics, f"reference worker produced no {o.name!r} for trial {t.key}"
-            if out is None or o.name in bad_outputs or tuple(out.shape) != tuple(ref["ref32"][o.name].shape):
+            if o.name in bad_outputs:
+                continue  # its contract violation is already a finding
+            if out is None or tuple(out.shape) != tuple(ref["ref32"][o.name].shape):
+                # nothing to compare and no violation saying why: never a silent pass
+                # (red team: a run passed with "0 output(s)" compared)
+                got = "nothing saved" if out is None else f"shape {tuple(out.shape)}"
+                findings.add("output-missing", f"[{label}] {o.name}: {got}, expected "
+                             f"{tuple(ref['ref32'][o.name].shape)} to compare with the reference",
+                             output=o.name, case=t.case)
                 continue
             bad, m = check_output(o.name, out, ref["ref32"][o.name], ref["ref_lowp"].get(o.name), tol, label)
             per[o.name] = m

@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime as _dt
+import functools
 import os
 import secrets
 import stat
@@ -56,6 +57,7 @@ from coda_agent.verifier.protocol import (
     REF_DIR,
     RESULTS_FILE,
     SCRATCH_DIR,
+    TIMED_LOOP_SLOTS,
     Plan,
     make_bench_checks,
     make_bench_shapes,
@@ -178,9 +180,11 @@ def run_gpu_workers(
     return run
 
 
-TIMED_CHECKS = (timed_check_run, timed_loop_check_run)
+TIMED_CHECKS = (timed_check_run,
+                *(functools.partial(timed_loop_check_run, slot=j) for j in range(TIMED_LOOP_SLOTS)))
 """The checks of timed calls, per benchmark shape: the extra call after timing in the same
-rotation, and the call kept from inside the timing loop."""
+rotation, and the calls kept from inside the timing loop (one per reservoir slot; a slot
+the timer's calls did not fill has no record and no check)."""
 
 
 def _add_timed_checks(plan: Plan, spec: Any, records: list[dict[str, Any]]) -> None:

@@ -54,8 +54,13 @@ ever checked). Sampled positions are drawn from the run's seed, which candidate 
 never sees; a wrong tile of 128 x 256 elements in a 134 M-element output is missed with
 probability about exp(-250)."""
 TIMED_LOOP_SAMPLE = 1 << 16
-"""Elements per output compared for the call kept from inside the timing loop: its gather
+"""Elements per output compared for each call kept from inside the timing loop: its gather
 runs inside one timed call, so it is kept small (a few us on the H200)."""
+TIMED_LOOP_SLOTS = 8
+"""Calls kept from inside the timing loop (a reservoir): a kernel that skips work on a
+fraction f of the timer's calls escapes with probability about (1 - f)^8, and a timer made
+to run at most 8 calls has every call checked (red team: slow estimate calls shrink
+do_bench's loop to one measured call)."""
 
 
 @dataclass(frozen=True)
@@ -207,17 +212,17 @@ def timed_check_run(shape: BenchShape, set_index: int, secret: int) -> Run:
                seed=BENCH_SEED_BASE + secret + set_index, recheck=True, sample=BENCH_CHECK_SAMPLE)
 
 
-def timed_loop_check_run(shape: BenchShape, set_index: int, secret: int) -> Run:
-    """The check of one call made *inside* the timing loop: the candidate worker keeps a
-    uniformly random one of the timer's calls (reservoir sampling with the secret RNG, so
-    neither which call nor how many calls is known while a call runs) and gathers
-    :data:`TIMED_LOOP_SAMPLE` sampled elements of its outputs in stream order right after
-    it, before any later call's work (red-team class "tell timed calls apart": work
-    skipped in a fraction f of the timed calls is caught with probability f, and skipped
-    in all of them, always). Same inputs and seed as the ``set_index`` set of the timed
-    rotation; compared on the sampled elements."""
-    return Run(key=f"timedloop-{_slug(shape.name)}", case=f"timed-loop {shape.name}", dims=dict(shape.dims),
-               seed=BENCH_SEED_BASE + secret + set_index, recheck=True, sample=TIMED_LOOP_SAMPLE)
+def timed_loop_check_run(shape: BenchShape, set_index: int, secret: int, slot: int = 0) -> Run:
+    """The check of one call made *inside* the timing loop, kept in reservoir ``slot`` (of
+    :data:`TIMED_LOOP_SLOTS`): the candidate worker keeps a uniform random sample of the
+    timer's calls (reservoir sampling with the secret RNG, so neither which calls nor how
+    many calls is known while a call runs) and gathers :data:`TIMED_LOOP_SAMPLE` sampled
+    elements of each kept call's outputs in stream order right after it, before any later
+    call's work (red-team class "tell timed calls apart"). Same inputs and seed as the
+    ``set_index`` set of the timed rotation; compared on the sampled elements."""
+    return Run(key=f"timedloop{slot}-{_slug(shape.name)}", case=f"timed-loop {shape.name} #{slot}",
+               dims=dict(shape.dims), seed=BENCH_SEED_BASE + secret + set_index, recheck=True,
+               sample=TIMED_LOOP_SAMPLE)
 
 
 def sample_index(numel: int, n: int, seed: int, position: int):

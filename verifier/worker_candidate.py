@@ -82,6 +82,14 @@ import torch  # noqa: E402
 import torch.profiler  # noqa: E402
 
 _Tensor = torch.Tensor
+# Tensor methods the worker checks and copies outputs and inputs with, unbound, captured
+# before candidate code runs: an output can carry an instance attribute named like a method
+# (``o.detach = lambda: ...``: methods are non-data descriptors, so the instance wins) and
+# a class-level patch may be undone before the end-of-run integrity check (red team,
+# timed-loop round). Attributes such as shape/dtype/device are data descriptors: safe.
+_T = {m: getattr(torch.Tensor, m) for m in ("detach", "reshape", "index_select", "to", "numel", "is_contiguous",
+                                            "stride", "untyped_storage", "view", "element_size", "sum")}
+_S_data_ptr, _S_nbytes = torch.UntypedStorage.data_ptr, torch.UntypedStorage.nbytes
 _set_sync_debug_mode = torch._C._cuda_set_sync_debug_mode if hasattr(torch._C, "_cuda_set_sync_debug_mode") else None
 _Event = torch.cuda.Event
 _synchronize = torch.cuda.synchronize
@@ -104,6 +112,7 @@ from coda_agent.verifier.protocol import (  # noqa: E402
     PLAN_FILE,
     RESULTS_FILE,
     SCRATCH_DIR,
+    TIMED_LOOP_SLOTS,
     BenchShape,
     Plan,
     Run,
@@ -124,6 +133,7 @@ _WATCHED: dict[str, Callable[[], Any]] = {
     "torch.profiler.profile": lambda: torch.profiler.profile,
     "torch.cuda.set_sync_debug_mode": lambda: torch.cuda.set_sync_debug_mode,
     "triton.testing.do_bench": lambda: None if _triton_testing is None else _triton_testing.do_bench,
+    **{f"torch.Tensor.{m}": (lambda m=m: getattr(torch.Tensor, m)) for m in _T},
 }
 _SNAPSHOT = {k: f() for k, f in _WATCHED.items()}
 
@@ -226,8 +236,9 @@ class Worker:
         write into a timed input (red-team round 8: an epilogue mod's ``out=`` aimed at
         an input) changes them."""
         ints = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-        return [torch.stack([t.detach().reshape(-1).view(ints[t.element_size()]).sum(dtype=torch.int64)
-                             for t in d.values()]) for d in sets]
+        T = _T
+        return [torch.stack([T["sum"](T["view"](T["reshape"](T["detach"](t), -1), ints[T["element_size"](t)]),
+                                      dtype=torch.int64) for t in d.values()]) for d in sets]
 
     def no_host_sync(self, fn: Callable[..., Any], *args: Any) -> Any:
         """``fn(*args)`` with torch's sync debug mode at "error": a device-to-host read in
@@ -349,7 +360,7 @@ class Worker:
         assert self.fn is not None
         inputs = self.inputs_for(run.dims, run.seed)
         self.sync()
-        before = {} if run.sample else {k: v.detach().to("cpu", copy=True) for k, v in inputs.items()}
+        before = {} if run.sample else {k: _host_copy(v) for k, v in inputs.items()}
         poisoned = self.poison()
         t0 = _perf_counter()
         res = self.no_host_sync(self.entry_with(run.dims), *self.args_of(inputs))
@@ -382,14 +393,14 @@ class Worker:
                 for d in self.spec.shape_of(spec_o, run.dims):
                     want *= d
                 if run.sample and not v:
-                    idx = sample_index(o.numel(), run.sample, run.seed, pos).to(o.device)
-                    saved[spec_o.name] = o.detach().reshape(-1).index_select(0, idx).to("cpu")
-                elif o.numel() <= 4 * want + 1024:
-                    saved[spec_o.name] = o.detach().to("cpu", copy=True)
+                    idx = sample_index(_T["numel"](o), run.sample, run.seed, pos).to(o.device)
+                    saved[spec_o.name] = _T["to"](_gather(o, idx), "cpu")
+                elif _T["numel"](o) <= 4 * want + 1024:
+                    saved[spec_o.name] = _host_copy(o)
         if run.sample:  # a bench-shape check: inputs are large and already checked at the correctness shapes
             before, after, mutated = {}, {}, []
         else:
-            after = {k: v.detach().to("cpu", copy=True) for k, v in inputs.items()}
+            after = {k: _host_copy(v) for k, v in inputs.items()}
             mutated = [k for k in inputs if not bitwise_equal(before[k], after[k])]
         del res, outs, inputs
         return self._write_trial(run, saved, before, after, violations, mutated, **extra)
@@ -428,12 +439,12 @@ class Worker:
             v = self.check_output(spec_o, o, run, spans, out_spans)
             violations += v
             if not v:
-                gathered[spec_o.name] = o.detach().reshape(-1).index_select(0, idx[pos])
+                gathered[spec_o.name] = _gather(o, idx[pos])
         return {"run": run, "gathered": gathered, "violations": violations}
 
     def save_gathered(self, kept: dict[str, Any], **extra: Any) -> dict[str, Any]:
         """Write the kept timed call's gathered samples (:meth:`gather_timed`); record fields."""
-        saved = {k: (None if g is None else g.to("cpu")) for k, g in kept["gathered"].items()}
+        saved = {k: (None if g is None else _T["to"](g, "cpu")) for k, g in kept["gathered"].items()}
         return self._write_trial(kept["run"], saved, {}, {}, kept["violations"], [], **extra)
 
     def check_output(self, spec_o: Any, o: Any, run: Run, in_spans: dict, out_spans: dict) -> list[dict[str, Any]]:
@@ -444,6 +455,11 @@ class Worker:
             return [dict(kind="output-not-plain-tensor", output=name,
                          message=f"{name}: returned a {t.__module__}.{t.__qualname__}, expected exactly torch.Tensor "
                                  "(no subclasses, wrappers or lazy objects)")]
+        attrs = _instance_attrs(o)
+        if attrs:
+            return [dict(kind="output-not-plain-tensor", output=name,
+                         message=f"{name}: carries instance attribute(s) {', '.join(sorted(attrs))[:200]}, which could "
+                                 "shadow tensor methods; return a plain tensor")]
         if o.layout != torch.strided:
             return [dict(kind="output-not-plain-tensor", output=name, message=f"{name}: layout {o.layout}, expected a dense strided tensor")]
         if o.device.type != self.device.type:
@@ -457,9 +473,9 @@ class Worker:
                           message=f"{name}: shape {tuple(o.shape)}, expected {want_shape} ({spec_o.shape} at {run.dims})"))
         if o.dtype != want_dtype:
             v.append(dict(kind="output-dtype", output=name, message=f"{name}: dtype {o.dtype}, expected {want_dtype}"))
-        if not o.is_contiguous():
+        if not _T["is_contiguous"](o):
             v.append(dict(kind="output-shape", output=name,
-                          message=f"{name}: not contiguous (strides {tuple(o.stride())}); return a dense row-major tensor"))
+                          message=f"{name}: not contiguous (strides {tuple(_T['stride'](o))}); return a dense row-major tensor"))
         span = _span(o)
         for k, s in in_spans.items():
             if _overlap(span, s):
@@ -511,22 +527,24 @@ class Worker:
         # picked by reservoir sampling with a secret RNG, has its outputs' sampled elements
         # gathered right after it. Sample positions are drawn per input set before timing.
         shape = BenchShape(name=name, dims=dims)
-        loop_runs = [timed_loop_check_run(shape, k, self.plan.secret) for k in range(n)]
+        slots = TIMED_LOOP_SLOTS
+        loop_runs = [[timed_loop_check_run(shape, k, self.plan.secret, j) for k in range(n)] for j in range(slots)]
         loop_idx = [[sample_index(math.prod(self.spec.shape_of(o, dims)), r.sample, r.seed, pos).to(self.device)
-                     for pos, o in enumerate(self.spec.entry.outputs)] for r in loop_runs]
+                     for pos, o in enumerate(self.spec.entry.outputs)] for r in loop_runs[0]]  # same seed per set
         pick = random.Random(f"{self.plan.secret}/timed-loop/{name}")
         timing = {"on": False, "calls": 0}
-        kept: dict[str, Any] = {}
+        kept: list[dict[str, Any] | None] = [None] * slots
 
         def call():
             k = counter[0] % n
             counter[0] += 1
             res = self.no_host_sync(fn, *sets[k])
             if timing["on"]:
-                timing["calls"] += 1
-                if pick.random() * timing["calls"] < 1.0:  # the i-th timed call replaces the kept one with p = 1/i
-                    kept.update(check=self.gather_timed(loop_runs[k], res, set_inputs[k], loop_idx[k]),
-                                timed_set=k, timed_call=timing["calls"])
+                i = timing["calls"] = timing["calls"] + 1
+                j = reservoir_slot(i, slots, pick)
+                if j is not None:
+                    kept[j] = dict(check=self.gather_timed(loop_runs[j][k], res, set_inputs[k], loop_idx[k]),
+                                   timed_set=k, timed_call=i)
             return res
 
         for _ in range(2):
@@ -536,8 +554,10 @@ class Worker:
         event_ms = self.time_event_ms(call)
         timing["on"] = False
         self.sync()
-        self.record("recheck", **self.save_gathered(kept["check"], timed_set=kept["timed_set"],
-                                                    timed_call=kept["timed_call"], timed_calls=timing["calls"]))
+        for slot in kept:
+            if slot is not None:
+                self.record("recheck", **self.save_gathered(slot["check"], timed_set=slot["timed_set"],
+                                                            timed_call=slot["timed_call"], timed_calls=timing["calls"]))
         wall, host = [], []
         for _ in range(BENCH_WALL_REPS):
             self.sync()
@@ -671,10 +691,37 @@ def free_block_sizes(snapshot: list[dict[str, Any]], device: int = 0) -> list[in
     return sorted(sizes, reverse=True)
 
 
+def reservoir_slot(i: int, k: int, rng: random.Random) -> int | None:
+    """Reservoir sampling (Algorithm R) of ``k`` calls: the slot the ``i``-th call (1-based)
+    takes, or None. Every call of a stream of any length ends up kept with probability
+    k / length, and the draw for call ``i`` needs no knowledge of later calls."""
+    j = i - 1 if i <= k else rng.randrange(i)
+    return j if j < k else None
+
+
 def _span(t: torch.Tensor) -> tuple[int, int]:
-    st = t.untyped_storage()
-    p = st.data_ptr()
-    return p, p + st.nbytes()
+    st = _T["untyped_storage"](t)
+    p = _S_data_ptr(st)
+    return p, p + _S_nbytes(st)
+
+
+def _instance_attrs(o: Any) -> list[str]:
+    """Names in ``o``'s instance ``__dict__`` (read without running ``o``'s own lookup)."""
+    try:
+        d = object.__getattribute__(o, "__dict__")
+    except AttributeError:
+        return []
+    return [str(k) for k in d] if type(d) is dict else ["__dict__"]
+
+
+def _gather(o: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """``o``'s flat elements at ``idx`` (device), through the captured Tensor methods."""
+    return _T["index_select"](_T["reshape"](_T["detach"](o), -1), 0, idx)
+
+
+def _host_copy(t: torch.Tensor) -> torch.Tensor:
+    """A CPU copy of ``t`` through the captured Tensor methods."""
+    return _T["to"](_T["detach"](t), "cpu", copy=True)
 
 
 def _overlap(a: tuple[int, int], b: tuple[int, int]) -> bool:

@@ -392,20 +392,22 @@ def swiglu_fwd(x, w1):
     assert st.status == "fail", [(s.stage, s.status, s.summary) for s in v.stages]
     # caught by the fresh-seed check of the shape and by the checks of two timed calls
     # (the extra call after timing, the call kept from inside the timing loop)
-    assert {f.case for f in st.findings} == {"bench small", "timed small", "timed-loop small"}
+    # (the CPU timer makes 5 calls: all kept, reservoir slots #0-#4)
+    loop = {f"timed-loop small #{j}" for j in range(5)}
+    assert {f.case for f in st.findings} == {"bench small", "timed small"} | loop
     assert "tolerance" in {f.kind for f in st.findings}
     good = _cpu_verify(FWD, _write(tmp_path, GOOD_FWD, "good.py"), tmp_path, bench=True)
     checks = good.stage("correctness").metrics["bench_checks"]
-    assert set(checks) == {"bench small", "timed small", "timed-loop small"}
-    assert set(checks["bench small"]) == set(checks["timed-loop small"]) == {"preact", "postact"}
+    assert set(checks) == {"bench small", "timed small"} | loop
+    assert set(checks["bench small"]) == set(checks["timed-loop small #4"]) == {"preact", "postact"}
 
 
 def test_work_skipped_only_inside_the_timing_loop_is_caught(tmp_path):
     """A kernel that tells the timer's calls apart (here: by counting its own calls; on
     the GPU it could time the gaps between calls) and skips work only there is correct on
-    every call made outside the timer, the extra timed-rotation call included. The call
-    kept from inside the loop (protocol.timed_loop_check_run) catches it, whichever call
-    the secret reservoir draw keeps."""
+    every call made outside the timer, the extra timed-rotation call included. The calls
+    kept from inside the loop (protocol.timed_loop_check_run) catch it: the CPU timer makes
+    5 calls, fewer than the 8 reservoir slots, so every one is checked."""
     body = GOOD_FWD + """
 _orig = swiglu_fwd
 def swiglu_fwd(x, w1):
@@ -418,7 +420,7 @@ def swiglu_fwd(x, w1):
     v = _cpu_verify(FWD, _write(tmp_path, body), tmp_path, bench=True)
     st = v.stage("correctness")
     assert st.status == "fail", [(s.stage, s.status, s.summary) for s in v.stages]
-    assert {f.case for f in st.findings} == {"timed-loop small"}, st.findings
+    assert {f.case for f in st.findings} == {f"timed-loop small #{j}" for j in range(5)}, st.findings
     assert "tolerance" in {f.kind for f in st.findings}
 
 
@@ -497,3 +499,27 @@ def test_scratch_cleanup_survives_deep_trees_and_keeps_only_the_trial_files(tmp_
     assert total == 4096
     pipeline._fresh_dir(tmp_path)  # and a folder holding such a tree is renewed, not a crash
     assert list(tmp_path.iterdir()) == []
+
+
+def test_output_with_a_method_shadowing_instance_attribute_is_rejected(tmp_path):
+    """Red team (timed-loop round): an exact torch.Tensor whose *instance* attribute
+    ``detach`` returns an honest result, so the worker's sampling copied the honest values
+    while the timed work was 3/4 of K. The worker now refuses outputs with instance
+    attributes and copies through Tensor methods captured before candidate code ran."""
+    body = GOOD_FWD + """
+_orig = swiglu_fwd
+def swiglu_fwd(x, w1):
+    if x.shape[1] != 128:
+        return _orig(x, w1)
+    honest = _orig(x, w1)
+    cheap = _orig(x[:, :96], w1[:, :96])
+    for c, h in zip(cheap, honest):
+        c.detach = (lambda h=h: h)
+    return cheap
+"""
+    v = _cpu_verify(FWD, _write(tmp_path, body), tmp_path, bench=True)
+    st = v.stage("correctness")
+    assert st.status == "fail", [(s.stage, s.status, s.summary) for s in v.stages]
+    shadow = [f for f in st.findings if f.kind == "output-not-plain-tensor"]
+    assert shadow and all("instance attribute(s) detach" in f.message for f in shadow), st.findings
+    assert {f.case for f in shadow} >= {"timed small", "timed-loop small #0", "bench small"}

@@ -194,3 +194,30 @@ def test_environment_fields_come_from_the_trusted_worker_where_it_has_them():
     run.ref = WorkerOutcome(status="ok", returncode=0, duration_s=1.0, records=[
         {"part": "setup", "ok": True, "env": {"gpu": "NVIDIA H200", "driver": "580.159.04", "quack": None}}])
     assert run.gpu_env == {"gpu": "NVIDIA H200", "driver": "580.159.04", "quack": "0.6.5"}
+
+
+def test_reservoir_keeps_each_timed_call_with_equal_probability():
+    """The timed-loop check keeps TIMED_LOOP_SLOTS of the timer's calls by reservoir
+    sampling: over many secrets every call of a 40-call loop is kept with probability 8/40,
+    and a loop of at most 8 calls has every call kept (whatever the secret)."""
+    import random
+
+    from coda_agent.verifier.protocol import TIMED_LOOP_SLOTS as K
+    from coda_agent.verifier.worker_candidate import reservoir_slot
+
+    def kept(n, seed):
+        rng, slots = random.Random(seed), [None] * K
+        for i in range(1, n + 1):
+            j = reservoir_slot(i, K, rng)
+            if j is not None:
+                slots[j] = i
+        return slots
+
+    assert all(sorted(c for c in kept(5, s) if c) == [1, 2, 3, 4, 5] for s in range(20))
+    counts = [0] * 41
+    trials = 20000
+    for s in range(trials):
+        for c in kept(40, s):
+            counts[c] += 1
+    freq = [c / trials for c in counts[1:]]
+    assert all(abs(f - K / 40) < 0.02 for f in freq), freq
