@@ -157,9 +157,15 @@ def run_gpu_workers(
                 "CUDA_CACHE_PATH": str(cache / "nv")}
     for d in ("tmp", "cache/quack", "cache/cute_dsl", "cache/triton", "cache/nv"):  # trials/: the worker's
         (scratch / d).mkdir(parents=True, exist_ok=True)
-    atomic_write_text(cand_dir / PLAN_FILE, plan.to_json())
-    cand = run_worker(CAND_WORKER, ["--dir", str(cand_dir)], timeout, cwd=cand_dir, env=cand_env,
-                      results=cand_dir / RESULTS_FILE, log_dir=logs, confine=[scratch])
+    # The plan holds the secret (seeds, sample positions, which timed calls are kept): it
+    # reaches the candidate worker through its stdin, never a file, since Landlock confines
+    # writes only and a file in reach is a file the candidate can read. plan.json is written
+    # for the record once the worker has ended.
+    plan_json = plan.to_json()
+    cand = run_worker(CAND_WORKER, ["--dir", str(cand_dir), "--plan-stdin"], timeout, cwd=cand_dir, env=cand_env,
+                      results=cand_dir / RESULTS_FILE, log_dir=logs, confine=[scratch],
+                      stdin_data=plan_json.encode())
+    atomic_write_text(cand_dir / PLAN_FILE, plan_json)
     cand_plan_sha256 = plan.sha256()
     _add_timed_checks(plan, spec, cand.records)  # the reference worker's plan has them too
     run = GpuRun(workdir=workdir, plan=plan, cand=cand, cand_plan_sha256=cand_plan_sha256)

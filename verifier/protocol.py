@@ -9,7 +9,8 @@ written say how far it got, and a ``begin`` line names the part it died in.
 
 Layout of a verification workdir::
 
-    <workdir>/cand/plan.json         written by the parent before the candidate worker
+    <workdir>/cand/plan.json         the plan the candidate worker got on its stdin, written
+                                     by the parent after that worker ended (it holds the secret)
     <workdir>/cand/results.jsonl     candidate worker progress (one JSON per line)
     <workdir>/cand/<key>.pt          {"outputs", "inputs_before", "inputs_after"} (CPU tensors)
     <workdir>/ref/plan.json          written by the parent before the reference worker

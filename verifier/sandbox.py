@@ -288,6 +288,20 @@ def _kill_group(pgid: int) -> None:
             time.sleep(0.5)
 
 
+def _feed(pipe: Any, data: bytes) -> None:
+    """Write ``data`` into a worker's stdin and close it (a worker that exits early or never
+    reads only makes the write fail: nothing to report)."""
+    try:
+        pipe.write(data)
+    except OSError:
+        pass
+    finally:
+        try:
+            pipe.close()
+        except OSError:
+            pass
+
+
 def run_worker(
     module: str,
     args: list[str],
@@ -298,6 +312,7 @@ def run_worker(
     results: str | Path | None = None,
     log_dir: str | Path | None = None,
     confine: list[str | Path] | None = None,
+    stdin_data: bytes | None = None,
 ) -> WorkerOutcome:
     """Run ``sys.executable -m <module> <args...>`` in a new session and wait at most ``timeout_s`` s.
 
@@ -310,7 +325,9 @@ def run_worker(
     :data:`LOG_HEAD` + :data:`LOG_TAIL` bytes each). ``confine`` (folders that stay
     writable) starts the worker through :mod:`~coda_agent.verifier.confine_launch`:
     confined before its first import, writing its records into a pipe that the parent
-    copies to ``results``. On timeout the whole process group gets SIGTERM, then SIGKILL.
+    copies to ``results``. ``stdin_data`` is written into the worker's stdin (then closed):
+    how a secret reaches a worker without lying on disk, where a confined worker can still
+    read. On timeout the whole process group gets SIGTERM, then SIGKILL.
     Never raises for anything the worker does; raises ``OSError`` only if the
     interpreter cannot be started.
     """
@@ -347,7 +364,7 @@ def run_worker(
                 cmd,
                 cwd=str(cwd) if cwd is not None else None,
                 env=full_env,
-                stdin=subprocess.DEVNULL,
+                stdin=subprocess.DEVNULL if stdin_data is None else subprocess.PIPE,
                 stdout=pipes[0][1],
                 stderr=pipes[1][1],
                 pass_fds=tuple(p[1] for p in pipes[2:]),
@@ -358,6 +375,8 @@ def run_worker(
             for i, (r, w, *rest) in enumerate(pipes):  # the worker holds the write ends now
                 os.close(w)
                 pipes[i] = (r, -1, *rest)
+        if stdin_data is not None:  # a thread: the worker may not read before the pipe fills
+            threading.Thread(target=_feed, args=(proc.stdin, stdin_data), daemon=True).start()
         while pipes:  # each read end belongs to its drain thread from here on
             r, _, path, head, tail_ = pipes.pop(0)
             d = _Drain(r, path, head, tail_)

@@ -2,7 +2,8 @@
 
 Run as ``python -m coda_agent.verifier.worker_candidate --dir WORKDIR/cand`` by
 :mod:`coda_agent.verifier.pipeline` (through :func:`~coda_agent.verifier.sandbox.run_worker`),
-reading ``plan.json`` from that folder and appending records to ``results.jsonl``
+reading its plan from stdin (``--plan-stdin``; ``plan.json`` in that folder otherwise) and
+appending records to ``results.jsonl``
 (format: :mod:`coda_agent.verifier.protocol`).
 
 Design (threat numbers from verifier-threats.md):
@@ -172,7 +173,7 @@ def tampered() -> list[str]:
 class Worker:
     """State of one candidate-worker run (folder, plan, device, results file)."""
 
-    def __init__(self, folder: Path):
+    def __init__(self, folder: Path, plan_text: str | None = None):
         self.dir = folder
         self.scratch = folder / SCRATCH_DIR
         (self.scratch / "trials").mkdir(parents=True, exist_ok=True)
@@ -180,7 +181,7 @@ class Worker:
         self._out = (open(folder / RESULTS_FILE, "a", encoding="utf-8") if fd is None  # noqa: SIM115
                      else os.fdopen(fd, "w", encoding="utf-8"))  # lives as long as the worker
         self._fsync = stat.S_ISREG(os.fstat(self._out.fileno()).st_mode)  # a pipe needs none
-        self.plan = Plan.from_json((folder / PLAN_FILE).read_text())
+        self.plan = Plan.from_json(plan_text if plan_text is not None else (folder / PLAN_FILE).read_text())
         self.results = folder / RESULTS_FILE
         self.device = torch.device(self.plan.device)
         self.cuda = self.device.type == "cuda"
@@ -730,10 +731,13 @@ def _overlap(a: tuple[int, int], b: tuple[int, int]) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="coda-agent candidate worker (untrusted side)")
-    ap.add_argument("--dir", required=True, type=Path, help="worker folder holding plan.json")
+    ap.add_argument("--dir", required=True, type=Path, help="worker folder (holding plan.json unless --plan-stdin)")
+    ap.add_argument("--plan-stdin", action="store_true",
+                    help="read the plan from stdin (the pipeline's way: the plan holds the secret, and files "
+                         "stay readable to a confined worker)")
     a = ap.parse_args(argv)
     try:
-        w = Worker(a.dir)
+        w = Worker(a.dir, sys.stdin.read() if a.plan_stdin else None)
     except Exception:  # noqa: BLE001 -- a broken plan/spec is a verifier error, report it
         traceback.print_exc()
         return 2

@@ -523,3 +523,22 @@ def swiglu_fwd(x, w1):
     shadow = [f for f in st.findings if f.kind == "output-not-plain-tensor"]
     assert shadow and all("instance attribute(s) detach" in f.message for f in shadow), st.findings
     assert {f.case for f in shadow} >= {"timed small", "timed-loop small #0", "bench small"}
+
+
+def test_the_plan_and_its_secret_are_not_on_disk_while_the_candidate_runs(tmp_path):
+    """Red team (timed-loop round) read ./plan.json (Landlock confines writes only) and
+    replayed the secret RNG to know which timed calls are kept. The plan now reaches the
+    candidate worker on its stdin; plan.json is written for the record after it ended."""
+    body = GOOD_FWD + """
+import os as _os
+_orig = swiglu_fwd
+def swiglu_fwd(x, w1):
+    found = [p for p in ("plan.json", "../plan.json") if _os.path.exists(p)]
+    if found:
+        raise RuntimeError(f"plan readable at {found}")
+    return _orig(x, w1)
+"""
+    v = _cpu_verify(FWD, _write(tmp_path, body), tmp_path, bench=True)
+    assert v.passed, [(s.stage, s.status, s.summary) for s in v.stages]
+    plans = list(tmp_path.rglob("cand/plan.json"))
+    assert len(plans) == 1 and '"secret"' in plans[0].read_text()
