@@ -208,5 +208,5 @@ def test_work_skipped_while_the_timer_runs_is_caught(tmp_path):
                           bench_shapes=[first], baselines=["bare_gemm"])
     res = next(s for s in gpu_stages(loaded, run) if s.stage == "correctness")
     assert res.status == "fail", _explain([res])
-    cases = {f.case for f in res.findings}
+    cases = {f.case for f in res.findings if f.case}  # (the torch fallback's launch-count finding has none)
     assert any(c.startswith(f"timed-loop {first} #") for c in cases) and f"timed {first}" not in cases, _explain([res])
