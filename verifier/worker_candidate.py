@@ -38,8 +38,8 @@ Design (threat numbers from verifier-threats.md):
   and the outputs of one extra call in the timed rotation (both compared on sampled
   elements: :func:`~coda_agent.verifier.protocol.make_bench_checks`,
   :func:`~coda_agent.verifier.protocol.timed_check_run`), plus the sampled outputs of
-  one of do_bench's own calls, kept by secret reservoir sampling and gathered in stream
-  order right after it (:func:`~coda_agent.verifier.protocol.timed_loop_check_run`). All unpredictable seeds carry the
+  8 of do_bench's own calls, kept by secret reservoir sampling and each gathered in stream
+  order right after its call (:func:`~coda_agent.verifier.protocol.timed_loop_check_run`). All unpredictable seeds carry the
   parent's per-verification ``plan.secret``.
 * **Confinement** (:mod:`~coda_agent.verifier.fs_sandbox`): the pipeline starts this
   module through :mod:`~coda_agent.verifier.confine_launch`, so from before ``import
@@ -524,9 +524,10 @@ class Worker:
         self.sync()
         counter = [0]
         fn = self.entry_with(dims)
-        # The timed-loop check (protocol.timed_loop_check_run): one of the timer's calls,
-        # picked by reservoir sampling with a secret RNG, has its outputs' sampled elements
-        # gathered right after it. Sample positions are drawn per input set before timing.
+        # The timed-loop checks (protocol.timed_loop_check_run): TIMED_LOOP_SLOTS of the
+        # timer's calls, picked by reservoir sampling with a secret RNG, have their outputs'
+        # sampled elements gathered right after them. Sample positions are drawn per input
+        # set before timing.
         shape = BenchShape(name=name, dims=dims)
         slots = TIMED_LOOP_SLOTS
         loop_runs = [[timed_loop_check_run(shape, k, self.plan.secret, j) for k in range(n)] for j in range(slots)]
@@ -712,7 +713,7 @@ def _instance_attrs(o: Any) -> list[str]:
         d = object.__getattribute__(o, "__dict__")
     except AttributeError:
         return []
-    return [str(k) for k in d] if type(d) is dict else ["__dict__"]
+    return [k if type(k) is str else "<non-str key>" for k in d] if type(d) is dict else ["__dict__"]
 
 
 def _gather(o: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
