@@ -8,7 +8,7 @@ stage reports the fused median (ms), each baseline (ms) and the ratio fused/base
 TFLOP/s (``spec.bench.flops``) and GB/s (bytes = every input and output at its dtype,
 each moved once).
 
-Two results are *failures*, because they mean the measurement cannot be trusted:
+Three results are *failures*, because they mean the measurement cannot be trusted:
 
 * ``speed-of-light`` -- the fused time is below ``max(flops / peak_flops,
   bytes / peak_bandwidth)`` for this GPU (:data:`PEAKS`): physically impossible, so
@@ -22,6 +22,10 @@ Two results are *failures*, because they mean the measurement cannot be trusted:
   device time the events missed. (Added after gemm_rmsnorm_rope attempt 1 was flagged
   at llama3-1b/M8192 with event 0.22 ms against a 0.62 ms wall; host time was not
   recorded then. Not yet re-run on a GPU.)
+* ``short-timer`` -- do_bench made far fewer calls than its own rule gives for the time
+  it measured (:func:`short_timer`): the candidate made the 5 estimate calls slow, so
+  that only one or two calls were measured and the timed-loop checks (8 kept calls)
+  could not cover them all (fifth red team: 9 timer calls, one cheap measured call).
 
 The spec's ``bench.bar`` (largest acceptable fused/baseline ratio per baseline) is
 reported as met/missed per shape; a missed bar is a warning finding (``bar-missed``),
@@ -79,6 +83,27 @@ def untimed_work(event_ms: float, wall_ms: float, host_ms: float = 0.0, ratio: f
     return event_ms < ratio * max(0.0, wall_ms - host_ms) - slack_ms
 
 
+TIMER_MARGIN_MS = 1.0
+"""Added to the fused time when estimating how many calls do_bench makes (its estimate also
+holds the L2 flush and the first calls' jitter): a lenient, lower expectation."""
+TIMER_MIN_FRACTION = 0.5
+
+
+def do_bench_calls(ms: float, warmup_ms: float = 25.0, rep_ms: float = 100.0) -> int:
+    """Calls ``triton.testing.do_bench`` makes for a call of ``ms`` ms: one first call, 5 to
+    estimate, then ``max(1, warmup / estimate)`` and ``max(1, rep / estimate)``."""
+    est = max(ms, 1e-6)
+    return 1 + 5 + max(1, int(warmup_ms / est)) + max(1, int(rep_ms / est))
+
+
+def short_timer(event_ms: float, timer_calls: int) -> bool:
+    """True when do_bench ran far fewer calls than its own rule gives for the fused time it
+    measured (at most :data:`TIMER_MIN_FRACTION` of :func:`do_bench_calls` at
+    ``event_ms + TIMER_MARGIN_MS``): the candidate made do_bench's 5 estimate calls slow so
+    that few calls were measured (red team: 9 timer calls, one cheap measured call)."""
+    return timer_calls < TIMER_MIN_FRACTION * do_bench_calls(event_ms + TIMER_MARGIN_MS)
+
+
 def throughput(flops: float, nbytes: float, ms: float) -> tuple[float, float]:
     """(TFLOP/s, GB/s) of ``flops`` FLOPs and ``nbytes`` bytes done in ``ms`` milliseconds."""
     if ms <= 0:
@@ -95,12 +120,14 @@ def shape_metrics(
     baselines: dict[str, dict[str, Any]],
     gpu: str | None,
     host_ms: float = 0.0,
+    timer_calls: int | None = None,
 ) -> tuple[dict[str, Any], list[tuple[str, str]]]:
     """Metrics of one benchmark shape and its ``(kind, message)`` problems.
 
-    ``baselines`` maps name -> ``{"ms": float}`` or ``{"error": str}``. Problem kinds:
-    ``speed-of-light`` and ``untimed-work`` (failures), ``bar-missed`` and
-    ``baseline-error`` (warnings).
+    ``baselines`` maps name -> ``{"ms": float}`` or ``{"error": str}``; ``timer_calls`` is
+    how many calls do_bench made (None: not timed by do_bench, e.g. the CPU test path).
+    Problem kinds: ``speed-of-light``, ``untimed-work`` and ``short-timer`` (failures),
+    ``bar-missed`` and ``baseline-error`` (warnings).
     """
     spec = loaded.spec
     flops = float(eval_expr(spec.bench.flops, dims))
@@ -126,6 +153,13 @@ def shape_metrics(
                          f"({wall_ms:.4g} ms wall - {host_ms:.4g} ms until the call returned; flagged below "
                          f"{UNTIMED_RATIO} x that - {UNTIMED_SLACK_MS} ms): work outside the timed stream "
                          "(side stream, thread or deferred work)"))
+    if timer_calls is not None:
+        m["timer_calls"] = timer_calls
+        if short_timer(event_ms, timer_calls):
+            problems.append(("short-timer",
+                             f"do_bench made {timer_calls} calls for a {event_ms:.4g} ms call, fewer than "
+                             f"{TIMER_MIN_FRACTION:g} x the {do_bench_calls(event_ms + TIMER_MARGIN_MS)} its rule gives "
+                             "even with a generous estimate: its estimate calls were much slower than the timed ones"))
     for b, r in baselines.items():
         if "ms" in r and r["ms"]:
             bt, _ = throughput(flops, nbytes, r["ms"])
@@ -145,7 +179,7 @@ def shape_metrics(
     return m, problems
 
 
-FAILING = ("speed-of-light", "untimed-work")
+FAILING = ("speed-of-light", "untimed-work", "short-timer")
 
 HOST_BOUND = 0.8
 """A shape is host-bound when one fused call's host time (until it returned) is at least
@@ -188,7 +222,8 @@ def bench_stage(loaded: LoadedSpec, run: GpuRun, gpu: str | None = None) -> Stag
         if not baselines and run.ref is not None and not run.ref.finished:
             baselines = {"reference": {"error": run.ref.message()[:500]}}
         m, problems = shape_metrics(loaded, bs.dims, float(c["event_ms"]), float(c["wall_ms"]), baselines, gpu,
-                                    host_ms=float(c.get("host_ms") or 0.0))
+                                    host_ms=float(c.get("host_ms") or 0.0),
+                                    timer_calls=c.get("timer_calls") if c.get("timer") == "do_bench" else None)
         m["n_sets"] = c.get("n_sets")
         # host ms the verifier's per-call guard adds to every timed fused call (not to baselines)
         m["guard_host_ms"] = c.get("guard_host_ms")

@@ -590,6 +590,7 @@ class Worker:
             torch.cuda.empty_cache()
         return dict(shape=name, dims=dims, event_ms=event_ms, wall_ms=statistics.median(wall),
                     host_ms=statistics.median(host), guard_host_ms=self.guard_host_ms(), wall_samples_ms=wall,
+                    timer="do_bench" if self.cuda else "cpu-loop", timer_calls=timing["calls"],
                     n_sets=n, set_bytes=set_bytes, calls=counter[0])
 
     # -- main -----------------------------------------------------------------------

@@ -152,3 +152,17 @@ def test_sandbox_comes_from_the_first_setup_record():
     run.cand.records[0]["sandbox"] = "unavailable: no landlock"
     run.cand.records.append({"part": "setup", "ok": True, "sandbox": "landlock ABI 7: forged"})
     assert run.sandbox == "unavailable: no landlock"
+
+
+def test_a_timer_with_far_fewer_calls_than_do_bench_gives_fails():
+    """Fifth red team: slow estimate calls made do_bench measure 2 calls (9 in all) of a
+    ~1 ms kernel; the rule gives ~100. Honest counts pass at any size of call."""
+    from coda_agent.verifier.bench import do_bench_calls, short_timer
+
+    assert do_bench_calls(1.0) == 1 + 5 + 25 + 100 and do_bench_calls(200.0) == 8
+    assert short_timer(1.0, 9) and not short_timer(1.0, do_bench_calls(1.07))
+    assert not short_timer(0.14, do_bench_calls(0.21)) and not short_timer(150.0, 8)
+    m, problems = shape_metrics(FWD, SHAPE.dims, 1.0, 1.1, {}, None, timer_calls=9)
+    assert m["timer_calls"] == 9 and [k for k, _ in problems] == ["short-timer"]
+    _, problems = shape_metrics(FWD, SHAPE.dims, 1.0, 1.1, {}, None, timer_calls=None)  # CPU path: not judged
+    assert "short-timer" not in [k for k, _ in problems]
