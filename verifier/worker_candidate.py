@@ -89,7 +89,8 @@ _Tensor = torch.Tensor
 # a class-level patch may be undone before the end-of-run integrity check (red team,
 # timed-loop round). Attributes such as shape/dtype/device are data descriptors: safe.
 _T = {m: getattr(torch.Tensor, m) for m in ("detach", "reshape", "index_select", "to", "numel", "is_contiguous",
-                                            "stride", "untyped_storage", "view", "element_size", "sum")}
+                                            "stride", "untyped_storage", "view", "element_size", "sum",
+                                            "storage_offset")}
 _S_data_ptr, _S_nbytes = torch.UntypedStorage.data_ptr, torch.UntypedStorage.nbytes
 _set_sync_debug_mode = torch._C._cuda_set_sync_debug_mode if hasattr(torch._C, "_cuda_set_sync_debug_mode") else None
 _Event = torch.cuda.Event
@@ -389,7 +390,8 @@ class Worker:
             saved[spec_o.name] = None
             v = self.check_output(spec_o, o, run, spans, out_spans)
             violations += v
-            if type(o) is _Tensor and o.device.type == self.device.type and o.layout == torch.strided:
+            if (type(o) is _Tensor and not _instance_attrs(o) and o.device.type == self.device.type
+                    and o.layout == torch.strided and _storage_holds(o)):
                 want = 1
                 for d in self.spec.shape_of(spec_o, run.dims):
                     want *= d
@@ -478,6 +480,10 @@ class Worker:
             v.append(dict(kind="output-shape", output=name,
                           message=f"{name}: not contiguous (strides {tuple(_T['stride'](o))}); return a dense row-major tensor"))
         span = _span(o)
+        if not _storage_holds(o):
+            return v + [dict(kind="output-not-plain-tensor", output=name,
+                             message=f"{name}: its storage holds {span[1] - span[0]} bytes, fewer than its shape "
+                                     "needs (a resized or freed storage): return a tensor that owns its data")]
         for k, s in in_spans.items():
             if _overlap(span, s):
                 v.append(dict(kind="output-aliases-input", output=name,
@@ -706,6 +712,17 @@ def _span(t: torch.Tensor) -> tuple[int, int]:
     st = _T["untyped_storage"](t)
     p = _S_data_ptr(st)
     return p, p + _S_nbytes(st)
+
+
+def _storage_holds(t: torch.Tensor) -> bool:
+    """Whether ``t``'s storage has the bytes its offset, shape and strides address (a
+    storage resized to 0 after the call would make any read of ``t`` touch freed memory)."""
+    shape, stride = tuple(t.shape), _T["stride"](t)
+    if 0 in shape:
+        return True
+    last = _T["storage_offset"](t) + sum((n - 1) * st for n, st in zip(shape, stride))
+    lo, hi = _span(t)
+    return (last + 1) * _T["element_size"](t) <= hi - lo
 
 
 def _instance_attrs(o: Any) -> list[str]:

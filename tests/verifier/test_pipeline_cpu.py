@@ -542,3 +542,22 @@ def swiglu_fwd(x, w1):
     assert v.passed, [(s.stage, s.status, s.summary) for s in v.stages]
     plans = list(tmp_path.rglob("cand/plan.json"))
     assert len(plans) == 1 and '"secret"' in plans[0].read_text()
+
+
+def test_output_whose_storage_was_freed_is_a_contract_violation(tmp_path):
+    """Red team re-run: an output whose storage was resized to 0 after the call made the
+    worker's own gather raise (reported as a crash). It is now a named contract violation."""
+    body = GOOD_FWD + """
+_orig = swiglu_fwd
+def swiglu_fwd(x, w1):
+    pre, post = _orig(x, w1)
+    if x.shape[1] == 128:
+        post.untyped_storage().resize_(0)
+    return pre, post
+"""
+    v = _cpu_verify(FWD, _write(tmp_path, body), tmp_path, bench=True)
+    st = v.stage("correctness")
+    assert st.status == "fail", [(s.stage, s.status, s.summary) for s in v.stages]
+    freed = [f for f in st.findings if f.kind == "output-not-plain-tensor" and "storage holds 0 bytes" in f.message]
+    assert freed and {f.output for f in freed} == {"postact"}, st.findings
+    assert "crash" not in {f.kind for f in st.findings}, [f.message[-600:] for f in st.findings if f.kind == "crash"]
