@@ -222,48 +222,48 @@ def _at(worst: tuple[float, str] | None, shapes: dict[str, Any], speedup: bool =
     return f"{shown:.3f}{'x' if speedup else ''} ({worst[1]}{mark})"
 
 
+def _target_bars(bwd: bool) -> dict[str, tuple[str, float]]:
+    """Per baseline that a target judges: (the :data:`TARGETS` key, the largest
+    fused/baseline ratio that meets it), in the order the page names missed targets. The
+    torch.compile target is judged at the 8B shapes only (:func:`_judged_at`)."""
+    bars = {} if bwd else {"bare_gemm": ("bare_gemm", TARGETS["bare_gemm"])}
+    bars["quack_library"] = ("quack_library", TARGETS["quack_library"])
+    if bwd:
+        bars["torch_compile"] = ("torch_compile_8b_speedup", 1 / TARGETS["torch_compile_8b_speedup"])
+    return bars
+
+
+def _judged_at(base: str, shape: str) -> bool:
+    return base != "torch_compile" or "8b" in shape
+
+
 def _missed(shapes: dict[str, Any], bwd: bool) -> list[str] | None:
     """The targets (:data:`TARGETS` keys) ``shapes`` miss at their worst shape; None when no
     target applies (no baseline of one was timed)."""
     judged, missed = False, []
-    bare, quack = _worst(shapes, "bare_gemm"), _worst(shapes, "quack_library")
-    if bare and not bwd:
-        judged = True
-        if bare[0] > TARGETS["bare_gemm"]:
-            missed.append("bare_gemm")
-    if quack:
-        judged = True
-        if quack[0] > TARGETS["quack_library"]:
-            missed.append("quack_library")
-    low = _lowest_8b_speedup(shapes)
-    if bwd and low:
-        judged = True
-        if low[0] < TARGETS["torch_compile_8b_speedup"]:
-            missed.append("torch_compile_8b_speedup")
+    for base, (target, bar) in _target_bars(bwd).items():
+        worst = _worst({s: m for s, m in shapes.items() if _judged_at(base, s)}, base)
+        if worst:
+            judged = True
+            if worst[0] > bar:
+                missed.append(target)
     return missed if judged else None
 
 
 def _lowest_8b_speedup(shapes: dict[str, Any]) -> tuple[float, str] | None:
     sp = [(1 / m["baselines"]["torch_compile"]["ratio"], s) for s, m in shapes.items()
-          if "8b" in s and m.get("baselines", {}).get("torch_compile", {}).get("ratio")]
+          if _judged_at("torch_compile", s) and m.get("baselines", {}).get("torch_compile", {}).get("ratio")]
     return min(sp) if sp else None
 
 
 def _crossings(shapes: dict[str, Any], bwd: bool) -> list[str]:
     """For a ``bench --repeat`` verdict: the (shape, baseline) pairs whose per-run ratios
     fall on both sides of a target (the median's verdict could have gone either way)."""
-    bars = {"quack_library": TARGETS["quack_library"]}
-    if bwd:
-        bars["torch_compile"] = 1 / TARGETS["torch_compile_8b_speedup"]
-    else:
-        bars["bare_gemm"] = TARGETS["bare_gemm"]
     out = []
     for shape, m in _ordered(shapes):
-        for base, bar in bars.items():
+        for base, (_, bar) in _target_bars(bwd).items():
             v = ((m.get("runs") or {}).get("ratios") or {}).get(base) or []
-            if base == "torch_compile" and "8b" not in shape:
-                continue
-            if v and min(v) <= bar < max(v):
+            if _judged_at(base, shape) and v and min(v) <= bar < max(v):
                 out.append(f"{base} at {shape} ({min(v):.3f}-{max(v):.3f})")
     return out
 

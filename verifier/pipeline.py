@@ -197,12 +197,13 @@ def _add_timed_checks(plan: Plan, spec: Any, records: list[dict[str, Any]]) -> N
     """Add to ``plan`` the checks of each benchmark shape's timed calls (:data:`TIMED_CHECKS`),
     for the input set the candidate worker says each used (validated against the set count
     the protocol gives), so the reference worker computes them and the parent judges them."""
+    rechecks: dict[Any, dict[str, Any]] = {}
+    for r in records_of(records, "recheck"):
+        rechecks.setdefault(r.get("key"), r)  # the first record of a key, as everywhere
     for bs in plan.bench_shapes:
         n = rotation_count(tensor_bytes(spec, bs.dims, "inputs"))
         for make in TIMED_CHECKS:
-            key = make(bs, 0, 0).key
-            rec = next((r for r in records_of(records, "recheck") if r.get("key") == key), None)
-            k = rec.get("timed_set") if rec else None
+            k = rechecks.get(make(bs, 0, 0).key, {}).get("timed_set")
             if isinstance(k, int) and 0 <= k < n:
                 plan.runs.append(make(bs, k, plan.secret))
 

@@ -370,10 +370,11 @@ class Worker:
         call_s = _perf_counter() - t0
         return self.save_result(run, res, inputs, before, call_s=call_s, poisoned_bytes=poisoned)
 
-    def save_result(self, run: Run, res: Any, inputs: dict[str, torch.Tensor], before: dict[str, torch.Tensor],
-                    **extra: Any) -> dict[str, Any]:
-        """Check the output contract of one call's result, save the outputs (sampled for
-        ``run.sample``) and the inputs before/after, and return the record fields."""
+    def check_result(self, run: Run, res: Any, inputs: dict[str, torch.Tensor]
+                     ) -> tuple[list[tuple[int, Any, Any, list[dict[str, Any]]]], list[dict[str, Any]]]:
+        """The output contract of one call's result, checked on metadata only (host side,
+        no sync): ``([(position, output spec, returned value, its violations)], every
+        violation)``, the count mismatch included."""
         outs = list(res) if type(res) in (tuple, list) else [res]
         violations: list[dict[str, Any]] = []
         expected = self.spec.entry.outputs
@@ -384,28 +385,34 @@ class Worker:
                         f"({', '.join(o.name for o in expected)}) as a tuple in that order",
             ))
         spans = {k: _span(v) for k, v in inputs.items()}
-        saved: dict[str, torch.Tensor | None] = {}
         out_spans: dict[str, tuple[int, int]] = {}
+        per = []
         for pos, (spec_o, o) in enumerate(zip(expected, outs)):
-            saved[spec_o.name] = None
             v = self.check_output(spec_o, o, run, spans, out_spans)
             violations += v
-            if (type(o) is _Tensor and not _instance_attrs(o) and o.device.type == self.device.type
-                    and o.layout == torch.strided and _storage_holds(o)):
-                want = 1
-                for d in self.spec.shape_of(spec_o, run.dims):
-                    want *= d
+            per.append((pos, spec_o, o, v))
+        return per, violations
+
+    def save_result(self, run: Run, res: Any, inputs: dict[str, torch.Tensor], before: dict[str, torch.Tensor],
+                    **extra: Any) -> dict[str, Any]:
+        """Check the output contract of one call's result, save the outputs (sampled for
+        ``run.sample``) and the inputs before/after, and return the record fields."""
+        per, violations = self.check_result(run, res, inputs)
+        saved: dict[str, torch.Tensor | None] = {o.name: None for o in self.spec.entry.outputs}
+        for pos, spec_o, o, v in per:
+            # anything but a plain tensor with its data in place is never read (check_output)
+            if not any(x["kind"] == "output-not-plain-tensor" for x in v):
                 if run.sample and not v:
                     idx = sample_index(_T["numel"](o), run.sample, run.seed, pos).to(o.device)
                     saved[spec_o.name] = _T["to"](_gather(o, idx), "cpu")
-                elif _T["numel"](o) <= 4 * want + 1024:
+                elif _T["numel"](o) <= 4 * math.prod(self.spec.shape_of(spec_o, run.dims)) + 1024:
                     saved[spec_o.name] = _host_copy(o)
         if run.sample:  # a bench-shape check: inputs are large and already checked at the correctness shapes
             before, after, mutated = {}, {}, []
         else:
             after = {k: _host_copy(v) for k, v in inputs.items()}
             mutated = [k for k in inputs if not bitwise_equal(before[k], after[k])]
-        del res, outs, inputs
+        del res, per, inputs
         return self._write_trial(run, saved, before, after, violations, mutated, **extra)
 
     def _write_trial(self, run: Run, saved: dict[str, torch.Tensor | None], before: dict[str, torch.Tensor],
@@ -424,23 +431,14 @@ class Worker:
 
     def gather_timed(self, run: Run, res: Any, inputs: dict[str, torch.Tensor],
                      idx: list[torch.Tensor]) -> dict[str, Any]:
-        """The kept timed call (:func:`~coda_agent.verifier.protocol.timed_loop_check_run`):
-        the output contract checked on metadata only (host side, no sync), and each valid
-        output's sampled elements gathered on the device, in stream order right after the
-        call (``idx[pos]``: the run's sample positions for output ``pos``, on the device).
-        Nothing is copied to the host here: :meth:`save_gathered` does that after timing."""
-        outs = list(res) if type(res) in (tuple, list) else [res]
-        expected = self.spec.entry.outputs
-        violations: list[dict[str, Any]] = []
-        if len(outs) != len(expected):
-            violations.append(dict(kind="output-count", output=None,
-                                   message=f"returned {len(outs)} value(s); expected {len(expected)}"))
-        spans = {k: _span(v) for k, v in inputs.items()}
-        out_spans: dict[str, tuple[int, int]] = {}
-        gathered: dict[str, torch.Tensor | None] = {o.name: None for o in expected}
-        for pos, (spec_o, o) in enumerate(zip(expected, outs)):
-            v = self.check_output(spec_o, o, run, spans, out_spans)
-            violations += v
+        """A kept timed call (:func:`~coda_agent.verifier.protocol.timed_loop_check_run`):
+        :meth:`check_result`, and each valid output's sampled elements gathered on the
+        device, in stream order right after the call (``idx[pos]``: the run's sample
+        positions for output ``pos``, on the device). Nothing is copied to the host here:
+        :meth:`save_gathered` does that after timing."""
+        per, violations = self.check_result(run, res, inputs)
+        gathered: dict[str, torch.Tensor | None] = {o.name: None for o in self.spec.entry.outputs}
+        for pos, spec_o, o, v in per:
             if not v:
                 gathered[spec_o.name] = _gather(o, idx[pos])
         return {"run": run, "gathered": gathered, "violations": violations}
@@ -480,7 +478,7 @@ class Worker:
             v.append(dict(kind="output-shape", output=name,
                           message=f"{name}: not contiguous (strides {tuple(_T['stride'](o))}); return a dense row-major tensor"))
         span = _span(o)
-        if not _storage_holds(o):
+        if not _storage_holds(o, span):
             return v + [dict(kind="output-not-plain-tensor", output=name,
                              message=f"{name}: its storage holds {span[1] - span[0]} bytes, fewer than its shape "
                                      "needs (a resized or freed storage): return a tensor that owns its data")]
@@ -565,7 +563,7 @@ class Worker:
         for slot in kept:
             if slot is not None:
                 self.record("recheck", **self.save_gathered(slot["check"], timed_set=slot["timed_set"],
-                                                            timed_call=slot["timed_call"], timed_calls=timing["calls"]))
+                                                            timed_call=slot["timed_call"]))
         wall, host = [], []
         for _ in range(BENCH_WALL_REPS):
             self.sync()
@@ -714,15 +712,15 @@ def _span(t: torch.Tensor) -> tuple[int, int]:
     return p, p + _S_nbytes(st)
 
 
-def _storage_holds(t: torch.Tensor) -> bool:
-    """Whether ``t``'s storage has the bytes its offset, shape and strides address (a
-    storage resized to 0 after the call would make any read of ``t`` touch freed memory)."""
+def _storage_holds(t: torch.Tensor, span: tuple[int, int]) -> bool:
+    """Whether ``t``'s storage (``span``, from :func:`_span`) has the bytes its offset, shape
+    and strides address (a storage resized to 0 after the call would make any read of
+    ``t`` touch freed memory)."""
     shape, stride = tuple(t.shape), _T["stride"](t)
     if 0 in shape:
         return True
     last = _T["storage_offset"](t) + sum((n - 1) * st for n, st in zip(shape, stride))
-    lo, hi = _span(t)
-    return (last + 1) * _T["element_size"](t) <= hi - lo
+    return (last + 1) * _T["element_size"](t) <= span[1] - span[0]
 
 
 def _instance_attrs(o: Any) -> list[str]:
