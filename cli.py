@@ -277,10 +277,18 @@ def cmd_bench(args) -> int:
     from coda_agent.verifier.benchrun import bench_kernels
 
     root = _root(args)
+    if args.merge_from is not None and args.from_verdicts is None:
+        raise UsageError("bench --merge-from SRC needs --from-verdicts DIR: the kept folder to merge SRC's verdicts into")
     if args.from_verdicts is not None:
-        from coda_agent.verifier.benchrun import page_from_kept
+        from coda_agent.verifier.benchrun import merge_kept, page_from_kept
 
         try:
+            if args.merge_from is not None:
+                if not Path(args.from_verdicts).is_dir():
+                    raise ValueError(f"{args.from_verdicts}: not a folder of kept verdicts "
+                                     "(expected benchmarks/results/<date>-<gpu>/)")
+                for line in merge_kept(root, args.merge_from, args.from_verdicts):
+                    console.print(escape(f"merged {line}"))
             report = page_from_kept(root, args.from_verdicts, out_dir=Path(args.out) if args.out else None)
         except ValueError as e:
             raise UsageError(str(e)) from None
@@ -450,6 +458,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--from-verdicts", type=Path, default=None, metavar="DIR",
                    help="measure nothing: rewrite the page of the verdicts a live bench kept in DIR "
                    "(benchmarks/results/<date>-<gpu>/), e.g. after a kernel was put back")
+    b.add_argument("--merge-from", type=Path, default=None, metavar="SRC",
+                   help="with --from-verdicts DIR: first fold the verdicts kept in SRC (another bench's "
+                   "<date>-<gpu>/ folder, e.g. copied back from the GPU machine) into DIR shape by shape, as a "
+                   "live bench into DIR would (shapes SRC did not measure are kept), then rewrite DIR's page")
     b.set_defaults(fn=cmd_bench)
 
     r = sub.add_parser("regress", help="re-check every accepted kernel (integrity, static, compile; GPU: numerics, perf ratios)")

@@ -68,6 +68,10 @@ def test_usage_errors_exit_2(ws, capsys):
     assert main(["prompt", "swiglu_bwd", "--out", str(ws / "no" / "such" / "dir.md")]) == 2
     assert main(["regress", "--tolerance", "-5", "--cpu-only"]) == 2
     assert main(["bench"]) == 2
+    assert main(["bench", "--merge-from", str(ws)]) == 2
+    assert "needs --from-verdicts" in capsys.readouterr().err
+    assert main(["bench", "--from-verdicts", str(ws / "nope"), "--merge-from", str(ws)]) == 2
+    assert "nope: not a folder of kept verdicts" in capsys.readouterr().err
     assert main(["regress", "nope", "--cpu-only"]) == 2
     assert main(["frobnicate"]) == 2
 

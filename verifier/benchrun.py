@@ -18,7 +18,10 @@ page in ``benchmarks/results/<date>-<gpu>/<kernel>.json``. The page is rendered 
 verdicts kept for that day and GPU, so a benchmark over every kernel can be split over
 several calls (a GPU machine's per-command time limit) and still land on one page, and
 ``coda-agent regress --verdicts <that folder>`` judges regressions from the same
-measurements instead of timing everything a second time.
+measurements instead of timing everything a second time. A call that measured only some
+shapes (``--shape``) merges into the kernel's kept verdict shape by shape
+(:func:`~coda_agent.verifier.repeats.merge_shapes`) instead of replacing it: no earlier
+shape's numbers are dropped, and each table row says when it was measured.
 
 Before the GPU stages, static and compile run for every kernel with several compiles at
 once (:func:`~coda_agent.verifier.pipeline.cpu_stages_many`): the GPU does not idle
@@ -38,7 +41,7 @@ from typing import Any
 
 from coda_agent.verifier import gemm_floor
 from coda_agent.verifier.bench import HOST_BOUND, host_bound
-from coda_agent.verifier.repeats import combine
+from coda_agent.verifier.repeats import combine, merge_shapes, shapes_of, stamp_shapes
 from coda_agent.verifier.spec import LIGER_MISSING, NO_LIGER, LoadedSpec, load_spec
 from coda_agent.verifier.verdict import Verdict
 from coda_agent.verifier.workspace import atomic_write_text, sha256_file
@@ -121,20 +124,40 @@ def _run_count(v: Verdict) -> int:
 
 
 def _repeat_notes(shapes: dict[str, Any]) -> list[str]:
-    """For a kernel measured in several runs (``bench --repeat``): how many, and the range of
-    each run's paired fused/baseline ratio per shape, for the targets' baselines."""
-    runs = [m["runs"] for _, m in _ordered(shapes) if m.get("runs")]
-    if not runs:
-        return []
-    n = max(len(r["fused_ms"]) for r in runs)
-    out = [f"- median of {n} runs (started {', '.join(runs[0]['started_at'])}); the table's times are medians "
-           "over the runs and its ratios are computed from them. Per-run fused/baseline ratio range:"]
+    """For shapes measured in several runs (``bench --repeat``): how many and when, per
+    group of shapes that shared the runs, and the range of each run's paired
+    fused/baseline ratio per shape, for the targets' baselines."""
+    groups: dict[tuple[str, ...], list[str]] = {}
     for shape, m in _ordered(shapes):
-        r = m.get("runs") or {}
-        spans = [f"{b} {min(v):.3f}-{max(v):.3f}" for b in SPREAD_BASELINES if (v := r.get("ratios", {}).get(b))]
-        if spans:
-            out.append(f"  - {shape}: " + ", ".join(spans))
+        if m.get("runs"):
+            groups.setdefault(tuple(m["runs"]["started_at"]), []).append(shape)
+    out = []
+    for started, names in groups.items():
+        which = "" if len(groups) == 1 and len(names) == len(shapes) else f" at {', '.join(names)}"
+        out.append(f"- median of {len(started)} runs{which} (started {', '.join(started)}); the table's times "
+                   "are medians over the runs and its ratios are computed from them. Per-run fused/baseline "
+                   "ratio range:")
+        for shape in names:
+            r = shapes[shape]["runs"]
+            spans = [f"{b} {min(v):.3f}-{max(v):.3f}" for b in SPREAD_BASELINES if (v := r.get("ratios", {}).get(b))]
+            if spans:
+                out.append(f"  - {shape}: " + ", ".join(spans))
     return out
+
+
+def _measured_line(v: Verdict, shapes: dict[str, Any]) -> str:
+    """When the kernel's rows were measured: one time, or per bench call when its shapes were
+    merged from several (:func:`~coda_agent.verifier.repeats.merge_shapes`)."""
+    calls: dict[str, list[str]] = {}
+    for shape, m in _ordered(shapes):
+        calls.setdefault(m.get("measured_at") or v.started_at, []).append(shape)
+    if len(calls) <= 1:
+        when = v.started_at or "at an unrecorded time"
+    else:
+        when = "in {} bench calls: {}".format(len(calls), "; ".join(
+            f"{t} ({', '.join(names)})" for t, names in sorted(calls.items())))
+    return (f"Measured {when}; candidate worker"
+            f"{' (latest call)' if len(calls) > 1 else ''}: {v.environment.worker_sandbox or 'confinement not recorded'}.")
 
 
 def bench_baselines(loaded: LoadedSpec) -> list[str]:
@@ -172,8 +195,7 @@ def results_markdown(verdicts: dict[str, Verdict], date: str) -> str:
         if not shapes:
             lines.append("")
             continue
-        lines += ["", f"Measured {v.started_at or 'at an unrecorded time'}; candidate worker: "
-                      f"{v.environment.worker_sandbox or 'confinement not recorded'}."]
+        lines += ["", _measured_line(v, shapes)]
         bases = sorted({n for m in shapes.values() for n in m.get("baselines", {})})
         lines.append("")
         lines.append("| shape | fused ms | host ms | TFLOP/s | " + " | ".join(f"{n} ms | ratio" for n in bases) + " |")
@@ -417,9 +439,11 @@ def verdict_from_manifest(manifest: dict[str, Any]) -> Verdict:
     })
 
 
-def _write_results(rep: BenchReport, out_dir: Path, date: str, note: str = "", suffix: str = "") -> None:
+def _write_results(rep: BenchReport, out_dir: Path, date: str, note: str = "", suffix: str = "",
+                   stem: str | None = None) -> None:
+    """Write ``<out_dir>/<stem>.md`` (+ ``.png``); ``stem`` defaults to ``<date>-<gpu><suffix>``."""
     env = next(iter(rep.verdicts.values())).environment
-    stem = f"{date}-{_slug(env.gpu or 'cpu')}{suffix}"
+    stem = stem or f"{date}-{_slug(env.gpu or 'cpu')}{suffix}"
     rep.markdown_path = out_dir / f"{stem}.md"
     text = results_markdown(rep.verdicts, date)
     if note:
@@ -528,10 +552,49 @@ def bench_kernels(root: Path, names: list[str] | None, *, out_dir: Path | None =
         rep.verdicts[loaded.name] = v
         if _ran_on_gpu(v):
             vdir = verdicts_dir(out_dir, date, v.environment.gpu)
-            atomic_write_text(vdir / f"{loaded.name}.json", v.to_json())
+            keep_verdict(vdir, loaded, v)
     if vdir is not None:
         page_from_kept(root, vdir, rep)
     return rep
+
+
+def keep_verdict(vdir: Path, loaded: LoadedSpec, v: Verdict) -> Verdict:
+    """Keep ``v`` as ``vdir/<kernel>.json`` (atomic), merged shape by shape with the verdict
+    already kept there (:func:`~coda_agent.verifier.repeats.merge_shapes`: shapes ``v`` did
+    not measure stay; a failing ``v``, another candidate or other versions replace it).
+    An unreadable kept file is replaced too (the page could not have shown it). Returns
+    what was written."""
+    path = Path(vdir) / f"{loaded.name}.json"
+    out = stamp_shapes(v)
+    if path.is_file():
+        try:
+            kept = Verdict.model_validate_json(path.read_text())
+        except ValueError:
+            kept = None
+        if kept is not None:
+            out = merge_shapes(loaded, kept, v)
+    atomic_write_text(path, out.to_json())
+    return out
+
+
+def merge_kept(root: Path, src: Path, vdir: Path) -> list[str]:
+    """Fold every verdict kept in ``src`` (another ``bench``'s ``<date>-<gpu>/`` folder, e.g.
+    one copied back from a GPU machine) into ``vdir`` with :func:`keep_verdict`, as a live
+    ``bench`` writing into ``vdir`` would have. Verdicts of kernels that are no longer the
+    accepted ones are skipped. Returns a line per verdict saying what happened. Raises
+    ValueError when ``src`` is not a folder."""
+    src = Path(src)
+    if not src.is_dir():
+        raise ValueError(f"{src}: not a folder of kept verdicts (expected <results>/<date>-<gpu>/)")
+    found, notes = _day_verdicts(root, src)
+    lines = [n.lstrip("- ") for n in notes]
+    for name, v in found.items():
+        loaded = load_spec(root / "kernel_specs" / name)
+        new = set(shapes_of(v))
+        kept = set(shapes_of(keep_verdict(vdir, loaded, v))) - new
+        lines.append(f"{name}: {len(new)} shape(s) from {src.name}"
+                     + (f", {len(kept)} other shape(s) kept from {Path(vdir).name}" if kept else ""))
+    return lines
 
 
 def page_from_kept(root: Path, vdir: Path, rep: BenchReport | None = None, out_dir: Path | None = None) -> BenchReport:
@@ -550,13 +613,17 @@ def page_from_kept(root: Path, vdir: Path, rep: BenchReport | None = None, out_d
     if any((v.stage("bench") and v.stage("bench").status == "pass") for v in page.values()):
         rep.page_verdicts = page
         repeated = sorted(n for n, v in page.items() if _run_count(v) > 1)
-        note = (f"Collected from the verdicts kept in `{vdir.name}/` ({len(page)} kernel(s)); each kernel's "
-                "fused and baseline times come from one run" +
-                (f", except {', '.join(repeated)}: per-shape medians over several runs of `bench --repeat` "
-                 "(the count and each run's ratio range are in the kernel's notes)." if repeated else "."))
+        merged = sorted(n for n, v in page.items() if len({m.get("measured_at") for m in shapes_of(v).values()}) > 1)
+        note = (f"Collected from the verdicts kept in `{vdir.name}/` ({len(page)} kernel(s)). Within a shape, the "
+                "fused kernel and its baselines always come from one run" +
+                (f", or are per-shape medians over the runs of one `bench --repeat` ({', '.join(repeated)}: "
+                 "the count and each run's ratio range are in the kernel's notes)" if repeated else "") + "." +
+                (f" Kernels whose rows come from more than one bench call (each kernel's \"Measured\" line "
+                 f"says which): {', '.join(merged)}." if merged else ""))
         if notes:
             note += "\n\n" + "\n".join(notes)
         out = BenchReport(verdicts=page)
-        _write_results(out, Path(out_dir) if out_dir else vdir.parent, vdir.name[:10], note)
+        # named after the folder: a kept folder such as <date>-<gpu>-repeat/ gets its own page
+        _write_results(out, Path(out_dir) if out_dir else vdir.parent, vdir.name[:10], note, stem=vdir.name)
         rep.markdown_path, rep.plot_path = out.markdown_path, out.plot_path
     return rep

@@ -1,4 +1,5 @@
-"""Repeated benchmark runs of one kernel, folded into one verdict: medians over runs, spread kept.
+"""Several benchmark runs of one kernel folded into one verdict: medians over repeated runs
+(spread kept), and shapes measured by separate ``bench`` calls merged shape by shape.
 
 Why: on the H200 a single run's fused/baseline ratio moves 2-5 % from run to run at the
 same shape (``benchmarks/results/2026-11-30-nvidia-h200-resample.md``: gemm_cross_entropy's
@@ -19,6 +20,17 @@ must not learn which run is timed). :func:`combine` then folds the runs:
   and the shape keeps ``runs``: each run's fused ms, start time and paired
   fused/baseline ratios (fused and baseline measured in the same run), so the page can
   show the spread. Each baseline's time is the median of the runs in which it ran.
+
+Merging shapes (:func:`merge_shapes`): ``bench --shape`` measures some of a kernel's
+shapes (e.g. a ``--repeat 3`` at the shapes that decide a target). Replacing the kernel's
+kept verdict with that one would silently drop every other shape's numbers, so the kept
+verdict and the new one are merged instead: the new run's shapes replace the same shapes,
+the others stay, and every shape carries ``measured_at`` (when its run started) so the
+page says which rows come from which ``bench`` call. A shape's fused time and its
+baselines always come from one run (or are medians over one ``--repeat``); rows from
+different calls are never mixed within a shape. Merging only happens between passing
+verdicts of the same candidate measured on the same GPU and software versions: anything
+else (a failure, a new kernel, a new driver) replaces the kept verdict, as it is news.
 """
 
 from __future__ import annotations
@@ -57,6 +69,7 @@ def combine(loaded: LoadedSpec, runs: list[Verdict]) -> Verdict:
         guards = [float(x["guard_host_ms"]) for x in ms if x.get("guard_host_ms") is not None]
         m.update(n_sets=first.get("n_sets"), guard_host_ms=statistics.median(guards) if guards else None,
                  wall_samples_ms=first.get("wall_samples_ms"))
+        m["measured_at"] = runs[0].started_at
         m["runs"] = {
             "started_at": [v.started_at for v, r in zip(runs, per_run) if name in r],
             "fused_ms": [x["fused_ms"] for x in ms],
@@ -72,4 +85,58 @@ def combine(loaded: LoadedSpec, runs: list[Verdict]) -> Verdict:
     out = runs[0].model_copy(deep=True)
     out.stages = [stage if s.stage == "bench" else s for s in out.stages]
     out.wall_s = sum(v.wall_s for v in runs)
+    return out
+
+
+VERSION_FIELDS = ("gpu", "driver", "cuda", "torch", "cutlass_dsl", "quack")
+"""Environment fields that must agree for two verdicts' shapes to share one table."""
+
+
+def stamp_shapes(v: Verdict) -> Verdict:
+    """``v`` with ``measured_at`` (its run's start time) on every bench shape that lacks one
+    (changed in place and returned; a verdict without a bench stage is returned as is)."""
+    for m in shapes_of(v).values():
+        m.setdefault("measured_at", v.started_at)
+    return v
+
+
+def shapes_of(v: Verdict) -> dict[str, Any]:
+    """The per-shape metrics of ``v``'s bench stage ({} without one)."""
+    b = v.stage("bench")
+    return (b.metrics.get("shapes") if b else None) or {}
+
+
+def mergeable(kept: Verdict, new: Verdict) -> bool:
+    """Whether ``new``'s shapes may be merged into ``kept`` (see the module docstring): both
+    GPU-verified, same spec (and spec file) and candidate, same GPU and software versions."""
+    same = (kept.spec, kept.spec_hash, kept.candidate_hash) == (new.spec, new.spec_hash, new.candidate_hash)
+    return (kept.gpu_verified and new.gpu_verified and same
+            and all(getattr(kept.environment, f) == getattr(new.environment, f) for f in VERSION_FIELDS))
+
+
+def merge_shapes(loaded: LoadedSpec, kept: Verdict, new: Verdict) -> Verdict:
+    """``new`` with the bench shapes of ``kept`` that ``new`` did not measure added back
+    (module docstring), the stage's bars, means, rows and summary rebuilt over all shapes.
+
+    Returns ``new`` itself when it measured every kept shape or when the two are not
+    :func:`mergeable`. Every shape of the result has ``measured_at``."""
+    stamp_shapes(kept)
+    stamp_shapes(new)
+    old_shapes, new_shapes = shapes_of(kept), shapes_of(new)
+    only_old = [s for s in old_shapes if s not in new_shapes]
+    if not only_old or not mergeable(kept, new):
+        return new
+    order = [bs.name for bs in loaded.spec.shapes.benchmark]
+    names = sorted({*old_shapes, *new_shapes}, key=lambda s: (order.index(s) if s in order else len(order), s))
+    shapes = {s: new_shapes[s] if s in new_shapes else old_shapes[s] for s in names}
+    old_b, new_b = kept.stage("bench"), new.stage("bench")
+    findings = [*new_b.findings, *(f for f in old_b.findings if f.case in only_old)]
+    stage = stage_from_shapes(loaded, shapes, findings, new_b.metrics.get("gpu"),
+                              new_b.duration_s + old_b.duration_s)
+    if new_b.metrics.get("repeats"):
+        stage.metrics["repeats"] = new_b.metrics["repeats"]
+    stage.summary = (f"{len(new_shapes)} shape(s) measured {new.started_at}, {len(only_old)} kept from "
+                     f"earlier bench calls: {stage.summary}")
+    out = new.model_copy(deep=True)
+    out.stages = [stage if s.stage == "bench" else s for s in out.stages]
     return out

@@ -7,8 +7,8 @@ import pytest
 from test_benchrun import ROOT, _accepted
 
 from coda_agent.verifier.bench import shape_metrics, stage_from_shapes
-from coda_agent.verifier.benchrun import bench_kernels
-from coda_agent.verifier.repeats import combine
+from coda_agent.verifier.benchrun import bench_kernels, merge_kept
+from coda_agent.verifier.repeats import combine, merge_shapes
 from coda_agent.verifier.spec import load_spec
 from coda_agent.verifier.verdict import Environment, StageResult, Verdict
 from coda_agent.verifier.workspace import sha256_file
@@ -17,20 +17,20 @@ FWD = load_spec(ROOT / "kernel_specs" / "swiglu_fwd")
 SHAPES = FWD.spec.shapes.benchmark[:1]  # llama3-1b/M8192: 1-2 ms is above its speed of light
 
 
-def _run(loaded, fused, bare, compiled=2.0, status="pass", started="t", cand="c"):
-    """A verdict whose bench stage timed ``fused`` / ``bare`` ms at every shape (built with the
-    verifier's own shape_metrics, as a real run's)."""
-    shapes = {}
-    for bs in SHAPES:
+def _run(loaded, fused, bare, compiled=2.0, status="pass", started="t", cand="c", shapes=None, driver=None):
+    """A verdict whose bench stage timed ``fused`` / ``bare`` ms at every shape of ``shapes``
+    (default SHAPES; built with the verifier's own shape_metrics, as a real run's)."""
+    measured = {}
+    for bs in shapes or SHAPES:
         m, _ = shape_metrics(loaded, bs.dims, fused, fused * 1.01, {"bare_gemm": {"ms": bare},
                              "torch_compile": {"ms": compiled}, "liger": {"error": "no liger"}}, "NVIDIA H200",
                              host_ms=0.05)
-        shapes[bs.name] = m
-    bench = stage_from_shapes(loaded, shapes, [], "NVIDIA H200", 1.0)
+        measured[bs.name] = m
+    bench = stage_from_shapes(loaded, measured, [], "NVIDIA H200", 1.0)
     stages = [StageResult(stage=s, status="pass", summary="ok") for s in ("static", "compile", "gradients")]
     stages.insert(2, StageResult(stage="correctness", status=status, summary=status))
     return Verdict(spec=loaded.name, spec_hash=loaded.spec_hash, candidate_hash=cand, started_at=started,
-                   stages=[*stages, bench], environment=Environment(gpu="NVIDIA H200", compute_capability="9.0"))
+                   stages=[*stages, bench], environment=Environment(gpu="NVIDIA H200", compute_capability="9.0", driver=driver))
 
 
 def test_medians_over_runs_and_paired_ratios_kept():
@@ -83,15 +83,108 @@ def test_bench_repeat_runs_round_robin_and_prints_the_spread(tmp_path):
     text = rep.markdown_path.read_text()
     assert "- median of 3 runs (started t1, t3, t5)" in text
     assert f"  - {SHAPES[0].name}: bare_gemm 1.000-1.100, torch_compile 0.500-0.550" in text
-    assert ("times come from one run, except swiglu_bwd, swiglu_fwd: per-shape medians over several "
-            "runs of `bench --repeat`") in text
+    assert ("always come from one run, or are per-shape medians over the runs of one `bench --repeat` "
+            "(swiglu_bwd, swiglu_fwd: ") in text
+    assert "more than one bench call" not in text
     # a later single run of one kernel lands on the same page: only the other stays a median
     fused = iter([1.05])
     bench_kernels(tmp_path, ["swiglu_fwd"], verify_fn=fake, out_dir=tmp_path / "out", repeat=1)
     text = rep.markdown_path.read_text()
-    assert "times come from one run, except swiglu_bwd: per-shape medians" in text
+    assert "`bench --repeat` (swiglu_bwd: " in text
     assert text.count("- median of 3 runs") == 1
     kept = sorted(p.name for p in (tmp_path / "out").iterdir() if p.is_dir() for p in p.iterdir())
     assert kept == ["swiglu_bwd.json", "swiglu_fwd.json"]  # one verdict per kernel, runs inside it
     with pytest.raises(ValueError, match="--repeat 0"):
         bench_kernels(tmp_path, ["swiglu_fwd"], verify_fn=fake, out_dir=tmp_path / "out", repeat=0)
+
+
+TWO = FWD.spec.shapes.benchmark[:2]  # llama3-1b/M8192, llama3-1b/M16384 (spec order)
+
+
+def test_a_partial_bench_merges_into_the_kept_verdict_shape_by_shape():
+    kept = _run(FWD, 1.00, 1.00, started="t0", shapes=TWO)
+    new = combine(FWD, [_run(FWD, f, 1.00, started=t, shapes=TWO[1:]) for f, t in ((1.2, "t1"), (1.1, "t2"), (1.3, "t3"))])
+    out = merge_shapes(FWD, kept, new)
+    shapes = out.stage("bench").metrics["shapes"]
+    assert list(shapes) == [bs.name for bs in TWO]  # spec order, both shapes
+    # the shape the new call measured is its median; the other keeps the earlier run's numbers
+    assert shapes[TWO[1].name]["fused_ms"] == 1.2 and shapes[TWO[1].name]["measured_at"] == "t1"
+    assert shapes[TWO[0].name]["fused_ms"] == 1.0 and shapes[TWO[0].name]["measured_at"] == "t0"
+    b = out.stage("bench")
+    # bars, rows and summary are rebuilt over both shapes (swiglu_fwd: bare_gemm <= 1.03)
+    assert b.metrics["bar"]["bare_gemm"] == {"limit": 1.03, "met_shapes": 1, "shapes": 2, "met": False}
+    assert [r["shape"] for r in b.metrics["rows"]] == [bs.name for bs in TWO]
+    assert b.summary.startswith("1 shape(s) measured t1, 1 kept from earlier bench calls: ")
+    assert out.started_at == "t1" and out.gpu_verified and new.stage("bench").metrics["shapes"].keys() == {TWO[1].name}
+
+
+def test_merging_never_mixes_candidates_versions_or_failures():
+    kept = _run(FWD, 1.00, 1.00, started="t0", shapes=TWO)
+    for new in (_run(FWD, 1.1, 1.0, started="t1", shapes=TWO[1:], cand="other"),
+                _run(FWD, 1.1, 1.0, started="t1", shapes=TWO[1:], driver="999.0"),
+                _run(FWD, 1.1, 1.0, started="t1", shapes=TWO[1:], status="fail")):
+        assert merge_shapes(FWD, kept, new) is new  # news replaces the kept verdict
+    # a new run over every kept shape simply replaces it
+    full = _run(FWD, 1.1, 1.0, started="t1", shapes=TWO)
+    assert merge_shapes(FWD, kept, full) is full
+    assert {m["measured_at"] for m in full.stage("bench").metrics["shapes"].values()} == {"t1"}
+
+
+def test_bench_with_shape_keeps_the_other_shapes_and_the_page_says_when(tmp_path):
+    shutil.copytree(ROOT / "kernel_specs", tmp_path / "kernel_specs")
+    _accepted(tmp_path, "swiglu_fwd", "good_swiglu_fwd.py")
+    calls = []
+
+    def fake(loaded, kernel, bench_shapes=None, **kw):
+        calls.append(bench_shapes)
+        shapes = [bs for bs in TWO if bench_shapes is None or bs.name in bench_shapes]
+        v = _run(loaded, 1.0 + 0.1 * len(calls), 1.0, started=f"t{len(calls)}", shapes=shapes)
+        return v.model_copy(update={"candidate_hash": sha256_file(kernel)})
+
+    out = tmp_path / "out"
+    bench_kernels(tmp_path, ["swiglu_fwd"], verify_fn=fake, out_dir=out)
+    rep = bench_kernels(tmp_path, ["swiglu_fwd"], verify_fn=fake, out_dir=out, bench_shapes=[TWO[1].name], repeat=3)
+    kept = next(out.glob("*/swiglu_fwd.json"))
+    shapes = Verdict.model_validate_json(kept.read_text()).stage("bench").metrics["shapes"]
+    assert set(shapes) == {TWO[0].name, TWO[1].name}  # before: the 3-run verdict replaced the file
+    assert shapes[TWO[0].name]["measured_at"] == "t1" and shapes[TWO[1].name]["measured_at"] == "t2"
+    text = rep.markdown_path.read_text()
+    assert f"Measured in 2 bench calls: t1 ({TWO[0].name}); t2 ({TWO[1].name}); candidate worker (latest call)" in text
+    assert f"- median of 3 runs at {TWO[1].name} (started t2, t3, t4)" in text
+    assert "Kernels whose rows come from more than one bench call" in text and "swiglu_fwd" in text
+
+
+def test_merge_kept_folds_a_copied_back_folder(tmp_path):
+    shutil.copytree(ROOT / "kernel_specs", tmp_path / "kernel_specs")
+    kernel = _accepted(tmp_path, "swiglu_fwd", "good_swiglu_fwd.py")
+    h = sha256_file(kernel)
+    main, src = tmp_path / "main" / "2026-11-30-nvidia-h200", tmp_path / "src" / "2026-11-30-nvidia-h200"
+    main.mkdir(parents=True)
+    src.mkdir(parents=True)
+    (main / "swiglu_fwd.json").write_text(_run(FWD, 1.0, 1.0, started="t0", shapes=TWO, cand=h).to_json())
+    (src / "swiglu_fwd.json").write_text(_run(FWD, 1.5, 1.0, started="t9", shapes=TWO[1:], cand=h).to_json())
+    (src / "swiglu_bwd.json").write_text("{not json")
+    lines = merge_kept(tmp_path, src, main)
+    assert "swiglu_fwd: 1 shape(s) from 2026-11-30-nvidia-h200, 1 other shape(s) kept from 2026-11-30-nvidia-h200" in lines
+    assert any(line.startswith("swiglu_bwd.json: unreadable verdict") for line in lines)
+    shapes = Verdict.model_validate_json((main / "swiglu_fwd.json").read_text()).stage("bench").metrics["shapes"]
+    assert shapes[TWO[0].name]["fused_ms"] == 1.0 and shapes[TWO[1].name]["fused_ms"] == 1.5
+    with pytest.raises(ValueError, match="not a folder"):
+        merge_kept(tmp_path, tmp_path / "nope", main)
+
+
+def test_a_kept_folder_renders_its_own_page_name(tmp_path):
+    """A folder such as <date>-<gpu>-repeat/ gets <date>-<gpu>-repeat.md, never the day's main page."""
+    shutil.copytree(ROOT / "kernel_specs", tmp_path / "kernel_specs")
+    h = sha256_file(_accepted(tmp_path, "swiglu_fwd", "good_swiglu_fwd.py"))
+    res = tmp_path / "results"
+    rep_dir = res / "2026-11-30-nvidia-h200-repeat"
+    rep_dir.mkdir(parents=True)
+    (rep_dir / "swiglu_fwd.json").write_text(_run(FWD, 1.0, 1.0, started="t0", cand=h).to_json())
+    (res / "2026-11-30-nvidia-h200.md").write_text("main page\n")
+    from coda_agent.verifier.benchrun import page_from_kept
+
+    out = page_from_kept(tmp_path, rep_dir)
+    assert out.markdown_path == res / "2026-11-30-nvidia-h200-repeat.md"
+    assert out.markdown_path.read_text().startswith("# coda-agent benchmark, 2026-11-30")
+    assert (res / "2026-11-30-nvidia-h200.md").read_text() == "main page\n"
