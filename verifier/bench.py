@@ -26,6 +26,13 @@ Three results are *failures*, because they mean the measurement cannot be truste
   it measured (:func:`short_timer`): the candidate made the 5 estimate calls slow, so
   that only one or two calls were measured and the timed-loop checks (8 kept calls)
   could not cover them all (fifth red team: 9 timer calls, one cheap measured call).
+* ``timed-check-missing`` -- the worker's record of a shape's timing exists but fewer
+  timed calls were kept for checking than it must keep (every one of the first
+  :data:`~coda_agent.verifier.protocol.TIMED_LOOP_SLOTS` timer calls fills a slot, so
+  ``min(slots, timer calls)``), or the extra call after timing was not checked: checks
+  that silently did not run would pass a kernel unchecked. Only candidate code
+  reaching into the worker's state can cause it; the worker records every check of a
+  shape before that shape's timing record.
 
 The spec's ``bench.bar`` (largest acceptable fused/baseline ratio per baseline) is
 reported as met/missed per shape; a missed bar is a warning finding (``bar-missed``),
@@ -40,6 +47,7 @@ from typing import Any
 
 from coda_agent.verifier.gpu_results import GpuRun, failure_finding, jsonable
 from coda_agent.verifier.inputs import tensor_bytes
+from coda_agent.verifier.protocol import TIMED_LOOP_SLOTS, BenchShape, timed_check_run, timed_loop_check_run
 from coda_agent.verifier.spec import LoadedSpec, eval_expr
 from coda_agent.verifier.verdict import Finding, StageResult
 
@@ -179,7 +187,7 @@ def shape_metrics(
     return m, problems
 
 
-FAILING = ("speed-of-light", "untimed-work", "short-timer")
+FAILING = ("speed-of-light", "untimed-work", "short-timer", "timed-check-missing")
 
 HOST_BOUND = 0.8
 """A shape is host-bound when one fused call's host time (until it returned) is at least
@@ -231,7 +239,26 @@ def bench_stage(loaded: LoadedSpec, run: GpuRun, gpu: str | None = None) -> Stag
         shapes[bs.name] = m
         for kind, msg in problems:
             findings.append(Finding(kind=kind, message=f"[{bs.name}] {msg}", case=bs.name))
+        missing = _missing_timed_checks(run, bs, c)
+        if missing:
+            findings.append(Finding(kind="timed-check-missing", message=f"[{bs.name}] {missing}", case=bs.name))
     return stage_from_shapes(loaded, shapes, findings, gpu, time.monotonic() - t0)
+
+
+def _missing_timed_checks(run: GpuRun, bs: BenchShape, rec: dict[str, Any]) -> str | None:
+    """Why the timed calls of shape ``bs`` were not all checked (``rec``: its bench record),
+    or None: see ``timed-check-missing`` in the module docstring."""
+    kept = {r.get("key") for r in run.cand_part("recheck") if isinstance(r.get("timed_set"), int)}
+    loop = sum(timed_loop_check_run(bs, 0, 0, j).key in kept for j in range(TIMED_LOOP_SLOTS))
+    calls = rec.get("timer_calls")
+    want = min(TIMED_LOOP_SLOTS, calls) if isinstance(calls, int) and calls >= 0 else TIMED_LOOP_SLOTS
+    why = []
+    if loop < want:
+        why.append(f"{loop} of the {want} timed calls that had to be kept for checking were recorded "
+                   f"(timer calls: {calls})")
+    if timed_check_run(bs, 0, 0).key not in kept:
+        why.append("the extra call after timing was not recorded for checking")
+    return "; ".join(why) + ": the timing cannot be trusted" if why else None
 
 
 def stage_from_shapes(loaded: LoadedSpec, shapes: dict[str, Any], findings: list[Finding], gpu: str | None,

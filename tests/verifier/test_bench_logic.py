@@ -13,7 +13,7 @@ from coda_agent.verifier.bench import (
     untimed_work,
 )
 from coda_agent.verifier.gpu_results import GpuRun
-from coda_agent.verifier.protocol import BenchShape, Plan
+from coda_agent.verifier.protocol import TIMED_LOOP_SLOTS, BenchShape, Plan, timed_check_run, timed_loop_check_run
 from coda_agent.verifier.sandbox import WorkerOutcome
 from coda_agent.verifier.spec import load_spec
 
@@ -98,8 +98,15 @@ def _run(spec, cand_bench, ref_bench, shapes, bench=True, status="ok", died_in=N
 SHAPE = BenchShape(name="llama3-1b/M8192", dims=DIMS)
 
 
+def _checks(shape, slots=TIMED_LOOP_SLOTS, timed=True):
+    """The recheck records a worker writes for ``shape``'s timed calls: ``slots`` kept
+    timed-loop calls and (``timed``) the extra call after timing."""
+    recs = [{"part": "recheck", "key": timed_loop_check_run(shape, 0, 0, j).key, "timed_set": 0} for j in range(slots)]
+    return recs + ([{"part": "recheck", "key": timed_check_run(shape, 0, 0).key, "timed_set": 1}] if timed else [])
+
+
 def test_bench_stage_pass_with_bar_summary():
-    run = _run(FWD, [{"part": "bench", "shape": SHAPE.name, "event_ms": 0.81, "wall_ms": 0.9, "n_sets": 3}],
+    run = _run(FWD, [*_checks(SHAPE), {"part": "bench", "shape": SHAPE.name, "event_ms": 0.81, "wall_ms": 0.9, "n_sets": 3}],
                [{"part": "bench", "shape": SHAPE.name, "baselines": {"bare_gemm": {"ms": 0.88}, "torch_eager": {"ms": 1.13},
                                                                      "torch_compile": {"ms": 0.95}, "quack_library": {"ms": 0.80}}}],
                [SHAPE])
@@ -166,3 +173,22 @@ def test_a_timer_with_far_fewer_calls_than_do_bench_gives_fails():
     assert m["timer_calls"] == 9 and [k for k, _ in problems] == ["short-timer"]
     _, problems = shape_metrics(FWD, SHAPE.dims, 1.0, 1.1, {}, None, timer_calls=None)  # CPU path: not judged
     assert "short-timer" not in [k for k, _ in problems]
+
+
+def test_timed_checks_that_did_not_run_fail_the_timing():
+    """Every one of the first TIMED_LOOP_SLOTS timer calls fills a slot, so a bench record
+    with fewer kept calls than min(slots, timer calls), or without the after-timing check,
+    means the checks silently did not run (only candidate code reaching into the worker)."""
+    ref = [{"part": "bench", "shape": SHAPE.name, "baselines": {"bare_gemm": {"ms": 0.88}}}]
+    rec = {"part": "bench", "shape": SHAPE.name, "event_ms": 0.81, "wall_ms": 0.9, "n_sets": 3,
+           "timer": "do_bench", "timer_calls": 131}
+    kinds = lambda recs: {f.kind for f in bench_stage(FWD, _run(FWD, recs, ref, [SHAPE])).findings}  # noqa: E731
+    assert "timed-check-missing" not in kinds([*_checks(SHAPE), rec])
+    res = bench_stage(FWD, _run(FWD, [*_checks(SHAPE, slots=7), rec], ref, [SHAPE]))
+    assert res.status == "fail" and "7 of the 8 timed calls" in res.findings[0].message
+    assert "timed-check-missing" in kinds([*_checks(SHAPE, timed=False), rec])
+    # a CPU timer loop that made only 3 calls keeps 3: nothing missing
+    assert "timed-check-missing" not in kinds([*_checks(SHAPE, slots=3), {**rec, "timer": "cpu-loop", "timer_calls": 3}])
+    # records of another shape do not count for this one
+    other = BenchShape(name="llama3-8b/M8192", dims=DIMS)
+    assert "timed-check-missing" in kinds([*_checks(other), rec])
