@@ -173,8 +173,10 @@ def bench_baselines(loaded: LoadedSpec) -> list[str]:
     return names
 
 
-def results_markdown(verdicts: dict[str, Verdict], date: str) -> str:
-    """The results page: one table per kernel, then the environment."""
+def results_markdown(verdicts: dict[str, Verdict], date: str, spec_shapes: dict[str, list[str]] | None = None) -> str:
+    """The results page: the targets table, then one table per kernel. ``spec_shapes`` (kernel ->
+    its spec's benchmark shape names) lets the targets table say when a kernel was measured
+    at only some of its shapes."""
     env = next(iter(verdicts.values())).environment if verdicts else None
     lines = [f"# coda-agent benchmark, {date}", ""]
     if env is not None:
@@ -187,7 +189,7 @@ def results_markdown(verdicts: dict[str, Verdict], date: str) -> str:
               "same run as the fused kernel. ratio = fused / baseline (< 1: fused is faster); \"error\": the",
               "baseline failed, \"n/a\": no such baseline here (e.g. no Liger equivalent, or liger-kernel not",
               "installed). Baselines are compared by time only: their outputs are not checked.", ""]
-    lines += targets_table(verdicts)
+    lines += targets_table(verdicts, spec_shapes)
     for name, v in verdicts.items():
         b = v.stage("bench")
         shapes = (b.metrics.get("shapes") if b else None) or {}
@@ -294,10 +296,11 @@ def _met_cell(missed: list[str] | None) -> str:
     return "-" if missed is None else "yes" if not missed else "no: " + ", ".join(missed)
 
 
-def targets_table(verdicts: dict[str, Verdict]) -> list[str]:
+def targets_table(verdicts: dict[str, Verdict], spec_shapes: dict[str, list[str]] | None = None) -> list[str]:
     """The summary at the top of the page: each kernel against :data:`TARGETS`, at every
     shape and again without its host-bound shapes; a ``--repeat`` verdict whose per-run
-    ratios straddle a target is marked borderline."""
+    ratios straddle a target is marked borderline, and (given ``spec_shapes``) a kernel
+    measured at only some of its spec's benchmark shapes is judged "at N of M shapes"."""
     rows = []
     for name, v in verdicts.items():
         b = v.stage("bench")
@@ -317,7 +320,9 @@ def targets_table(verdicts: dict[str, Verdict]) -> list[str]:
         cells.append(f"{q_ms / b_ms:.3f}" if q_ms and b_ms else "-")
         met = _met_cell(_missed(shapes, bwd))
         cross = _crossings(shapes, bwd)
-        cells.append(met + (f" (borderline: runs straddle {'; '.join(cross)})" if cross else ""))
+        want = (spec_shapes or {}).get(name)
+        part = f" at the {len(shapes)} of {len(want)} shapes measured here" if want and set(want) - set(shapes) else ""
+        cells.append(met + part + (f" (borderline: runs straddle {'; '.join(cross)})" if cross else ""))
         device_bound = {s: m for s, m in shapes.items() if not host_bound(m)}
         cells.append("no host-bound shape" if len(device_bound) == len(shapes)
                      else _met_cell(_missed(device_bound, bwd)) if device_bound else "all host-bound")
@@ -440,12 +445,12 @@ def verdict_from_manifest(manifest: dict[str, Any]) -> Verdict:
 
 
 def _write_results(rep: BenchReport, out_dir: Path, date: str, note: str = "", suffix: str = "",
-                   stem: str | None = None) -> None:
+                   stem: str | None = None, spec_shapes: dict[str, list[str]] | None = None) -> None:
     """Write ``<out_dir>/<stem>.md`` (+ ``.png``); ``stem`` defaults to ``<date>-<gpu><suffix>``."""
     env = next(iter(rep.verdicts.values())).environment
     stem = stem or f"{date}-{_slug(env.gpu or 'cpu')}{suffix}"
     rep.markdown_path = out_dir / f"{stem}.md"
-    text = results_markdown(rep.verdicts, date)
+    text = results_markdown(rep.verdicts, date, spec_shapes)
     if note:
         title, rest = text.split("\n", 1)
         text = f"{title}\n\n{note}\n{rest}"
@@ -624,6 +629,8 @@ def page_from_kept(root: Path, vdir: Path, rep: BenchReport | None = None, out_d
             note += "\n\n" + "\n".join(notes)
         out = BenchReport(verdicts=page)
         # named after the folder: a kept folder such as <date>-<gpu>-repeat/ gets its own page
-        _write_results(out, Path(out_dir) if out_dir else vdir.parent, vdir.name[:10], note, stem=vdir.name)
+        spec_shapes = {n: [bs.name for bs in load_spec(root / "kernel_specs" / n).spec.shapes.benchmark] for n in page}
+        _write_results(out, Path(out_dir) if out_dir else vdir.parent, vdir.name[:10], note, stem=vdir.name,
+                       spec_shapes=spec_shapes)
         rep.markdown_path, rep.plot_path = out.markdown_path, out.plot_path
     return rep

@@ -186,5 +186,9 @@ def test_a_kept_folder_renders_its_own_page_name(tmp_path):
 
     out = page_from_kept(tmp_path, rep_dir)
     assert out.markdown_path == res / "2026-11-30-nvidia-h200-repeat.md"
-    assert out.markdown_path.read_text().startswith("# coda-agent benchmark, 2026-11-30")
+    text = out.markdown_path.read_text()
+    assert text.startswith("# coda-agent benchmark, 2026-11-30")
+    # measured at 1 of swiglu_fwd's benchmark shapes: the targets cell says so
+    n = len(FWD.spec.shapes.benchmark)
+    assert f"| yes at the 1 of {n} shapes measured here |" in text
     assert (res / "2026-11-30-nvidia-h200.md").read_text() == "main page\n"
