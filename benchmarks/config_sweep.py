@@ -104,6 +104,23 @@ def _swiglu_bwd_case(m, k, i):
     return build
 
 
+def _rms_bwd_case(m, n, d):
+    """rms_bwd's dgrad GEMM dy (M, N) @ W (N, D) with its epilogue (dgamma partials sized per tile_m)."""
+    def build(cfgs):
+        kern = load_kernel("rms_bwd")
+        dy, w = _randn(m, n), _randn(n, d, std=n ** -0.5)
+        h, dresid = _randn(m, d), _randn(m, d)
+        gamma = torch.randn(d, device="cuda").view(1, -1)
+        rstd = torch.rand(m, device="cuda").add_(0.5).view(1, -1)
+        zdz = torch.randn(m, device="cuda").view(1, -1)
+        parts = {c: torch.empty(-(-m // cfg.tile_m), d, dtype=torch.float32, device="cuda") for c, cfg in cfgs.items()}
+        calls = {c: (lambda c=c, cfg=cfg: kern.rms_bwd_epi(dy, w, dresid, tuned=False, config=cfg, h=h, gamma=gamma,
+                                                          rstd=rstd, zdz=zdz, dgamma=parts[c]))
+                 for c, cfg in cfgs.items()}
+        return (dy, w), calls
+    return build
+
+
 CASES = {
     "gemm_rmsnorm/llama3-70b-qkv/M16384": (
         case_gemm_rmsnorm_70b, ["128x192pp", "128x256co", "256x128co", "128x128pp", "128x256co-c1x2"]),
@@ -115,6 +132,9 @@ CASES = {
         _swiglu_bwd_case(8192, 4096, 14336), ["128x192pp", "128x160pp", "128x128pp", "128x256co"]),
     "swiglu_bwd/llama3-8b/M16384": (
         _swiglu_bwd_case(16384, 4096, 14336), ["128x192pp", "128x160pp", "128x128pp", "128x256co"]),
+    # session 7: rms_bwd reads 0.92x torch.compile at 8B, with quack_gemm/bare_gemm 1.06 there
+    "rms_bwd/llama3-8b/M8192": (
+        _rms_bwd_case(8192, 28672, 4096), ["128x192pp", "128x256co", "256x128co", "128x128pp"]),
 }
 
 
