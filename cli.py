@@ -284,16 +284,18 @@ def cmd_bench(args) -> int:
 
         try:
             if args.merge_from is not None:
-                if not Path(args.from_verdicts).is_dir():
-                    raise ValueError(f"{args.from_verdicts}: not a folder of kept verdicts "
-                                     "(expected benchmarks/results/<date>-<gpu>/)")
                 for line in merge_kept(root, args.merge_from, args.from_verdicts):
-                    console.print(escape(f"merged {line}"))
-            report = page_from_kept(root, args.from_verdicts, out_dir=Path(args.out) if args.out else None)
+                    console.print(escape(line))
+            report = page_from_kept(root, args.from_verdicts, out_dir=Path(args.out) if args.out else None,
+                                    force=args.force)
         except ValueError as e:
             raise UsageError(str(e)) from None
+        for line in report.notes:
+            console.print(escape(f"left off the page: {line}"), style="yellow")
         if report.markdown_path is None:
-            raise UsageError(f"{args.from_verdicts}: no kept verdict of a current accepted kernel with a passing bench")
+            raise UsageError(f"{args.from_verdicts}: no kept verdict of a current accepted kernel with a passing bench"
+                             + (f" ({len(report.notes)} file(s) left off, listed above)" if report.notes else
+                                " (no *.json verdict files in it)"))
         console.print(escape(f"wrote {report.markdown_path}" + (f" and {report.plot_path}" if report.plot_path else
                       " (no plot: matplotlib is not installed; pip install -e '.[bench]'; a .png already beside "
                       "the page is from an earlier rendering)")))
@@ -316,6 +318,8 @@ def cmd_bench(args) -> int:
         raise UsageError(str(e)) from None
     for verdict in report.verdicts.values():
         print_verdict(verdict)
+    for line in report.notes:
+        console.print(escape(f"kept verdicts: {line}"))
     if report.markdown_path:
         console.print(escape(f"wrote {report.markdown_path}" + (f" and {report.plot_path}" if report.plot_path else
                       " (no plot: matplotlib is not installed; pip install -e '.[bench]')")))
@@ -340,7 +344,7 @@ def cmd_regress(args) -> int:
                                              if args.verdicts else "GPU")
     t = Table(title=escape(f"regression over generated_kernels/ ({mode}); gate: fused/bare_gemm geomean "
                            f"<= +{args.tolerance:.0%}, any shape <= +{2 * args.tolerance:.0%}"))
-    for c in ("kernel", "status", "stage", "ratio now vs accepted", "message"):
+    for c in ("kernel", "status", "stage", "worst shape: ratio now / accepted", "message"):
         t.add_column(c, overflow="fold")
     for r in rep.rows:
         t.add_row(r.kernel, f"[{_status_style(r.status)}]{r.status}[/]", r.stage, escape(r.ratio_text), escape(r.message))
@@ -462,6 +466,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --from-verdicts DIR: first fold the verdicts kept in SRC (another bench's "
                    "<date>-<gpu>/ folder, e.g. copied back from the GPU machine) into DIR shape by shape, as a "
                    "live bench into DIR would (shapes SRC did not measure are kept), then rewrite DIR's page")
+    b.add_argument("--force", action="store_true",
+                   help="with --from-verdicts: replace a page of that name that bench did not write "
+                   "(a hand-written record; refused otherwise)")
     b.set_defaults(fn=cmd_bench)
 
     r = sub.add_parser("regress", help="re-check every accepted kernel (integrity, static, compile; GPU: numerics, perf ratios)")

@@ -311,8 +311,8 @@ def _summary(shapes: dict[str, Any], metrics: dict[str, Any], failing: list[Find
         return f"{len(failing)} problem(s): {', '.join(sorted({f.kind for f in failing}))}"
     if not shapes:
         return "no benchmark shape was timed"
-    parts = [f"{len(shapes)} shape(s); geomean over shapes: " + ", ".join(
-        f"fused/{b} {g:.3f}x" for b, g in sorted(metrics["geomean_ratio"].items()))]
+    means = ", ".join(f"fused/{b} {g:.3f}x" for b, g in sorted(metrics["geomean_ratio"].items()))
+    parts = [f"{len(shapes)} shape(s); " + (f"geomean over shapes: {means}" if means else "no baseline timed")]
     bars = metrics["bar"]
     if bars:
         state = {True: "met", False: "missed", None: "not measured"}

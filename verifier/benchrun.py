@@ -41,7 +41,7 @@ from typing import Any
 
 from coda_agent.verifier import gemm_floor
 from coda_agent.verifier.bench import HOST_BOUND, host_bound
-from coda_agent.verifier.repeats import combine, merge_shapes, shapes_of, stamp_shapes
+from coda_agent.verifier.repeats import combine, merge_shapes, shapes_of, stamp_shapes, why_not_mergeable
 from coda_agent.verifier.spec import LIGER_MISSING, NO_LIGER, LoadedSpec, load_spec
 from coda_agent.verifier.verdict import Verdict
 from coda_agent.verifier.workspace import atomic_write_text, sha256_file
@@ -56,6 +56,8 @@ class BenchReport:
     page_verdicts: dict[str, Verdict] = field(default_factory=dict)
     markdown_path: Path | None = None
     plot_path: Path | None = None
+    notes: list[str] = field(default_factory=list)
+    """What happened to each kept verdict file (kept, merged, replaced, left out, skipped)."""
 
     @property
     def ok(self) -> bool:
@@ -146,18 +148,23 @@ def _repeat_notes(shapes: dict[str, Any]) -> list[str]:
 
 
 def _measured_line(v: Verdict, shapes: dict[str, Any]) -> str:
-    """When the kernel's rows were measured: one time, or per bench call when its shapes were
-    merged from several (:func:`~coda_agent.verifier.repeats.merge_shapes`)."""
+    """When the kernel's rows were measured and how its candidate worker was confined: one
+    call, or each bench call when its shapes were merged from several
+    (:func:`~coda_agent.verifier.repeats.merge_shapes`)."""
     calls: dict[str, list[str]] = {}
+    boxes: dict[str, str] = {}
     for shape, m in _ordered(shapes):
-        calls.setdefault(m.get("measured_at") or v.started_at, []).append(shape)
+        t = m.get("measured_at") or v.started_at
+        calls.setdefault(t, []).append(shape)
+        boxes.setdefault(t, m.get("worker_sandbox") or v.environment.worker_sandbox or "confinement not recorded")
     if len(calls) <= 1:
-        when = v.started_at or "at an unrecorded time"
-    else:
-        when = "in {} bench calls: {}".format(len(calls), "; ".join(
-            f"{t} ({', '.join(names)})" for t, names in sorted(calls.items())))
-    return (f"Measured {when}; candidate worker"
-            f"{' (latest call)' if len(calls) > 1 else ''}: {v.environment.worker_sandbox or 'confinement not recorded'}.")
+        return (f"Measured {v.started_at or 'at an unrecorded time'}; candidate worker: "
+                f"{v.environment.worker_sandbox or 'confinement not recorded'}.")
+    same = len(set(boxes.values())) == 1
+    parts = [f"{t} ({', '.join(names)})" + ("" if same else f", candidate worker: {boxes[t]}")
+             for t, names in sorted(calls.items())]
+    return f"Measured in {len(calls)} bench calls: " + "; ".join(parts) + (
+        f"; candidate worker: {next(iter(boxes.values()))}." if same else ".")
 
 
 def bench_baselines(loaded: LoadedSpec) -> list[str]:
@@ -445,8 +452,9 @@ def verdict_from_manifest(manifest: dict[str, Any]) -> Verdict:
 
 
 def _write_results(rep: BenchReport, out_dir: Path, date: str, note: str = "", suffix: str = "",
-                   stem: str | None = None, spec_shapes: dict[str, list[str]] | None = None) -> None:
-    """Write ``<out_dir>/<stem>.md`` (+ ``.png``); ``stem`` defaults to ``<date>-<gpu><suffix>``."""
+                   stem: str | None = None, spec_shapes: dict[str, list[str]] | None = None, mark: str = "") -> None:
+    """Write ``<out_dir>/<stem>.md`` (+ ``.png``); ``stem`` defaults to ``<date>-<gpu><suffix>``;
+    ``mark`` is appended as the page's last line."""
     env = next(iter(rep.verdicts.values())).environment
     stem = stem or f"{date}-{_slug(env.gpu or 'cpu')}{suffix}"
     rep.markdown_path = out_dir / f"{stem}.md"
@@ -454,6 +462,8 @@ def _write_results(rep: BenchReport, out_dir: Path, date: str, note: str = "", s
     if note:
         title, rest = text.split("\n", 1)
         text = f"{title}\n\n{note}\n{rest}"
+    if mark:
+        text += f"\n{mark}\n"
     atomic_write_text(rep.markdown_path, text)
     png = out_dir / f"{stem}.png"
     if plot_speedups(rep.verdicts, png):
@@ -481,7 +491,7 @@ def _day_verdicts(root: Path, vdir: Path) -> tuple[dict[str, Verdict], list[str]
         try:
             v = Verdict.model_validate_json(f.read_text())
         except ValueError as e:
-            notes.append(f"- {f.name}: unreadable verdict, left out ({str(e).splitlines()[0]})")
+            notes.append(f"- {f.name}: not a readable verdict, left out ({_first_problem(e)})")
             continue
         kernel = root / "generated_kernels" / f.stem / "kernel.py"
         if not kernel.is_file() or sha256_file(kernel) != v.candidate_hash:
@@ -557,59 +567,107 @@ def bench_kernels(root: Path, names: list[str] | None, *, out_dir: Path | None =
         rep.verdicts[loaded.name] = v
         if _ran_on_gpu(v):
             vdir = verdicts_dir(out_dir, date, v.environment.gpu)
-            keep_verdict(vdir, loaded, v)
+            rep.notes.append(keep_verdict(vdir, loaded, v)[1])
     if vdir is not None:
-        page_from_kept(root, vdir, rep)
+        try:
+            page_from_kept(root, vdir, rep)
+        except ValueError as e:  # the verdicts are kept: a re-render with --force writes the page
+            rep.notes.append(f"page not written: {e}")
     return rep
 
 
-def keep_verdict(vdir: Path, loaded: LoadedSpec, v: Verdict) -> Verdict:
+def keep_verdict(vdir: Path, loaded: LoadedSpec, v: Verdict) -> tuple[Verdict | None, str]:
     """Keep ``v`` as ``vdir/<kernel>.json`` (atomic), merged shape by shape with the verdict
-    already kept there (:func:`~coda_agent.verifier.repeats.merge_shapes`: shapes ``v`` did
-    not measure stay; a failing ``v``, another candidate or other versions replace it).
-    An unreadable kept file is replaced too (the page could not have shown it). Returns
-    what was written."""
+    already kept there (:func:`~coda_agent.verifier.repeats.merge_shapes`: every shape of
+    both stays, the later measurement of a shape both have wins).
+
+    When the two cannot share a table (:func:`~coda_agent.verifier.repeats.why_not_mergeable`:
+    a failing run, another candidate, other versions), the later verdict is kept whole: a
+    newer ``v`` replaces the kept one (it is news), an older ``v`` is left out. An unreadable
+    kept file is replaced (the page could not have shown it). Returns (what the file now
+    holds from ``v``, or None when ``v`` was left out; a line saying what happened, naming
+    the reason and the shapes dropped when a verdict was replaced)."""
     path = Path(vdir) / f"{loaded.name}.json"
-    out = stamp_shapes(v)
+    stamp_shapes(v)
+    kept = None
     if path.is_file():
         try:
             kept = Verdict.model_validate_json(path.read_text())
-        except ValueError:
-            kept = None
-        if kept is not None:
-            out = merge_shapes(loaded, kept, v)
-    atomic_write_text(path, out.to_json())
-    return out
+        except ValueError as e:
+            atomic_write_text(path, v.to_json())
+            return v, f"{loaded.name}: replaced an unreadable kept verdict ({_first_problem(e)})"
+    if kept is None:
+        atomic_write_text(path, v.to_json())
+        return v, f"{loaded.name}: kept ({len(shapes_of(v))} shape(s))"
+    why = why_not_mergeable(kept, v)
+    if why is None:
+        out = merge_shapes(loaded, kept, v)
+        atomic_write_text(path, out.to_json())
+        ours = shapes_of(v)
+        mine = sum(s in ours and m.get("measured_at") == ours[s].get("measured_at") for s, m in shapes_of(out).items())
+        return out, (f"{loaded.name}: merged, {mine} shape(s) from this run, "
+                     f"{len(shapes_of(out)) - mine} kept from earlier bench calls")
+    dropped = sorted(set(shapes_of(kept)) - set(shapes_of(v)))
+    if v.started_at < kept.started_at:
+        return None, (f"{loaded.name}: left out, the kept verdict is newer ({kept.started_at} vs {v.started_at}) "
+                      f"and the two cannot be merged: {why}")
+    atomic_write_text(path, v.to_json())
+    return v, (f"{loaded.name}: replaced the kept verdict of {kept.started_at}, the two cannot be merged: {why}"
+               + (f"; its shapes not measured again are dropped: {', '.join(dropped)}" if dropped else ""))
+
+
+def _first_problem(e: Exception) -> str:
+    """One line naming what is wrong with an unreadable verdict file (field and message)."""
+    errors = getattr(e, "errors", None)
+    if callable(errors):
+        try:
+            first = errors()[0]
+            loc = ".".join(str(x) for x in first.get("loc", ())) or "(file)"
+            return f"{len(errors())} problem(s); first: {loc}: {first.get('msg')}"
+        except (IndexError, TypeError, ValueError):
+            pass
+    return str(e).splitlines()[0] if str(e) else type(e).__name__
 
 
 def merge_kept(root: Path, src: Path, vdir: Path) -> list[str]:
     """Fold every verdict kept in ``src`` (another ``bench``'s ``<date>-<gpu>/`` folder, e.g.
     one copied back from a GPU machine) into ``vdir`` with :func:`keep_verdict`, as a live
     ``bench`` writing into ``vdir`` would have. Verdicts of kernels that are no longer the
-    accepted ones are skipped. Returns a line per verdict saying what happened. Raises
-    ValueError when ``src`` is not a folder."""
-    src = Path(src)
-    if not src.is_dir():
-        raise ValueError(f"{src}: not a folder of kept verdicts (expected <results>/<date>-<gpu>/)")
+    accepted ones, and unreadable files, are skipped. Returns a line per file saying what
+    happened. Raises ValueError when ``src`` or ``vdir`` is not a folder, when they are the
+    same folder, or when ``src`` holds no ``*.json`` verdict file."""
+    src, vdir = Path(src), Path(vdir)
+    for label, d in (("--merge-from", src), ("--from-verdicts", vdir)):
+        if not d.is_dir():
+            raise ValueError(f"{label} {d}: not a folder of kept verdicts (expected <results>/<date>-<gpu>/)")
+    if src.resolve() == vdir.resolve():
+        raise ValueError(f"--merge-from {src}: the same folder as --from-verdicts; nothing to merge")
+    if not any(src.glob("*.json")):
+        raise ValueError(f"--merge-from {src}: no verdict files (*.json) in it; expected a folder a bench kept, "
+                         "<results>/<date>-<gpu>/")
     found, notes = _day_verdicts(root, src)
-    lines = [n.lstrip("- ") for n in notes]
+    lines = [f"skipped {n.removeprefix('- ')}" for n in notes]
     for name, v in found.items():
-        loaded = load_spec(root / "kernel_specs" / name)
-        new = set(shapes_of(v))
-        kept = set(shapes_of(keep_verdict(vdir, loaded, v))) - new
-        lines.append(f"{name}: {len(new)} shape(s) from {src.name}"
-                     + (f", {len(kept)} other shape(s) kept from {Path(vdir).name}" if kept else ""))
+        lines.append(keep_verdict(vdir, load_spec(root / "kernel_specs" / name), v)[1])
     return lines
 
 
-def page_from_kept(root: Path, vdir: Path, rep: BenchReport | None = None, out_dir: Path | None = None) -> BenchReport:
+PAGE_MARK = "<!-- written by coda-agent bench from the verdicts kept in {folder}/; rewritten by `coda-agent bench --from-verdicts`, so edits here are lost -->"
+"""Last line of every page ``bench`` writes from kept verdicts: a page without it (e.g. a
+hand-written record) is never overwritten without ``force``."""
+
+
+def page_from_kept(root: Path, vdir: Path, rep: BenchReport | None = None, out_dir: Path | None = None,
+                   force: bool = False) -> BenchReport:
     """(Re)write the page ``<vdir name>.md`` (+ ``.png``) in ``out_dir`` (default: beside
     ``vdir``) from the verdicts kept in ``vdir``.
 
     Measures nothing. Used by every live ``bench`` call, and by ``bench --from-verdicts``
     after the library changed under a kept folder (e.g. a regenerated kernel put back:
     its verdict is then left off, with a note, until benchmarked again). The date is
-    the folder's (``<date>-<gpu>``). Raises ValueError when ``vdir`` is not a folder."""
+    the folder's (``<date>-<gpu>``). Raises ValueError when ``vdir`` is not a folder, and
+    when the page exists but ``bench`` did not write it (no :data:`PAGE_MARK`; ``force``
+    replaces it). ``rep.notes`` gets a line per kept file left off the page."""
     rep = rep or BenchReport()
     vdir = Path(vdir)
     if not vdir.is_dir():
@@ -629,8 +687,15 @@ def page_from_kept(root: Path, vdir: Path, rep: BenchReport | None = None, out_d
             note += "\n\n" + "\n".join(notes)
         out = BenchReport(verdicts=page)
         # named after the folder: a kept folder such as <date>-<gpu>-repeat/ gets its own page
+        target = (Path(out_dir) if out_dir else vdir.parent) / f"{vdir.name}.md"
+        if target.is_file() and not force and PAGE_MARK.format(folder=vdir.name) not in target.read_text():
+            raise ValueError(f"{target}: exists and was not written by `coda-agent bench` from {vdir.name}/ "
+                             "(no marker line at its end, e.g. a hand-written record); move it, or pass --force "
+                             "to replace it")
         spec_shapes = {n: [bs.name for bs in load_spec(root / "kernel_specs" / n).spec.shapes.benchmark] for n in page}
-        _write_results(out, Path(out_dir) if out_dir else vdir.parent, vdir.name[:10], note, stem=vdir.name,
-                       spec_shapes=spec_shapes)
+        date = vdir.name[:10] if re.fullmatch(r"\d{4}-\d{2}-\d{2}", vdir.name[:10]) else vdir.name
+        _write_results(out, target.parent, date, note, stem=vdir.name, spec_shapes=spec_shapes,
+                       mark=PAGE_MARK.format(folder=vdir.name))
         rep.markdown_path, rep.plot_path = out.markdown_path, out.plot_path
+    rep.notes += [n.removeprefix("- ") for n in notes]
     return rep

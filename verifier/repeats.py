@@ -29,8 +29,11 @@ the others stay, and every shape carries ``measured_at`` (when its run started) 
 page says which rows come from which ``bench`` call. A shape's fused time and its
 baselines always come from one run (or are medians over one ``--repeat``); rows from
 different calls are never mixed within a shape. Merging only happens between passing
-verdicts of the same candidate measured on the same GPU and software versions: anything
-else (a failure, a new kernel, a new driver) replaces the kept verdict, as it is news.
+verdicts of the same candidate measured on the same GPU and software versions, and for a
+shape both measured the later measurement wins (so folding in an older copy never
+replaces newer medians). Anything else (a failure, a new kernel, a new driver) replaces
+the kept verdict when it is newer, as it is news, and is left out when it is older; the
+caller says which (:func:`~coda_agent.verifier.benchrun.keep_verdict`).
 """
 
 from __future__ import annotations
@@ -93,10 +96,12 @@ VERSION_FIELDS = ("gpu", "driver", "cuda", "torch", "cutlass_dsl", "quack")
 
 
 def stamp_shapes(v: Verdict) -> Verdict:
-    """``v`` with ``measured_at`` (its run's start time) on every bench shape that lacks one
-    (changed in place and returned; a verdict without a bench stage is returned as is)."""
+    """``v`` with ``measured_at`` (its run's start time) and ``worker_sandbox`` (how its
+    candidate worker was confined) on every bench shape that lacks them (changed in place
+    and returned; a verdict without a bench stage is returned as is)."""
     for m in shapes_of(v).values():
         m.setdefault("measured_at", v.started_at)
+        m.setdefault("worker_sandbox", v.environment.worker_sandbox)
     return v
 
 
@@ -106,37 +111,54 @@ def shapes_of(v: Verdict) -> dict[str, Any]:
     return (b.metrics.get("shapes") if b else None) or {}
 
 
-def mergeable(kept: Verdict, new: Verdict) -> bool:
-    """Whether ``new``'s shapes may be merged into ``kept`` (see the module docstring): both
-    GPU-verified, same spec (and spec file) and candidate, same GPU and software versions."""
-    same = (kept.spec, kept.spec_hash, kept.candidate_hash) == (new.spec, new.spec_hash, new.candidate_hash)
-    return (kept.gpu_verified and new.gpu_verified and same
-            and all(getattr(kept.environment, f) == getattr(new.environment, f) for f in VERSION_FIELDS))
+def why_not_mergeable(kept: Verdict, new: Verdict) -> str | None:
+    """Why ``new``'s shapes may not share a table with ``kept``'s (see the module docstring),
+    or None when they may: both GPU-verified, same spec (and spec file) and candidate, same
+    GPU and software versions."""
+    for label, v in (("kept", kept), ("new", new)):
+        if not v.gpu_verified:
+            return f"the {label} verdict is not GPU-verified"
+    for field in ("spec", "spec_hash", "candidate_hash"):
+        if getattr(kept, field) != getattr(new, field):
+            return f"{field} differs"
+    for field in VERSION_FIELDS:
+        a, b = getattr(kept.environment, field), getattr(new.environment, field)
+        if a != b:
+            return f"environment.{field} differs ({a} kept, {b} new)"
+    return None
 
 
 def merge_shapes(loaded: LoadedSpec, kept: Verdict, new: Verdict) -> Verdict:
-    """``new`` with the bench shapes of ``kept`` that ``new`` did not measure added back
-    (module docstring), the stage's bars, means, rows and summary rebuilt over all shapes.
-
-    Returns ``new`` itself when it measured every kept shape or when the two are not
-    :func:`mergeable`. Every shape of the result has ``measured_at``."""
+    """One verdict holding every bench shape of ``kept`` and ``new`` (module docstring):
+    for a shape both measured, the later measurement (``measured_at``); the stage's bars,
+    means, rows and summary rebuilt over all shapes, the rest of the verdict from the later
+    of the two. Raises ValueError when :func:`why_not_mergeable` gives a reason. Returns
+    ``new`` itself when it measured every kept shape later. Every shape of the result has
+    ``measured_at`` and ``worker_sandbox``."""
+    why = why_not_mergeable(kept, new)
+    if why:
+        raise ValueError(f"cannot merge {new.spec}: {why}")
     stamp_shapes(kept)
     stamp_shapes(new)
     old_shapes, new_shapes = shapes_of(kept), shapes_of(new)
-    only_old = [s for s in old_shapes if s not in new_shapes]
-    if not only_old or not mergeable(kept, new):
-        return new
     order = [bs.name for bs in loaded.spec.shapes.benchmark]
     names = sorted({*old_shapes, *new_shapes}, key=lambda s: (order.index(s) if s in order else len(order), s))
-    shapes = {s: new_shapes[s] if s in new_shapes else old_shapes[s] for s in names}
+    picked = {s: "new" if s not in old_shapes or (s in new_shapes and new_shapes[s]["measured_at"]
+                                                   >= old_shapes[s]["measured_at"]) else "kept" for s in names}
+    if all(side == "new" for side in picked.values()):
+        return new
     old_b, new_b = kept.stage("bench"), new.stage("bench")
-    findings = [*new_b.findings, *(f for f in old_b.findings if f.case in only_old)]
-    stage = stage_from_shapes(loaded, shapes, findings, new_b.metrics.get("gpu"),
+    shapes = {s: (new_shapes if picked[s] == "new" else old_shapes)[s] for s in names}
+    findings = [*(f for f in new_b.findings if picked.get(f.case or "") != "kept"),
+                *(f for f in old_b.findings if picked.get(f.case or "") == "kept")]
+    base = new if new.started_at >= kept.started_at else kept
+    stage = stage_from_shapes(loaded, shapes, findings, base.stage("bench").metrics.get("gpu"),
                               new_b.duration_s + old_b.duration_s)
-    if new_b.metrics.get("repeats"):
-        stage.metrics["repeats"] = new_b.metrics["repeats"]
-    stage.summary = (f"{len(new_shapes)} shape(s) measured {new.started_at}, {len(only_old)} kept from "
-                     f"earlier bench calls: {stage.summary}")
-    out = new.model_copy(deep=True)
+    repeats = max(new_b.metrics.get("repeats") or 1, old_b.metrics.get("repeats") or 1)
+    if repeats > 1:
+        stage.metrics["repeats"] = repeats
+    calls = sorted({m["measured_at"] for m in shapes.values()})
+    stage.summary = f"{len(shapes)} shape(s) from {len(calls)} bench call(s) ({', '.join(calls)}): {stage.summary}"
+    out = base.model_copy(deep=True)
     out.stages = [stage if s.stage == "bench" else s for s in out.stages]
     return out

@@ -7,8 +7,8 @@ import pytest
 from test_benchrun import ROOT, _accepted
 
 from coda_agent.verifier.bench import shape_metrics, stage_from_shapes
-from coda_agent.verifier.benchrun import bench_kernels, merge_kept
-from coda_agent.verifier.repeats import combine, merge_shapes
+from coda_agent.verifier.benchrun import bench_kernels, keep_verdict, merge_kept
+from coda_agent.verifier.repeats import combine, merge_shapes, why_not_mergeable
 from coda_agent.verifier.spec import load_spec
 from coda_agent.verifier.verdict import Environment, StageResult, Verdict
 from coda_agent.verifier.workspace import sha256_file
@@ -103,8 +103,16 @@ TWO = FWD.spec.shapes.benchmark[:2]  # llama3-1b/M8192, llama3-1b/M16384 (spec o
 
 def test_a_partial_bench_merges_into_the_kept_verdict_shape_by_shape():
     kept = _run(FWD, 1.00, 1.00, started="t0", shapes=TWO)
+    kept.environment.worker_sandbox = "landlock (old)"
     new = combine(FWD, [_run(FWD, f, 1.00, started=t, shapes=TWO[1:]) for f, t in ((1.2, "t1"), (1.1, "t2"), (1.3, "t3"))])
+    new.environment.worker_sandbox = "landlock + seccomp (new)"
     out = merge_shapes(FWD, kept, new)
+    # each call's rows keep the confinement they were measured under, and the page says so
+    from coda_agent.verifier.benchrun import _measured_line
+
+    assert _measured_line(out, out.stage("bench").metrics["shapes"]) == (
+        f"Measured in 2 bench calls: t0 ({TWO[0].name}), candidate worker: landlock (old); "
+        f"t1 ({TWO[1].name}), candidate worker: landlock + seccomp (new).")
     shapes = out.stage("bench").metrics["shapes"]
     assert list(shapes) == [bs.name for bs in TWO]  # spec order, both shapes
     # the shape the new call measured is its median; the other keeps the earlier run's numbers
@@ -114,20 +122,45 @@ def test_a_partial_bench_merges_into_the_kept_verdict_shape_by_shape():
     # bars, rows and summary are rebuilt over both shapes (swiglu_fwd: bare_gemm <= 1.03)
     assert b.metrics["bar"]["bare_gemm"] == {"limit": 1.03, "met_shapes": 1, "shapes": 2, "met": False}
     assert [r["shape"] for r in b.metrics["rows"]] == [bs.name for bs in TWO]
-    assert b.summary.startswith("1 shape(s) measured t1, 1 kept from earlier bench calls: ")
+    assert b.summary.startswith("2 shape(s) from 2 bench call(s) (t0, t1): ")
     assert out.started_at == "t1" and out.gpu_verified and new.stage("bench").metrics["shapes"].keys() == {TWO[1].name}
+    # folding the same two in the other order (an older copy merged into a newer folder)
+    # gives the same table: the later measurement of a shape wins, never the incoming one
+    back = merge_shapes(FWD, new, kept)
+    assert {s: m["fused_ms"] for s, m in back.stage("bench").metrics["shapes"].items()} == \
+        {s: m["fused_ms"] for s, m in shapes.items()}
+    assert back.started_at == "t1"
 
 
-def test_merging_never_mixes_candidates_versions_or_failures():
-    kept = _run(FWD, 1.00, 1.00, started="t0", shapes=TWO)
-    for new in (_run(FWD, 1.1, 1.0, started="t1", shapes=TWO[1:], cand="other"),
-                _run(FWD, 1.1, 1.0, started="t1", shapes=TWO[1:], driver="999.0"),
-                _run(FWD, 1.1, 1.0, started="t1", shapes=TWO[1:], status="fail")):
-        assert merge_shapes(FWD, kept, new) is new  # news replaces the kept verdict
+def test_merging_never_mixes_candidates_versions_or_failures(tmp_path):
+    kept = _run(FWD, 1.00, 1.00, started="t5", shapes=TWO)
+    cases = {"candidate_hash differs": _run(FWD, 1.1, 1.0, started="t6", shapes=TWO[1:], cand="other"),
+             "environment.driver differs (None kept, 999.0 new)": _run(FWD, 1.1, 1.0, started="t6", shapes=TWO[1:],
+                                                                       driver="999.0"),
+             "the new verdict is not GPU-verified": _run(FWD, 1.1, 1.0, started="t6", shapes=TWO[1:], status="fail")}
+    for why, new in cases.items():
+        assert why_not_mergeable(kept, new) == why
+        with pytest.raises(ValueError, match="cannot merge swiglu_fwd"):
+            merge_shapes(FWD, kept, new)
+        # kept as a file: a newer one replaces the kept verdict (news) and says what it dropped
+        (tmp_path / "swiglu_fwd.json").write_text(kept.to_json())
+        out, line = keep_verdict(tmp_path, FWD, new)
+        assert out is new and line == (f"swiglu_fwd: replaced the kept verdict of t5, the two cannot be merged: {why}; "
+                                       f"its shapes not measured again are dropped: {TWO[0].name}")
+        # an older one is left out: the kept file does not change
+        old = new.model_copy(update={"started_at": "t1"})
+        (tmp_path / "swiglu_fwd.json").write_text(kept.to_json())
+        out, line = keep_verdict(tmp_path, FWD, old)
+        assert out is None and line.startswith("swiglu_fwd: left out, the kept verdict is newer (t5 vs t1)")
+        assert Verdict.model_validate_json((tmp_path / "swiglu_fwd.json").read_text()).started_at == "t5"
     # a new run over every kept shape simply replaces it
-    full = _run(FWD, 1.1, 1.0, started="t1", shapes=TWO)
+    full = _run(FWD, 1.1, 1.0, started="t6", shapes=TWO)
     assert merge_shapes(FWD, kept, full) is full
-    assert {m["measured_at"] for m in full.stage("bench").metrics["shapes"].values()} == {"t1"}
+    assert {m["measured_at"] for m in full.stage("bench").metrics["shapes"].values()} == {"t6"}
+    # an unreadable kept file is replaced, and the line says what was wrong with it
+    (tmp_path / "swiglu_fwd.json").write_text('{"spec": 3}')
+    out, line = keep_verdict(tmp_path, FWD, full)
+    assert out is full and line.startswith("swiglu_fwd: replaced an unreadable kept verdict (")
 
 
 def test_bench_with_shape_keeps_the_other_shapes_and_the_page_says_when(tmp_path):
@@ -149,7 +182,7 @@ def test_bench_with_shape_keeps_the_other_shapes_and_the_page_says_when(tmp_path
     assert set(shapes) == {TWO[0].name, TWO[1].name}  # before: the 3-run verdict replaced the file
     assert shapes[TWO[0].name]["measured_at"] == "t1" and shapes[TWO[1].name]["measured_at"] == "t2"
     text = rep.markdown_path.read_text()
-    assert f"Measured in 2 bench calls: t1 ({TWO[0].name}); t2 ({TWO[1].name}); candidate worker (latest call)" in text
+    assert f"Measured in 2 bench calls: t1 ({TWO[0].name}); t2 ({TWO[1].name}); candidate worker: " in text
     assert f"- median of 3 runs at {TWO[1].name} (started t2, t3, t4)" in text
     assert "Kernels whose rows come from more than one bench call" in text and "swiglu_fwd" in text
 
@@ -165,12 +198,16 @@ def test_merge_kept_folds_a_copied_back_folder(tmp_path):
     (src / "swiglu_fwd.json").write_text(_run(FWD, 1.5, 1.0, started="t9", shapes=TWO[1:], cand=h).to_json())
     (src / "swiglu_bwd.json").write_text("{not json")
     lines = merge_kept(tmp_path, src, main)
-    assert "swiglu_fwd: 1 shape(s) from 2026-11-30-nvidia-h200, 1 other shape(s) kept from 2026-11-30-nvidia-h200" in lines
-    assert any(line.startswith("swiglu_bwd.json: unreadable verdict") for line in lines)
+    assert "swiglu_fwd: merged, 1 shape(s) from this run, 1 kept from earlier bench calls" in lines
+    assert "skipped swiglu_bwd.json: not a readable verdict, left out (1 problem(s); first: (file): Invalid JSON" in lines[0]
     shapes = Verdict.model_validate_json((main / "swiglu_fwd.json").read_text()).stage("bench").metrics["shapes"]
     assert shapes[TWO[0].name]["fused_ms"] == 1.0 and shapes[TWO[1].name]["fused_ms"] == 1.5
     with pytest.raises(ValueError, match="not a folder"):
         merge_kept(tmp_path, tmp_path / "nope", main)
+    with pytest.raises(ValueError, match="the same folder as --from-verdicts"):
+        merge_kept(tmp_path, main, main)
+    with pytest.raises(ValueError, match=r"no verdict files \(\*.json\)"):
+        merge_kept(tmp_path, tmp_path / "src", main)  # one level too high
 
 
 def test_a_kept_folder_renders_its_own_page_name(tmp_path):
@@ -192,3 +229,39 @@ def test_a_kept_folder_renders_its_own_page_name(tmp_path):
     n = len(FWD.spec.shapes.benchmark)
     assert f"| yes at the 1 of {n} shapes measured here |" in text
     assert (res / "2026-11-30-nvidia-h200.md").read_text() == "main page\n"
+
+
+def test_a_page_bench_did_not_write_is_never_overwritten_without_force(tmp_path):
+    shutil.copytree(ROOT / "kernel_specs", tmp_path / "kernel_specs")
+    h = sha256_file(_accepted(tmp_path, "swiglu_fwd", "good_swiglu_fwd.py"))
+    res = tmp_path / "results"
+    vdir = res / "2026-11-30-nvidia-h200-resample"
+    vdir.mkdir(parents=True)
+    (vdir / "swiglu_fwd.json").write_text(_run(FWD, 1.0, 1.0, started="t0", cand=h).to_json())
+    page = res / "2026-11-30-nvidia-h200-resample.md"
+    page.write_text("# hand-written run A/B comparison\n")
+    from coda_agent.verifier.benchrun import PAGE_MARK, page_from_kept
+
+    with pytest.raises(ValueError, match="was not written by `coda-agent bench`.*--force"):
+        page_from_kept(tmp_path, vdir)
+    assert page.read_text() == "# hand-written run A/B comparison\n"
+    page_from_kept(tmp_path, vdir, force=True)
+    text = page.read_text()
+    assert text.rstrip("\n").endswith(PAGE_MARK.format(folder=vdir.name))
+    page_from_kept(tmp_path, vdir)  # its own page now: re-rendered without --force
+    assert page.read_text() == text
+    # a live bench into a folder whose page is hand-written keeps the verdicts and says why
+    # the page was not written, instead of failing after the measurements
+    page.write_text("# hand-written again\n")
+
+    def fake(loaded, kernel, **kw):
+        return _run(loaded, 1.2, 1.0, started="t9", cand=sha256_file(kernel))
+
+    from unittest import mock
+
+    with mock.patch("coda_agent.verifier.benchrun.verdicts_dir", lambda out, date, gpu: vdir):
+        rep = bench_kernels(tmp_path, ["swiglu_fwd"], verify_fn=fake, out_dir=res)
+    assert any(n.startswith("page not written: ") for n in rep.notes)
+    assert page.read_text() == "# hand-written again\n"
+    kept = Verdict.model_validate_json((vdir / "swiglu_fwd.json").read_text())
+    assert kept.stage("bench").metrics["shapes"][SHAPES[0].name]["fused_ms"] == 1.2
