@@ -605,8 +605,8 @@ def keep_verdict(vdir: Path, loaded: LoadedSpec, v: Verdict) -> tuple[Verdict | 
         atomic_write_text(path, out.to_json())
         ours = shapes_of(v)
         mine = sum(s in ours and m.get("measured_at") == ours[s].get("measured_at") for s, m in shapes_of(out).items())
-        return out, (f"{loaded.name}: merged, {mine} shape(s) from this run, "
-                     f"{len(shapes_of(out)) - mine} kept from earlier bench calls")
+        return out, (f"{loaded.name}: merged, {mine} shape(s) from this verdict, "
+                     f"{len(shapes_of(out)) - mine} from the kept one (a shape in both: the later measurement)")
     dropped = sorted(set(shapes_of(kept)) - set(shapes_of(v)))
     if v.started_at < kept.started_at:
         return None, (f"{loaded.name}: left out, the kept verdict is newer ({kept.started_at} vs {v.started_at}) "

@@ -24,9 +24,9 @@ must not learn which run is timed). :func:`combine` then folds the runs:
 Merging shapes (:func:`merge_shapes`): ``bench --shape`` measures some of a kernel's
 shapes (e.g. a ``--repeat 3`` at the shapes that decide a target). Replacing the kernel's
 kept verdict with that one would silently drop every other shape's numbers, so the kept
-verdict and the new one are merged instead: the new run's shapes replace the same shapes,
-the others stay, and every shape carries ``measured_at`` (when its run started) so the
-page says which rows come from which ``bench`` call. A shape's fused time and its
+verdict and the new one are merged instead: every shape of either stays, and every shape
+carries ``measured_at`` (when its run started) and ``worker_sandbox`` (its worker's
+confinement) so the page says which rows come from which ``bench`` call. A shape's fused time and its
 baselines always come from one run (or are medians over one ``--repeat``); rows from
 different calls are never mixed within a shape. Merging only happens between passing
 verdicts of the same candidate measured on the same GPU and software versions, and for a

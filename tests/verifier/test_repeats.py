@@ -198,7 +198,7 @@ def test_merge_kept_folds_a_copied_back_folder(tmp_path):
     (src / "swiglu_fwd.json").write_text(_run(FWD, 1.5, 1.0, started="t9", shapes=TWO[1:], cand=h).to_json())
     (src / "swiglu_bwd.json").write_text("{not json")
     lines = merge_kept(tmp_path, src, main)
-    assert "swiglu_fwd: merged, 1 shape(s) from this run, 1 kept from earlier bench calls" in lines
+    assert "swiglu_fwd: merged, 1 shape(s) from this verdict, 1 from the kept one (a shape in both: the later measurement)" in lines
     assert "skipped swiglu_bwd.json: not a readable verdict, left out (1 problem(s); first: (file): Invalid JSON" in lines[0]
     shapes = Verdict.model_validate_json((main / "swiglu_fwd.json").read_text()).stage("bench").metrics["shapes"]
     assert shapes[TWO[0].name]["fused_ms"] == 1.0 and shapes[TWO[1].name]["fused_ms"] == 1.5
