@@ -219,11 +219,17 @@ def cmd_generate(args) -> int:
         raise UsageError(f"--cmd is for --llm command, not --llm {name}")
     if command and name is None:
         name = "command"
-    if name is None and args.resume:
-        try:  # a resumed run keeps the backend it started with
-            name = load_run(Path(args.resume)).state.backend
+    no_accept = args.no_accept
+    if args.resume:
+        try:  # a resumed run keeps the backend it started with, and a --no-accept run stays one
+            resumed = load_run(Path(args.resume)).state
         except Exception as e:  # noqa: BLE001 - reported as a usage error below
             raise UsageError(f"--resume {args.resume}: {e}") from None
+        name = name or resumed.backend
+        if resumed.no_accept and not no_accept:
+            err.print("[yellow]this run was started with --no-accept: it verifies but does not accept "
+                      "(start a new run to accept a kernel)[/]")
+            no_accept = True
     name = name or default_backend_name()
     if name is None:
         raise UsageError(NO_BACKEND_HELP)
@@ -237,7 +243,7 @@ def cmd_generate(args) -> int:
         err.print("[yellow]no CUDA GPU here: answers get the static and sm_90a compile stages only and cannot be "
                   "accepted (as with --cpu-only); resume the run on a Hopper GPU to verify them[/]")
     accepted_dir = root / "generated_kernels" / loaded.name
-    if (accepted_dir / "manifest.json").exists() and not (args.force or args.no_accept or args.resume or args.cpu_only):
+    if (accepted_dir / "manifest.json").exists() and not (args.force or no_accept or args.resume or args.cpu_only):
         raise UsageError(
             f"{loaded.name} is already accepted ({accepted_dir}); a new accepted kernel would not replace it. "
             "Use --force to replace it (the old one moves to history/) or --no-accept to only verify."
@@ -247,7 +253,7 @@ def cmd_generate(args) -> int:
     except LLMError as e:
         raise UsageError(str(e)) from None
     accept_fn = None
-    if not args.no_accept:
+    if not no_accept:
         import functools
 
         from coda_agent.verifier.accept import accept
@@ -264,6 +270,7 @@ def cmd_generate(args) -> int:
             accept_fn=accept_fn,
             force=args.force,
             cpu_only=args.cpu_only,
+            no_accept=no_accept,
         )
     except RunError as e:
         raise UsageError(str(e)) from None
@@ -280,9 +287,11 @@ def cmd_bench(args) -> int:
     if args.merge_from is not None and args.from_verdicts is None:
         raise UsageError("bench --merge-from SRC needs --from-verdicts DIR: the kept folder to merge SRC's verdicts into")
     if args.from_verdicts is not None:
-        from coda_agent.verifier.benchrun import merge_kept, page_from_kept
+        from coda_agent.verifier.benchrun import check_page, merge_kept, page_from_kept
 
         try:
+            if Path(args.from_verdicts).is_dir():  # before anything in the folder changes
+                check_page(args.from_verdicts, Path(args.out) if args.out else None, args.force)
             if args.merge_from is not None:
                 for line in merge_kept(root, args.merge_from, args.from_verdicts):
                     console.print(escape(line))

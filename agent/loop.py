@@ -142,6 +142,8 @@ class RunState(BaseModel):
     max_attempts: int
     cpu_only: bool = False
     force: bool = False
+    no_accept: bool = False
+    """Started with --no-accept: sticky, a resumed run never accepts (start a new run to accept)."""
     created_at: str
     updated_at: str = ""
     attempts: list[AttemptRecord] = Field(default_factory=list)
@@ -227,8 +229,18 @@ class RunSummary(BaseModel):
                 f"waiting for the answer: read {Path(s.answer_path).with_name('prompt.md')}, write the "
                 f"model's reply to {s.answer_path}, then resume with --resume {self.run_dir}"
             )
+        done = [a for a in s.attempts if a.passed is not None]  # the latest verified attempt, if it failed
+        last = done[-1] if done else None
+        if last is not None and last.passed is False:
+            fb = self.run_dir / f"attempt-{last.k}" / "feedback.md"
+            why = last.extract_error or (f"failed the {last.failed_stage} stage" if last.failed_stage else "failed")
+            lines.append(f"attempt {last.k}: {why}" + (f" (the feedback the next attempt gets: {fb})" if fb.is_file() else ""))
         if s.status == "passed-cpu-only":
-            lines.append("passed the CPU stages only; verify on a GPU before it can be accepted")
+            lines.append("passed the CPU stages only; to verify (and accept) it, resume the run on a Hopper GPU: "
+                         f"coda-agent generate {s.spec} --resume {self.run_dir}"
+                         + (" --force" if s.force else "") + (" --no-accept" if s.no_accept else ""))
+        if s.no_accept:
+            lines.append("this run was started with --no-accept: it verifies but never accepts")
         if s.error:
             lines.append(f"error: {s.error}")
         if s.lesson:
@@ -423,7 +435,8 @@ class _Run:
             rec.step = "prompted"
         self.save()
 
-        if not (d / "response.md").is_file():
+        answer = d / "response.md"
+        if not answer.is_file() or not answer.read_text().strip():  # an empty file is no answer yet
             rec.backend = getattr(self.backend, "name", None)
             self.save()
             self.call(prompt, d)
@@ -594,6 +607,7 @@ def generate(
     accept_fn: Callable[..., Any] | None = None,
     force: bool = False,
     cpu_only: bool = False,
+    no_accept: bool = False,
     max_examples: int = 3,
 ) -> RunSummary:
     """Generate a kernel for ``loaded_spec`` (a ``LoadedSpec``) and return the run summary.
@@ -609,6 +623,8 @@ def generate(
       ``accepted_path``.
     * ``max_attempts``: attempts in total (on resume, raising it continues an
       ``out-of-attempts`` run).
+    * ``no_accept``: recorded in ``run.json`` and sticky over resumes: the caller must not
+      pass ``accept_fn`` for such a run (raises RunError if it does).
 
     Returns with ``status`` ``accepted`` / ``passed`` / ``passed-cpu-only`` /
     ``out-of-attempts`` / ``waiting-for-answer`` / ``failed`` (backend error or accept
@@ -635,6 +651,7 @@ def generate(
         state.max_attempts = max_attempts
         state.backend, state.model = backend_name, backend_model
         state.cpu_only, state.force = cpu_only, force
+        state.no_accept = state.no_accept or no_accept
     else:
         run_dir = Path(run_dir) if run_dir is not None else new_run_dir(root, loaded_spec.name)
         if (run_dir / RUN_FILE).exists():
@@ -643,8 +660,11 @@ def generate(
         state = RunState(
             spec=loaded_spec.name, spec_hash=loaded_spec.spec_hash, spec_dir=str(loaded_spec.directory),
             root=str(root), backend=backend_name, model=backend_model, max_attempts=max_attempts,
-            cpu_only=cpu_only, force=force, created_at=_now(),
+            cpu_only=cpu_only, force=force, no_accept=no_accept, created_at=_now(),
         )
+    if state.no_accept and accept_fn is not None:
+        raise RunError(f"{run_dir} was started with --no-accept and never accepts; resume it with --no-accept, "
+                       "or start a new run to accept a kernel")
     state.status, state.error, state.answer_path = "running", None, None
     run = _Run(loaded_spec, root, run_dir, state, backend, verifier, accept_fn)
     run.max_examples = max_examples

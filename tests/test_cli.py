@@ -157,3 +157,17 @@ def test_gpu_commands_stop_early_without_a_gpu(ws, capsys, monkeypatch):
     assert main(["generate", "--llm", "manual", "swiglu_fwd", "--no-accept"]) == 0
     cap = capsys.readouterr()
     assert "cannot be accepted" in cap.err and "waiting-for-answer" in cap.out
+
+
+def test_a_refused_page_rewrite_changes_nothing_in_the_kept_folder(ws, capsys):
+    """--merge-from into a folder whose page is hand-written is refused before any verdict
+    there changes (the new-user pass saw verdicts rewritten, then the refusal)."""
+    res = ws / "results"
+    for name in ("2026-11-30-nvidia-h200-resample", "2026-11-30-nvidia-h200-repeat"):
+        shutil.copytree(ROOT / "benchmarks" / "results" / name, res / name)
+    shutil.copy(ROOT / "benchmarks" / "results" / "2026-11-30-nvidia-h200-resample.md", res)
+    dst = res / "2026-11-30-nvidia-h200-resample"
+    before = {f.name: f.read_bytes() for f in dst.iterdir()}
+    assert main(["bench", "--from-verdicts", str(dst), "--merge-from", str(res / "2026-11-30-nvidia-h200-repeat")]) == 2
+    assert "nothing was changed" in capsys.readouterr().err
+    assert {f.name: f.read_bytes() for f in dst.iterdir()} == before

@@ -184,11 +184,17 @@ def results_markdown(verdicts: dict[str, Verdict], date: str, spec_shapes: dict[
     """The results page: the targets table, then one table per kernel. ``spec_shapes`` (kernel ->
     its spec's benchmark shape names) lets the targets table say when a kernel was measured
     at only some of its shapes."""
-    env = next(iter(verdicts.values())).environment if verdicts else None
     lines = [f"# coda-agent benchmark, {date}", ""]
-    if env is not None:
-        lines += [f"GPU: {env.gpu} (sm {env.compute_capability}), driver {env.driver}, CUDA {env.cuda}; "
-                  f"torch {env.torch}, nvidia-cutlass-dsl {env.cutlass_dsl}, quack-kernels {env.quack}.", ""]
+    stacks: dict[str, list[str]] = {}
+    for name, v in verdicts.items():
+        e = v.environment
+        stacks.setdefault(f"GPU: {e.gpu} (sm {e.compute_capability}), driver {e.driver}, CUDA {e.cuda}; "
+                          f"torch {e.torch}, nvidia-cutlass-dsl {e.cutlass_dsl}, quack-kernels {e.quack}", []).append(name)
+    if len(stacks) == 1:
+        lines += [f"{next(iter(stacks))}.", ""]
+    elif stacks:
+        lines += ["The kernels were measured on different GPUs or software versions:", ""]
+        lines += [f"- {stack}: {', '.join(names)}" for stack, names in stacks.items()] + [""]
     lines += ["Median ms (triton.testing.do_bench, L2 flushed, inputs rotated); \"host ms\": host time until one",
               "fused call returned (its launches enqueued, the verifier's per-call guard included). It can exceed",
               "the fused time: do_bench's L2 flush before each call keeps the GPU busy while the host starts the",
@@ -329,6 +335,9 @@ def targets_table(verdicts: dict[str, Verdict], spec_shapes: dict[str, list[str]
         cross = _crossings(shapes, bwd)
         want = (spec_shapes or {}).get(name)
         part = f" at the {len(shapes)} of {len(want)} shapes measured here" if want and set(want) - set(shapes) else ""
+        bad = v.failed_stage
+        if bad is not None:  # numbers of a failing run judge nothing
+            met, part, cross = f"NOT verified ({bad.stage}): numbers not judged", "", []
         cells.append(met + part + (f" (borderline: runs straddle {'; '.join(cross)})" if cross else ""))
         device_bound = {s: m for s, m in shapes.items() if not host_bound(m)}
         cells.append("no host-bound shape" if len(device_bound) == len(shapes)
@@ -493,6 +502,10 @@ def _day_verdicts(root: Path, vdir: Path) -> tuple[dict[str, Verdict], list[str]
         except ValueError as e:
             notes.append(f"- {f.name}: not a readable verdict, left out ({_first_problem(e)})")
             continue
+        if v.spec != f.stem:
+            notes.append(f"- {f.name}: holds a verdict of {v.spec!r}, not {f.stem!r}; left out (a kept verdict "
+                         "is <kernel>.json)")
+            continue
         kernel = root / "generated_kernels" / f.stem / "kernel.py"
         if not kernel.is_file() or sha256_file(kernel) != v.candidate_hash:
             notes.append(f"- {f.stem}: measured for a kernel that is no longer the accepted one; left out "
@@ -576,15 +589,17 @@ def bench_kernels(root: Path, names: list[str] | None, *, out_dir: Path | None =
     return rep
 
 
-def keep_verdict(vdir: Path, loaded: LoadedSpec, v: Verdict) -> tuple[Verdict | None, str]:
+def keep_verdict(vdir: Path, loaded: LoadedSpec, v: Verdict, replace: bool = True) -> tuple[Verdict | None, str]:
     """Keep ``v`` as ``vdir/<kernel>.json`` (atomic), merged shape by shape with the verdict
     already kept there (:func:`~coda_agent.verifier.repeats.merge_shapes`: every shape of
     both stays, the later measurement of a shape both have wins).
 
     When the two cannot share a table (:func:`~coda_agent.verifier.repeats.why_not_mergeable`:
     a failing run, another candidate, other versions), the later verdict is kept whole: a
-    newer ``v`` replaces the kept one (it is news), an older ``v`` is left out. An unreadable
-    kept file is replaced (the page could not have shown it). Returns (what the file now
+    newer ``v`` replaces the kept one (it is news; ``replace=False`` leaves it out too), an
+    older ``v`` is left out. An unreadable kept file is replaced (the page could not have
+    shown it). A shape whose median over several runs gives way to a later measurement of
+    fewer runs is named in the returned line. Returns (what the file now
     holds from ``v``, or None when ``v`` was left out; a line saying what happened, naming
     the reason and the shapes dropped when a verdict was replaced)."""
     path = Path(vdir) / f"{loaded.name}.json"
@@ -603,17 +618,27 @@ def keep_verdict(vdir: Path, loaded: LoadedSpec, v: Verdict) -> tuple[Verdict | 
     if why is None:
         out = merge_shapes(loaded, kept, v)
         atomic_write_text(path, out.to_json())
-        ours = shapes_of(v)
-        mine = sum(s in ours and m.get("measured_at") == ours[s].get("measured_at") for s, m in shapes_of(out).items())
-        return out, (f"{loaded.name}: merged, {mine} shape(s) from this verdict, "
-                     f"{len(shapes_of(out)) - mine} from the kept one (a shape in both: the later measurement)")
+        ours, before = shapes_of(v), shapes_of(kept)
+        mine = [s for s, m in shapes_of(out).items() if s in ours and m.get("measured_at") == ours[s].get("measured_at")]
+        fewer = [f"{s} ({_runs_of(before[s])} runs -> {_runs_of(ours[s])})" for s in mine
+                 if s in before and _runs_of(before[s]) > _runs_of(ours[s])]
+        return out, (f"{loaded.name}: merged, {len(mine)} shape(s) from this verdict, "
+                     f"{len(shapes_of(out)) - len(mine)} from the kept one (a shape in both: the later measurement)"
+                     + (f"; WARNING: a median over more runs gave way to a later one at {', '.join(fewer)}"
+                        if fewer else ""))
     dropped = sorted(set(shapes_of(kept)) - set(shapes_of(v)))
-    if v.started_at < kept.started_at:
-        return None, (f"{loaded.name}: left out, the kept verdict is newer ({kept.started_at} vs {v.started_at}) "
-                      f"and the two cannot be merged: {why}")
+    if v.started_at < kept.started_at or not replace:
+        return None, (f"{loaded.name}: left out, the two cannot be merged: {why}"
+                      + (f"; the kept verdict ({kept.started_at}) is newer" if v.started_at < kept.started_at
+                         else "; only a live bench replaces a kept verdict"))
     atomic_write_text(path, v.to_json())
     return v, (f"{loaded.name}: replaced the kept verdict of {kept.started_at}, the two cannot be merged: {why}"
                + (f"; its shapes not measured again are dropped: {', '.join(dropped)}" if dropped else ""))
+
+
+def _runs_of(m: dict[str, Any]) -> int:
+    """How many runs a shape's numbers are the median of (1 for a single run)."""
+    return len((m.get("runs") or {}).get("fused_ms") or []) or 1
 
 
 def _first_problem(e: Exception) -> str:
@@ -632,10 +657,12 @@ def _first_problem(e: Exception) -> str:
 def merge_kept(root: Path, src: Path, vdir: Path) -> list[str]:
     """Fold every verdict kept in ``src`` (another ``bench``'s ``<date>-<gpu>/`` folder, e.g.
     one copied back from a GPU machine) into ``vdir`` with :func:`keep_verdict`, as a live
-    ``bench`` writing into ``vdir`` would have. Verdicts of kernels that are no longer the
+    ``bench`` writing into ``vdir`` would have, except that it never replaces a kept verdict
+    it cannot merge with (another candidate, other versions, a failure: those are left out,
+    with the reason; only a live bench replaces). Verdicts of kernels that are no longer the
     accepted ones, and unreadable files, are skipped. Returns a line per file saying what
     happened. Raises ValueError when ``src`` or ``vdir`` is not a folder, when they are the
-    same folder, or when ``src`` holds no ``*.json`` verdict file."""
+    same folder, or when ``src`` holds no usable verdict file."""
     src, vdir = Path(src), Path(vdir)
     for label, d in (("--merge-from", src), ("--from-verdicts", vdir)):
         if not d.is_dir():
@@ -647,9 +674,26 @@ def merge_kept(root: Path, src: Path, vdir: Path) -> list[str]:
                          "<results>/<date>-<gpu>/")
     found, notes = _day_verdicts(root, src)
     lines = [f"skipped {n.removeprefix('- ')}" for n in notes]
+    if not found:
+        raise ValueError(f"--merge-from {src}: nothing to merge, every verdict file was skipped:\n  "
+                         + "\n  ".join(lines))
     for name, v in found.items():
-        lines.append(keep_verdict(vdir, load_spec(root / "kernel_specs" / name), v)[1])
+        lines.append(keep_verdict(vdir, load_spec(root / "kernel_specs" / name), v, replace=False)[1])
     return lines
+
+
+def check_page(vdir: Path, out_dir: Path | None = None, force: bool = False) -> Path:
+    """The page ``<vdir name>.md`` that :func:`page_from_kept` writes (in ``out_dir``, default
+    beside ``vdir``). Raises ValueError when it exists without :data:`PAGE_MARK` (not written
+    by ``bench``, e.g. a hand-written record) and ``force`` is not set: callers check this
+    before changing anything in ``vdir``."""
+    vdir = Path(vdir)
+    target = (Path(out_dir) if out_dir else vdir.parent) / f"{vdir.name}.md"
+    if target.is_file() and not force and PAGE_MARK.format(folder=vdir.name) not in target.read_text():
+        raise ValueError(f"{target}: exists and was not written by `coda-agent bench` from {vdir.name}/ "
+                         "(no marker line at its end, e.g. a hand-written record); nothing was changed. Move it, "
+                         "or pass --force to replace it")
+    return target
 
 
 PAGE_MARK = "<!-- written by coda-agent bench from the verdicts kept in {folder}/; rewritten by `coda-agent bench --from-verdicts`, so edits here are lost -->"
@@ -687,11 +731,7 @@ def page_from_kept(root: Path, vdir: Path, rep: BenchReport | None = None, out_d
             note += "\n\n" + "\n".join(notes)
         out = BenchReport(verdicts=page)
         # named after the folder: a kept folder such as <date>-<gpu>-repeat/ gets its own page
-        target = (Path(out_dir) if out_dir else vdir.parent) / f"{vdir.name}.md"
-        if target.is_file() and not force and PAGE_MARK.format(folder=vdir.name) not in target.read_text():
-            raise ValueError(f"{target}: exists and was not written by `coda-agent bench` from {vdir.name}/ "
-                             "(no marker line at its end, e.g. a hand-written record); move it, or pass --force "
-                             "to replace it")
+        target = check_page(vdir, out_dir, force)
         spec_shapes = {n: [bs.name for bs in load_spec(root / "kernel_specs" / n).spec.shapes.benchmark] for n in page}
         date = vdir.name[:10] if re.fullmatch(r"\d{4}-\d{2}-\d{2}", vdir.name[:10]) else vdir.name
         _write_results(out, target.parent, date, note, stem=vdir.name, spec_shapes=spec_shapes,

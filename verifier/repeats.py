@@ -117,7 +117,9 @@ def why_not_mergeable(kept: Verdict, new: Verdict) -> str | None:
     GPU and software versions."""
     for label, v in (("kept", kept), ("new", new)):
         if not v.gpu_verified:
-            return f"the {label} verdict is not GPU-verified"
+            bad = v.failed_stage
+            return (f"the {label} verdict failed its {bad.stage} stage ({bad.summary})" if bad is not None
+                    else f"the {label} verdict is not GPU-verified")
     for field in ("spec", "spec_hash", "candidate_hash"):
         if getattr(kept, field) != getattr(new, field):
             return f"{field} differs"

@@ -171,12 +171,20 @@ def test_manual_backend_stops_and_resumes(workspace, fwd_spec, fake_verifier):
     s = generate(fwd_spec, root=workspace, backend=ManualBackend(), verifier=fake_verifier, resume=s.run_dir,
                  accept_fn=acc)
     assert s.status == "waiting-for-answer" and fake_verifier.calls == []
+    # an empty (or blank) response.md is no answer either: no attempt is spent on it
+    (a1 / "response.md").write_text("\n  \n")
+    s = generate(fwd_spec, root=workspace, backend=ManualBackend(), verifier=fake_verifier, resume=s.run_dir,
+                 accept_fn=acc)
+    assert s.status == "waiting-for-answer" and s.state.answer_path.endswith("attempt-1/response.md")
+    assert s.attempts[0].extract_error is None and fake_verifier.calls == []
 
     (a1 / "response.md").write_text(reply(BAD_MODULE))
     s = generate(fwd_spec, root=workspace, backend=ManualBackend(), verifier=fake_verifier, resume=s.run_dir,
                  accept_fn=acc)
     assert s.status == "waiting-for-answer" and s.state.answer_path.endswith("attempt-2/response.md")
     assert FAIL_MESSAGE in (s.run_dir / "attempt-2" / "prompt.md").read_text()
+    # the summary says why attempt 1 failed and where its feedback is
+    assert f"attempt 1: failed the " in s.render() and str(a1 / "feedback.md") in s.render()
 
     (s.run_dir / "attempt-2" / "response.md").write_text(reply(GOOD_MODULE))
     s = generate(fwd_spec, root=workspace, backend=ManualBackend(), verifier=fake_verifier, resume=s.run_dir,
@@ -409,3 +417,17 @@ def test_cpu_stage_pass_is_verified_again_on_a_gpu_resume(workspace, fwd_spec):
              run_dir=run2, cpu_only=True)
     generate(fwd_spec, root=workspace, backend=ScriptedBackend([]), verifier=cpu, resume=run2, cpu_only=True)
     assert len(cpu.calls) == 1
+
+
+def test_no_accept_is_recorded_and_sticky_over_resumes(workspace, fwd_spec):
+    s = generate(fwd_spec, root=workspace, backend=ScriptedBackend([reply(GOOD_MODULE)]),
+                 verifier=FakeVerifier(cpu_only=True), run_dir=workspace / "runs" / "n", cpu_only=True, no_accept=True)
+    assert s.status == "passed-cpu-only" and run_json(s.run_dir)["no_accept"] is True
+    text = s.render()
+    assert f"coda-agent generate swiglu_fwd --resume {s.run_dir} --no-accept" in text and "never accepts" in text
+    # a GPU resume that would accept is refused: the run was started not to
+    with pytest.raises(RunError, match="started with --no-accept"):
+        generate(fwd_spec, root=workspace, backend=ScriptedBackend([]), verifier=FakeVerifier(), resume=s.run_dir,
+                 accept_fn=Acceptor())
+    s = generate(fwd_spec, root=workspace, backend=ScriptedBackend([]), verifier=FakeVerifier(), resume=s.run_dir)
+    assert s.status == "passed" and s.state.no_accept is True

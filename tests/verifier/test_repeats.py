@@ -132,12 +132,14 @@ def test_a_partial_bench_merges_into_the_kept_verdict_shape_by_shape():
     assert back.started_at == "t1"
 
 
+
 def test_merging_never_mixes_candidates_versions_or_failures(tmp_path):
     kept = _run(FWD, 1.00, 1.00, started="t5", shapes=TWO)
     cases = {"candidate_hash differs": _run(FWD, 1.1, 1.0, started="t6", shapes=TWO[1:], cand="other"),
              "environment.driver differs (None kept, 999.0 new)": _run(FWD, 1.1, 1.0, started="t6", shapes=TWO[1:],
                                                                        driver="999.0"),
-             "the new verdict is not GPU-verified": _run(FWD, 1.1, 1.0, started="t6", shapes=TWO[1:], status="fail")}
+             "the new verdict failed its correctness stage (fail)": _run(FWD, 1.1, 1.0, started="t6", shapes=TWO[1:],
+                                                                            status="fail")}
     for why, new in cases.items():
         assert why_not_mergeable(kept, new) == why
         with pytest.raises(ValueError, match="cannot merge swiglu_fwd"):
@@ -151,7 +153,11 @@ def test_merging_never_mixes_candidates_versions_or_failures(tmp_path):
         old = new.model_copy(update={"started_at": "t1"})
         (tmp_path / "swiglu_fwd.json").write_text(kept.to_json())
         out, line = keep_verdict(tmp_path, FWD, old)
-        assert out is None and line.startswith("swiglu_fwd: left out, the kept verdict is newer (t5 vs t1)")
+        assert out is None and line == f"swiglu_fwd: left out, the two cannot be merged: {why}; the kept verdict (t5) is newer"
+        assert Verdict.model_validate_json((tmp_path / "swiglu_fwd.json").read_text()).started_at == "t5"
+        # offline folding (--merge-from) never replaces, newer or not
+        out, line = keep_verdict(tmp_path, FWD, new, replace=False)
+        assert out is None and line.endswith("only a live bench replaces a kept verdict")
         assert Verdict.model_validate_json((tmp_path / "swiglu_fwd.json").read_text()).started_at == "t5"
     # a new run over every kept shape simply replaces it
     full = _run(FWD, 1.1, 1.0, started="t6", shapes=TWO)
@@ -265,3 +271,36 @@ def test_a_page_bench_did_not_write_is_never_overwritten_without_force(tmp_path)
     assert page.read_text() == "# hand-written again\n"
     kept = Verdict.model_validate_json((vdir / "swiglu_fwd.json").read_text())
     assert kept.stage("bench").metrics["shapes"][SHAPES[0].name]["fused_ms"] == 1.2
+
+
+def test_a_single_later_run_replacing_a_median_is_named(tmp_path):
+    med = combine(FWD, [_run(FWD, f, 1.0, started=t, shapes=TWO[1:]) for f, t in ((1.2, "t1"), (1.1, "t2"), (1.3, "t3"))])
+    (tmp_path / "swiglu_fwd.json").write_text(merge_shapes(FWD, _run(FWD, 1.0, 1.0, started="t0", shapes=TWO), med).to_json())
+    out, line = keep_verdict(tmp_path, FWD, _run(FWD, 1.4, 1.0, started="t8", shapes=TWO[1:]))
+    assert out.stage("bench").metrics["shapes"][TWO[1].name]["fused_ms"] == 1.4
+    assert line.endswith(f"WARNING: a median over more runs gave way to a later one at {TWO[1].name} (3 runs -> 1)")
+
+
+def test_a_verdict_file_named_after_another_kernel_is_left_out(tmp_path):
+    shutil.copytree(ROOT / "kernel_specs", tmp_path / "kernel_specs")
+    h = sha256_file(_accepted(tmp_path, "swiglu_fwd", "good_swiglu_fwd.py"))
+    src, main = tmp_path / "src" / "2026-11-30-nvidia-h200", tmp_path / "main" / "2026-11-30-nvidia-h200"
+    src.mkdir(parents=True)
+    main.mkdir(parents=True)
+    (src / "foo.json").write_text(_run(FWD, 1.0, 1.0, started="t0", cand=h).to_json())
+    with pytest.raises(ValueError, match="(?s)nothing to merge.*foo.json: holds a verdict of 'swiglu_fwd', not 'foo'"):
+        merge_kept(tmp_path, src, main)
+
+
+def test_page_names_each_stack_and_does_not_judge_a_failing_run():
+    from coda_agent.verifier.benchrun import results_markdown
+
+    ok = _run(FWD, 1.0, 1.0, started="t0")
+    other = _run(FWD, 1.0, 1.0, started="t1", driver="999.0")
+    bad = _run(FWD, 1.0, 1.0, started="t2", status="fail")
+    text = results_markdown({"swiglu_fwd": ok, "swiglu_bwd": other, "x_fwd": bad}, "2026-11-30")
+    assert "The kernels were measured on different GPUs or software versions:" in text
+    assert "driver 999.0" in text and "driver None" in text
+    row = next(line for line in text.splitlines() if line.startswith("| x_fwd"))
+    assert "NOT verified (correctness): numbers not judged" in row
+    assert "| yes |" in next(line for line in text.splitlines() if line.startswith("| swiglu_fwd"))
