@@ -66,8 +66,9 @@ def _status_style(status: str) -> str:
     return {"pass": "green", "fail": "red", "error": "red", "skip": "yellow"}.get(status, "white")
 
 
-def print_verdict(verdict) -> None:
-    """One row per stage: status, summary, time; then the findings of failed stages."""
+def print_verdict(verdict, recorded: bool = False) -> None:
+    """One row per stage: status, summary, time; then the findings of failed stages.
+    ``recorded``: the verdict was read back (a manifest), not produced now."""
     t = Table(title=f"verdict: {verdict.spec}  (candidate {verdict.candidate_hash[:12]})")
     t.add_column("stage")
     t.add_column("status")
@@ -87,7 +88,8 @@ def print_verdict(verdict) -> None:
     if verdict.stage("bench") and verdict.stage("bench").metrics.get("rows"):
         print_bench_rows(verdict.stage("bench").metrics["rows"])
     if verdict.gpu_verified:
-        console.print("[green]verified on the GPU[/]")
+        console.print(f"[green]verified on the GPU[/] at acceptance ({escape(verdict.started_at or 'time not recorded')}); "
+                      "numbers from its manifest, nothing measured now" if recorded else "[green]verified on the GPU[/]")
     elif verdict.passed:
         console.print("[yellow]passed the stages that ran, but NOT verified on a GPU[/]")
 
@@ -326,7 +328,7 @@ def cmd_bench(args) -> int:
     except ValueError as e:
         raise UsageError(str(e)) from None
     for verdict in report.verdicts.values():
-        print_verdict(verdict)
+        print_verdict(verdict, recorded=args.from_manifests)
     for line in report.notes:
         console.print(escape(f"kept verdicts: {line}"))
     if report.markdown_path:
