@@ -289,7 +289,8 @@ def cmd_bench(args) -> int:
     if args.merge_from is not None and args.from_verdicts is None:
         raise UsageError("bench --merge-from SRC needs --from-verdicts DIR: the kept folder to merge SRC's verdicts into")
     if args.from_verdicts is not None:
-        from coda_agent.verifier.benchrun import check_page, merge_kept, page_from_kept
+        from coda_agent.verifier.benchrun import page_from_kept
+        from coda_agent.verifier.kept import check_page, merge_kept
 
         try:
             if Path(args.from_verdicts).is_dir():  # before anything in the folder changes

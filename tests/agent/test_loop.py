@@ -184,7 +184,7 @@ def test_manual_backend_stops_and_resumes(workspace, fwd_spec, fake_verifier):
     assert s.status == "waiting-for-answer" and s.state.answer_path.endswith("attempt-2/response.md")
     assert FAIL_MESSAGE in (s.run_dir / "attempt-2" / "prompt.md").read_text()
     # the summary says why attempt 1 failed and where its feedback is
-    assert f"attempt 1: failed the " in s.render() and str(a1 / "feedback.md") in s.render()
+    assert "attempt 1: failed the " in s.render() and str(a1 / "feedback.md") in s.render()
 
     (s.run_dir / "attempt-2" / "response.md").write_text(reply(GOOD_MODULE))
     s = generate(fwd_spec, root=workspace, backend=ManualBackend(), verifier=fake_verifier, resume=s.run_dir,

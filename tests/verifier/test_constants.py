@@ -6,7 +6,6 @@ static requires them as keyword-only parameters, and the reference worker passes
 ``reference``/``baseline`` (the same code path the GPU run uses, on the CPU device).
 """
 
-from pathlib import Path
 
 import pytest
 

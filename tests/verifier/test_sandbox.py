@@ -114,8 +114,6 @@ def test_tail_and_strip():
 
 def test_worker_gets_no_secrets_and_parent_reads_only_the_stderr_tail(tmp_path, monkeypatch):
     """A candidate may read its environment and flood stderr: neither reaches the parent."""
-    import sys
-
     from coda_agent.verifier.pipeline import _worker_env
     from coda_agent.verifier.sandbox import run_worker
 
