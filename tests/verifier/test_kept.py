@@ -15,6 +15,18 @@ from coda_agent.verifier.verdict import Verdict
 from coda_agent.verifier.workspace import sha256_file
 
 
+def _kept_folder(tmp_path, folder):
+    """A workspace with swiglu_fwd accepted and ``results/<folder>/`` holding one verdict of it
+    (one shape, started t0). Returns (results folder, kept folder)."""
+    shutil.copytree(ROOT / "kernel_specs", tmp_path / "kernel_specs")
+    h = sha256_file(_accepted(tmp_path, "swiglu_fwd", "good_swiglu_fwd.py"))
+    res = tmp_path / "results"
+    vdir = res / folder
+    vdir.mkdir(parents=True)
+    (vdir / "swiglu_fwd.json").write_text(_run(FWD, 1.0, 1.0, started="t0", cand=h).to_json())
+    return res, vdir
+
+
 def test_bench_with_shape_keeps_the_other_shapes_and_the_page_says_when(tmp_path):
     shutil.copytree(ROOT / "kernel_specs", tmp_path / "kernel_specs")
     _accepted(tmp_path, "swiglu_fwd", "good_swiglu_fwd.py")
@@ -38,6 +50,7 @@ def test_bench_with_shape_keeps_the_other_shapes_and_the_page_says_when(tmp_path
     assert f"- median of 3 runs at {TWO[1].name} (started t2, t3, t4)" in text
     assert "Kernels whose rows come from more than one bench call" in text and "swiglu_fwd" in text
 
+
 def test_merge_kept_folds_a_copied_back_folder(tmp_path):
     shutil.copytree(ROOT / "kernel_specs", tmp_path / "kernel_specs")
     kernel = _accepted(tmp_path, "swiglu_fwd", "good_swiglu_fwd.py")
@@ -60,14 +73,10 @@ def test_merge_kept_folds_a_copied_back_folder(tmp_path):
     with pytest.raises(ValueError, match=r"no verdict files \(\*.json\)"):
         merge_kept(tmp_path, tmp_path / "src", main)  # one level too high
 
+
 def test_a_kept_folder_renders_its_own_page_name(tmp_path):
     """A folder such as <date>-<gpu>-repeat/ gets <date>-<gpu>-repeat.md, never the day's main page."""
-    shutil.copytree(ROOT / "kernel_specs", tmp_path / "kernel_specs")
-    h = sha256_file(_accepted(tmp_path, "swiglu_fwd", "good_swiglu_fwd.py"))
-    res = tmp_path / "results"
-    rep_dir = res / "2026-11-30-nvidia-h200-repeat"
-    rep_dir.mkdir(parents=True)
-    (rep_dir / "swiglu_fwd.json").write_text(_run(FWD, 1.0, 1.0, started="t0", cand=h).to_json())
+    res, rep_dir = _kept_folder(tmp_path, "2026-11-30-nvidia-h200-repeat")
     (res / "2026-11-30-nvidia-h200.md").write_text("main page\n")
 
     out = page_from_kept(tmp_path, rep_dir)
@@ -79,13 +88,9 @@ def test_a_kept_folder_renders_its_own_page_name(tmp_path):
     assert f"| yes at the 1 of {n} shapes measured here |" in text
     assert (res / "2026-11-30-nvidia-h200.md").read_text() == "main page\n"
 
+
 def test_a_page_bench_did_not_write_is_never_overwritten_without_force(tmp_path):
-    shutil.copytree(ROOT / "kernel_specs", tmp_path / "kernel_specs")
-    h = sha256_file(_accepted(tmp_path, "swiglu_fwd", "good_swiglu_fwd.py"))
-    res = tmp_path / "results"
-    vdir = res / "2026-11-30-nvidia-h200-resample"
-    vdir.mkdir(parents=True)
-    (vdir / "swiglu_fwd.json").write_text(_run(FWD, 1.0, 1.0, started="t0", cand=h).to_json())
+    res, vdir = _kept_folder(tmp_path, "2026-11-30-nvidia-h200-resample")
     page = res / "2026-11-30-nvidia-h200-resample.md"
     page.write_text("# hand-written run A/B comparison\n")
 
@@ -111,12 +116,14 @@ def test_a_page_bench_did_not_write_is_never_overwritten_without_force(tmp_path)
     kept = Verdict.model_validate_json((vdir / "swiglu_fwd.json").read_text())
     assert kept.stage("bench").metrics["shapes"][SHAPES[0].name]["fused_ms"] == 1.2
 
+
 def test_a_single_later_run_replacing_a_median_is_named(tmp_path):
     med = combine(FWD, [_run(FWD, f, 1.0, started=t, shapes=TWO[1:]) for f, t in ((1.2, "t1"), (1.1, "t2"), (1.3, "t3"))])
     (tmp_path / "swiglu_fwd.json").write_text(merge_shapes(FWD, _run(FWD, 1.0, 1.0, started="t0", shapes=TWO), med).to_json())
     out, line = keep_verdict(tmp_path, FWD, _run(FWD, 1.4, 1.0, started="t8", shapes=TWO[1:]))
     assert out.stage("bench").metrics["shapes"][TWO[1].name]["fused_ms"] == 1.4
     assert line.endswith(f"WARNING: a median over more runs gave way to a later one at {TWO[1].name} (3 runs -> 1)")
+
 
 def test_a_verdict_file_named_after_another_kernel_is_left_out(tmp_path):
     shutil.copytree(ROOT / "kernel_specs", tmp_path / "kernel_specs")
@@ -127,6 +134,7 @@ def test_a_verdict_file_named_after_another_kernel_is_left_out(tmp_path):
     (src / "foo.json").write_text(_run(FWD, 1.0, 1.0, started="t0", cand=h).to_json())
     with pytest.raises(ValueError, match="(?s)nothing to merge.*foo.json: holds a verdict of 'swiglu_fwd', not 'foo'"):
         merge_kept(tmp_path, src, main)
+
 
 def test_page_names_each_stack_and_does_not_judge_a_failing_run():
 
