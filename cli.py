@@ -288,6 +288,8 @@ def cmd_bench(args) -> int:
     root = _root(args)
     if args.merge_from is not None and args.from_verdicts is None:
         raise UsageError("bench --merge-from SRC needs --from-verdicts DIR: the kept folder to merge SRC's verdicts into")
+    if args.force and args.from_verdicts is None:
+        raise UsageError("bench --force only applies with --from-verdicts DIR (it replaces a page bench did not write)")
     if args.from_verdicts is not None:
         from coda_agent.verifier.benchrun import page_from_kept
         from coda_agent.verifier.kept import check_page, merge_kept

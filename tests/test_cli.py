@@ -70,6 +70,8 @@ def test_usage_errors_exit_2(ws, capsys):
     assert main(["bench"]) == 2
     assert main(["bench", "--merge-from", str(ws)]) == 2
     assert "needs --from-verdicts" in capsys.readouterr().err
+    assert main(["bench", "--all", "--from-manifests", "--force"]) == 2
+    assert "--force only applies with --from-verdicts" in capsys.readouterr().err
     assert main(["bench", "--from-verdicts", str(ws / "nope"), "--merge-from", str(ws)]) == 2
     assert "nope: not a folder of kept verdicts" in capsys.readouterr().err
     assert main(["regress", "nope", "--cpu-only"]) == 2
