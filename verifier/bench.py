@@ -36,7 +36,16 @@ Three results are *failures*, because they mean the measurement cannot be truste
 
 The spec's ``bench.bar`` (largest acceptable fused/baseline ratio per baseline) is
 reported as met/missed per shape; a missed bar is a warning finding (``bar-missed``),
-not a failure. A baseline that failed to run is a warning (``baseline-error``).
+not a failure.
+
+The candidate worker also counts the launches of one call at every benchmark shape (GPU
+only). The correctness stage enforces ``entry.max_launches`` at the first correctness
+shape only, and the sixth red team (2026-11-30) showed that a candidate can branch on
+shape or device: it called the quack epilogue where it could be checked and did plain
+torch math elsewhere. A count over ``max_launches`` (or 0) at a benchmark shape is the
+warning ``launches-at-bench-shape`` for now. It is not a failure until a GPU run shows
+that no accepted kernel's count grows with the shape (a large torch reduction in the
+host glue might split into two kernels). A baseline that failed to run is a warning (``baseline-error``).
 """
 
 from __future__ import annotations
@@ -239,6 +248,16 @@ def bench_stage(loaded: LoadedSpec, run: GpuRun, gpu: str | None = None) -> Stag
         shapes[bs.name] = m
         for kind, msg in problems:
             findings.append(Finding(kind=kind, message=f"[{bs.name}] {msg}", case=bs.name))
+        launches = c.get("launches")
+        if isinstance(launches, int):
+            m["launches"] = launches
+            limit = loaded.spec.entry.max_launches
+            if launches == 0 or launches > limit:
+                names = ", ".join(str(k) for k in (c.get("launch_kernels") or [])[:8])
+                findings.append(Finding(kind="launches-at-bench-shape", case=bs.name, message=(
+                    f"[{bs.name}] one call launched {launches} GPU kernel(s), expected 1 to {limit} (the spec's "
+                    f"max_launches, enforced at the first correctness shape){': ' + names if names else ''}; "
+                    "a warning for now, see verifier/bench.py")))
         missing = _missing_timed_checks(run, bs, c)
         if missing:
             findings.append(Finding(kind="timed-check-missing", message=f"[{bs.name}] {missing}", case=bs.name))

@@ -223,6 +223,9 @@ VALUE_MATH_METHODS = frozenset({
     "index_put_", "index_copy_", "index_fill_", "scatter_", "scatter_add_", "put_",
     "masked_scatter_", "normal_", "uniform_", "random_", "set_", "resize_",
     "resize_as_", "clone", "softplus", "logit",
+    # sixth red team: a GEMM as (x[:, None] * w[None]).sum_to_size(m, n, 1)
+    "sum_to_size", "addr", "kron", "cross", "trace", "logcumsumexp", "cummax", "cummin",
+    "float_power", "xlogy", "hypot", "atan2", "dist", "renorm",
 })
 """Methods on values (tensors) that compute, fill or rebind data."""
 

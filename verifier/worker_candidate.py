@@ -191,6 +191,7 @@ class Worker:
         self.fn: Callable[..., Any] | None = None
         self._rng = random.Random(self.plan.secret ^ 0x5EED)  # heap ballast (no_host_sync)
         self.imported = False  # candidate code has run in this process
+        self.profiler_ok = False  # the launch-counting profiler passed its self-test here
         # trusted reference.py, imported once before any candidate code (derived inputs)
         self.ref = self.loaded.load_reference() if any(
             t.init.dist == "derived" for t in self.spec.entry.inputs) else None
@@ -572,6 +573,14 @@ class Worker:
             host.append((_perf_counter() - t0) * 1e3)  # until the call returned (launches enqueued)
             self.sync()
             wall.append((_perf_counter() - t0) * 1e3)
+        # The launches of one call at this shape (the correctness stage counts them at the
+        # first correctness shape only; a candidate can branch on shape). Recorded for the
+        # bench stage, which reports a count over the spec's max_launches.
+        launches: dict[str, Any] = {}
+        if self.profiler_ok:
+            count, kernels = self.count_launches(call)
+            self.sync()
+            launches = dict(launches=count, launch_kernels=kernels[:16])
         # One more call in the same rotation, indistinguishable from the timed ones: its
         # sampled outputs are judged against the reference of that input set as drawn
         # (protocol.timed_check_run), so work skipped only while timing, or inputs
@@ -595,7 +604,7 @@ class Worker:
         return dict(shape=name, dims=dims, event_ms=event_ms, wall_ms=statistics.median(wall),
                     host_ms=statistics.median(host), guard_host_ms=self.guard_host_ms(), wall_samples_ms=wall,
                     timer="do_bench" if self.cuda else "cpu-loop", timer_calls=timing["calls"],
-                    n_sets=n, set_bytes=set_bytes, calls=counter[0])
+                    n_sets=n, set_bytes=set_bytes, calls=counter[0], **launches)
 
     # -- main -----------------------------------------------------------------------
     def main(self) -> int:
@@ -636,6 +645,7 @@ class Worker:
                             message=f"{what} in the confined worker: {type(e).__name__}: {e}")
                 return EXIT_REFUSED
         selftest, timer_ms, dsl_s = got["profiler-broken"], got["timer-broken"], got["dsl-broken"]
+        self.profiler_ok = bool(self.cuda and selftest)
         self.record("setup", ok=True, device=str(self.device), env=env, profiler_selftest=selftest,
                     plan_sha256=self.plan.sha256(), sandbox=sandbox, timer_selftest_ms=timer_ms,
                     dsl_selftest_s=dsl_s)

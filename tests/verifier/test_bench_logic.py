@@ -192,3 +192,26 @@ def test_timed_checks_that_did_not_run_fail_the_timing():
     # records of another shape do not count for this one
     other = BenchShape(name="llama3-8b/M8192", dims=DIMS)
     assert "timed-check-missing" in kinds([*_checks(other), rec])
+
+
+def test_launches_at_a_bench_shape_over_the_limit_are_reported():
+    """Sixth red team: a candidate can run the quack epilogue at the first correctness shape
+    (where launches are enforced) and torch math elsewhere. The bench record's count at each
+    benchmark shape is checked against max_launches: a warning until a GPU run confirms no
+    accepted kernel's count grows with the shape."""
+    ref = [{"part": "bench", "shape": SHAPE.name, "baselines": {"bare_gemm": {"ms": 0.88}}}]
+    rec = {"part": "bench", "shape": SHAPE.name, "event_ms": 0.81, "wall_ms": 0.9, "n_sets": 3}
+    limit = FWD.spec.entry.max_launches
+    ok = bench_stage(FWD, _run(FWD, [*_checks(SHAPE), {**rec, "launches": limit}], ref, [SHAPE]))
+    assert "launches-at-bench-shape" not in {f.kind for f in ok.findings}
+    assert ok.metrics["shapes"][SHAPE.name]["launches"] == limit
+    many = bench_stage(FWD, _run(FWD, [*_checks(SHAPE), {**rec, "launches": limit + 40,
+                                                         "launch_kernels": ["mul", "sum"]}], ref, [SHAPE]))
+    f = next(x for x in many.findings if x.kind == "launches-at-bench-shape")
+    assert many.status == "pass" and f"launched {limit + 40} GPU kernel(s), expected 1 to {limit}" in f.message
+    assert ": mul, sum;" in f.message
+    none = bench_stage(FWD, _run(FWD, [*_checks(SHAPE), {**rec, "launches": 0}], ref, [SHAPE]))
+    assert "launches-at-bench-shape" in {x.kind for x in none.findings}
+    # the CPU path records no count: nothing judged
+    cpu = bench_stage(FWD, _run(FWD, [*_checks(SHAPE), rec], ref, [SHAPE]))
+    assert "launches" not in cpu.metrics["shapes"][SHAPE.name]
