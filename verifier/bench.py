@@ -249,6 +249,9 @@ def bench_stage(loaded: LoadedSpec, run: GpuRun, gpu: str | None = None) -> Stag
         for kind, msg in problems:
             findings.append(Finding(kind=kind, message=f"[{bs.name}] {msg}", case=bs.name))
         launches = c.get("launches")
+        if c.get("launch_count_error"):
+            findings.append(Finding(kind="launches-at-bench-shape", case=bs.name, message=(
+                f"[{bs.name}] the launches of one call could not be counted: {c['launch_count_error']}")))
         if isinstance(launches, int):
             m["launches"] = launches
             limit = loaded.spec.entry.max_launches

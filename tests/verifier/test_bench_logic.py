@@ -212,6 +212,9 @@ def test_launches_at_a_bench_shape_over_the_limit_are_reported():
     assert ": mul, sum;" in f.message
     none = bench_stage(FWD, _run(FWD, [*_checks(SHAPE), {**rec, "launches": 0}], ref, [SHAPE]))
     assert "launches-at-bench-shape" in {x.kind for x in none.findings}
+    # a count that failed in the worker is reported, not a crash of the run
+    err = bench_stage(FWD, _run(FWD, [*_checks(SHAPE), {**rec, "launch_count_error": "RuntimeError: x"}], ref, [SHAPE]))
+    assert err.status == "pass" and any("could not be counted: RuntimeError: x" in x.message for x in err.findings)
     # the CPU path records no count: nothing judged
     cpu = bench_stage(FWD, _run(FWD, [*_checks(SHAPE), rec], ref, [SHAPE]))
     assert "launches" not in cpu.metrics["shapes"][SHAPE.name]
