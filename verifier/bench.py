@@ -29,7 +29,8 @@ Three results are *failures*, because they mean the measurement cannot be truste
 * ``timed-check-missing`` -- the worker's record of a shape's timing exists but fewer
   timed calls were kept for checking than it must keep (every one of the first
   :data:`~coda_agent.verifier.protocol.TIMED_LOOP_SLOTS` timer calls fills a slot, so
-  ``min(slots, timer calls)``), or the extra call after timing was not checked: checks
+  ``min(slots, timer calls)``), or the extra call after timing or the secretly picked
+  wall-time call (:func:`~coda_agent.verifier.protocol.wall_check_run`) was not checked: checks
   that silently did not run would pass a kernel unchecked. Only candidate code
   reaching into the worker's state can cause it; the worker records every check of a
   shape before that shape's timing record.
@@ -56,7 +57,13 @@ from typing import Any
 
 from coda_agent.verifier.gpu_results import GpuRun, failure_finding, jsonable
 from coda_agent.verifier.inputs import tensor_bytes
-from coda_agent.verifier.protocol import TIMED_LOOP_SLOTS, BenchShape, timed_check_run, timed_loop_check_run
+from coda_agent.verifier.protocol import (
+    TIMED_LOOP_SLOTS,
+    BenchShape,
+    timed_check_run,
+    timed_loop_check_run,
+    wall_check_run,
+)
 from coda_agent.verifier.spec import LoadedSpec, eval_expr
 from coda_agent.verifier.verdict import Finding, StageResult
 
@@ -280,6 +287,8 @@ def _missing_timed_checks(run: GpuRun, bs: BenchShape, rec: dict[str, Any]) -> s
                    f"(timer calls: {calls})")
     if timed_check_run(bs, 0, 0).key not in kept:
         why.append("the extra call after timing was not recorded for checking")
+    if wall_check_run(bs, 0, 0).key not in kept:
+        why.append("none of the wall-time calls was recorded for checking")
     return "; ".join(why) + ": the timing cannot be trusted" if why else None
 
 

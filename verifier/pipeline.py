@@ -40,7 +40,6 @@ import datetime as _dt
 import functools
 import os
 import secrets
-import stat
 import sys
 import tempfile
 import time
@@ -65,6 +64,7 @@ from coda_agent.verifier.protocol import (
     records_of,
     timed_check_run,
     timed_loop_check_run,
+    wall_check_run,
 )
 from coda_agent.verifier.sandbox import run_worker, worker_env
 from coda_agent.verifier.spec import LoadedSpec, load_spec
@@ -186,11 +186,12 @@ def run_gpu_workers(
     return run
 
 
-TIMED_CHECKS = (timed_check_run,
+TIMED_CHECKS = (timed_check_run, wall_check_run,
                 *(functools.partial(timed_loop_check_run, slot=j) for j in range(TIMED_LOOP_SLOTS)))
 """The checks of timed calls, per benchmark shape: the extra call after timing in the same
-rotation, and the calls kept from inside the timing loop (one per reservoir slot; a slot
-the timer's calls did not fill has no record and no check)."""
+rotation, one of the wall-time calls, and the calls kept from inside the timing loop (one
+per reservoir slot; a slot the timer's calls did not fill has no record, and the bench
+stage fails a shape whose records fall short: ``timed-check-missing``)."""
 
 
 def _add_timed_checks(plan: Plan, spec: Any, records: list[dict[str, Any]]) -> None:

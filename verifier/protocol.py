@@ -226,6 +226,15 @@ def timed_loop_check_run(shape: BenchShape, set_index: int, secret: int, slot: i
                sample=TIMED_LOOP_SAMPLE)
 
 
+def wall_check_run(shape: BenchShape, set_index: int, secret: int) -> Run:
+    """The check of one of the wall-time calls the candidate worker makes after timing (for
+    ``wall_ms``/``host_ms``), picked with the secret RNG: sixth red team (2026-11-30) kept a
+    call counter in stale freed memory and skipped work only on those unchecked calls.
+    Same inputs, seed and sample as the timed-loop checks of set ``set_index``."""
+    return Run(key=f"wall-{_slug(shape.name)}", case=f"wall {shape.name}", dims=dict(shape.dims),
+               seed=BENCH_SEED_BASE + secret + set_index, recheck=True, sample=TIMED_LOOP_SAMPLE)
+
+
 def sample_index(numel: int, n: int, seed: int, position: int):
     """The flat element positions compared for output number ``position`` of a sampled run
     (CPU int64; every element when ``numel <= n``). Both workers call this."""

@@ -13,7 +13,14 @@ from coda_agent.verifier.bench import (
     untimed_work,
 )
 from coda_agent.verifier.gpu_results import GpuRun
-from coda_agent.verifier.protocol import TIMED_LOOP_SLOTS, BenchShape, Plan, timed_check_run, timed_loop_check_run
+from coda_agent.verifier.protocol import (
+    TIMED_LOOP_SLOTS,
+    BenchShape,
+    Plan,
+    timed_check_run,
+    timed_loop_check_run,
+    wall_check_run,
+)
 from coda_agent.verifier.sandbox import WorkerOutcome
 from coda_agent.verifier.spec import load_spec
 
@@ -98,11 +105,13 @@ def _run(spec, cand_bench, ref_bench, shapes, bench=True, status="ok", died_in=N
 SHAPE = BenchShape(name="llama3-1b/M8192", dims=DIMS)
 
 
-def _checks(shape, slots=TIMED_LOOP_SLOTS, timed=True):
+def _checks(shape, slots=TIMED_LOOP_SLOTS, timed=True, wall=True):
     """The recheck records a worker writes for ``shape``'s timed calls: ``slots`` kept
-    timed-loop calls and (``timed``) the extra call after timing."""
+    timed-loop calls, (``timed``) the extra call after timing and (``wall``) the checked
+    wall-time call."""
     recs = [{"part": "recheck", "key": timed_loop_check_run(shape, 0, 0, j).key, "timed_set": 0} for j in range(slots)]
-    return recs + ([{"part": "recheck", "key": timed_check_run(shape, 0, 0).key, "timed_set": 1}] if timed else [])
+    recs += [{"part": "recheck", "key": timed_check_run(shape, 0, 0).key, "timed_set": 1}] if timed else []
+    return recs + ([{"part": "recheck", "key": wall_check_run(shape, 0, 0).key, "timed_set": 2}] if wall else [])
 
 
 def test_bench_stage_pass_with_bar_summary():
@@ -187,6 +196,7 @@ def test_timed_checks_that_did_not_run_fail_the_timing():
     res = bench_stage(FWD, _run(FWD, [*_checks(SHAPE, slots=7), rec], ref, [SHAPE]))
     assert res.status == "fail" and "7 of the 8 timed calls" in res.findings[0].message
     assert "timed-check-missing" in kinds([*_checks(SHAPE, timed=False), rec])
+    assert "timed-check-missing" in kinds([*_checks(SHAPE, wall=False), rec])
     # a CPU timer loop that made only 3 calls keeps 3: nothing missing
     assert "timed-check-missing" not in kinds([*_checks(SHAPE, slots=3), {**rec, "timer": "cpu-loop", "timer_calls": 3}])
     # records of another shape do not count for this one

@@ -77,7 +77,8 @@ def test_good_corpus_candidate_is_gpu_verified(path, tmp_path):
     # the timed shape itself was checked (sampled elements): fresh inputs after timing, the
     # extra call after timing and the call kept from inside do_bench's loop
     checked = v.stage("gradients" if not loaded.spec.value_outputs else "correctness").metrics["bench_checks"]
-    assert set(checked) == {f"bench {first}", f"timed {first}", *(f"timed-loop {first} #{j}" for j in range(8))}
+    assert set(checked) == {f"bench {first}", f"timed {first}", f"wall {first}",
+                            *(f"timed-loop {first} #{j}" for j in range(8))}
     # the candidate worker ran confined wherever the kernel has Landlock (never silently)
     from coda_agent.verifier.fs_sandbox import SandboxUnavailable, abi_version
 

@@ -394,11 +394,11 @@ def swiglu_fwd(x, w1):
     # (the extra call after timing, the call kept from inside the timing loop)
     # (the CPU timer makes 5 calls: all kept, reservoir slots #0-#4)
     loop = {f"timed-loop small #{j}" for j in range(5)}
-    assert {f.case for f in st.findings} == {"bench small", "timed small"} | loop
+    assert {f.case for f in st.findings} == {"bench small", "timed small", "wall small"} | loop
     assert "tolerance" in {f.kind for f in st.findings}
     good = _cpu_verify(FWD, _write(tmp_path, GOOD_FWD, "good.py"), tmp_path, bench=True)
     checks = good.stage("correctness").metrics["bench_checks"]
-    assert set(checks) == {"bench small", "timed small"} | loop
+    assert set(checks) == {"bench small", "timed small", "wall small"} | loop
     assert set(checks["bench small"]) == set(checks["timed-loop small #4"]) == {"preact", "postact"}
 
 
@@ -421,6 +421,28 @@ def swiglu_fwd(x, w1):
     st = v.stage("correctness")
     assert st.status == "fail", [(s.stage, s.status, s.summary) for s in v.stages]
     assert {f.case for f in st.findings} == {f"timed-loop small #{j}" for j in range(5)}, st.findings
+    assert "tolerance" in {f.kind for f in st.findings}
+
+
+def test_work_skipped_only_on_the_wall_time_calls_is_caught(tmp_path):
+    """Sixth red team: a call counter (there kept in stale freed memory; here an attribute,
+    which static would reject) let a kernel skip work only on the 7 wall-time calls after
+    timing, which were unchecked. One of them, picked with the secret RNG, is checked now
+    (protocol.wall_check_run). At the CPU bench shape the calls are: 2 warm-up, the CPU
+    timer's 5, then the 7 wall-time calls (8..14)."""
+    body = GOOD_FWD + """
+_orig = swiglu_fwd
+def swiglu_fwd(x, w1):
+    if x.shape[1] == 128:                       # the benchmark shape
+        swiglu_fwd.n = getattr(swiglu_fwd, "n", 0) + 1
+        if 8 <= swiglu_fwd.n <= 14:             # the wall-time calls: 3/4 of K
+            return _orig(x[:, :96], w1[:, :96])
+    return _orig(x, w1)
+"""
+    v = _cpu_verify(FWD, _write(tmp_path, body), tmp_path, bench=True)
+    st = v.stage("correctness")
+    assert st.status == "fail", [(s.stage, s.status, s.summary) for s in v.stages]
+    assert {f.case for f in st.findings} == {"wall small"}, st.findings
     assert "tolerance" in {f.kind for f in st.findings}
 
 
