@@ -295,9 +295,9 @@ def cmd_bench(args) -> int:
         from coda_agent.verifier.kept import check_page, merge_kept
 
         try:
-            if Path(args.from_verdicts).is_dir():  # before anything in the folder changes
-                check_page(args.from_verdicts, Path(args.out) if args.out else None, args.force)
             if args.merge_from is not None:
+                if Path(args.from_verdicts).is_dir():  # page_from_kept checks too, but only after the merge
+                    check_page(args.from_verdicts, Path(args.out) if args.out else None, args.force)
                 for line in merge_kept(root, args.merge_from, args.from_verdicts):
                     console.print(escape(line))
             report = page_from_kept(root, args.from_verdicts, out_dir=Path(args.out) if args.out else None,

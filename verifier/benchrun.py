@@ -42,7 +42,7 @@ from typing import Any
 from coda_agent.verifier import gemm_floor
 from coda_agent.verifier.bench import HOST_BOUND, host_bound
 from coda_agent.verifier.kept import PAGE_MARK, check_page, day_verdicts, keep_verdict, slug, verdicts_dir
-from coda_agent.verifier.repeats import combine, shapes_of
+from coda_agent.verifier.repeats import combine, runs_of, shapes_of
 from coda_agent.verifier.spec import LIGER_MISSING, NO_LIGER, LoadedSpec, load_spec
 from coda_agent.verifier.verdict import Verdict
 from coda_agent.verifier.workspace import atomic_write_text
@@ -117,9 +117,7 @@ SPREAD_BASELINES = ("bare_gemm", "quack_library", "torch_compile")
 
 def _run_count(v: Verdict) -> int:
     """How many ``bench`` runs a kept verdict's timings are medians of (1 unless ``--repeat``)."""
-    b = v.stage("bench")
-    shapes = (b.metrics.get("shapes") if b else None) or {}
-    return max([len(m["runs"].get("fused_ms") or []) for m in shapes.values() if m.get("runs")], default=1)
+    return max((runs_of(m) for m in shapes_of(v).values()), default=1)
 
 
 def _repeat_notes(shapes: dict[str, Any]) -> list[str]:
@@ -202,7 +200,7 @@ def results_markdown(verdicts: dict[str, Verdict], date: str, spec_shapes: dict[
     lines += targets_table(verdicts, spec_shapes)
     for name, v in verdicts.items():
         b = v.stage("bench")
-        shapes = (b.metrics.get("shapes") if b else None) or {}
+        shapes = shapes_of(v)
         lines.append(f"## {name}: {'verified' if v.gpu_verified else 'NOT verified: ' + (v.failed_stage.summary if v.failed_stage else 'no GPU')}")
         if not shapes:
             lines.append("")
@@ -313,8 +311,7 @@ def targets_table(verdicts: dict[str, Verdict], spec_shapes: dict[str, list[str]
     measured at only some of its spec's benchmark shapes is judged "at N of M shapes"."""
     rows = []
     for name, v in verdicts.items():
-        b = v.stage("bench")
-        shapes = (b.metrics.get("shapes") if b else None) or {}
+        shapes = shapes_of(v)
         if not shapes:
             continue
         bwd = name.endswith("_bwd")
@@ -398,9 +395,8 @@ def plot_speedups(verdicts: dict[str, Verdict], path: Path) -> bool:
         return False
     panels: list[tuple[str, list[tuple[str, dict[str, float]]]]] = []
     for name, v in verdicts.items():
-        b = v.stage("bench")
         rows = [(shape, {n: r["ms"] / m["fused_ms"] for n, r in m.get("baselines", {}).items() if r.get("ms")})
-                for shape, m in _ordered((b.metrics.get("shapes") if b else None) or {}) if m.get("fused_ms")]
+                for shape, m in _ordered(shapes_of(v)) if m.get("fused_ms")]
         if rows:
             panels.append((name, rows))
     if not panels:

@@ -26,9 +26,8 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
 
-from coda_agent.verifier.repeats import merge_shapes, shapes_of, stamp_shapes, why_not_mergeable
+from coda_agent.verifier.repeats import merge_shapes, runs_of, shapes_of, stamp_shapes, why_not_mergeable
 from coda_agent.verifier.spec import LoadedSpec, load_spec
 from coda_agent.verifier.verdict import Verdict
 from coda_agent.verifier.workspace import atomic_write_text, sha256_file
@@ -100,8 +99,8 @@ def keep_verdict(vdir: Path, loaded: LoadedSpec, v: Verdict, replace: bool = Tru
         atomic_write_text(path, out.to_json())
         ours, before = shapes_of(v), shapes_of(kept)
         mine = [s for s, m in shapes_of(out).items() if s in ours and m.get("measured_at") == ours[s].get("measured_at")]
-        fewer = [f"{s} ({_runs_of(before[s])} runs -> {_runs_of(ours[s])})" for s in mine
-                 if s in before and _runs_of(before[s]) > _runs_of(ours[s])]
+        fewer = [f"{s} ({runs_of(before[s])} runs -> {runs_of(ours[s])})" for s in mine
+                 if s in before and runs_of(before[s]) > runs_of(ours[s])]
         return out, (f"{loaded.name}: merged, {len(mine)} shape(s) from this verdict, "
                      f"{len(shapes_of(out)) - len(mine)} from the kept one (a shape in both: the later measurement)"
                      + (f"; WARNING: a median over more runs gave way to a later one at {', '.join(fewer)}"
@@ -114,11 +113,6 @@ def keep_verdict(vdir: Path, loaded: LoadedSpec, v: Verdict, replace: bool = Tru
     atomic_write_text(path, v.to_json())
     return v, (f"{loaded.name}: replaced the kept verdict of {kept.started_at}, the two cannot be merged: {why}"
                + (f"; its shapes not measured again are dropped: {', '.join(dropped)}" if dropped else ""))
-
-
-def _runs_of(m: dict[str, Any]) -> int:
-    """How many runs a shape's numbers are the median of (1 for a single run)."""
-    return len((m.get("runs") or {}).get("fused_ms") or []) or 1
 
 
 def _first_problem(e: Exception) -> str:

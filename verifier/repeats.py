@@ -111,6 +111,11 @@ def shapes_of(v: Verdict) -> dict[str, Any]:
     return (b.metrics.get("shapes") if b else None) or {}
 
 
+def runs_of(m: dict[str, Any]) -> int:
+    """How many runs one shape's numbers are the median of (1 for a single run)."""
+    return len((m.get("runs") or {}).get("fused_ms") or []) or 1
+
+
 def why_not_mergeable(kept: Verdict, new: Verdict) -> str | None:
     """Why ``new``'s shapes may not share a table with ``kept``'s (see the module docstring),
     or None when they may: both GPU-verified, same spec (and spec file) and candidate, same

@@ -591,8 +591,7 @@ class Worker:
             # not yet run on a GPU (2026-11-30): a failure here is recorded, never a crash of
             # the run, until the count is known to work at every benchmark shape
             try:
-                count, kernels = self.count_launches(call)
-                self.sync()
+                count, kernels = self.count_launches(call)  # synchronizes inside
                 launches = dict(launches=count, launch_kernels=kernels[:16])
             except Exception as e:  # noqa: BLE001 -- see above; reported by the bench stage
                 launches = dict(launch_count_error=f"{type(e).__name__}: {e}"[:300])
