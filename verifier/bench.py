@@ -8,7 +8,7 @@ stage reports the fused median (ms), each baseline (ms) and the ratio fused/base
 TFLOP/s (``spec.bench.flops``) and GB/s (bytes = every input and output at its dtype,
 each moved once).
 
-Three results are *failures*, because they mean the measurement cannot be trusted:
+Five results are *failures*, because they mean the measurement cannot be trusted:
 
 * ``speed-of-light`` -- the fused time is below ``max(flops / peak_flops,
   bytes / peak_bandwidth)`` for this GPU (:data:`PEAKS`): physically impossible, so
@@ -34,19 +34,22 @@ Three results are *failures*, because they mean the measurement cannot be truste
   that silently did not run would pass a kernel unchecked. Only candidate code
   reaching into the worker's state can cause it; the worker records every check of a
   shape before that shape's timing record.
+* ``launches-at-bench-shape`` -- one call at a benchmark shape launched more GPU kernels
+  than the spec's ``entry.max_launches`` (or none), or the count failed. The candidate
+  worker counts the launches of one call at every benchmark shape (GPU only), as the
+  correctness stage does at every correctness shape (until session 8: the first one only);
+  the sixth red team (2026-11-30) showed that a candidate can branch on shape or device: it
+  called the quack epilogue where it was counted and did plain torch math elsewhere, so
+  the time measured would not be the epilogue's. A warning until the H200 census of
+  2026-11-30 (``benchmarks/launch_census.py``: every accepted kernel launches the same
+  number of kernels at all of its shapes, within budget) showed that legitimate host glue
+  does not grow with the shape.
 
 The spec's ``bench.bar`` (largest acceptable fused/baseline ratio per baseline) is
 reported as met/missed per shape; a missed bar is a warning finding (``bar-missed``),
 not a failure.
 
-The candidate worker also counts the launches of one call at every benchmark shape (GPU
-only). The correctness stage enforces ``entry.max_launches`` at the first correctness
-shape only, and the sixth red team (2026-11-30) showed that a candidate can branch on
-shape or device: it called the quack epilogue where it could be checked and did plain
-torch math elsewhere. A count over ``max_launches`` (or 0) at a benchmark shape is the
-warning ``launches-at-bench-shape`` for now. It is not a failure until a GPU run shows
-that no accepted kernel's count grows with the shape (a large torch reduction in the
-host glue might split into two kernels). A baseline that failed to run is a warning (``baseline-error``).
+A baseline that failed to run is a warning (``baseline-error``).
 """
 
 from __future__ import annotations
@@ -203,7 +206,7 @@ def shape_metrics(
     return m, problems
 
 
-FAILING = ("speed-of-light", "untimed-work", "short-timer", "timed-check-missing")
+FAILING = ("speed-of-light", "untimed-work", "short-timer", "timed-check-missing", "launches-at-bench-shape")
 
 HOST_BOUND = 0.8
 """A shape is host-bound when one fused call's host time (until it returned) is at least
@@ -266,8 +269,8 @@ def bench_stage(loaded: LoadedSpec, run: GpuRun, gpu: str | None = None) -> Stag
                 names = ", ".join(str(k) for k in (c.get("launch_kernels") or [])[:8])
                 findings.append(Finding(kind="launches-at-bench-shape", case=bs.name, message=(
                     f"[{bs.name}] one call launched {launches} GPU kernel(s), expected 1 to {limit} (the spec's "
-                    f"max_launches, enforced at the first correctness shape){': ' + names if names else ''}; "
-                    "a warning for now, see verifier/bench.py")))
+                    f"max_launches, also enforced at every correctness shape){': ' + names if names else ''}; "
+                    "the measured time would not be the fused kernel's")))
         missing = _missing_timed_checks(run, bs, c)
         if missing:
             findings.append(Finding(kind="timed-check-missing", message=f"[{bs.name}] {missing}", case=bs.name))

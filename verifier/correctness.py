@@ -15,8 +15,8 @@ order a finding is reported for each output of each trial:
 4. per output: memory the kernel never wrote (``stale-memory``: the allocator poison),
    then sanity (``nan-output``, ``zero-output``, ``constant-output``), then the
    tolerance rule (``tolerance``, with :func:`~coda_agent.verifier.numerics.describe_error`);
-5. kernel launches <= ``spec.entry.max_launches`` (``too-many-launches``; zero kernels
-   seen is ``no-launches``);
+5. kernel launches <= ``spec.entry.max_launches`` at every correctness shape (one call
+   each; ``too-many-launches``; zero kernels seen is ``no-launches``);
 6. the post-timing recheck trial (a fresh seed) passes the same checks
    (``drift-after-timing``).
 
@@ -193,23 +193,29 @@ def _contract_checks(loaded: LoadedSpec, run: GpuRun, f: FindingSet, trials: lis
 
 
 def _launch_check(loaded: LoadedSpec, run: GpuRun, f: FindingSet, metrics: dict[str, Any]) -> str | None:
+    """Judge the worker's launch counts: one ``launches`` record per correctness shape (one
+    in older workers); ``metrics.launches`` is the first shape's count, ``launches_by_case``
+    every shape's. Returns why the counts could not be taken (a verifier problem), or None."""
     recs = run.cand_part("launches")
     if not recs:
         return None
-    r = recs[-1]
-    count, limit = r.get("count"), loaded.spec.entry.max_launches
-    metrics.update(launches=count, max_launches=limit, kernels=r.get("kernels", []))
-    if count is None:
-        if str(r.get("reason", "")).startswith("CPU"):
+    limit = loaded.spec.entry.max_launches
+    first = recs[0]
+    metrics.update(launches=first.get("count"), max_launches=limit, kernels=first.get("kernels", []))
+    if first.get("count") is None:
+        if str(first.get("reason", "")).startswith("CPU"):
             return None
-        return f"cannot count kernel launches: {r.get('reason')}"
-    if count == 0:
-        f.add("no-launches", "the profiler saw no GPU kernel in one call of the entry point: outputs were not "
-              "computed on the GPU by this call (cached or computed elsewhere)")
-    elif count > limit:
-        names = ", ".join(r.get("kernels", [])[:8])
-        f.add("too-many-launches", f"one call launched {count} GPU kernels, at most {limit} allowed "
-              f"(a fused op is one kernel); kernels: {names}")
+        return f"cannot count kernel launches: {first.get('reason')}"
+    metrics["launches_by_case"] = {str(r.get("case") or r.get("key")): r.get("count") for r in recs}
+    for r in recs:
+        count, at = r.get("count"), f" at {r['case']}" if r.get("case") else ""
+        if count == 0:
+            f.add("no-launches", f"the profiler saw no GPU kernel in one call of the entry point{at}: outputs "
+                  "were not computed on the GPU by this call (cached or computed elsewhere)", case=r.get("case"))
+        elif isinstance(count, int) and count > limit:
+            names = ", ".join(r.get("kernels", [])[:8])
+            f.add("too-many-launches", f"one call{at} launched {count} GPU kernels, at most {limit} allowed "
+                  f"(a fused op is one kernel); kernels: {names}", case=r.get("case"))
     return None
 
 

@@ -290,7 +290,7 @@ MAX_RECORD_LINE = 256 << 10
 skipped and reported (red team 2026-11-30: a 255 MiB line of ``{},{},...`` took the
 parent to 6.4 GiB, and 200,000 nested ``[`` crashed ``json.loads`` with RecursionError)."""
 
-RECORD_IDENTITY = {"begin": "what", "trial": "key", "recheck": "key", "bench": "shape"}
+RECORD_IDENTITY = {"begin": "what", "trial": "key", "recheck": "key", "bench": "shape", "launches": "case"}
 """The field that tells apart a part's records; every other part is written once per run."""
 
 

@@ -124,6 +124,7 @@ KINDS: dict[str, str] = {
     "entry-signature": "the entry function's parameters differ from the spec inputs",
     "name-redefined": "a module-level entry/epilogue name bound twice",
     "no-epilogue": "no @gemm_epilogue function is defined",
+    "no-epilogue-call": "the entry (or a function it calls) never names one of the epilogues",
     "epilogue-decorator": "gemm_epilogue used other than as a decorator on a module-level def",
     "epilogue-signature": "an epilogue fn whose first parameter is not 'acc' (or uses *args/**kwargs)",
     "non-literal-declaration": "outputs=/reduces=/outs=/mode= not written as literals",
@@ -785,8 +786,21 @@ class _Checker:
                      + _allowed_hint(self.spec))
         elif name in CAST_METHODS and _looks_like_cast(node):
             self.add("precision-cast", node, f"`{_src(node)}` casts a tensor's dtype; outputs and intermediates must keep the spec's dtypes (no precision games)")
-        elif name == "to" and any(self._is_dtype_expr(a) for a in [*node.args, *(k.value for k in node.keywords if k.arg == "dtype")]):
-            self.add("precision-cast", node, f"`{_src(node)}` casts a tensor's dtype; outputs and intermediates must keep the spec's dtypes (no precision games)")
+        elif name == "to" and (any(k.arg == "dtype" for k in node.keywords)
+                               or not all(self._is_device_expr(a) for a in node.args)):
+            self.add("precision-cast", node, f"`{_src(node)}` may cast a tensor's dtype (`.to(<dtype>)`, `.to(<tensor>)`); "
+                     "outputs and intermediates must keep the spec's dtypes (no precision games). "
+                     "`.to(<tensor>.device)` is the only `.to` host code needs")
+
+    def _is_device_expr(self, node: ast.AST) -> bool:
+        """A ``.to()`` argument that can only name a device: ``<expr>.device``, a string
+        constant (``"cuda"``) or ``torch.device(...)``. Anything else -- a dtype, a variable,
+        a tensor (``x.to(other)`` takes other's dtype) -- may cast."""
+        if isinstance(node, ast.Attribute) and node.attr == "device":
+            return True
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            return node.value not in _TORCH_DTYPES
+        return isinstance(node, ast.Call) and self.qualname(node.func) == "torch.device"
 
     def _is_dtype_expr(self, node: ast.AST) -> bool:
         q = self.qualname(node)
@@ -1114,6 +1128,7 @@ class _Checker:
                             f"{list(self.spec.entry.constants)}")
         if problems:
             self.add("entry-signature", fn, f"entry `def {want}(...)`: " + "; ".join(problems) + f" (expected `{self.spec.signature()}`)")
+        self._entry_uses_epilogue(fn)
         names = {ep.fn.name for ep in self.epilogues}
         counts: dict[str, int] = {}
         for n in self.tree.body:
@@ -1122,6 +1137,32 @@ class _Checker:
         for name in sorted(names):
             if counts.get(name, 0) > 1:
                 self.add("name-redefined", None, f"epilogue `{name}` is bound more than once at module level; the last binding wins")
+
+
+    def _entry_uses_epilogue(self, entry: ast.FunctionDef) -> None:
+        """``no-epilogue-call``: neither the entry nor a module-level function it calls (by
+        name, transitively) names one of the module's ``@gemm_epilogue`` fns or a quack
+        library epilogue (``quack.epilogue.*_epi``). Such an entry computes the op some
+        other way: the epilogue is dead code that only passes the static contract. A
+        necessary condition, not a proof: a branch can still skip the epilogue at some
+        shapes, which the launch count at every benchmark shape catches on the GPU."""
+        epis = {ep.fn.name for ep in self.epilogues}
+        defs = {n.name: n for n in self.tree.body if isinstance(n, ast.FunctionDef)}
+        seen, todo = {entry.name}, [entry]
+        while todo:
+            for node in ast.walk(todo.pop()):
+                if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
+                    if node.id in epis:
+                        return
+                    if node.id in defs and node.id not in seen:
+                        seen.add(node.id)
+                        todo.append(defs[node.id])
+                q = self.qualname(node) if isinstance(node, (ast.Name, ast.Attribute)) else None
+                if q and q.startswith("quack.epilogue.") and q.endswith("_epi"):
+                    return
+        self.add("no-epilogue-call", entry, f"the entry `{entry.name}` never uses an epilogue: neither it nor a "
+                 "function it calls names a @gemm_epilogue fn of this module (or a quack library epilogue); "
+                 "the fused op must run through the epilogue")
 
 
 # --------------------------------------------------------------------------- small helpers

@@ -583,9 +583,9 @@ class Worker:
             del res
         if wall_kept is not None:
             self.record("recheck", **self.save_gathered(wall_kept["check"], timed_set=wall_kept["timed_set"]))
-        # The launches of one call at this shape (the correctness stage counts them at the
-        # first correctness shape only; a candidate can branch on shape). Recorded for the
-        # bench stage, which reports a count over the spec's max_launches.
+        # The launches of one call at this shape (the correctness stage counts them at each
+        # correctness shape; a candidate can branch on shape). Recorded for the bench
+        # stage, which fails a count over the spec's max_launches.
         launches: dict[str, Any] = {}
         if self.profiler_ok:
             # not yet run on a GPU (2026-11-30): a failure here is recorded, never a crash of
@@ -680,16 +680,21 @@ class Worker:
             self.begin(f"trial {run.key}")
             self.record("trial", **self.run_trial(run))
 
-        first = self.plan.correctness_runs[0]
         self.begin("launch count")
         if self.cuda and selftest:
-            inputs = self.inputs_for(first.dims, first.seed)
-            args = self.args_of(inputs)
-            self.sync()
-            fn = self.entry_with(first.dims)
-            count, kernels = self.count_launches(lambda: self.no_host_sync(fn, *args))
-            self.record("launches", count=count, kernels=kernels, selftest=selftest, key=first.key)
-            del inputs, args
+            # one call per correctness shape (its first trial's inputs): a candidate that
+            # branches on the shape must stay within the budget at every one of them
+            firsts: dict[str, Run] = {}
+            for run in self.plan.correctness_runs:
+                firsts.setdefault(run.case, run)
+            for run in firsts.values():
+                inputs = self.inputs_for(run.dims, run.seed)
+                args = self.args_of(inputs)
+                self.sync()
+                fn = self.entry_with(run.dims)
+                count, kernels = self.count_launches(lambda: self.no_host_sync(fn, *args))
+                self.record("launches", count=count, kernels=kernels, selftest=selftest, key=run.key, case=run.case)
+                del inputs, args
         else:
             why = "CPU device" if not self.cuda else f"profiler self-test saw {selftest} kernels for one known kernel"
             self.record("launches", count=None, kernels=[], selftest=selftest, reason=why)

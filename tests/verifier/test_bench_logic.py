@@ -205,10 +205,11 @@ def test_timed_checks_that_did_not_run_fail_the_timing():
 
 
 def test_launches_at_a_bench_shape_over_the_limit_are_reported():
-    """Sixth red team: a candidate can run the quack epilogue at the first correctness shape
-    (where launches are enforced) and torch math elsewhere. The bench record's count at each
-    benchmark shape is checked against max_launches: a warning until a GPU run confirms no
-    accepted kernel's count grows with the shape."""
+    """Sixth red team: a candidate can run the quack epilogue at the correctness shapes
+    (where launches were enforced, then at the first one only) and torch math elsewhere. The bench record's count at each
+    benchmark shape is checked against max_launches; a count over it, none, or a count that
+    failed fails the stage (the H200 launch census showed no accepted kernel's count
+    grows with the shape)."""
     ref = [{"part": "bench", "shape": SHAPE.name, "baselines": {"bare_gemm": {"ms": 0.88}}}]
     rec = {"part": "bench", "shape": SHAPE.name, "event_ms": 0.81, "wall_ms": 0.9, "n_sets": 3}
     limit = FWD.spec.entry.max_launches
@@ -218,13 +219,39 @@ def test_launches_at_a_bench_shape_over_the_limit_are_reported():
     many = bench_stage(FWD, _run(FWD, [*_checks(SHAPE), {**rec, "launches": limit + 40,
                                                          "launch_kernels": ["mul", "sum"]}], ref, [SHAPE]))
     f = next(x for x in many.findings if x.kind == "launches-at-bench-shape")
-    assert many.status == "pass" and f"launched {limit + 40} GPU kernel(s), expected 1 to {limit}" in f.message
-    assert ": mul, sum;" in f.message
+    assert many.status == "fail" and f"launched {limit + 40} GPU kernel(s), expected 1 to {limit}" in f.message
+    assert ": mul, sum;" in f.message and "launches-at-bench-shape" in many.summary
+    assert ok.status == "pass"
     none = bench_stage(FWD, _run(FWD, [*_checks(SHAPE), {**rec, "launches": 0}], ref, [SHAPE]))
-    assert "launches-at-bench-shape" in {x.kind for x in none.findings}
+    assert none.status == "fail" and "launches-at-bench-shape" in {x.kind for x in none.findings}
     # a count that failed in the worker is reported, not a crash of the run
     err = bench_stage(FWD, _run(FWD, [*_checks(SHAPE), {**rec, "launch_count_error": "RuntimeError: x"}], ref, [SHAPE]))
-    assert err.status == "pass" and any("could not be counted: RuntimeError: x" in x.message for x in err.findings)
+    assert err.status == "fail" and any("could not be counted: RuntimeError: x" in x.message for x in err.findings)
     # the CPU path records no count: nothing judged
     cpu = bench_stage(FWD, _run(FWD, [*_checks(SHAPE), rec], ref, [SHAPE]))
-    assert "launches" not in cpu.metrics["shapes"][SHAPE.name]
+    assert "launches" not in cpu.metrics["shapes"][SHAPE.name] and cpu.status == "pass"
+
+
+def test_launch_budget_is_judged_at_every_correctness_shape():
+    """The worker counts one call per correctness shape; a count over max_launches (or 0) at
+    any of them is a finding naming that shape, not only at the first."""
+    from coda_agent.verifier.correctness import FindingSet, _launch_check
+
+    limit = FWD.spec.entry.max_launches
+    recs = [{"part": "launches", "count": 1, "kernels": ["gemm"], "case": "aligned", "key": "aligned-s0"},
+            {"part": "launches", "count": limit + 3, "kernels": ["gemm", "mul", "sum"], "case": "ragged", "key": "ragged-s0"},
+            {"part": "launches", "count": 0, "kernels": [], "case": "tiny", "key": "tiny-s0"}]
+    f, metrics = FindingSet(), {}
+    assert _launch_check(FWD, _run(FWD, recs, [], [], bench=False), f, metrics) is None
+    assert metrics["launches"] == 1 and metrics["launches_by_case"] == {"aligned": 1, "ragged": limit + 3, "tiny": 0}
+    got = {(x.kind, x.case) for x in f.items}
+    assert got == {("too-many-launches", "ragged"), ("no-launches", "tiny")}
+    assert any(f"at ragged launched {limit + 3} GPU kernels" in x.message for x in f.items)
+    # an older worker's single record without a case still judges
+    f1, m1 = FindingSet(), {}
+    _launch_check(FWD, _run(FWD, [{"part": "launches", "count": limit + 1, "kernels": ["a"]}], [], [], bench=False), f1, m1)
+    assert [x.kind for x in f1.items] == ["too-many-launches"] and m1["launches"] == limit + 1
+    # a CPU worker records no count: nothing judged, no verifier problem
+    f2, m2 = FindingSet(), {}
+    cpu = [{"part": "launches", "count": None, "kernels": [], "reason": "CPU device"}]
+    assert _launch_check(FWD, _run(FWD, cpu, [], [], bench=False), f2, m2) is None and not f2.items

@@ -185,6 +185,10 @@ def test_strict_reading_names_what_the_worker_never_writes(tmp_path):
                          f"line 7: {MAX_RECORD_LINE + 1} bytes (over {MAX_RECORD_LINE})",
                          "line 8: a 'end' record after 'done'"]
     assert read_records_checked(tmp_path / "missing") == ([], [])
+    # one launch count per correctness shape is legitimate; two for one shape are not
+    # (the GPU run of session 8 caught the reader refusing the per-shape records)
+    f.write_text("".join(json.dumps({"part": "launches", "count": 1, "case": c}) + "\n" for c in ("a", "b", "a")))
+    assert read_records_checked(f)[1] == ["line 3: a second 'launches' record for 'a'"]
 
 
 def test_environment_fields_come_from_the_trusted_worker_where_it_has_them():

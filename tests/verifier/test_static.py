@@ -359,7 +359,36 @@ def test_precision_casts(expr):
 
 
 def test_to_device_is_not_a_cast():
-    assert check_static(BWD, module(body="_ = dout.to(preact.device)")).status == "pass"
+    for expr in ("dout.to(preact.device)", 'dout.to("cuda")', 'dout.to(torch.device("cuda"))',
+                 "dout.to(preact.device, non_blocking=True)", "dout.to(device=preact.device)"):
+        assert check_static(BWD, module(body=f"_ = {expr}")).status == "pass", expr
+
+
+@pytest.mark.parametrize("expr", [
+    # sixth red team: `.to(<empty tensor of the dtype>)` casts without naming a dtype
+    "dout.to(torch.empty(0, dtype=torch.float32, device=dout.device))", "dout.to(preact)",
+    "dout.to(f32)", "dout.to(dtype=f32)", 'dout.to("float32")', "dout.to(preact.device, f32)",
+])
+def test_to_anything_but_a_device_is_a_cast(expr):
+    assert_flags(module(body=f"f32 = torch.float32\n_ = {expr}"), "precision-cast", expr)
+
+
+def test_entry_must_use_an_epilogue():
+    """An entry that never names its epilogue computes the op some other way; the epilogue
+    is then dead code that only satisfies the contract."""
+    unused = ENTRY.replace('    BODY\n    dswiglu_epi(dout, w_down, preact, out={"D": dpreact, "postact": postact}, tuned=False)\n', "")
+    assert "dswiglu_epi" not in unused
+    assert_flags(module(entry=unused), "no-epilogue-call", "def swiglu_bwd")
+    # through a helper (transitively) it counts, and so does a quack library epilogue
+    helper = module(extra="\ndef _run(a, b, c, out):\n    return dswiglu_epi(a, b, c, out=out, tuned=False)\n",
+                    entry=unused.replace("    return dpreact", '    _run(dout, w_down, preact, {"D": dpreact, "postact": postact})\n    return dpreact'))
+    assert "no-epilogue-call" not in kinds(helper)
+    lib = module(header="from quack.epilogue.library import identity_epi\n",
+                 entry=unused.replace("    return dpreact", "    identity_epi(dout, w_down, tuned=False)\n    return dpreact"))
+    assert "no-epilogue-call" not in kinds(lib)
+    # a helper that is defined but never called by the entry does not count
+    dead = module(extra="\ndef _run(a, b, c, out):\n    return dswiglu_epi(a, b, c, out=out, tuned=False)\n", entry=unused)
+    assert_flags(dead, "no-epilogue-call", "def swiglu_bwd")
 
 
 @pytest.mark.parametrize("expr", ["dout.data_ptr()", "dout.untyped_storage()", "dout.storage()"])

@@ -7,10 +7,10 @@ The compile stage calls the entry on uninitialised tensors and the workers on ra
 so a candidate can tell them apart by value (or, on a GPU, by ``x.is_cuda``): it builds the
 quack kernel at compile time and computes the op with plain tensor math at run time. The
 GEMM here is a broadcast multiply reduced with ``sum_to_size``, a compute method the static
-deny-list did not hold; casts go through ``.to(<empty tensor of the dtype>)``. On the CPU
-test device this was accepted before ``sum_to_size`` was listed. On a GPU the launch count
-is the backstop: enforced at the first correctness shape, recorded (a warning for now) at
-every benchmark shape.
+deny-list did not hold; casts go through ``.to(<empty tensor of the dtype>)`` (a
+``precision-cast`` since session 8). On the CPU test device this was accepted before
+``sum_to_size`` was listed. On a GPU the launch count is the backstop: enforced at the first
+correctness shape and at every benchmark shape (``launches-at-bench-shape``).
 """
 import math
 
