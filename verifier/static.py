@@ -125,6 +125,7 @@ KINDS: dict[str, str] = {
     "name-redefined": "a module-level entry/epilogue name bound twice",
     "no-epilogue": "no @gemm_epilogue function is defined",
     "no-epilogue-call": "the entry (or a function it calls) never names one of the epilogues",
+    "reserved-name": "a def named like a profiler marker (sync, memcpy, memset, memory): kernels are named after epilogue fns",
     "epilogue-decorator": "gemm_epilogue used other than as a decorator on a module-level def",
     "epilogue-signature": "an epilogue fn whose first parameter is not 'acc' (or uses *args/**kwargs)",
     "non-literal-declaration": "outputs=/reduces=/outs=/mode= not written as literals",
@@ -227,8 +228,15 @@ VALUE_MATH_METHODS = frozenset({
     # sixth red team: a GEMM as (x[:, None] * w[None]).sum_to_size(m, n, 1)
     "sum_to_size", "addr", "kron", "cross", "trace", "logcumsumexp", "cummax", "cummin",
     "float_power", "xlogy", "hypot", "atan2", "dist", "renorm",
+    # eighth red team: a GEMM as a broadcast product reduced with .nanmean(-1) * K, and
+    # type promotion through x + x.new_zeros(1, dtype=torch.float32)
+    "nanmean", "nanmedian", "median", "quantile", "nanquantile", "new_zeros", "new_ones",
+    "new_full",
 })
 """Methods on values (tensors) that compute, fill or rebind data."""
+
+RESERVED_NAME_RE = re.compile(r"sync|memcpy|memset|memory", re.IGNORECASE)
+"""Def names the launch count could mistake for profiler markers (see ``_def_names``)."""
 
 CAST_METHODS = frozenset({
     "float", "half", "bfloat16", "double", "int", "long", "short", "char", "byte",
@@ -358,6 +366,19 @@ class _Checker:
         self._functions()
         self._epilogue_contract()
         self._entry_point()
+        self._def_names()
+
+    def _def_names(self) -> None:
+        """``reserved-name``: quack names an epilogue's kernel after its fn
+        (``GemmMod_<name>_<digest>``) and the launch count skips profiler events named like
+        copies, fills and synchronization markers, so a def named ``swiglu_Sync_epi`` ran a
+        GEMM the count never saw (eighth red team). Every def is checked: the name is the
+        only thing that reaches the kernel's."""
+        for node in ast.walk(self.tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and RESERVED_NAME_RE.search(node.name):
+                self.add("reserved-name", node, f"`def {node.name}`: names containing sync/memcpy/memset/memory "
+                         "(any case) are reserved: kernels are named after epilogue fns and the launch count "
+                         "skips profiler events named like that")
 
     # -- imports -----------------------------------------------------------------
     @staticmethod
@@ -556,6 +577,11 @@ class _Checker:
                         f"`{_src(node)}`: a reference to a method that mutates its receiver, drives a generator "
                         "or formats/introspects objects is not allowed (called or passed around)",
                     )
+                parent = self.parents.get(node)
+                if (isinstance(node.ctx, ast.Load) and recv_q is None and node.attr in CAST_METHODS | {"to"}
+                        and not (isinstance(parent, ast.Call) and parent.func is node)):
+                    self.add("precision-cast", node, f"`{_src(node)}`: a reference to a dtype-cast method (called "
+                             "later or passed around, as in `c = x.to; c(torch.float16)`) is not allowed")
                 if isinstance(node.ctx, (ast.Store, ast.Del)):
                     root = self.qualname(node)
                     whose = f" (an attribute of the imported `{root.rsplit('.', 1)[0]}`)" if root else ""
@@ -779,6 +805,9 @@ class _Checker:
         name = func.attr
         if self.qualname(func) is not None:
             return  # module functions are checked by _check_qualified
+        if any(k.arg is None for k in node.keywords):
+            self.add("banned-call", node, f"`{_src(node)}`: `**` unpacking into a method call hides what the method "
+                     "is given (`x.to(**{{'dtype': ...}})` cast unseen); pass arguments by name")
         if name in self.allowed_torch:
             return
         if name in VALUE_MATH_METHODS:
@@ -786,21 +815,28 @@ class _Checker:
                      + _allowed_hint(self.spec))
         elif name in CAST_METHODS and _looks_like_cast(node):
             self.add("precision-cast", node, f"`{_src(node)}` casts a tensor's dtype; outputs and intermediates must keep the spec's dtypes (no precision games)")
-        elif name == "to" and (any(k.arg == "dtype" for k in node.keywords)
-                               or not all(self._is_device_expr(a) for a in node.args)):
+        elif name == "to":
+            self._check_to(node)
+
+    def _check_to(self, node: ast.Call) -> None:
+        """``.to()`` is allowed in one form only, ``.to(<expr>.device)`` (or ``device=``): what
+        host code needs to keep a tensor on its inputs' device. A dtype, a tensor
+        (``x.to(other)`` takes other's dtype) or a variable may cast (``precision-cast``); a
+        device named any other way, or ``non_blocking``, may move data to the host without a
+        synchronization the guard sees (``host-escape``: the eighth red team read the
+        allocator's poison through ``.to("cpu", non_blocking=True)``)."""
+        args = [*node.args, *(k.value for k in node.keywords if k.arg == "device")]
+        other = [k.arg for k in node.keywords if k.arg not in ("device", None)]
+        if len(args) == 1 and _is_device_attr(args[0]) and not other:
+            return
+        if other == ["dtype"] or "dtype" in other or any(not _is_device_like(a) for a in args):
             self.add("precision-cast", node, f"`{_src(node)}` may cast a tensor's dtype (`.to(<dtype>)`, `.to(<tensor>)`); "
                      "outputs and intermediates must keep the spec's dtypes (no precision games). "
                      "`.to(<tensor>.device)` is the only `.to` host code needs")
-
-    def _is_device_expr(self, node: ast.AST) -> bool:
-        """A ``.to()`` argument that can only name a device: ``<expr>.device``, a string
-        constant (``"cuda"``) or ``torch.device(...)``. Anything else -- a dtype, a variable,
-        a tensor (``x.to(other)`` takes other's dtype) -- may cast."""
-        if isinstance(node, ast.Attribute) and node.attr == "device":
-            return True
-        if isinstance(node, ast.Constant) and isinstance(node.value, str):
-            return node.value not in _TORCH_DTYPES
-        return isinstance(node, ast.Call) and self.qualname(node.func) == "torch.device"
+        else:
+            self.add("host-escape", node, f"`{_src(node)}` moves a tensor to a device named other than by an input's "
+                     "`.device` (or with non_blocking/copy): host code keeps tensors where the inputs are; "
+                     "`.to(<tensor>.device)` is the only `.to` host code needs")
 
     def _is_dtype_expr(self, node: ast.AST) -> bool:
         q = self.qualname(node)
@@ -1138,7 +1174,6 @@ class _Checker:
             if counts.get(name, 0) > 1:
                 self.add("name-redefined", None, f"epilogue `{name}` is bound more than once at module level; the last binding wins")
 
-
     def _entry_uses_epilogue(self, entry: ast.FunctionDef) -> None:
         """``no-epilogue-call``: neither the entry nor a module-level function it calls (by
         name, transitively) names one of the module's ``@gemm_epilogue`` fns or a quack
@@ -1235,12 +1270,28 @@ def _torch_api_msg(q: str, spec: KernelSpec) -> str:
 
 
 def _looks_like_cast(node: ast.Call) -> bool:
-    # `.float()` etc. take no arguments; `.type(x)`/`.type_as(x)` take one.
+    # `.float()` etc. cast whatever they are given (`.half(**{})` too); `.type()` without an
+    # argument only names the type, `.type(x)`/`.type(dtype=x)`/`.type_as(other=x)` cast.
     f = node.func
     assert isinstance(f, ast.Attribute)
     if f.attr in ("type", "type_as"):
-        return len(node.args) == 1
-    return not node.args and not node.keywords
+        return bool(node.args or node.keywords)
+    return True
+
+
+def _is_device_attr(node: ast.AST) -> bool:
+    """``<expr>.device``: the one ``.to()`` argument host code needs."""
+    return isinstance(node, ast.Attribute) and node.attr == "device"
+
+
+def _is_device_like(node: ast.AST) -> bool:
+    """A ``.to()`` argument that names a device, not a dtype: ``<expr>.device``, a string
+    that is not a dtype name, ``torch.device(...)``/``<name>.device(...)``."""
+    if _is_device_attr(node):
+        return True
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value not in _TORCH_DTYPES
+    return isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "device"
 
 
 def _literal_name(node: ast.AST) -> str | None:

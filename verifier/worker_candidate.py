@@ -359,18 +359,32 @@ class Worker:
         consts = self.spec.constants_of(dims)
         return functools.partial(self.fn, **consts) if consts else self.fn
 
-    def run_trial(self, run: Run) -> dict[str, Any]:
-        """Run the entry once on fresh inputs; save tensors; return the record fields."""
+    def run_trial(self, run: Run, count: bool = False) -> tuple[dict[str, Any], tuple[int, list[str]] | None]:
+        """Run the entry once on fresh inputs; save tensors; return ``(record fields,
+        launches)``. ``count``: the call runs under the profiler and ``launches`` is its
+        ``(kernel count, kernel names)``, else None. Counting a judged, poisoned trial (not a
+        separate call) leaves a candidate nothing to tell the counted call apart by: the
+        eighth red team told an extra, unjudged count call from the judged trials by the
+        allocator poison and ran a torch fallback only where it was judged."""
         assert self.fn is not None
         inputs = self.inputs_for(run.dims, run.seed)
         self.sync()
         before = {} if run.sample else {k: _host_copy(v) for k, v in inputs.items()}
         poisoned = self.poison()
+        fn, args = self.entry_with(run.dims), self.args_of(inputs)
         t0 = _perf_counter()
-        res = self.no_host_sync(self.entry_with(run.dims), *self.args_of(inputs))
-        self.sync()
+        launches = None
+        if count:
+            with _profile(activities=[_Activity.CPU, _Activity.CUDA]) as prof:
+                res = self.no_host_sync(fn, *args)
+                self.sync()
+            launches = _kernels_of(prof)
+        else:
+            res = self.no_host_sync(fn, *args)
+            self.sync()
         call_s = _perf_counter() - t0
-        return self.save_result(run, res, inputs, before, call_s=call_s, poisoned_bytes=poisoned)
+        del args
+        return self.save_result(run, res, inputs, before, call_s=call_s, poisoned_bytes=poisoned), launches
 
     def check_result(self, run: Run, res: Any, inputs: dict[str, torch.Tensor]
                      ) -> tuple[list[tuple[int, Any, Any, list[dict[str, Any]]]], list[dict[str, Any]]]:
@@ -502,9 +516,7 @@ class Worker:
             res = call()
             self.sync()
         del res
-        names = [e.name for e in prof.events() if e.device_type == _DeviceTypeCUDA]
-        kernels = [n for n in names if not n.startswith(("Memcpy", "Memset", "[memory]")) and "Sync" not in n]
-        return len(kernels), kernels
+        return _kernels_of(prof)
 
     # -- bench --------------------------------------------------------------------------
     def time_event_ms(self, call: Callable[[], Any]) -> float:
@@ -588,8 +600,8 @@ class Worker:
         # stage, which fails a count over the spec's max_launches.
         launches: dict[str, Any] = {}
         if self.profiler_ok:
-            # not yet run on a GPU (2026-11-30): a failure here is recorded, never a crash of
-            # the run, until the count is known to work at every benchmark shape
+            # a failure to count is recorded (and fails the bench stage), never a crash of the
+            # run: on the H200 it counted every accepted kernel at every benchmark shape
             try:
                 count, kernels = self.count_launches(call)  # synchronizes inside
                 launches = dict(launches=count, launch_kernels=kernels[:16])
@@ -676,26 +688,20 @@ class Worker:
         self.import_candidate(Path(self.plan.candidate or ""))
         self.record("import", ok=True, seconds=_perf_counter() - t0, tampered=tampered())
 
+        # The first trial of every correctness shape runs under the profiler: a candidate that
+        # branches on the shape must stay within the launch budget at every one of them, and
+        # the counted call is a judged one (see run_trial).
+        counted: set[str] = set()
         for run in self.plan.correctness_runs:
             self.begin(f"trial {run.key}")
-            self.record("trial", **self.run_trial(run))
-
-        self.begin("launch count")
-        if self.cuda and selftest:
-            # one call per correctness shape (its first trial's inputs): a candidate that
-            # branches on the shape must stay within the budget at every one of them
-            firsts: dict[str, Run] = {}
-            for run in self.plan.correctness_runs:
-                firsts.setdefault(run.case, run)
-            for run in firsts.values():
-                inputs = self.inputs_for(run.dims, run.seed)
-                args = self.args_of(inputs)
-                self.sync()
-                fn = self.entry_with(run.dims)
-                count, kernels = self.count_launches(lambda: self.no_host_sync(fn, *args))
-                self.record("launches", count=count, kernels=kernels, selftest=selftest, key=run.key, case=run.case)
-                del inputs, args
-        else:
+            count = self.profiler_ok and run.case not in counted
+            fields, launches = self.run_trial(run, count=count)
+            self.record("trial", **fields)
+            if launches is not None:
+                counted.add(run.case)
+                self.record("launches", count=launches[0], kernels=launches[1], selftest=selftest,
+                            key=run.key, case=run.case)
+        if not self.profiler_ok:
             why = "CPU device" if not self.cuda else f"profiler self-test saw {selftest} kernels for one known kernel"
             self.record("launches", count=None, kernels=[], selftest=selftest, reason=why)
 
@@ -706,7 +712,7 @@ class Worker:
 
         for run in self.plan.recheck_runs:
             self.begin(f"recheck {run.key}")
-            self.record("recheck", **self.run_trial(run))
+            self.record("recheck", **self.run_trial(run)[0])
 
         self.record("integrity", tampered=tampered())
         self.record("done")
@@ -733,6 +739,17 @@ def reservoir_slot(i: int, k: int, rng: random.Random) -> int | None:
     k / length, and the draw for call ``i`` needs no knowledge of later calls."""
     j = i - 1 if i <= k else rng.randrange(i)
     return j if j < k else None
+
+
+def _kernels_of(prof: Any) -> tuple[int, list[str]]:
+    """``(count, names)`` of the GPU kernels a finished profiler session saw: CUDA-device
+    events minus memcpys, memsets, memory records and synchronization markers. A quack
+    kernel is named after its epilogue fn, so the static stage rejects defs whose name
+    could pass for one of those (``sync``/``memcpy``/``memset``/``memory``: the eighth red
+    team hid a second GEMM as ``swiglu_Sync_epi``)."""
+    names = [e.name for e in prof.events() if e.device_type == _DeviceTypeCUDA]
+    kernels = [n for n in names if not n.startswith(("Memcpy", "Memset", "[memory]")) and "Sync" not in n]
+    return len(kernels), kernels
 
 
 def _span(t: torch.Tensor) -> tuple[int, int]:

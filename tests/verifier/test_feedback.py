@@ -25,7 +25,8 @@ def test_static_failure_quotes_candidate_lines():
     v = verdict(check_static(BWD, src))
     text = render_feedback(v, src)
     lines = text.splitlines()
-    assert lines[0].startswith("Verification of `swiglu_bwd` FAILED at stage `static`: 3 violation(s)")
+    assert lines[0].startswith("Verification of `swiglu_bwd` FAILED at stage `static`: 4 violation(s)")
+    assert "[no-epilogue-call] line 25" in text  # the fallback never runs its epilogue
     assert lines[1] == "Stages: static=fail"
     assert "- [torch-math] line 26: dpost = torch.matmul(dout, w_down)  # expect: torch-math" in text
     assert "    `torch.matmul` does the op's work" in text
