@@ -51,8 +51,11 @@ def _spec(root: Path, name_or_path: str):
     from coda_agent.verifier.spec import SpecError, load_spec
 
     p = Path(name_or_path)
-    if not p.exists():
-        p = root / "kernel_specs" / name_or_path
+    by_name = root / "kernel_specs" / name_or_path
+    if not p.exists() or (p.is_dir() and not (p / "spec.toml").is_file() and by_name.is_dir()):
+        # a bare name is a spec under kernel_specs/, also when the current folder holds a
+        # folder of that name (generated_kernels/<name>/, runs/...)
+        p = by_name
     if not p.exists():
         known = sorted(d.name for d in (root / "kernel_specs").iterdir() if d.is_dir())
         raise UsageError(f"unknown spec {name_or_path!r}; known specs: {', '.join(known)}")
@@ -175,8 +178,17 @@ def cmd_verify(args) -> int:
     root = _root(args)
     loaded = _spec(root, args.spec)
     cand = Path(args.candidate)
+    if cand.is_dir():
+        raise UsageError(f"candidate {cand} is a folder; give the candidate module's .py file "
+                         f"(e.g. {cand / 'kernel.py'})")
     if not cand.is_file():
         raise UsageError(f"candidate file not found: {cand}")
+    if args.force and not args.accept:
+        raise UsageError("--force only applies with --accept (it replaces an accepted kernel)")
+    if args.accept and (args.cpu_only or args.no_bench or not _has_gpu()):
+        why = ("--cpu-only" if args.cpu_only else "--no-bench" if args.no_bench else "no CUDA GPU here")
+        raise UsageError(f"--accept needs every stage on a Hopper GPU, benchmark included ({why}): "
+                         "nothing would be accepted, so nothing was run")
     from coda_agent.verifier.pipeline import verify
 
     verdict = verify(loaded, cand, cpu_only=args.cpu_only, bench=not args.no_bench)
@@ -202,6 +214,18 @@ def cmd_verify(args) -> int:
     return OK
 
 
+def _run_dir(root: Path, value: str) -> Path:
+    """``--resume RUN``: a run folder given as a path (from the current folder), or by its
+    name under the workspace's ``runs/``."""
+    p = Path(value)
+    if (p / "run.json").is_file():
+        return p
+    for cand in (root / "runs" / value, root / value):
+        if (cand / "run.json").is_file():
+            return cand
+    return p  # load_run names what is missing
+
+
 def _has_gpu() -> bool:
     """Whether torch sees a CUDA device (commands that verify or measure need one)."""
     from coda_agent.verifier import environment
@@ -222,22 +246,21 @@ def cmd_generate(args) -> int:
     if command and name is None:
         name = "command"
     no_accept = args.no_accept
-    if args.resume:
+    resume = _run_dir(root, args.resume) if args.resume else None
+    if resume is not None:
         try:  # a resumed run keeps the backend it started with, and a --no-accept run stays one
-            resumed = load_run(Path(args.resume)).state
+            resumed = load_run(resume).state
         except Exception as e:  # noqa: BLE001 - reported as a usage error below
             raise UsageError(f"--resume {args.resume}: {e}") from None
         name = name or resumed.backend
-        if resumed.no_accept and not no_accept:
-            err.print("[yellow]this run was started with --no-accept: it verifies but does not accept "
-                      "(start a new run to accept a kernel)[/]")
-            no_accept = True
+        no_accept = no_accept or resumed.no_accept  # the run's summary says so
     name = name or default_backend_name()
     if name is None:
         raise UsageError(NO_BACKEND_HELP)
     if name == "command" and not command:
         raise UsageError('--llm command needs the command: --llm command --cmd "CMD"')
-    if not args.cpu_only and not _has_gpu():
+    gpu = args.cpu_only or _has_gpu()  # (cpu_only: never asked)
+    if not gpu:
         if name == "anthropic":
             raise UsageError("no CUDA GPU here: every answer would get the static and sm_90a compile stages only "
                              "and none could be accepted, while each attempt spends API tokens. Run on a Hopper GPU, "
@@ -245,7 +268,7 @@ def cmd_generate(args) -> int:
         err.print("[yellow]no CUDA GPU here: answers get the static and sm_90a compile stages only and cannot be "
                   "accepted (as with --cpu-only); resume the run on a Hopper GPU to verify them[/]")
     accepted_dir = root / "generated_kernels" / loaded.name
-    if (accepted_dir / "manifest.json").exists() and not (args.force or no_accept or args.resume or args.cpu_only):
+    if (accepted_dir / "manifest.json").exists() and gpu and not (args.force or no_accept or args.resume or args.cpu_only):
         raise UsageError(
             f"{loaded.name} is already accepted ({accepted_dir}); a new accepted kernel would not replace it. "
             "Use --force to replace it (the old one moves to history/) or --no-accept to only verify."
@@ -268,7 +291,7 @@ def cmd_generate(args) -> int:
             backend=backend,
             verifier=None,
             max_attempts=args.max_attempts,
-            resume=Path(args.resume) if args.resume else None,
+            resume=resume,
             accept_fn=accept_fn,
             force=args.force,
             cpu_only=args.cpu_only,
@@ -436,7 +459,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="for --llm command: shell command that reads the prompt on stdin and writes the answer")
     g.add_argument("--model", help="model id for --llm anthropic (default: $CODA_MODEL or the built-in default)")
     g.add_argument("--max-attempts", type=int, default=5, help="attempts before giving up (default 5)")
-    g.add_argument("--resume", metavar="RUN", help="continue runs/<RUN> (e.g. after --llm manual)")
+    g.add_argument("--resume", metavar="RUN", help="continue a run: its folder, or its name under runs/ (e.g. after --llm manual)")
     g.add_argument("--cpu-only", action="store_true", help="static + compile only (never accepts)")
     g.add_argument("--no-accept", action="store_true", help="verify but do not write generated_kernels/")
     g.add_argument("--force", action="store_true", help="replace an accepted kernel (old one kept in history/)")

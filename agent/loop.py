@@ -236,7 +236,8 @@ class RunSummary(BaseModel):
             why = last.extract_error or (f"failed the {last.failed_stage} stage" if last.failed_stage else "failed")
             lines.append(f"attempt {last.k}: {why}" + (f" (the feedback the next attempt gets: {fb})" if fb.is_file() else ""))
         if s.status == "passed-cpu-only":
-            lines.append("passed the CPU stages only; to verify (and accept) it, resume the run on a Hopper GPU: "
+            goal = "verify it" if s.no_accept else "verify (and accept) it"
+            lines.append(f"passed the CPU stages only; to {goal}, resume the run on a Hopper GPU: "
                          f"coda-agent generate {s.spec} --resume {self.run_dir}"
                          + (" --force" if s.force else "") + (" --no-accept" if s.no_accept else ""))
         if s.no_accept:

@@ -199,7 +199,7 @@ def add_from_run(root: str | Path, run_dir: str | Path, date: str | None = None)
     if not p.is_file():
         raise TrickError(
             f"{p}: no proposed trick in this run (one is proposed only when an attempt failed "
-            "and the next one passed)"
+            "and the next one passed every stage on the GPU; a CPU-only pass proposes none)"
         )
     text = "\n".join(ln for ln in p.read_text().splitlines() if not ln.lstrip().startswith("<!--"))
     kernel = None

@@ -51,7 +51,7 @@ def test_prompt_prints_spec_docs_and_tricks(ws, capsys):
     assert "tokens" in cap.err
 
 
-def test_usage_errors_exit_2(ws, capsys):
+def test_usage_errors_exit_2(ws, capsys, monkeypatch):
     assert main(["verify", "nope", "x.py"]) == 2
     assert "unknown spec 'nope'" in capsys.readouterr().err
     assert main(["verify", "swiglu_fwd", str(ws / "missing.py")]) == 2
@@ -62,9 +62,21 @@ def test_usage_errors_exit_2(ws, capsys):
     assert main(["generate", "swiglu_bwd", "--llm", "commmand"]) == 2
     assert main(["generate", "swiglu_bwd", "--llm", "command"]) == 2
     assert "--cmd" in capsys.readouterr().err
-    # already accepted: refused up front instead of spending LLM calls
+    # already accepted: refused up front on a GPU machine instead of spending LLM calls
+    import coda_agent.cli as cli
+
+    monkeypatch.setattr(cli, "_has_gpu", lambda: True)
     assert main(["generate", "swiglu_bwd", "--llm", "manual"]) == 2
     assert "already accepted" in capsys.readouterr().err
+    # --accept on a machine that cannot verify is refused before anything runs
+    monkeypatch.setattr(cli, "_has_gpu", lambda: False)
+    good = ws / "generated_kernels" / "swiglu_fwd" / "kernel.py"
+    assert main(["verify", "swiglu_fwd", str(good), "--accept"]) == 2
+    assert "nothing would be accepted, so nothing was run" in capsys.readouterr().err
+    assert main(["verify", "swiglu_fwd", str(good), "--force"]) == 2
+    assert "--force only applies with --accept" in capsys.readouterr().err
+    assert main(["verify", "swiglu_fwd", str(good.parent)]) == 2
+    assert "is a folder" in capsys.readouterr().err
     assert main(["prompt", "swiglu_bwd", "--out", str(ws / "no" / "such" / "dir.md")]) == 2
     assert main(["regress", "--tolerance", "-5", "--cpu-only"]) == 2
     assert main(["bench"]) == 2
@@ -78,12 +90,23 @@ def test_usage_errors_exit_2(ws, capsys):
     assert main(["frobnicate"]) == 2
 
 
-def test_generate_manual_writes_prompt_and_waits(ws, capsys):
+def test_generate_manual_writes_prompt_and_waits(ws, capsys, monkeypatch):
     assert main(["generate", "--llm", "manual", "swiglu_fwd", "--no-accept"]) == 0
     out = capsys.readouterr().out
     assert "waiting-for-answer" in out
     (run,) = (ws / "runs").iterdir()
     assert (run / "attempt-1" / "prompt.md").read_text().startswith("=== SYSTEM ===")
+    # --resume takes the run's name under runs/ as well as its path, from any folder
+    monkeypatch.chdir(ws / "generated_kernels")
+    assert main(["generate", "swiglu_fwd", "--resume", run.name]) == 0
+    assert "waiting-for-answer" in capsys.readouterr().out
+    # a folder named like the spec in the current folder does not shadow the spec
+    assert main(["prompt", "swiglu_fwd", "--out", str(ws / "p.md")]) == 0
+    # without a GPU nothing can be accepted, so an accepted spec needs no --force/--no-accept
+    import coda_agent.cli as cli
+
+    monkeypatch.setattr(cli, "_has_gpu", lambda: False)
+    assert main(["generate", "--llm", "manual", "swiglu_fwd"]) == 0
 
 
 def test_review_shows_status_provenance_and_numbers(ws, capsys):

@@ -311,9 +311,17 @@ class BenchSpec(_Strict):
 
     flops: str
     baselines: list[Baseline] = Field(default_factory=lambda: ["torch_eager", "torch_compile", "bare_gemm"])
-    bar: dict[str, float] = Field(default_factory=dict)
+    bar: dict[Baseline, float] = Field(default_factory=dict)
 
     _v = field_validator("flops")(lambda cls, v: _check_expr(v))
+
+    @model_validator(mode="after")
+    def _bars_are_measured(self) -> "BenchSpec":
+        unmeasured = sorted(set(self.bar) - set(self.baselines))
+        if unmeasured:
+            raise ValueError(f"bar: {unmeasured} not in baselines {list(self.baselines)} "
+                             "(a bar on a baseline that is not measured is never judged)")
+        return self
 
     @field_validator("bar")
     @classmethod
@@ -369,13 +377,24 @@ class KernelSpec(_Strict):
                 raise ValueError(f"entry.inputs[{t.name}].init: a derived input needs earlier "
                                  "inputs to derive from (declare it after them)")
             seen.add(t.name)
-        dims_used = set().union(*(expr_names(s) for t in self.entry.inputs + self.entry.outputs for s in t.shape))
-        dims_used |= set(self.entry.constants)
+        users: dict[str, list[str]] = {}  # dim -> where it is used
+        for kind, tensors in (("inputs", self.entry.inputs), ("outputs", self.entry.outputs)):
+            for t in tensors:
+                for d in sorted(set().union(*(expr_names(s) for s in t.shape))):
+                    users.setdefault(d, []).append(f"entry.{kind}[{t.name}].shape")
+        for c in self.entry.constants:
+            users.setdefault(c, []).append("entry.constants")
+        flops_dims = expr_names(self.bench.flops)
         for group, cases in (("correctness", self.shapes.correctness), ("benchmark", self.shapes.benchmark)):
             for i, c in enumerate(cases):
-                missing = dims_used - set(c.dims)
+                need = dict(users)
+                if group == "benchmark":
+                    for d in flops_dims:
+                        need.setdefault(d, []).append("bench.flops")
+                missing = sorted(set(need) - set(c.dims))
                 if missing:
-                    raise ValueError(f"shapes.{group}[{i}]: dims {sorted(missing)} are not bound")
+                    where = "; ".join(f"{d} by {', '.join(need[d])}" for d in missing)
+                    raise ValueError(f"shapes.{group}[{i}] ({c.name!r}): dims {missing} are not bound (used: {where})")
         return self
 
     # -- helpers used by the agent and the verifier -------------------------------
