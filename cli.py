@@ -57,8 +57,12 @@ def _spec(root: Path, name_or_path: str):
         # folder of that name (generated_kernels/<name>/, runs/...)
         p = by_name
     if not p.exists():
+        import difflib
+
         known = sorted(d.name for d in (root / "kernel_specs").iterdir() if d.is_dir())
-        raise UsageError(f"unknown spec {name_or_path!r}; known specs: {', '.join(known)}")
+        close = difflib.get_close_matches(name_or_path, known, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise UsageError(f"unknown spec {name_or_path!r}{hint}; known specs: {', '.join(known)}")
     try:
         return load_spec(p)
     except SpecError as e:
@@ -379,8 +383,9 @@ def cmd_regress(args) -> int:
         raise UsageError(str(e)) from None
     mode = "CPU-only" if args.cpu_only else (f"GPU verdicts from {args.verdicts}, measured on {', '.join(rep.measured_on) or '?'}"
                                              if args.verdicts else "GPU")
-    t = Table(title=escape(f"regression over generated_kernels/ ({mode}); gate: fused/bare_gemm geomean "
-                           f"<= +{args.tolerance:.0%}, any shape <= +{2 * args.tolerance:.0%}"))
+    gate = ("no speed gate (static + compile only)" if args.cpu_only else
+            f"gate: fused/bare_gemm geomean <= +{args.tolerance:.0%}, any shape <= +{2 * args.tolerance:.0%}")
+    t = Table(title=escape(f"regression over generated_kernels/ ({mode}); {gate}"))
     for c in ("kernel", "status", "stage", "worst shape: ratio now / accepted", "message"):
         t.add_column(c, overflow="fold")
     for r in rep.rows:
