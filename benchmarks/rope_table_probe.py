@@ -27,8 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 from pathlib import Path
 
 import torch
@@ -38,21 +36,6 @@ SHAPES = {  # name: (M, K, HQ, HKV, HD)
     "llama3-8b-qkv/M8192": (8192, 4096, 32, 8, 128),
     "llama3-70b-qkv/M16384": (16384, 8192, 64, 8, 128),
 }
-
-
-def host_us(call, per_round: int = 40, rounds: int = 5) -> float:
-    """Median host us per call over back-to-back rounds (no synchronize inside a round)."""
-    for _ in range(5):
-        call()
-    torch.cuda.synchronize()
-    out = []
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        for _ in range(per_round):
-            call()
-        out.append((time.perf_counter() - t0) / per_round * 1e6)
-        torch.cuda.synchronize()
-    return statistics.median(out)
 
 
 def main(argv=None) -> int:
@@ -68,7 +51,7 @@ def main(argv=None) -> int:
     from quack.epilogue.rotary import rope_table_epi, rotary_cos_sin_load
     from quack.gemm_config import GemmConfig
 
-    from host_probe import load_kernel
+    from host_probe import load_kernel, pipelined_host_us
 
     @gemm_epilogue(ops={"cs": rotary_cos_sin_load("cs"), "mask": RowVecLoad("mask")}, mode="acc_pair")
     def table_mask_epi(acc, cs, mask):
@@ -136,7 +119,7 @@ def main(argv=None) -> int:
                 if label.startswith(("table+mask", "posfreq")):
                     err = float((out.float() - ref).abs().max())
                 ms = float(do_bench(call, return_mode="median", warmup=25, rep=200))
-                record(shape=shape, call=label, ms=round(ms, 4), host_us=round(host_us(call), 1),
+                record(shape=shape, call=label, ms=round(ms, 4), host_us=round(pipelined_host_us(call), 1),
                        max_abs_err_vs_fp32=err)
             except Exception as e:  # noqa: BLE001 - a config that does not compile is a result
                 record(shape=shape, call=label, error=f"{type(e).__name__}: {str(e)[:300]}")
