@@ -232,6 +232,9 @@ VALUE_MATH_METHODS = frozenset({
     # type promotion through x + x.new_zeros(1, dtype=torch.float32)
     "nanmean", "nanmedian", "median", "quantile", "nanquantile", "new_zeros", "new_ones",
     "new_full",
+    # ninth red team: a GEMM as a broadcast product accumulated with .index_add
+    "index_add", "scatter_add", "scatter_reduce", "index_reduce", "index_put", "masked_scatter",
+    "bincount", "cov", "corrcoef", "histc", "histogram", "index_fill", "scatter", "put",
 })
 """Methods on values (tensors) that compute, fill or rebind data."""
 
@@ -800,11 +803,19 @@ class _Checker:
         if isinstance(func, ast.Name) and func.id == "type" and len(node.args) == 3 and "type" not in self.aliases:
             self.add("banned-call", node, "3-argument type() creates classes; not allowed")
             return
+        q = self.qualname(func) if isinstance(func, (ast.Name, ast.Attribute)) else None
+        if q in ("torch.empty", "torch.empty_strided", "torch.empty_like") or (
+                q is None and isinstance(func, ast.Attribute) and func.attr == "new_empty"):
+            self._check_alloc_device(node)
         if not isinstance(func, ast.Attribute):
             return
         name = func.attr
         if self.qualname(func) is not None:
             return  # module functions are checked by _check_qualified
+        if name == "view" and self._view_reinterprets(node):
+            self.add("precision-cast", node, f"`{_src(node)}` may reinterpret a tensor's bits as another dtype "
+                     "(`.view(torch.int16)[..., 1::2].view(torch.bfloat16)` truncated fp32 to bf16 with no launch); "
+                     "give `.view` the shape itself (ints, a tuple or `x.shape`)")
         if any(k.arg is None for k in node.keywords):
             self.add("banned-call", node, f"`{_src(node)}`: `**` unpacking into a method call hides what the method "
                      "is given (`x.to(**{{'dtype': ...}})` cast unseen); pass arguments by name")
@@ -817,6 +828,33 @@ class _Checker:
             self.add("precision-cast", node, f"`{_src(node)}` casts a tensor's dtype; outputs and intermediates must keep the spec's dtypes (no precision games)")
         elif name == "to":
             self._check_to(node)
+
+    def _view_reinterprets(self, node: ast.Call) -> bool:
+        """``.view(X)`` whose one argument may be a dtype (a dtype name, a variable, a
+        ``.dtype``, a starred value) or that has a ``dtype=``: a bit reinterpretation, not a
+        reshape. Shapes are ints, tuples/lists, arithmetic, subscripts or ``x.shape``."""
+        if any(k.arg in ("dtype", None) for k in node.keywords):
+            return True
+        if len(node.args) != 1:
+            return False
+        a = node.args[0]
+        if isinstance(a, (ast.Name, ast.Starred)):
+            return True
+        if isinstance(a, ast.Attribute):
+            return a.attr == "dtype" or self._is_dtype_expr(a)
+        return isinstance(a, ast.Constant) and isinstance(a.value, str)
+
+    def _check_alloc_device(self, node: ast.Call) -> None:
+        """``torch.empty``/``empty_strided`` must say ``device=<tensor>.device``, and
+        ``empty_like``/``new_empty`` may only repeat that: a host tensor is read without a
+        CUDA sync the guard could see (its stale contents kept state across calls in the
+        ninth red team's probe), and host ops are not counted as launches."""
+        dev = [k.value for k in node.keywords if k.arg == "device"]
+        needs = self.qualname(node.func) in ("torch.empty", "torch.empty_strided") if isinstance(
+            node.func, (ast.Name, ast.Attribute)) else False
+        if (needs and not dev) or any(not _is_device_attr(d) for d in dev):
+            self.add("host-escape", node, f"`{_src(node)}`: allocations take `device=<input>.device` (a tensor "
+                     "allocated elsewhere, e.g. on the host, is read without a sync the guard sees)")
 
     def _check_to(self, node: ast.Call) -> None:
         """``.to()`` is allowed in one form only, ``.to(<expr>.device)`` (or ``device=``): what

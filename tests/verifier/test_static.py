@@ -845,3 +845,39 @@ def test_metadata_of_inputs_is_not_an_alias():
     body = "shape = list(dout.shape)\nshape[0] = 1\nouts = [dpreact]\nouts[0] = postact"
     ks = kinds(module(body=body))
     assert "input-mutation" not in ks and set(ks) == {"subscript-store"}, ks
+
+
+@pytest.mark.parametrize("body,kind,needle", [
+    # ninth red team: a GEMM as a broadcast product accumulated with .index_add, and a
+    # launch-free fp32 -> bf16 truncation through bit views
+    ("_ = preact.index_add(0, preact, dout)", "torch-math", "preact.index_add"),
+    ("_ = preact.scatter_add(0, preact, dout)", "torch-math", "preact.scatter_add"),
+    ("_ = dout.view(torch.int16)", "precision-cast", "dout.view"),
+    ("d = torch.int16\n_ = dout.view(d)", "precision-cast", "dout.view(d)"),
+    ("_ = dout.view(preact.dtype)", "precision-cast", "dout.view"),
+    ("_ = dout.view(dtype=torch.int16)", "precision-cast", "dout.view"),
+    # ... and a host tensor of stale heap memory, read without a CUDA sync
+    ("_ = torch.empty(125, dtype=torch.int64)", "host-escape", "torch.empty(125"),
+    ('_ = torch.empty(4, device="cpu")', "host-escape", "torch.empty(4"),
+    ('_ = torch.empty_like(dout, device="cpu")', "host-escape", "torch.empty_like"),
+    ('_ = dout.new_empty(4, device="cpu")', "host-escape", "dout.new_empty"),
+])
+def test_ninth_red_team(body, kind, needle):
+    assert_flags(module(body=body), kind, needle)
+
+
+def test_aliased_empty_needs_a_device():
+    assert_flags(module(header="from torch import empty\n", body="_ = empty(4)"), "host-escape", "empty(4)")
+
+
+def test_shapes_views_and_device_allocations_still_pass():
+    body = """
+    a = dout.view(-1)
+    b = dout.view(dout.shape)
+    c = dout.view(m, -1)
+    d = dout.view((m, 2 * i))
+    e = torch.empty(m, dtype=preact.dtype, device=dout.device)
+    f = torch.empty_like(dout)
+    g = dout.new_empty(4)
+    """
+    assert check_static(BWD, module(body=body)).status == "pass"

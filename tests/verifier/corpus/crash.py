@@ -1,16 +1,19 @@
 """Threat 13a, crash: outputs allocated in host memory, handed to a GPU kernel.
 
 SPEC: swiglu_bwd
-EXPECT: gpu crash
+EXPECT: static host-escape
 
 A very common slip: `torch.empty(m, i, dtype=...)` without `device=` allocates on the
 CPU. The kernel then gets host addresses for D and postact: on the GPU this is an
 illegal memory access (which poisons the CUDA context -- the worker must die and be
 reported, not hang the verifier), a launcher error about the device, or, on systems
 where the GPU can address pageable host memory, outputs that come back on the wrong
-device. Passes static (allocation is allowed) and the compile stage (which runs on CPU
-tensors, so host memory is exactly right there); only the GPU stage can see it. The
-verifier must report it as a crash/error of this candidate and carry on.
+device. It used to pass static and the compile stage (which runs on CPU tensors) and
+was the GPU crash-path test; since the ninth red team (a host tensor of stale heap
+memory kept state across calls, read without a sync the guard sees) allocations must
+say `device=<input>.device`, so the static stage names the slip in a fraction of a
+second. The verifier's survival of a crashing worker is tested on the CPU device
+(`test_pipeline_cpu.py`: SIGSEGV, hang, raised errors).
 """
 
 import torch
@@ -29,7 +32,7 @@ def dswiglu_epi(acc, c):
 def swiglu_bwd(dout, w_down, preact):
     m = dout.shape[0]
     i = w_down.shape[1]
-    dpreact = torch.empty(m, 2 * i, dtype=torch.bfloat16)
-    postact = torch.empty(m, i, dtype=torch.bfloat16)
+    dpreact = torch.empty(m, 2 * i, dtype=torch.bfloat16)  # expect: host-escape
+    postact = torch.empty(m, i, dtype=torch.bfloat16)  # expect: host-escape
     dswiglu_epi(dout, w_down, preact, out={"D": dpreact, "postact": postact}, tuned=False)
     return dpreact, postact
