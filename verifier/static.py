@@ -807,6 +807,9 @@ class _Checker:
         if q in ("torch.empty", "torch.empty_strided", "torch.empty_like") or (
                 q is None and isinstance(func, ast.Attribute) and func.attr == "new_empty"):
             self._check_alloc_device(node)
+        elif q == "torch.Tensor":
+            self.add("host-escape", node, f"`{_src(node)}`: calling the tensor class allocates uninitialised host "
+                     "memory; allocate with `torch.empty(..., device=<input>.device)`")
         if not isinstance(func, ast.Attribute):
             return
         name = func.attr

@@ -861,6 +861,7 @@ def test_metadata_of_inputs_is_not_an_alias():
     ('_ = torch.empty(4, device="cpu")', "host-escape", "torch.empty(4"),
     ('_ = torch.empty_like(dout, device="cpu")', "host-escape", "torch.empty_like"),
     ('_ = dout.new_empty(4, device="cpu")', "host-escape", "dout.new_empty"),
+    ("_ = torch.Tensor(5)", "host-escape", "torch.Tensor(5)"),
 ])
 def test_ninth_red_team(body, kind, needle):
     assert_flags(module(body=body), kind, needle)
