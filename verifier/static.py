@@ -382,6 +382,20 @@ class _Checker:
                 self.add("reserved-name", node, f"`def {node.name}`: names containing sync/memcpy/memset/memory "
                          "(any case) are reserved: kernels are named after epilogue fns and the launch count "
                          "skips profiler events named like that")
+            # operand, output and op names may reach the kernel's name too (a lead of the
+            # ninth red team): parameters, and the strings of the decorator's declarations
+            names = []
+            if isinstance(node, ast.arg):
+                names.append((node.arg, node))
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                for dec in node.decorator_list:
+                    names += [(c.value, c) for c in ast.walk(dec)
+                              if isinstance(c, ast.Constant) and isinstance(c.value, str)]
+            for name, where in names:
+                if RESERVED_NAME_RE.search(name):
+                    self.add("reserved-name", where, f"`{name}`: operand, output and parameter names containing "
+                             "sync/memcpy/memset/memory (any case) are reserved (they can reach a kernel's name, "
+                             "which the launch count reads)")
 
     # -- imports -----------------------------------------------------------------
     @staticmethod

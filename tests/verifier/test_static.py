@@ -401,6 +401,13 @@ def test_eighth_red_team_math_methods(meth):
     assert_flags(module(body=f"_ = dout.{meth}"), "torch-math", f"dout.{meth}")
 
 
+def test_operand_names_like_profiler_markers_are_reserved():
+    src = module(epi=EPI.replace('outputs=("postact",)', 'outputs=("postact",), ops={"memsync": ColVecLoad("memsync")}')
+                 .replace("def dswiglu_epi(acc, c):", "def dswiglu_epi(acc, c, memsync):"),
+                 header="from quack.epilogue.ops import ColVecLoad\n")
+    assert_flags(src, "reserved-name", '"memsync"')
+
+
 @pytest.mark.parametrize("name", ["swiglu_Sync_epi", "memcpy_epi", "my_memset", "inMemory"])
 def test_defs_named_like_profiler_markers_are_reserved(name):
     """quack names a kernel after its epilogue fn, and the launch count skips events named
