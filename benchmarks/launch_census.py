@@ -37,8 +37,9 @@ def count(call) -> tuple[int, list[str]]:
         res = call()
         torch.cuda.synchronize()
     del res
-    names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    kernels = [n for n in names if not n.startswith(("Memcpy", "Memset", "[memory]")) and "Sync" not in n]
+    from coda_agent.verifier.protocol import gpu_kernels
+
+    kernels = gpu_kernels([e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA])
     return len(kernels), kernels
 
 

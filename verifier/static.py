@@ -820,14 +820,14 @@ class _Checker:
         q = self.qualname(func) if isinstance(func, (ast.Name, ast.Attribute)) else None
         if q in ("torch.empty", "torch.empty_strided", "torch.empty_like") or (
                 q is None and isinstance(func, ast.Attribute) and func.attr == "new_empty"):
-            self._check_alloc_device(node)
+            self._check_alloc_device(node, q)
         elif q == "torch.Tensor":
             self.add("host-escape", node, f"`{_src(node)}`: calling the tensor class allocates uninitialised host "
                      "memory; allocate with `torch.empty(..., device=<input>.device)`")
         if not isinstance(func, ast.Attribute):
             return
         name = func.attr
-        if self.qualname(func) is not None:
+        if q is not None:
             return  # module functions are checked by _check_qualified
         if name == "view" and self._view_reinterprets(node):
             self.add("precision-cast", node, f"`{_src(node)}` may reinterpret a tensor's bits as another dtype "
@@ -861,14 +861,13 @@ class _Checker:
             return a.attr == "dtype" or self._is_dtype_expr(a)
         return isinstance(a, ast.Constant) and isinstance(a.value, str)
 
-    def _check_alloc_device(self, node: ast.Call) -> None:
+    def _check_alloc_device(self, node: ast.Call, q: str | None) -> None:
         """``torch.empty``/``empty_strided`` must say ``device=<tensor>.device``, and
         ``empty_like``/``new_empty`` may only repeat that: a host tensor is read without a
         CUDA sync the guard could see (its stale contents kept state across calls in the
         ninth red team's probe), and host ops are not counted as launches."""
         dev = [k.value for k in node.keywords if k.arg == "device"]
-        needs = self.qualname(node.func) in ("torch.empty", "torch.empty_strided") if isinstance(
-            node.func, (ast.Name, ast.Attribute)) else False
+        needs = q in ("torch.empty", "torch.empty_strided")
         if (needs and not dev) or any(not _is_device_attr(d) for d in dev):
             self.add("host-escape", node, f"`{_src(node)}`: allocations take `device=<input>.device` (a tensor "
                      "allocated elsewhere, e.g. on the host, is read without a sync the guard sees)")

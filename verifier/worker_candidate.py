@@ -26,8 +26,10 @@ Design (threat numbers from verifier-threats.md):
   sharing storage with an input or another output (threat 4). Outputs and the inputs
   before/after the call are saved to ``<key>.pt`` (CPU tensors) for the trusted parent.
   Nothing is compared here: the reference never exists in this process (threat 12).
-* **Launches** (threat 11): one call under ``torch.profiler`` (CUDA activity); kernels
-  are counted, memcpy/memset excluded.
+* **Launches** (threat 11): the first trial of every correctness shape runs under
+  ``torch.profiler`` (CUDA activity; a judged call, not an extra one), and so does one call
+  at every benchmark shape; kernels are counted by ``protocol.gpu_kernels`` (memcpys,
+  memsets, memory records and sync markers excluded).
 * **Bench** (threats 3, 6, 14): per shape, several input sets rotated call by call
   (so a cache keyed on the input pointer cannot hit on consecutive calls), timed with
   ``triton.testing.do_bench(..., return_mode="median")`` (which flushes L2 before each
@@ -119,6 +121,7 @@ from coda_agent.verifier.protocol import (  # noqa: E402
     Plan,
     Run,
     record_line,
+    gpu_kernels,
     sample_index,
     timed_check_run,
     timed_loop_check_run,
@@ -371,19 +374,14 @@ class Worker:
         self.sync()
         before = {} if run.sample else {k: _host_copy(v) for k, v in inputs.items()}
         poisoned = self.poison()
-        fn, args = self.entry_with(run.dims), self.args_of(inputs)
+        call = functools.partial(self.no_host_sync, self.entry_with(run.dims), *self.args_of(inputs))
         t0 = _perf_counter()
-        launches = None
         if count:
-            with _profile(activities=[_Activity.CPU, _Activity.CUDA]) as prof:
-                res = self.no_host_sync(fn, *args)
-                self.sync()
-            launches = _kernels_of(prof)
+            res, launches = self.counted_call(call)
         else:
-            res = self.no_host_sync(fn, *args)
+            res, launches = call(), None
             self.sync()
         call_s = _perf_counter() - t0
-        del args
         return self.save_result(run, res, inputs, before, call_s=call_s, poisoned_bytes=poisoned), launches
 
     def check_result(self, run: Run, res: Any, inputs: dict[str, torch.Tensor]
@@ -510,13 +508,21 @@ class Worker:
         return v
 
     # -- launches -------------------------------------------------------------------
-    def count_launches(self, call: Callable[[], Any]) -> tuple[int, list[str]]:
-        """(kernel count, kernel names) of one ``call()`` under the profiler (CUDA activity)."""
+    def counted_call(self, call: Callable[[], Any]) -> tuple[Any, tuple[int, list[str]]]:
+        """``(result, (kernel count, kernel names))`` of one ``call()`` under the profiler
+        (CUDA activity), synchronized inside."""
         with _profile(activities=[_Activity.CPU, _Activity.CUDA]) as prof:
             res = call()
             self.sync()
+        names = [e.name for e in prof.events() if e.device_type == _DeviceTypeCUDA]
+        kernels = gpu_kernels(names)
+        return res, (len(kernels), kernels)
+
+    def count_launches(self, call: Callable[[], Any]) -> tuple[int, list[str]]:
+        """(kernel count, kernel names) of one ``call()`` under the profiler (CUDA activity)."""
+        res, launches = self.counted_call(call)
         del res
-        return _kernels_of(prof)
+        return launches
 
     # -- bench --------------------------------------------------------------------------
     def time_event_ms(self, call: Callable[[], Any]) -> float:
@@ -739,17 +745,6 @@ def reservoir_slot(i: int, k: int, rng: random.Random) -> int | None:
     k / length, and the draw for call ``i`` needs no knowledge of later calls."""
     j = i - 1 if i <= k else rng.randrange(i)
     return j if j < k else None
-
-
-def _kernels_of(prof: Any) -> tuple[int, list[str]]:
-    """``(count, names)`` of the GPU kernels a finished profiler session saw: CUDA-device
-    events minus memcpys, memsets, memory records and synchronization markers. A quack
-    kernel is named after its epilogue fn, so the static stage rejects defs whose name
-    could pass for one of those (``sync``/``memcpy``/``memset``/``memory``: the eighth red
-    team hid a second GEMM as ``swiglu_Sync_epi``)."""
-    names = [e.name for e in prof.events() if e.device_type == _DeviceTypeCUDA]
-    kernels = [n for n in names if not n.startswith(("Memcpy", "Memset", "[memory]")) and "Sync" not in n]
-    return len(kernels), kernels
 
 
 def _span(t: torch.Tensor) -> tuple[int, int]:
