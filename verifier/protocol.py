@@ -235,14 +235,30 @@ def wall_check_run(shape: BenchShape, set_index: int, secret: int) -> Run:
                seed=BENCH_SEED_BASE + secret + set_index, recheck=True, sample=TIMED_LOOP_SAMPLE)
 
 
+SYNC_MARKERS = frozenset({"Unknown", "Event Sync", "Stream Wait Event", "Stream Sync", "Context Sync"})
+"""The exact names Kineto gives CUPTI synchronization records (its ``cuda_sync`` activity:
+``CUpti_ActivitySynchronizationType`` 0-4). torch 2.11 on the H200 records none of them
+on the device timeline (``benchmarks/profiler_event_probe.py``,
+``benchmarks/results/dev/2026-11-30-h200-profiler-events.log``: syncs show up only as
+``cudaDeviceSynchronize``-style runtime calls on the CPU); other builds may."""
+
+NOT_LAUNCH_PREFIXES = ("Memcpy ", "Memset ", "[memory]")
+"""Name prefixes of the CUDA-device events that are copies, fills by the copy engine and
+allocator records (measured names: ``Memcpy HtoD (Pinned -> Device)``, ``Memcpy DtoD
+(Device -> Device)``, ...)."""
+
+
 def gpu_kernels(names: list[str]) -> list[str]:
     """The kernel launches among the names of a profiler session's CUDA-device events:
-    memcpys, memsets, memory records and synchronization markers are not launches. A quack
-    kernel is named after its epilogue fn, so the static stage reserves names that could
-    pass for one of those (``sync``/``memcpy``/``memset``/``memory``: the eighth red team
-    hid a second GEMM as ``swiglu_Sync_epi``). The candidate worker counts with this rule;
-    ``benchmarks/launch_census.py`` too."""
-    return [n for n in names if not n.startswith(("Memcpy", "Memset", "[memory]")) and "Sync" not in n]
+    copies, copy-engine memsets, allocator records (:data:`NOT_LAUNCH_PREFIXES`) and
+    synchronization records (:data:`SYNC_MARKERS`, exact names) are not launches.
+
+    Exact names and prefixes, never substrings: a quack kernel is named after its epilogue
+    fn (``kernel_cutlass_kernel_quackepiloguefrontendGemmMod_<fn>_...``), so a substring
+    filter let the eighth red team hide a second GEMM as ``swiglu_Sync_epi``; no kernel
+    name cutlass or torch produces starts like a copy or equals a sync record's name.
+    The candidate worker counts with this rule; ``benchmarks/launch_census.py`` too."""
+    return [n for n in names if not n.startswith(NOT_LAUNCH_PREFIXES) and n not in SYNC_MARKERS]
 
 
 def sample_index(numel: int, n: int, seed: int, position: int):

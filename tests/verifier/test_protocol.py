@@ -10,6 +10,7 @@ from coda_agent.verifier.gpu_results import GpuRun, jsonable
 from coda_agent.verifier.protocol import (
     Plan,
     append_record,
+    gpu_kernels,
     last_begun,
     make_bench_shapes,
     make_runs,
@@ -225,3 +226,21 @@ def test_reservoir_keeps_each_timed_call_with_equal_probability():
             counts[c] += 1
     freq = [c / trials for c in counts[1:]]
     assert all(abs(f - K / 40) < 0.02 for f in freq), freq
+
+
+def test_gpu_kernels_counts_kernels_by_exact_marker_names():
+    """Names as the H200 profiler recorded them (benchmarks/results/dev/
+    2026-11-30-h200-profiler-events.log): copies and Kineto's sync records are not launches,
+    but a kernel whose epilogue fn *contains* "Sync" or "Memcpy" is one (the eighth red
+    team's ``swiglu_Sync_epi`` went uncounted under the old substring rule)."""
+    quack_sync = "kernel_cutlass_kernel_quackepiloguefrontendGemmMod_probe_Sync_epi_8602ca0bea11f06c__none_s"
+    quack_copy = "kernel_cutlass_kernel_quackepiloguefrontendGemmMod_Memcpy_epi_0000__none_s"
+    names = [
+        quack_sync, quack_copy,
+        "nvjet_sm90_tst_64x16_64x16_2x4_h_bz_NNT",
+        "Memcpy HtoD (Pinned -> Device)", "Memcpy DtoH (Device -> Pageable)", "Memcpy DtoD (Device -> Device)",
+        "Memset (Device)", "[memory]",
+        "Stream Sync", "Context Sync", "Event Sync", "Stream Wait Event", "Unknown",
+    ]
+    assert gpu_kernels(names) == [quack_sync, quack_copy, "nvjet_sm90_tst_64x16_64x16_2x4_h_bz_NNT"]
+    assert gpu_kernels(["Stream Sync of mine"]) == ["Stream Sync of mine"]
