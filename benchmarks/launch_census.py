@@ -10,9 +10,12 @@ could launch a different number of kernels at another size.
 For each ``generated_kernels/<k>/kernel.py`` and each of its spec's shapes: draw the inputs
 (seed 0, ``verifier.inputs.make_inputs``), call the entry once to compile, then count the
 CUDA kernels of one call under ``torch.profiler`` the way the candidate worker does
-(memcpys, memsets and syncs are not launches). Prints one line per (kernel, shape) and a
-summary; writes ``launch_census.json`` under ``--out``. Exit status 1 when any count is 0
-or over the spec's ``max_launches``. Runs the accepted code in this process: it is
+(memcpys, memsets and syncs are not launches), and the call's workspace (device memory
+held beyond inputs and outputs, ``verifier/device_memory.py``) against the spec's
+``workspace_budget`` (session 9: the evidence that the default budget fits every honest
+kernel). Prints one line per (kernel, shape) and a summary; writes
+``launch_census.json`` under ``--out``. Exit status 1 when any count is 0 or over the
+spec's ``max_launches``, or a workspace is over its budget. Runs the accepted code in this process: it is
 reviewed, not untrusted. Raises SystemExit without CUDA.
 """
 
@@ -30,17 +33,22 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 
 
-def count(call) -> tuple[int, list[str]]:
-    """(kernel count, kernel names) of one ``call()``: the candidate worker's rule."""
+def count(call) -> tuple[int, list[str], int]:
+    """(kernel count, kernel names, workspace bytes) of one ``call()``: the candidate
+    worker's rules (``protocol.gpu_kernels``, ``verifier/device_memory.py``)."""
+    from coda_agent.verifier import device_memory
+    from coda_agent.verifier.protocol import gpu_kernels
+
     acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    dev = torch.device("cuda", torch.cuda.current_device())
+    start = device_memory.mark(dev)
     with torch.profiler.profile(activities=acts) as prof:
         res = call()
         torch.cuda.synchronize()
+    workspace = device_memory.workspace_since(dev, start, res)
     del res
-    from coda_agent.verifier.protocol import gpu_kernels
-
     kernels = gpu_kernels([e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA])
-    return len(kernels), kernels
+    return len(kernels), kernels, workspace
 
 
 def main(argv=None) -> int:
@@ -72,8 +80,10 @@ def main(argv=None) -> int:
                 call = functools.partial(fn, *[inputs[t.name] for t in spec.entry.inputs], **consts)
                 call()
                 torch.cuda.synchronize()
-                n, kernels = count(call)
-                row.update(launches=n, ok=1 <= n <= spec.entry.max_launches)
+                n, kernels, workspace = count(call)
+                budget, _rule = spec.workspace_budget(case.dims)
+                row.update(launches=n, workspace_mib=round(workspace / 2**20, 3), budget_mib=round(budget / 2**20, 3),
+                           ok=1 <= n <= spec.entry.max_launches and workspace <= budget)
                 if not row["ok"]:
                     row["kernel_names"] = kernels[:20]
                 del inputs, call
@@ -90,7 +100,13 @@ def main(argv=None) -> int:
     print("\nkernel: launch counts over all shapes (max_launches)")
     for r in {r["kernel"]: r for r in rows}.values():
         print(f"  {r['kernel']}: {sorted(by_kernel[r['kernel']], key=str)} ({r['max_launches']})")
-    print(f"{bad} case(s) out of budget or failed")
+    print("\nkernel: largest workspace / its budget over all shapes (MiB)")
+    for k in by_kernel:
+        w = [r for r in rows if r["kernel"] == k and "workspace_mib" in r]
+        if w:
+            top = max(w, key=lambda r: r["workspace_mib"] / r["budget_mib"])
+            print(f"  {k}: {top['workspace_mib']} / {top['budget_mib']} at {top['shape']}")
+    print(f"{bad} case(s) out of budget (launches or workspace) or failed")
     return 1 if bad else 0
 
 

@@ -18,7 +18,8 @@ Atomicity: the three files are written into a temporary sibling folder, fsynced,
 the folder is moved into place with ``os.replace``; an interrupted accept leaves either
 the old kernel or the new one, never a mix. An existing accepted kernel is never
 replaced without ``force=True``; with it, the old version (and its own history) is
-carried into ``<spec>/history/<its accepted_at>/`` of the new folder first.
+carried into ``<spec>/history/<its accepted_at>/`` of the new folder first. Re-accepting
+the same bytes keeps the author's provenance (:func:`reverified_provenance`).
 """
 
 from __future__ import annotations
@@ -177,6 +178,26 @@ def render_report(manifest: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+class ManifestError(ValueError):
+    """An accepted kernel's ``manifest.json`` that cannot be read or is not a JSON object."""
+
+
+def read_manifest(path: Path) -> dict[str, Any]:
+    """The JSON object in an accepted kernel's ``manifest.json``.
+
+    Raises :class:`ManifestError` naming the file when it cannot be read or parsed, or is
+    not an object (a hand edit, a merge conflict): commands report it instead of a
+    traceback."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise ManifestError(f"{path}: unreadable manifest ({type(e).__name__}: {e}); restore it "
+                            "(git checkout) or re-verify the kernel with --accept --force") from None
+    if not isinstance(data, dict):
+        raise ManifestError(f"{path}: a manifest must be a JSON object, got {type(data).__name__}")
+    return data
+
+
 def accept(
     loaded: LoadedSpec,
     candidate: Path,
@@ -228,6 +249,7 @@ def accept(
                 f"Pass --force (force=True) to replace it; the old version is then kept in {dest / HISTORY_DIR}/<accepted_at>/"
             )
     accepted_at = _now()
+    provenance = reverified_provenance(old_manifest, data, provenance, accepted_at)
     manifest = build_manifest(loaded, data, verdict, provenance, accepted_at)
     if loose:
         manifest["accepted_unconfined"] = True
@@ -249,6 +271,25 @@ def accept(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return dest
+
+
+def reverified_provenance(old_manifest: dict[str, Any], data: bytes, provenance: dict[str, Any],
+                          accepted_at: str) -> dict[str, Any]:
+    """The provenance of a re-acceptance. Re-verifying the *same bytes* (a spec changed,
+    the verifier learned a check: ``verify K generated_kernels/K/kernel.py --accept
+    --force``) does not change who wrote the kernel, so the old provenance (the model, its
+    run and attempts) is kept, with a ``reverified`` list recording each re-acceptance
+    (when, by which backend/source, the spec hash it replaced). New bytes get
+    ``provenance`` as given."""
+    if not old_manifest or old_manifest.get("kernel_sha256") != sha256_bytes(data):
+        return provenance
+    kept = dict(old_manifest.get("provenance") or {})
+    if not kept:
+        return provenance
+    entry = {"at": accepted_at, "previous_accepted_at": old_manifest.get("accepted_at"),
+             "previous_spec_hash": old_manifest.get("spec_hash"), **provenance}
+    kept["reverified"] = [*kept.get("reverified", []), entry]
+    return kept
 
 
 def _carry_history(dest: Path, tmp: Path, old_manifest: dict[str, Any]) -> None:

@@ -44,6 +44,13 @@ Five results are *failures*, because they mean the measurement cannot be trusted
   2026-11-30 (``benchmarks/launch_census.py``: every accepted kernel launches the same
   number of kernels at all of its shapes, within budget) showed that legitimate host glue
   does not grow with the shape.
+* ``workspace-at-bench-shape`` -- that counted call held more device memory beyond its
+  inputs and outputs than the spec's workspace budget
+  (:meth:`~coda_agent.verifier.spec.KernelSpec.workspace_budget`,
+  ``verifier/device_memory.py``): an intermediate the fused op must not materialize
+  (the tenth red team's gemm_cross_entropy stored its fp32 logits). The correctness stage
+  judges the same at every correctness shape (``workspace-over-budget``); the benchmark
+  shapes are where a GEMM-sized intermediate outgrows every declared operand.
 
 The spec's ``bench.bar`` (largest acceptable fused/baseline ratio per baseline) is
 reported as met/missed per shape; a missed bar is a warning finding (``bar-missed``),
@@ -58,6 +65,7 @@ import math
 import time
 from typing import Any
 
+from coda_agent.verifier.correctness import workspace_problem
 from coda_agent.verifier.gpu_results import GpuRun, failure_finding, jsonable
 from coda_agent.verifier.inputs import tensor_bytes
 from coda_agent.verifier.protocol import (
@@ -206,7 +214,8 @@ def shape_metrics(
     return m, problems
 
 
-FAILING = ("speed-of-light", "untimed-work", "short-timer", "timed-check-missing", "launches-at-bench-shape")
+FAILING = ("speed-of-light", "untimed-work", "short-timer", "timed-check-missing", "launches-at-bench-shape",
+           "workspace-at-bench-shape")
 
 HOST_BOUND = 0.8
 """A shape is host-bound when one fused call's host time (until it returned) is at least
@@ -271,6 +280,12 @@ def bench_stage(loaded: LoadedSpec, run: GpuRun, gpu: str | None = None) -> Stag
                     f"[{bs.name}] one call launched {launches} GPU kernel(s), expected 1 to {limit} (the spec's "
                     f"max_launches, also enforced at every correctness shape){': ' + names if names else ''}; "
                     "the measured time would not be the fused kernel's")))
+        ws = c.get("workspace_bytes")
+        if isinstance(ws, int):
+            m["workspace_bytes"] = ws
+            msg = workspace_problem(loaded, bs.dims, ws, "one call")
+            if msg:
+                findings.append(Finding(kind="workspace-at-bench-shape", case=bs.name, message=f"[{bs.name}] {msg}"))
         missing = _missing_timed_checks(run, bs, c)
         if missing:
             findings.append(Finding(kind="timed-check-missing", message=f"[{bs.name}] {missing}", case=bs.name))

@@ -216,7 +216,31 @@ def _launch_check(loaded: LoadedSpec, run: GpuRun, f: FindingSet, metrics: dict[
             names = ", ".join(r.get("kernels", [])[:8])
             f.add("too-many-launches", f"one call{at} launched {count} GPU kernels, at most {limit} allowed "
                   f"(a fused op is one kernel); kernels: {names}", case=r.get("case"))
+    dims = {t.key: t.dims for t in run.plan.correctness_runs}
+    by_case = {}
+    for r in recs:
+        ws = r.get("workspace_bytes")
+        if r.get("key") not in dims or ws is None:
+            continue
+        by_case[str(r.get("case"))] = ws
+        msg = workspace_problem(loaded, dims[r["key"]], ws, f"one call at {r.get('case')}")
+        if msg:
+            f.add("workspace-over-budget", msg, case=r.get("case"))
+    if by_case:
+        metrics["workspace_by_case"] = by_case
     return None
+
+
+def workspace_problem(loaded: LoadedSpec, dims: dict[str, int], workspace: int, where: str) -> str | None:
+    """Why ``workspace`` bytes (``verifier/device_memory.py``) exceed the spec's budget at
+    ``dims``, or None. Shared by the correctness stage and the bench stage
+    (``workspace-at-bench-shape``)."""
+    budget, rule = loaded.spec.workspace_budget(dims)
+    if workspace <= budget:
+        return None
+    return (f"{where} held {workspace / 2**20:.1f} MiB of device memory beyond its inputs and outputs, over the "
+            f"budget of {budget / 2**20:.1f} MiB ({rule}): a fused op keeps per-tile partials, not a "
+            "GEMM-sized intermediate (such as the logits or an (M, N) activation) in global memory")
 
 
 def store_recheck(metrics: dict[str, Any], t: Run, by_trial: dict[str, Any]) -> None:
@@ -332,9 +356,11 @@ def correctness_stage(loaded: LoadedSpec, run: GpuRun) -> StageResult:
     status = "fail" if f.items else "pass"
     if status == "pass":
         w = metrics["worst"]
-        summary = f"{len(done)} trials x {len(w)} output(s) within tolerance" + (
-            f"; worst {max(w.items(), key=lambda kv: kv[1]['ratio'])[0]} at "
-            f"{max(m['ratio'] for m in w.values()):.2f} of allowed" if w else "")
+        if w:
+            summary = (f"{len(done)} trials x {len(w)} output(s) within tolerance; worst "
+                       f"{max(w.items(), key=lambda kv: kv[1]['ratio'])[0]} at {max(m['ratio'] for m in w.values()):.2f} of allowed")
+        else:  # every output is a gradient: compared by the gradients stage
+            summary = f"{len(done)} trials: outputs well-formed (all are gradients, compared in the gradients stage)"
         if metrics.get("launches") is not None:
             summary += f"; {metrics['launches']} launch(es)"
     else:

@@ -73,6 +73,12 @@ LIGER_MISSING = "liger-kernel is not installed (pip install coda-agent[bench])"
 """The ``liger`` baseline's error when ``import liger_kernel`` fails (optional dependency)."""
 
 
+WORKSPACE_FLOOR = 8 << 20
+"""The smallest default workspace budget, bytes (see :meth:`KernelSpec.workspace_budget`)."""
+
+_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "int32": 4, "int64": 8}
+
+
 class SpecError(ValueError):
     """A spec that cannot be loaded; the message names the file, field and expectation."""
 
@@ -148,6 +154,10 @@ def _check_expr(v: str | int | float) -> str | int | float:
             )
             if not isinstance(node, ok):
                 raise ValueError(f"unsupported construct in expression {v!r}")
+            if isinstance(node, ast.Call) and not (isinstance(node.func, ast.Name) and node.func.id in _ALLOWED_FUNCS
+                                                   and not node.keywords):
+                raise ValueError(f"in expression {v!r}: only {', '.join(sorted(_ALLOWED_FUNCS))}(...) may be "
+                                 f"called, got {ast.unparse(node.func)}(...)")
     return v
 
 
@@ -247,11 +257,19 @@ class EntrySpec(_Strict):
         "e.g. the number of query heads of a packed QKV projection",
     )
     max_launches: int = Field(1, ge=1)
+    max_workspace: str | int | None = Field(
+        None,
+        description="bytes of device memory one call may hold beyond its inputs and returned "
+        "outputs, at its peak (a dim expression, e.g. '16*M*V/128'); default: half the largest "
+        "declared tensor, at least 8 MiB (see KernelSpec.workspace_budget)",
+    )
     allowed_torch: list[str] = Field(
         default_factory=list,
         description="torch functions/methods host code may call beyond allocation and "
         "views (e.g. 'rsqrt' for a finalize step)",
     )
+
+    _ws = field_validator("max_workspace")(lambda cls, v: v if v is None else _check_expr(v))
 
 
 class ToleranceSpec(_Strict):
@@ -384,6 +402,13 @@ class KernelSpec(_Strict):
                     users.setdefault(d, []).append(f"entry.{kind}[{t.name}].shape")
         for c in self.entry.constants:
             users.setdefault(c, []).append("entry.constants")
+        for t in self.entry.inputs:
+            for f in ("std", "low", "high"):
+                for d in sorted(expr_names(getattr(t.init, f))):
+                    users.setdefault(d, []).append(f"entry.inputs[{t.name}].init.{f}")
+        if self.entry.max_workspace is not None:
+            for d in expr_names(self.entry.max_workspace):
+                users.setdefault(d, []).append("entry.max_workspace")
         flops_dims = expr_names(self.bench.flops)
         for group, cases in (("correctness", self.shapes.correctness), ("benchmark", self.shapes.benchmark)):
             for i, c in enumerate(cases):
@@ -405,6 +430,27 @@ class KernelSpec(_Strict):
     def shape_of(self, t: TensorSpec, dims: dict[str, int]) -> tuple[int, ...]:
         """Concrete shape of tensor ``t`` under ``dims``."""
         return tuple(int(eval_expr(s, dims)) for s in t.shape)
+
+    def workspace_budget(self, dims: dict[str, int]) -> tuple[int, str]:
+        """``(bytes, rule)``: the device memory one call of the entry may hold at its peak
+        beyond its inputs and the outputs it returns (measured by the candidate worker with
+        the caching allocator's requested-bytes peak, ``verifier/device_memory.py``).
+
+        ``entry.max_workspace`` when the spec sets it; else half the largest declared tensor
+        (input or output) at ``dims``, at least :data:`WORKSPACE_FLOOR`. Why: a fused op's
+        scratch is per-tile partials, O(M * N / tile_n) (the LSE partials of
+        gemm_cross_entropy are 0.7 % of its logits at the Llama-3 vocab), while an op run
+        unfused materializes a GEMM-sized (M, N) intermediate (the tenth red team kept
+        gemm_cross_entropy's fp32 logits and finished in torch, within the launch budget),
+        which at the benchmark shapes is larger than every operand the op declares. The
+        floor covers the library's fixed scratch at the small correctness shapes."""
+        if self.entry.max_workspace is not None:
+            return int(eval_expr(self.entry.max_workspace, dims)), f"entry.max_workspace = {self.entry.max_workspace}"
+        sizes = {t.name: _DTYPE_BYTES[t.dtype] * math.prod(self.shape_of(t, dims))
+                 for t in (*self.entry.inputs, *self.entry.outputs)}
+        big = max(sizes, key=sizes.get)
+        budget = max(WORKSPACE_FLOOR, sizes[big] // 2)
+        return budget, f"half the largest declared tensor ({big}, {sizes[big]} bytes), at least {WORKSPACE_FLOOR >> 20} MiB"
 
     def constants_of(self, dims: dict[str, int]) -> dict[str, int]:
         """The entry's keyword-only int arguments under ``dims`` (``{}`` for most specs)."""
@@ -541,7 +587,33 @@ def load_spec(path: str | Path) -> LoadedSpec:
     missing = sorted(needed - defined)
     if missing:
         raise SpecError(f"{ref}: missing function(s) {missing} (the spec's fields refer to them)")
+    call_names = [t.name for t in spec.entry.inputs] + list(spec.entry.constants)
+    for fn in tree.body:
+        if isinstance(fn, ast.FunctionDef) and fn.name in (*REQUIRED_REFERENCE_FUNCS, "quack_library"):
+            problem = _keyword_call_problem(fn, call_names)
+            if problem:
+                raise SpecError(f"{ref}:{fn.lineno}: {fn.name}() is called with the spec's inputs and constants "
+                                f"as keywords ({', '.join(call_names)}): {problem}")
     return LoadedSpec(spec=spec, directory=directory, spec_hash=spec_hash(directory), raw=raw)
+
+
+def _keyword_call_problem(fn: ast.FunctionDef, names: list[str]) -> str | None:
+    """Why ``fn(**{n: ... for n in names})`` would raise a TypeError, or None (read from
+    the def, without importing the module)."""
+    a = fn.args
+    if a.posonlyargs:
+        return "it has positional-only parameters"
+    params = [x.arg for x in (*a.args, *a.kwonlyargs)]
+    unknown = [n for n in names if n not in params] if a.kwarg is None else []
+    n_defaults = len(a.defaults)
+    required = [x.arg for x in a.args[: len(a.args) - n_defaults]] + [
+        x.arg for x, d in zip(a.kwonlyargs, a.kw_defaults) if d is None]
+    unbound = [n for n in required if n not in names]
+    if unknown:
+        return f"it has no parameter {unknown[0]!r} (parameters: {', '.join(params) or 'none'})"
+    if unbound:
+        return f"its parameter {unbound[0]!r} is not one of them and has no default"
+    return None
 
 
 def find_specs(root: str | Path) -> list[LoadedSpec]:

@@ -125,6 +125,9 @@ KINDS: dict[str, str] = {
     "name-redefined": "a module-level entry/epilogue name bound twice",
     "no-epilogue": "no @gemm_epilogue function is defined",
     "no-epilogue-call": "the entry (or a function it calls) never names one of the epilogues",
+    "library-alias": "a torch/cutlass/quack callable or an epilogue mod used as a value (stored, passed, returned) instead of called where it is named: an alias hides the call from the keyword, allocation and callback rules",
+    "epilogue-attribute": "an epilogue mod's attribute other than `mod.gemm(...)` (plan()/run() skip quack's host checks)",
+    "library-epilogue": "one of quack's ready-made epilogue mods (rope_posfreq_epi, ...): the library baseline, not the candidate's epilogue",
     "reserved-name": "a def named like a profiler marker (sync, memcpy, memset, memory): kernels are named after epilogue fns",
     "epilogue-decorator": "gemm_epilogue used other than as a decorator on a module-level def",
     "epilogue-signature": "an epilogue fn whose first parameter is not 'acc' (or uses *args/**kwargs)",
@@ -235,6 +238,8 @@ VALUE_MATH_METHODS = frozenset({
     # ninth red team: a GEMM as a broadcast product accumulated with .index_add
     "index_add", "scatter_add", "scatter_reduce", "index_reduce", "index_put", "masked_scatter",
     "bincount", "cov", "corrcoef", "histc", "histogram", "index_fill", "scatter", "put",
+    # tenth red team: the target logit picked from materialized logits with .gather
+    "gather", "take", "take_along_dim", "index_select", "masked_select",
 })
 """Methods on values (tensors) that compute, fill or rebind data."""
 
@@ -579,8 +584,10 @@ class _Checker:
                          "keeps state across calls")
             elif isinstance(node, ast.Name):
                 self._check_name(node)
+                self._check_value_use(node)
             elif isinstance(node, ast.Attribute):
                 self._check_attribute(node)
+                self._check_value_use(node)
                 recv_q = self.qualname(node.value)
                 if recv_q == "torch.Tensor" and isinstance(node.ctx, ast.Load):
                     self.add("banned-attribute", node,
@@ -712,6 +719,59 @@ class _Checker:
                 return
             self._check_qualified(node, q)
 
+    def _check_value_use(self, node: ast.Name | ast.Attribute) -> None:
+        """``library-alias`` / ``epilogue-attribute``: the rules on calls (banned keywords,
+        ``out=``, ``device=`` of allocations, callbacks handed to the library) see the callee
+        where the call names it, so a library callable or an epilogue mod may only be
+        *called* where it is named: ``alloc = torch.empty; alloc(..., out=x)``,
+        ``gm = swiglu_epi.gemm`` and ``swiglu_epi.plan(...).run`` got banned keywords past
+        every rule (red team 10). Annotations, ``isinstance`` class arguments and bare
+        decorators are not calls and stay allowed; non-callable library values (dtypes,
+        constants) too."""
+        if not isinstance(node.ctx, ast.Load) or not self._is_chain_top(node) or self._not_a_value(node):
+            return
+        parent = self.parents.get(node)
+        called = isinstance(parent, ast.Call) and parent.func is node
+        if isinstance(node, ast.Name) and node.id in self.epilogue_names and node.id not in self.aliases:
+            if not called:
+                self.add("library-alias", node, f"the epilogue mod `{node.id}` is used as a value (`{_src(parent or node)[:60]}`): "
+                         f"call it where you name it, `{node.id}(...)` or `{node.id}.gemm(...)`")
+            return
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                and node.value.id in self.epilogue_names and node.value.id not in self.aliases):
+            if node.attr != "gemm":
+                self.add("epilogue-attribute", node, f"`{_src(node)}`: an epilogue mod is used as `mod(...)` or "
+                         "`mod.gemm(...)` only (`plan()`/`run()` skip quack's host checks of the operands)")
+            elif not called:
+                self.add("library-alias", node, f"`{_src(node)}` is used as a value: call `{_src(node)}(...)` where you name it")
+            return
+        if called:
+            return
+        q = self.qualname(node)
+        if q is None or q.split(".")[0] not in ("torch", "cutlass", "quack") or not surface.is_library_callable(q):
+            return
+        self.add("library-alias", node, f"`{_src(node)}` (`{q}`) is used as a value (`{_src(parent or node)[:60]}`): "
+                 "call library functions where you name them, so that the rules on their arguments see the call")
+
+    def _not_a_value(self, node: ast.AST) -> bool:
+        """True for a name in an annotation, a decorator or the class argument of isinstance()."""
+        child, up = node, self.parents.get(node)
+        while up is not None:
+            if isinstance(up, ast.arg) and up.annotation is child:
+                return True
+            if isinstance(up, (ast.FunctionDef, ast.AsyncFunctionDef)) and (up.returns is child or child in up.decorator_list):
+                return True
+            if isinstance(up, ast.AnnAssign) and up.annotation is child:
+                return True
+            if (isinstance(up, ast.Call) and isinstance(up.func, ast.Name) and up.func.id in ("isinstance", "issubclass")
+                    and len(up.args) == 2 and up.args[1] is child):
+                return True
+            if isinstance(up, (ast.Tuple, ast.Subscript, ast.BinOp)):  # Optional[torch.Tensor], (A, B), A | B
+                child, up = up, self.parents.get(up)
+                continue
+            return False
+        return False
+
     def _check_attribute(self, node: ast.Attribute) -> None:
         attr = node.attr
         if attr.startswith("_") and _inner_private(node.value):
@@ -825,6 +885,10 @@ class _Checker:
         elif q == "torch.Tensor":
             self.add("host-escape", node, f"`{_src(node)}`: calling the tensor class allocates uninitialised host "
                      "memory; allocate with `torch.empty(..., device=<input>.device)`")
+        if any(k.arg is None for k in node.keywords):
+            self.add("banned-call", node, f"`{_src(node)[:80]}`: `**` unpacking into a call hides what the callee "
+                     "is given (`x.to(**{{'dtype': ...}})` cast unseen, `run(**{{'tile_count_semaphore': ...}})` passed "
+                     "a banned keyword: red team 10); pass arguments by name")
         if not isinstance(func, ast.Attribute):
             return
         name = func.attr
@@ -834,9 +898,6 @@ class _Checker:
             self.add("precision-cast", node, f"`{_src(node)}` may reinterpret a tensor's bits as another dtype "
                      "(`.view(torch.int16)[..., 1::2].view(torch.bfloat16)` truncated fp32 to bf16 with no launch); "
                      "give `.view` the shape itself (ints, a tuple or `x.shape`)")
-        if any(k.arg is None for k in node.keywords):
-            self.add("banned-call", node, f"`{_src(node)}`: `**` unpacking into a method call hides what the method "
-                     "is given (`x.to(**{{'dtype': ...}})` cast unseen); pass arguments by name")
         if name in self.allowed_torch:
             return
         if name in VALUE_MATH_METHODS:

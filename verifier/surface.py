@@ -152,7 +152,7 @@ def judge(path: str) -> tuple[str, str, bool] | None:
     Returns None when it is allowed and is not a module; ``("module", name, True)`` when it
     is an allowed module (callers decide whether a module may be used as a value); else
     ``(kind, message, False)`` with ``kind`` one of ``banned-import``, ``foreign-object``,
-    ``unknown-name``, ``banned-attribute``, ``call-cache``.
+    ``unknown-name``, ``banned-attribute``, ``call-cache``, ``library-epilogue``.
     """
     parts = path.split(".")
     if parts[0] in ("torch", "__future__"):
@@ -202,7 +202,42 @@ def judge(path: str) -> tuple[str, str, bool] | None:
     return None
 
 
+@functools.lru_cache(maxsize=None)
+def _epilogue_mod_class():
+    """quack's ``EpiMod`` (what ``@gemm_epilogue`` returns), or None where it cannot be imported."""
+    mod, _ = _import("quack.epilogue.frontend")
+    return getattr(mod, "EpiMod", None)
+
+
+@functools.lru_cache(maxsize=None)
+def is_library_callable(path: str) -> bool:
+    """True when the dotted ``path`` (rooted at ``torch``, ``cutlass`` or ``quack``) names a
+    callable that is not a module (a function, a class, a mod); False for dtypes,
+    constants, modules and paths that do not resolve (those are judged elsewhere)."""
+    parts = path.split(".")
+    if any(p.startswith("_") for p in parts):
+        return False  # private paths are banned-attribute; nothing is imported for them
+    obj = None
+    for i in range(len(parts), 0, -1):  # only allowed modules are imported here, never a path's guess
+        if ".".join(parts[:i]) in ALLOWED_MODULES:
+            obj, _ = _import(".".join(parts[:i]))
+            break
+    if obj is None:
+        return False
+    for p in parts[i:]:
+        try:
+            obj = getattr(obj, p)
+        except Exception:  # noqa: BLE001 - unresolvable: judged as unknown-name by judge()
+            return False
+    return callable(obj) and not isinstance(obj, types.ModuleType)
+
+
 def _judge_object(here: str, obj: object, std: str | None) -> tuple[str, str, bool] | None:
+    epi_mod = _epilogue_mod_class()
+    if epi_mod is not None and isinstance(obj, epi_mod):
+        return ("library-epilogue", f"`{here}` is one of quack's ready-made epilogue mods: it is the library baseline "
+                "the kernel is measured against (the red team of session 9 shipped `rope_posfreq_epi` as a kernel); "
+                "write the epilogue with @gemm_epilogue from the primitives", False)
     if isinstance(obj, types.ModuleType):
         if obj.__name__ in ALLOWED_MODULES and obj.__name__ == here:
             return None

@@ -79,7 +79,7 @@ import statistics  # noqa: E402
 import sys  # noqa: E402
 import traceback  # noqa: E402
 from pathlib import Path  # noqa: E402
-from typing import Any, Callable  # noqa: E402
+from typing import Any, Callable, NamedTuple  # noqa: E402
 
 import torch  # noqa: E402
 import torch.profiler  # noqa: E402
@@ -128,6 +128,17 @@ from coda_agent.verifier.protocol import (  # noqa: E402
     wall_check_run,
 )
 from coda_agent.verifier.spec import load_spec  # noqa: E402
+from coda_agent.verifier import device_memory  # noqa: E402  (binds torch.cuda's statistics at import)
+
+
+class Counted(NamedTuple):
+    """What one profiled call launched: kernel count and names (``protocol.gpu_kernels``),
+    and its workspace in bytes (None on the CPU device)."""
+
+    count: int
+    kernels: list[str]
+    workspace: int | None
+
 
 _WATCHED: dict[str, Callable[[], Any]] = {
     "time.perf_counter": lambda: _time.perf_counter,
@@ -234,8 +245,7 @@ class Worker:
         """Kernels the profiler sees for one known elementwise kernel (expected: 1)."""
         a = torch.ones(4096, device=self.device)
         self.sync()
-        count, _ = self.count_launches(lambda: a * 2)
-        return count
+        return self.count_launches(lambda: a * 2).count
 
     @staticmethod
     def set_checksums(sets: list[dict[str, torch.Tensor]]) -> list[torch.Tensor]:
@@ -362,10 +372,10 @@ class Worker:
         consts = self.spec.constants_of(dims)
         return functools.partial(self.fn, **consts) if consts else self.fn
 
-    def run_trial(self, run: Run, count: bool = False) -> tuple[dict[str, Any], tuple[int, list[str]] | None]:
+    def run_trial(self, run: Run, count: bool = False) -> tuple[dict[str, Any], Counted | None]:
         """Run the entry once on fresh inputs; save tensors; return ``(record fields,
         launches)``. ``count``: the call runs under the profiler and ``launches`` is its
-        ``(kernel count, kernel names)``, else None. Counting a judged, poisoned trial (not a
+        :class:`Counted` (kernel count, names, workspace bytes), else None. Counting a judged, poisoned trial (not a
         separate call) leaves a candidate nothing to tell the counted call apart by: the
         eighth red team told an extra, unjudged count call from the judged trials by the
         allocator poison and ran a torch fallback only where it was judged."""
@@ -508,21 +518,24 @@ class Worker:
         return v
 
     # -- launches -------------------------------------------------------------------
-    def counted_call(self, call: Callable[[], Any]) -> tuple[Any, tuple[int, list[str]]]:
-        """``(result, (kernel count, kernel names))`` of one ``call()`` under the profiler
-        (CUDA activity), synchronized inside."""
+    def counted_call(self, call: Callable[[], Any]) -> tuple[Any, Counted]:
+        """``(result, Counted(kernel count, kernel names, workspace bytes))`` of one
+        ``call()`` under the profiler (CUDA activity), synchronized inside. The workspace
+        (``verifier/device_memory.py``) is None on the CPU device."""
+        start = device_memory.mark(self.device) if self.cuda else None
         with _profile(activities=[_Activity.CPU, _Activity.CUDA]) as prof:
             res = call()
             self.sync()
+        workspace = None if start is None else device_memory.workspace_since(self.device, start, res)
         names = [e.name for e in prof.events() if e.device_type == _DeviceTypeCUDA]
         kernels = gpu_kernels(names)
-        return res, (len(kernels), kernels)
+        return res, Counted(len(kernels), kernels, workspace)
 
-    def count_launches(self, call: Callable[[], Any]) -> tuple[int, list[str]]:
-        """(kernel count, kernel names) of one ``call()`` under the profiler (CUDA activity)."""
-        res, launches = self.counted_call(call)
+    def count_launches(self, call: Callable[[], Any]) -> Counted:
+        """:class:`Counted` of one ``call()`` under the profiler (CUDA activity)."""
+        res, counted = self.counted_call(call)
         del res
-        return launches
+        return counted
 
     # -- bench --------------------------------------------------------------------------
     def time_event_ms(self, call: Callable[[], Any]) -> float:
@@ -609,8 +622,9 @@ class Worker:
             # a failure to count is recorded (and fails the bench stage), never a crash of the
             # run: on the H200 it counted every accepted kernel at every benchmark shape
             try:
-                count, kernels = self.count_launches(call)  # synchronizes inside
-                launches = dict(launches=count, launch_kernels=kernels[:16])
+                counted = self.count_launches(call)  # synchronizes inside
+                launches = dict(launches=counted.count, launch_kernels=counted.kernels[:16],
+                                workspace_bytes=counted.workspace)
             except Exception as e:  # noqa: BLE001 -- see above; reported by the bench stage
                 launches = dict(launch_count_error=f"{type(e).__name__}: {e}"[:300])
         # One more call in the same rotation, indistinguishable from the timed ones: its
@@ -705,8 +719,8 @@ class Worker:
             self.record("trial", **fields)
             if launches is not None:
                 counted.add(run.case)
-                self.record("launches", count=launches[0], kernels=launches[1], selftest=selftest,
-                            key=run.key, case=run.case)
+                self.record("launches", count=launches.count, kernels=launches.kernels, selftest=selftest,
+                            key=run.key, case=run.case, workspace_bytes=launches.workspace)
         if not self.profiler_ok:
             why = "CPU device" if not self.cuda else f"profiler self-test saw {selftest} kernels for one known kernel"
             self.record("launches", count=None, kernels=[], selftest=selftest, reason=why)

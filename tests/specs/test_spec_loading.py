@@ -72,6 +72,9 @@ def _edit(path: Path, old: str, new: str) -> None:
         ("factor = 2.0", "factor = -1.0", r"field 'tolerance\.factor'.*greater than 0"),
         ('name = "swiglu_bwd"', 'name = "other_name"', r"field 'name': expected the folder name 'swiglu_bwd'"),
         ("[tolerance]", "[tolerence]", r"field 'tolerence'.*Extra inputs are not permitted"),
+        # new-user walkthrough, session 9: these used to load and fail only when inputs were drawn
+        ('std = "1/sqrt(K)"', 'std = "1/sqrtt(K)"', r"init\.std'.*only ceil, max, min, sqrt\(\.\.\.\) may be called, got sqrtt"),
+        ('std = "1/sqrt(K)"', 'std = "1/sqrt(Z)"', r"dims \['Z'\] are not bound \(used: Z by entry\.inputs\[\w+\]\.init\.std\)"),
     ],
 )
 def test_invalid_field_is_named(tmp_path, old, new, expect):
@@ -90,6 +93,20 @@ def test_all_aligned_correctness_shapes_rejected(tmp_path):
     (d / "spec.toml").write_text(text)
     with pytest.raises(SpecError, match="not all multiples of 128"):
         load_spec(d)
+
+
+def test_reference_functions_must_take_the_spec_inputs_as_keywords(tmp_path):
+    """reference/baseline/bare_gemm are called with every input (and constant) as a keyword:
+    a misspelt parameter is a load error naming the line, not a TypeError on the GPU."""
+    d = _copy_spec(tmp_path)
+    _edit(d / "reference.py", "def baseline(*, dout, w_down, preact)", "def baseline(*, dout, w_dwn, preact)")
+    with pytest.raises(SpecError, match=r"reference\.py:\d+: baseline\(\) is called .* it has no parameter 'w_down'"):
+        load_spec(d)
+    _edit(d / "reference.py", "def baseline(*, dout, w_dwn, preact)", "def baseline(*, dout, w_down, preact, scale)")
+    with pytest.raises(SpecError, match=r"its parameter 'scale' is not one of them and has no default"):
+        load_spec(d)
+    _edit(d / "reference.py", "def baseline(*, dout, w_down, preact, scale)", "def baseline(**inputs)")
+    load_spec(d)
 
 
 def test_bad_toml_and_missing_files(tmp_path):

@@ -148,3 +148,25 @@ def test_interrupted_write_leaves_old_version(tmp_path, cand, monkeypatch):
     after = {p.name: p.read_bytes() for p in first.iterdir() if p.is_file()}
     assert after == before
     assert [p.name for p in (tmp_path / "generated_kernels").iterdir()] == ["swiglu_fwd"]
+
+
+def test_reaccepting_the_same_bytes_keeps_the_authors_provenance(tmp_path, cand, monkeypatch):
+    """A spec change (or a new verifier check) means re-verifying the very kernel.py a model
+    wrote: `verify K generated_kernels/K/kernel.py --accept --force` must not turn the
+    manifest's author into "human". New bytes take the new provenance."""
+    monkeypatch.setattr(acc, "_now", lambda: "2030-01-01T00:00:00Z")
+    first = accept(LOADED, cand, _verdict(cand), root=tmp_path, provenance=PROV)
+    old = json.loads((first / "manifest.json").read_text())
+    human = {"backend": "human", "source": "generated_kernels/swiglu_fwd/kernel.py"}
+    monkeypatch.setattr(acc, "_now", lambda: "2031-01-01T00:00:00Z")
+    again = accept(LOADED, first / "kernel.py", _verdict(first / "kernel.py"), root=tmp_path, provenance=human, force=True)
+    prov = json.loads((again / "manifest.json").read_text())["provenance"]
+    assert {k: prov[k] for k in PROV} == PROV
+    assert prov["reverified"] == [{"at": "2031-01-01T00:00:00Z", "previous_accepted_at": old["accepted_at"],
+                                   "previous_spec_hash": old["spec_hash"], **human}]
+    assert "provenance: attempts=2" in (again / "REPORT.md").read_text()
+    # changed bytes: the new provenance, no carried authorship
+    cand2 = tmp_path / "v2.py"
+    cand2.write_text(cand.read_text() + "# v2\n")
+    v3 = accept(LOADED, cand2, _verdict(cand2), root=tmp_path, provenance=human, force=True)
+    assert json.loads((v3 / "manifest.json").read_text())["provenance"] == human

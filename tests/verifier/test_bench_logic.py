@@ -255,3 +255,55 @@ def test_launch_budget_is_judged_at_every_correctness_shape():
     f2, m2 = FindingSet(), {}
     cpu = [{"part": "launches", "count": None, "kernels": [], "reason": "CPU device"}]
     assert _launch_check(FWD, _run(FWD, cpu, [], [], bench=False), f2, m2) is None and not f2.items
+
+
+def test_workspace_budget_default_and_spec_override():
+    """Default: half the largest declared tensor, at least 8 MiB; ``entry.max_workspace``
+    replaces it. swiglu_fwd at llama3-1b/M8192: preact (M, 2I) bf16 is the largest."""
+    from coda_agent.verifier.spec import WORKSPACE_FLOOR, KernelSpec
+
+    budget, rule = FWD.spec.workspace_budget(DIMS)
+    assert budget == 8192 * 16384 * 2 // 2 and "preact" in rule
+    assert FWD.spec.workspace_budget({"M": 16, "K": 64, "I": 32})[0] == WORKSPACE_FLOOR
+    raw = FWD.spec.model_dump()
+    raw["entry"]["max_workspace"] = "4*M*I"
+    spec = KernelSpec.model_validate(raw)
+    assert spec.workspace_budget(DIMS) == (4 * 8192 * 8192, "entry.max_workspace = 4*M*I")
+    raw["entry"]["max_workspace"] = "4*M*Q"
+    with pytest.raises(ValueError, match=r"dims \['Q'\] are not bound .*entry.max_workspace"):
+        KernelSpec.model_validate(raw)
+
+
+def test_workspace_over_budget_fails_correctness_and_bench():
+    """Tenth red team: gemm_cross_entropy with its (M, V) fp32 logits materialized fits the
+    launch budget. The worker records each counted call's workspace; over the spec's
+    budget it is a finding at that correctness shape, and a failing one at a bench shape."""
+    from coda_agent.verifier.correctness import FindingSet, _launch_check
+    from coda_agent.verifier.protocol import make_runs
+
+    runs = [r for r in make_runs(FWD.spec) if not r.recheck]
+    first = {}
+    for r in runs:
+        first.setdefault(r.case, r)
+    budget = {c: FWD.spec.workspace_budget(r.dims)[0] for c, r in first.items()}
+    recs = [{"part": "launches", "count": 1, "kernels": ["gemm"], "case": c, "key": r.key,
+             "workspace_bytes": budget[c] + (1 if i == 1 else 0)} for i, (c, r) in enumerate(first.items())]
+    plan = Plan(spec_dir=str(FWD.directory), runs=runs, bench_shapes=[], bench=False)
+    run = GpuRun(workdir=Path("/nonexistent"), plan=plan,
+                 cand=WorkerOutcome(status="ok", returncode=0, duration_s=1.0, records=recs, timeout_s=60),
+                 ref=WorkerOutcome(status="ok", returncode=0, duration_s=1.0, records=[{"part": "done"}]))
+    f, metrics = FindingSet(), {}
+    assert _launch_check(FWD, run, f, metrics) is None
+    over = list(first)[1]
+    assert [(x.kind, x.case) for x in f.items] == [("workspace-over-budget", over)]
+    assert metrics["workspace_by_case"][over] == budget[over] + 1
+    assert "over the budget of 8.0 MiB (half the largest declared tensor" in f.items[0].message
+
+    ref = [{"part": "bench", "shape": SHAPE.name, "baselines": {"bare_gemm": {"ms": 0.88}}}]
+    rec = {"part": "bench", "shape": SHAPE.name, "event_ms": 0.81, "wall_ms": 0.9, "n_sets": 3, "launches": 1}
+    limit = FWD.spec.workspace_budget(DIMS)[0]
+    ok = bench_stage(FWD, _run(FWD, [*_checks(SHAPE), {**rec, "workspace_bytes": limit}], ref, [SHAPE]))
+    assert ok.status == "pass" and ok.metrics["shapes"][SHAPE.name]["workspace_bytes"] == limit
+    bad = bench_stage(FWD, _run(FWD, [*_checks(SHAPE), {**rec, "workspace_bytes": 8192 * 16384 * 4}], ref, [SHAPE]))
+    f = next(x for x in bad.findings if x.kind == "workspace-at-bench-shape")
+    assert bad.status == "fail" and f.case == SHAPE.name and "held 512.0 MiB" in f.message

@@ -46,8 +46,8 @@ def bare_gemm(*, x, HQ, HD):
 '''
 
 
-def _spec(tmp_path, toml=TOML, name="const_demo"):
-    return load_spec(write_spec(tmp_path, name, toml.replace("const_demo", name), REF))
+def _spec(tmp_path, toml=TOML, name="const_demo", ref=REF):
+    return load_spec(write_spec(tmp_path, name, toml.replace("const_demo", name), ref))
 
 
 def test_constants_validate_and_show_in_the_signature(tmp_path):
@@ -99,8 +99,7 @@ dtype = "int64"
 init = { dist = "randint", low = 0, high = "N" }
 
 [[entry.outputs]]''')
-    loaded = _spec(tmp_path, toml, "const_compile")
-    (loaded.directory / "reference.py").write_text(REF.replace("*, x,", "*, x, idx,"))
+    loaded = _spec(tmp_path, toml, "const_compile", ref=REF.replace("*, x,", "*, x, idx,"))
     cand = tmp_path / "cand.py"
     cand.write_text(
         "import torch\n\n\ndef const_compile(x, idx, *, HQ, HD):\n"

@@ -36,6 +36,7 @@ EXPECT_KINDS = {
     "input-mutation": {"input-mutated"},
     "stale-memory": {"stale-memory"},
     "constant-output": {"constant-output", "zero-output"},
+    "workspace": {"workspace-over-budget"},
 }
 
 
