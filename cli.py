@@ -15,7 +15,6 @@ the dependency list to what the design card names.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -127,11 +126,13 @@ def print_bench_rows(rows: list[dict]) -> None:
 
 def cmd_list(args) -> int:
     """Specs and accepted kernels with their status."""
+    from coda_agent.verifier.accept import ManifestError, read_manifest
     from coda_agent.verifier.spec import SpecError, load_spec
+    from coda_agent.verifier.workspace import sha256_file
 
     root = _root(args)
     t = Table(title=f"coda-agent workspace: {root}")
-    for c in ("spec", "pattern", "entry", "accepted kernel", "GPU verified", "spec changed"):
+    for c in ("spec", "pattern", "entry", "accepted kernel", "GPU verified", "changed since acceptance"):
         t.add_column(c)
     problems = 0
     for d in sorted((root / "kernel_specs").iterdir()):
@@ -141,15 +142,28 @@ def cmd_list(args) -> int:
             ls = load_spec(d)
         except SpecError as e:
             problems += 1
-            t.add_row(d.name, "[red]invalid[/]", escape(str(e).splitlines()[0]), "", "", "")
+            lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+            t.add_row(d.name, "[red]invalid[/]", escape(" ".join(lines[:3])), "", "", "")
             continue
-        man_path = root / "generated_kernels" / ls.name / "manifest.json"
+        kdir = root / "generated_kernels" / ls.name
+        man_path = kdir / "manifest.json"
         if man_path.exists():
-            man = json.loads(man_path.read_text())
+            try:
+                man = read_manifest(man_path)
+            except ManifestError as e:
+                problems += 1
+                t.add_row(ls.name, ls.spec.pattern, ls.spec.entry.function, "[red]unreadable manifest[/]", "-",
+                          escape(str(e))[:120])
+                continue
             env = man.get("environment", {})
-            acc = f"yes ({man.get('accepted_at', '?')[:10]})"
+            acc = f"yes ({str(man.get('accepted_at', '?'))[:10]})"
             gpu = env.get("gpu") or "no"
-            changed = "[red]yes: re-verify[/]" if man.get("spec_hash") != ls.spec_hash else "no"
+            edits = []
+            if man.get("spec_hash") != ls.spec_hash:
+                edits.append("spec")
+            if not (kdir / "kernel.py").is_file() or sha256_file(kdir / "kernel.py") != man.get("kernel_sha256"):
+                edits.append("kernel.py")
+            changed = f"[red]yes ({', '.join(edits)}): re-verify[/]" if edits else "no"
         else:
             acc, gpu, changed = "[yellow]not yet[/]", "-", "-"
         t.add_row(ls.name, ls.spec.pattern, ls.spec.entry.function, acc, gpu, changed)
@@ -187,6 +201,8 @@ def cmd_verify(args) -> int:
                          f"(e.g. {cand / 'kernel.py'})")
     if not cand.is_file():
         raise UsageError(f"candidate file not found: {cand}")
+    if args.allow_unconfined and not args.accept:
+        raise UsageError("--allow-unconfined only applies with --accept (it lets an unconfined run be accepted)")
     if args.force and not args.accept:
         raise UsageError("--force only applies with --accept (it replaces an accepted kernel)")
     if args.accept and (args.cpu_only or args.no_bench or not _has_gpu()):
@@ -198,7 +214,7 @@ def cmd_verify(args) -> int:
     verdict = verify(loaded, cand, cpu_only=args.cpu_only, bench=not args.no_bench)
     print_verdict(verdict)
     if args.json:
-        Path(args.json).write_text(verdict.to_json())
+        Path(args.json).write_text(verdict.to_json(outcome=True))
     if not verdict.passed:
         return FAILED
     if not verdict.gpu_verified and not (args.cpu_only or args.no_bench):
@@ -249,7 +265,7 @@ def cmd_generate(args) -> int:
         raise UsageError(f"--cmd is for --llm command, not --llm {name}")
     if command and name is None:
         name = "command"
-    no_accept = args.no_accept
+    no_accept, force = args.no_accept, args.force
     resume = _run_dir(root, args.resume) if args.resume else None
     if resume is not None:
         try:  # a resumed run keeps the backend it started with, and a --no-accept run stays one
@@ -258,11 +274,13 @@ def cmd_generate(args) -> int:
             raise UsageError(f"--resume {args.resume}: {e}") from None
         name = name or resumed.backend
         no_accept = no_accept or resumed.no_accept  # the run's summary says so
+        force = force or resumed.force
     name = name or default_backend_name()
     if name is None:
         raise UsageError(NO_BACKEND_HELP)
     if name == "command" and not command:
-        raise UsageError('--llm command needs the command: --llm command --cmd "CMD"')
+        again = " (run.json does not keep it: give the resumed run its command again)" if args.resume else ""
+        raise UsageError(f'--llm command needs the command: --llm command --cmd "CMD"{again}')
     gpu = args.cpu_only or _has_gpu()  # (cpu_only: never asked)
     if not gpu:
         if name == "anthropic":
@@ -272,7 +290,9 @@ def cmd_generate(args) -> int:
         err.print("[yellow]no CUDA GPU here: answers get the static and sm_90a compile stages only and cannot be "
                   "accepted (as with --cpu-only); resume the run on a Hopper GPU to verify them[/]")
     accepted_dir = root / "generated_kernels" / loaded.name
-    if (accepted_dir / "manifest.json").exists() and gpu and not (args.force or no_accept or args.resume or args.cpu_only):
+    if (accepted_dir / "manifest.json").exists() and gpu and not (force or no_accept or args.cpu_only):
+        # checked for resumed runs too: a run started on a CPU machine without --force would
+        # otherwise verify and benchmark on the GPU, then end "accept refused"
         raise UsageError(
             f"{loaded.name} is already accepted ({accepted_dir}); a new accepted kernel would not replace it. "
             "Use --force to replace it (the old one moves to history/) or --no-accept to only verify."
@@ -297,7 +317,7 @@ def cmd_generate(args) -> int:
             max_attempts=args.max_attempts,
             resume=resume,
             accept_fn=accept_fn,
-            force=args.force,
+            force=force,
             cpu_only=args.cpu_only,
             no_accept=no_accept,
         )
@@ -337,9 +357,10 @@ def cmd_bench(args) -> int:
             raise UsageError(f"{args.from_verdicts}: no kept verdict of a current accepted kernel with a passing bench"
                              + (f" ({len(report.notes)} file(s) left off, listed above)" if report.notes else
                                 " (no *.json verdict files in it)"))
+        stale = report.markdown_path.with_suffix(".png")
         console.print(escape(f"wrote {report.markdown_path}" + (f" and {report.plot_path}" if report.plot_path else
-                      " (no plot: matplotlib is not installed; pip install -e '.[bench]'; a .png already beside "
-                      "the page is from an earlier rendering)")))
+                      " (no plot: matplotlib is not installed; pip install -e '.[bench]'"
+                      + (f"; {stale.name} beside the page is from an earlier rendering)" if stale.exists() else ")"))))
         return OK
     if not args.all and not args.spec:
         raise UsageError("bench needs SPEC ... or --all")
@@ -373,6 +394,9 @@ def cmd_regress(args) -> int:
     from coda_agent.verifier.regress import regress
 
     root = _root(args)
+    if args.shape and (args.cpu_only or args.verdicts):
+        raise UsageError("regress --shape picks the benchmark shapes to measure; "
+                         + ("--cpu-only measures none" if args.cpu_only else "--verdicts judges what was measured"))
     if not (args.cpu_only or args.verdicts) and not _has_gpu():
         raise UsageError("regress checks correctness and speed on a Hopper GPU and there is no CUDA GPU here; "
                          "use --cpu-only (integrity, static, sm_90a compile) or --verdicts DIR (what bench measured)")
@@ -426,13 +450,14 @@ def _tricks_add(root, args, add_from_run, add_trick) -> int:
 
 
 def cmd_review(args) -> int:
+    from coda_agent.verifier.accept import ManifestError
     from coda_agent.verifier.review import review_text
 
     root = _root(args)
     loaded = _spec(root, args.spec)
     try:
         text = review_text(root, loaded)
-    except FileNotFoundError as e:  # no accepted kernel to review
+    except (FileNotFoundError, ManifestError) as e:  # no accepted kernel to review, or a broken manifest
         raise UsageError(str(e)) from None
     console.print(text, markup=False, highlight=False, soft_wrap=True)
     return OK
@@ -441,7 +466,10 @@ def cmd_review(args) -> int:
 # --------------------------------------------------------------------------- parser
 
 def _fraction(text: str) -> float:
-    v = float(text)
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a fraction >= 0 such as 0.10, got {text!r}") from None
     if not 0 <= v < 10:
         raise argparse.ArgumentTypeError(f"expected a fraction >= 0 such as 0.10, got {text}")
     return v
@@ -486,7 +514,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --accept: accept even if the candidate ran unconfined (recorded in the manifest)")
     v.add_argument("--cpu-only", action="store_true", help="static + sm_90a compile only (not verification)")
     v.add_argument("--no-bench", action="store_true", help="skip the benchmark stage")
-    v.add_argument("--json", help="also write the verdict as JSON")
+    v.add_argument("--json", metavar="FILE", help="also write the verdict as JSON to FILE, with passed, gpu_verified and failed_stage at the top level")
     v.set_defaults(fn=cmd_verify)
 
     b = sub.add_parser("bench", help="benchmark accepted kernels against their baselines (GPU)")

@@ -237,9 +237,15 @@ class RunSummary(BaseModel):
             lines.append(f"attempt {last.k}: {why}" + (f" (the feedback the next attempt gets: {fb})" if fb.is_file() else ""))
         if s.status == "passed-cpu-only":
             goal = "verify it" if s.no_accept else "verify (and accept) it"
+            # the run's name: --resume finds it under runs/ from any folder of the workspace, on
+            # a GPU machine whose checkout lives elsewhere too
+            ref = self.run_dir.name if self.run_dir.parent.name == "runs" else self.run_dir
             lines.append(f"passed the CPU stages only; to {goal}, resume the run on a Hopper GPU: "
-                         f"coda-agent generate {s.spec} --resume {self.run_dir}"
-                         + (" --force" if s.force else "") + (" --no-accept" if s.no_accept else ""))
+                         f"coda-agent generate {s.spec} --resume {ref}"
+                         + (' --cmd "CMD"' if s.backend == "command" else "")
+                         + (" --force" if s.force else "") + (" --no-accept" if s.no_accept else "")
+                         + (" (the command backend's CMD is not kept in run.json: give it again)"
+                            if s.backend == "command" else ""))
         if s.no_accept:
             lines.append("this run was started with --no-accept: it verifies but never accepts")
         if s.error:

@@ -22,10 +22,9 @@ from __future__ import annotations
 
 import datetime as _dt
 import fcntl
-import hashlib
 import json
+import os
 import re
-import tempfile
 from pathlib import Path
 
 from pydantic import BaseModel
@@ -156,11 +155,11 @@ def add_trick(root: str | Path, text: str, kernel: str | None = None, date: str 
     root = Path(root)
     path = root / TRICKS_FILE
     root.mkdir(parents=True, exist_ok=True)
-    # The lock lives outside the workspace (nothing untracked appears in the checkout).
-    digest = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:16]
-    lock_path = Path(tempfile.gettempdir()) / f"coda-agent-tricks-{digest}.lock"
-    with open(lock_path, "a") as lock:
-        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+    # The lock is the workspace folder itself (flock on a directory descriptor): no lock
+    # file appears in the checkout or piles up in /tmp (one per workspace path, as before).
+    lock = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             old = path.read_text() if path.is_file() else ""
             if body in _clean(old):
@@ -175,7 +174,9 @@ def add_trick(root: str | Path, text: str, kernel: str | None = None, date: str 
             assert new.startswith(old), "tricks log append must keep the existing text as a prefix"
             atomic_write_text(path, new)
         finally:
-            fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
+            fcntl.flock(lock, fcntl.LOCK_UN)
+    finally:
+        os.close(lock)
     return TrickEntry(date=date, kernel=kernel, text=body, raw=line)
 
 

@@ -196,3 +196,47 @@ def test_a_refused_page_rewrite_changes_nothing_in_the_kept_folder(ws, capsys):
     assert main(["bench", "--from-verdicts", str(dst), "--merge-from", str(res / "2026-11-30-nvidia-h200-repeat")]) == 2
     assert "nothing was changed" in capsys.readouterr().err
     assert {f.name: f.read_bytes() for f in dst.iterdir()} == before
+
+
+def test_a_resumed_run_on_an_accepted_spec_is_refused_before_the_gpu_stages(ws, capsys, monkeypatch):
+    """New-user pass: a run started without a GPU and without --force on an accepted spec
+    used to be resumed on the GPU, verified and benchmarked, and only then refused at
+    accept. The resume is now refused up front unless the run (or the resume) says
+    --force or --no-accept; a resumed --llm command run is told to give its command again."""
+    import coda_agent.cli as cli
+
+    monkeypatch.setattr(cli, "_has_gpu", lambda: False)
+    assert main(["generate", "--llm", "manual", "swiglu_fwd"]) == 0
+    run = next((ws / "runs").iterdir()).name
+    capsys.readouterr()
+    monkeypatch.setattr(cli, "_has_gpu", lambda: True)
+    assert main(["generate", "swiglu_fwd", "--resume", run]) == 2
+    assert "already accepted" in capsys.readouterr().err
+    assert main(["generate", "swiglu_fwd", "--resume", run, "--llm", "command"]) == 2
+    assert "give the resumed run its command again" in capsys.readouterr().err
+
+
+def test_a_broken_manifest_is_named_not_a_traceback(ws, capsys):
+    """New-user pass: a malformed manifest.json crashed `list` and `review` with a
+    JSONDecodeError; `list` also missed a kernel.py edited after acceptance."""
+    (ws / "generated_kernels" / "rope_bwd" / "manifest.json").write_text("{bad")
+    k = ws / "generated_kernels" / "swiglu_fwd" / "kernel.py"
+    k.write_text(k.read_text() + "# edited\n")
+    assert main(["list"]) == 2
+    out = capsys.readouterr().out
+    assert "unreadable manifest" in out and "yes (kernel.py): re-verify" in out
+    assert main(["review", "rope_bwd"]) == 2
+    err = capsys.readouterr().err
+    assert "rope_bwd/manifest.json: unreadable manifest (JSONDecodeError" in err
+    assert main(["bench", "--all", "--from-manifests"]) == 2
+    assert "manifest.json: unreadable manifest" in capsys.readouterr().err
+
+
+def test_flags_that_would_be_ignored_are_refused(ws, capsys):
+    """New-user pass: `regress --cpu-only --shape foo` checked everything and said nothing;
+    `verify --allow-unconfined` without --accept was silently accepted."""
+    assert main(["regress", "--cpu-only", "--shape", "foo"]) == 2
+    assert "--cpu-only measures none" in capsys.readouterr().err
+    good = ws / "generated_kernels" / "swiglu_fwd" / "kernel.py"
+    assert main(["verify", "swiglu_fwd", str(good), "--cpu-only", "--allow-unconfined"]) == 2
+    assert "--allow-unconfined only applies with --accept" in capsys.readouterr().err

@@ -31,7 +31,6 @@ through eleven sequential compiles, and no timing overlaps a compile.
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import math
 import os
 import re
@@ -40,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from coda_agent.verifier import gemm_floor
+from coda_agent.verifier.accept import read_manifest
 from coda_agent.verifier.bench import HOST_BOUND, host_bound
 from coda_agent.verifier.kept import PAGE_MARK, check_page, day_verdicts, keep_verdict, slug, verdicts_dir
 from coda_agent.verifier.repeats import combine, runs_of, shapes_of
@@ -515,7 +515,7 @@ def bench_kernels(root: Path, names: list[str] | None, *, out_dir: Path | None =
     if from_manifests:
         dates = set()
         for n in names:
-            man = json.loads((root / "generated_kernels" / n / "manifest.json").read_text())
+            man = read_manifest(root / "generated_kernels" / n / "manifest.json")
             rep.verdicts[n] = verdict_from_manifest(man)
             dates.add(str(man.get("accepted_at", ""))[:10])
         note = ("Numbers recorded by each kernel's acceptance run (manifest.json), not re-measured: "

@@ -76,6 +76,14 @@ CAND_WORKER = "coda_agent.verifier.worker_candidate"
 REF_WORKER = "coda_agent.verifier.worker_reference"
 
 
+def _skip_summary(loaded: LoadedSpec, stage: str, why: str) -> str:
+    """The summary of a GPU stage that did not run: ``why``, except for the gradients stage
+    of a spec that declares no gradient outputs (it would be skipped on a GPU too)."""
+    if stage == "gradients" and not loaded.spec.gradient_outputs:
+        return "the spec declares no gradient outputs: nothing to check"
+    return why
+
+
 def _now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
 
@@ -378,10 +386,12 @@ def verify(
         return finish()
 
     if cpu_only:
-        verdict.stages += [StageResult(stage=s, status="skip", summary="--cpu-only: not run (not verified on a GPU)") for s in GPU_STAGES]
+        verdict.stages += [StageResult(stage=s, status="skip", summary=_skip_summary(loaded, s, "--cpu-only: not run (not verified on a GPU)"))
+                           for s in GPU_STAGES]
         return finish()
     if device == "cuda" and not cuda_available():
-        verdict.stages += [StageResult(stage=s, status="skip", summary="no CUDA GPU: not verified") for s in GPU_STAGES]
+        verdict.stages += [StageResult(stage=s, status="skip", summary=_skip_summary(loaded, s, "no CUDA GPU: not verified"))
+                           for s in GPU_STAGES]
         return finish()
 
     tmp = None
@@ -456,7 +466,7 @@ def main(argv: list[str] | None = None) -> int:
                      timeout_s=a.timeout, bench_shapes=a.bench_shape)
     _print(verdict)
     if a.json:
-        atomic_write_text(a.json, verdict.to_json())
+        atomic_write_text(a.json, verdict.to_json(outcome=True))
     ok = verdict.passed if (a.cpu_only or a.no_bench) else verdict.gpu_verified
     return 0 if ok else 1
 

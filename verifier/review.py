@@ -17,10 +17,10 @@ Read-only: nothing here writes.
 from __future__ import annotations
 
 import difflib
-import json
 import subprocess
 from pathlib import Path
 
+from coda_agent.verifier.accept import read_manifest
 from coda_agent.verifier.spec import LoadedSpec, diff_fields
 from coda_agent.verifier.workspace import sha256_file
 
@@ -59,7 +59,7 @@ def review_text(root: Path, loaded: LoadedSpec) -> str:
     man_path = kdir / "manifest.json"
     if not man_path.is_file():
         raise FileNotFoundError(f"{kdir}: no accepted kernel for {name!r} (run `coda-agent generate {name}`)")
-    man = json.loads(man_path.read_text())
+    man = read_manifest(man_path)
     lines = [f"# Review: {name}", ""]
 
     # 1. status

@@ -103,5 +103,13 @@ class Verdict(BaseModel):
         ran = [s.stage for s in self.stages if s.status != "skip"]
         return ran[-1] if ran else "none"
 
-    def to_json(self) -> str:
-        return json.dumps(self.model_dump(mode="json"), indent=2, sort_keys=True) + "\n"
+    def to_json(self, outcome: bool = False) -> str:
+        """The verdict as JSON (sorted keys). ``outcome=True`` (``verify --json``) adds the
+        derived top-level fields a script reads first: ``passed``, ``gpu_verified`` and
+        ``failed_stage`` (the first stage that did not pass, or null); loading ignores them."""
+        d = self.model_dump(mode="json")
+        if outcome:
+            failed = self.failed_stage
+            d.update(passed=self.passed, gpu_verified=self.gpu_verified,
+                     failed_stage=failed.stage if failed else None)
+        return json.dumps(d, indent=2, sort_keys=True) + "\n"

@@ -424,10 +424,25 @@ def test_no_accept_is_recorded_and_sticky_over_resumes(workspace, fwd_spec):
                  verifier=FakeVerifier(cpu_only=True), run_dir=workspace / "runs" / "n", cpu_only=True, no_accept=True)
     assert s.status == "passed-cpu-only" and run_json(s.run_dir)["no_accept"] is True
     text = s.render()
-    assert f"coda-agent generate swiglu_fwd --resume {s.run_dir} --no-accept" in text and "never accepts" in text
+    assert f"coda-agent generate swiglu_fwd --resume {s.run_dir.name} --no-accept" in text and "never accepts" in text
     # a GPU resume that would accept is refused: the run was started not to
     with pytest.raises(RunError, match="started with --no-accept"):
         generate(fwd_spec, root=workspace, backend=ScriptedBackend([]), verifier=FakeVerifier(), resume=s.run_dir,
                  accept_fn=Acceptor())
     s = generate(fwd_spec, root=workspace, backend=ScriptedBackend([]), verifier=FakeVerifier(), resume=s.run_dir)
     assert s.status == "passed" and s.state.no_accept is True
+
+
+def test_cpu_only_summary_names_the_resume_command_by_run_name(tmp_path):
+    """The resume hint names the run as `runs/<name>` resolves it (the GPU machine's
+    checkout lives elsewhere) and, for the command backend, asks for the command again
+    (run.json does not keep it)."""
+    from coda_agent.agent.loop import RunState, RunSummary
+
+    st = RunState(spec="swiglu_fwd", spec_hash="x", spec_dir="d", root=str(tmp_path), backend="command", model="m",
+                  status="passed-cpu-only", max_attempts=3, created_at="t")
+    text = RunSummary(run_dir=tmp_path / "runs" / "20301212T000000Z-swiglu_fwd", state=st).render()
+    assert 'coda-agent generate swiglu_fwd --resume 20301212T000000Z-swiglu_fwd --cmd "CMD"' in text
+    st.backend, st.force = "manual", True
+    text = RunSummary(run_dir=tmp_path / "runs" / "20301212T000000Z-swiglu_fwd", state=st).render()
+    assert "--resume 20301212T000000Z-swiglu_fwd --force" in text and "--cmd" not in text

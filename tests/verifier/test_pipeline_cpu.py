@@ -19,7 +19,7 @@ import pytest
 import coda_agent.verifier.pipeline as pipeline
 from coda_agent.verifier.pipeline import verify
 from coda_agent.verifier.spec import load_spec
-from coda_agent.verifier.verdict import Finding, StageResult
+from coda_agent.verifier.verdict import Finding, StageResult, Verdict
 from verifier_helpers import landlock_or_skip, stub_static_compile as stub_stages
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -70,13 +70,21 @@ def test_cpu_only_skips_gpu_stages(tmp_path):
     assert [s.stage for s in v.stages] == ["static", "compile", "correctness", "gradients", "bench"]
     assert [s.status for s in v.stages[2:]] == ["skip"] * 3
     assert v.passed and not v.gpu_verified and v.cpu_only
+    assert v.stages[3].summary == "the spec declares no gradient outputs: nothing to check"
+    # verify --json: the outcome at the top level; loading ignores the derived fields
+    d = json.loads(v.to_json(outcome=True))
+    assert (d["passed"], d["gpu_verified"], d["failed_stage"]) == (True, False, None)
+    assert "passed" not in json.loads(v.to_json())
+    assert Verdict.model_validate_json(v.to_json(outcome=True)).stages == v.stages
 
 
 def test_no_cuda_gpu_is_not_verified(tmp_path, monkeypatch):
     monkeypatch.setattr(pipeline, "cuda_available", lambda: False)
     cand = _write(tmp_path, GOOD_FWD)
     v = verify(FWD, cand)
-    assert [s.summary for s in v.stages[2:]] == ["no CUDA GPU: not verified"] * 3
+    # swiglu_fwd declares no gradient outputs: its gradients stage says so, GPU or not
+    assert [s.summary for s in v.stages[2:]] == [
+        "no CUDA GPU: not verified", "the spec declares no gradient outputs: nothing to check", "no CUDA GPU: not verified"]
     assert not v.cpu_only and not v.gpu_verified
     assert v.environment.gpu is None
 
@@ -86,6 +94,8 @@ def test_static_failure_stops(tmp_path, monkeypatch):
         stage="static", status="fail", summary="banned import", findings=[Finding(kind="banned-import", message="os", line=1)]))
     v = verify(FWD, _write(tmp_path, GOOD_FWD))
     assert [s.stage for s in v.stages] == ["static"] and v.failed_stage.stage == "static"
+    d = json.loads(v.to_json(outcome=True))
+    assert (d["passed"], d["gpu_verified"], d["failed_stage"]) == (False, False, "static")
 
 
 def test_cpu_stages_many_runs_ahead_and_verify_reuses_them(tmp_path, monkeypatch):
