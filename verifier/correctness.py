@@ -216,19 +216,29 @@ def _launch_check(loaded: LoadedSpec, run: GpuRun, f: FindingSet, metrics: dict[
             names = ", ".join(r.get("kernels", [])[:8])
             f.add("too-many-launches", f"one call{at} launched {count} GPU kernels, at most {limit} allowed "
                   f"(a fused op is one kernel); kernels: {names}", case=r.get("case"))
-    dims = {t.key: t.dims for t in run.plan.correctness_runs}
-    by_case = {}
-    for r in recs:
-        ws = r.get("workspace_bytes")
-        if r.get("key") not in dims or ws is None:
-            continue
-        by_case[str(r.get("case"))] = ws
-        msg = workspace_problem(loaded, dims[r["key"]], ws, f"one call at {r.get('case')}")
-        if msg:
-            f.add("workspace-over-budget", msg, case=r.get("case"))
-    if by_case:
-        metrics["workspace_by_case"] = by_case
     return None
+
+
+def _workspace_check(loaded: LoadedSpec, run: GpuRun, f: FindingSet, metrics: dict[str, Any]) -> None:
+    """Judge the workspace (``verifier/device_memory.py``) of every correctness trial and
+    fresh-seed recheck (``trial``/``recheck`` records) and of the counted calls
+    (``launches`` records) against the spec's budget at the trial's dims: one
+    ``workspace-over-budget`` finding per shape case, at its largest workspace.
+    ``metrics.workspace_by_case`` keeps that largest value per case."""
+    runs = {t.key: t for t in (*run.plan.correctness_runs, *run.plan.recheck_runs) if not t.sample}
+    worst: dict[str, tuple[int, Any]] = {}
+    for r in (*run.cand_part("launches"), *run.cand_part("trial"), *run.cand_part("recheck")):
+        t, ws = runs.get(str(r.get("key"))), r.get("workspace_bytes")
+        if t is None or not isinstance(ws, int):
+            continue
+        if t.case not in worst or ws > worst[t.case][0]:
+            worst[t.case] = (ws, t)
+    for case, (ws, t) in worst.items():
+        msg = workspace_problem(loaded, t.dims, ws, f"one call at {case}")
+        if msg:
+            f.add("workspace-over-budget", msg, case=case)
+    if worst:
+        metrics["workspace_by_case"] = {c: ws for c, (ws, _) in worst.items()}
 
 
 def workspace_problem(loaded: LoadedSpec, dims: dict[str, int], workspace: int, where: str) -> str | None:
@@ -332,6 +342,7 @@ def correctness_stage(loaded: LoadedSpec, run: GpuRun) -> StageResult:
     err = _launch_check(loaded, run, f, metrics)
     if err:
         return stage_result("correctness", "error", err, f.items, metrics, t0)
+    _workspace_check(loaded, run, f, metrics)
     # post-timing recheck
     for t in run.plan.recheck_runs:
         rec = run.cand_trial(t.key)

@@ -122,7 +122,7 @@ KINDS: dict[str, str] = {
     "module-level-call": "a bare call at module level",
     "entry-missing": "the entry function is not defined at module level",
     "entry-signature": "the entry function's parameters differ from the spec inputs",
-    "name-redefined": "a module-level entry/epilogue name bound twice",
+    "name-redefined": "an entry/epilogue name bound twice at module level, or bound at all in another scope",
     "no-epilogue": "no @gemm_epilogue function is defined",
     "no-epilogue-call": "the entry (or a function it calls) never names one of the epilogues",
     "library-alias": "a torch/cutlass/quack callable or an epilogue mod used as a value (stored, passed, returned) instead of called where it is named: an alias hides the call from the keyword, allocation and callback rules",
@@ -252,6 +252,10 @@ CAST_METHODS = frozenset({
 })
 """Tensor dtype-cast methods (precision games)."""
 
+REFERENCE_CHECKED_METHODS = (VALUE_MATH_METHODS | {"new_empty", "view", "new_tensor"}) - CAST_METHODS
+"""Tensor methods whose calls are judged (math, allocation device, bit views): referenced
+without being called, they would be judged nowhere (casts have their own message)."""
+
 POINTER_ATTRS = frozenset({
     "data_ptr", "untyped_storage", "storage", "storage_offset_ptr", "_cdata",
     "__cuda_array_interface__", "__dlpack__", "unsafe_get", "unsafe_set",
@@ -375,6 +379,52 @@ class _Checker:
         self._epilogue_contract()
         self._entry_point()
         self._def_names()
+        self._bindings()
+
+    def _bindings(self) -> None:
+        """Names are resolved through one module-wide table of imports, so a binding in any
+        scope must not change what a name means elsewhere (eleventh red team: a helper's
+        `from math import pi as eval` freed the builtin `eval` in every function, and
+        `from torch import float32 as swiglu_epi` made the epilogue's `plan`/`gemm` aliases
+        unchecked). Imports belong at module level (``banned-import``); no scope binds a
+        banned builtin's name (``banned-call``); only the module-level defs bind the entry's
+        and the epilogues' names (``name-redefined``)."""
+        protected = self.epilogue_names | {self.spec.entry.function}
+        top = set(map(id, self.tree.body))
+        for node in ast.walk(self.tree):
+            bound: list[str] = []
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                if id(node) not in top:
+                    self.add("banned-import", node, "imports belong at module level: an import inside a function "
+                             "rebinds the name for the whole module's checks")
+                bound = [(a.asname or a.name).split(".")[0] for a in node.names if a.name != "*"]
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
+                bound = [node.id]
+            elif isinstance(node, ast.arg):
+                bound = [node.arg]
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and id(node) not in top:
+                bound = [node.name]
+            elif isinstance(node, ast.FunctionDef) and node.name in BANNED_BUILTINS:
+                bound = [node.name]
+            for name in bound:
+                if name in BANNED_BUILTINS:
+                    self.add("banned-call", node, f"`{name}` is a builtin candidates may not use; binding that name "
+                             "(import alias, assignment, parameter, def) is not allowed either")
+                elif name in protected and (id(node) not in top or isinstance(node, ast.arg)) and not (
+                        isinstance(node, ast.Name) and self._is_module_level_target(node)):
+                    self.add("name-redefined", node, f"`{name}` names the entry or an epilogue: no other binding "
+                             "of it, in any scope")
+
+    def _is_module_level_target(self, node: ast.Name) -> bool:
+        """True for a Name stored by a module-level statement (reported by the entry and
+        epilogue checks as ``name-redefined`` already)."""
+        p = self.parents.get(node)
+        while p is not None and id(p) not in set(map(id, self.tree.body)):
+            if isinstance(p, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ListComp, ast.SetComp,
+                              ast.DictComp, ast.GeneratorExp)):
+                return False
+            p = self.parents.get(p)
+        return p is not None
 
     def _def_names(self) -> None:
         """``reserved-name``: quack names an epilogue's kernel after its fn
@@ -603,6 +653,12 @@ class _Checker:
                         "or formats/introspects objects is not allowed (called or passed around)",
                     )
                 parent = self.parents.get(node)
+                if (isinstance(node.ctx, ast.Load) and recv_q is None and node.attr in REFERENCE_CHECKED_METHODS
+                        and not (isinstance(parent, ast.Call) and parent.func is node)
+                        and not self._in_epilogue_fn(node)):
+                    self.add("torch-math", node, f"`{_src(node)}`: a reference to a tensor method the rules check where "
+                             "it is called (math, allocation, views) is not allowed: `mm = x.matmul; mm(w)` hid a GEMM "
+                             "(eleventh red team); call the method where you name it")
                 if (isinstance(node.ctx, ast.Load) and recv_q is None and node.attr in CAST_METHODS | {"to"}
                         and not (isinstance(parent, ast.Call) and parent.func is node)):
                     self.add("precision-cast", node, f"`{_src(node)}`: a reference to a dtype-cast method (called "
@@ -703,7 +759,10 @@ class _Checker:
         return not (isinstance(parent, ast.Attribute) and parent.value is node)
 
     def _check_name(self, node: ast.Name) -> None:
-        if node.id in BANNED_BUILTINS and isinstance(node.ctx, ast.Load) and node.id not in self.aliases:
+        # No exemption for a name some import or assignment binds: the alias table is
+        # module-wide, so `from math import pi as eval` in a helper freed the real `eval`
+        # everywhere else (eleventh red team). Binding such a name is reported by _bindings.
+        if node.id in BANNED_BUILTINS and isinstance(node.ctx, ast.Load):
             self.add("banned-call", node, _builtin_msg(node.id))
             return
         if _is_dunder(node.id):
@@ -732,13 +791,13 @@ class _Checker:
             return
         parent = self.parents.get(node)
         called = isinstance(parent, ast.Call) and parent.func is node
-        if isinstance(node, ast.Name) and node.id in self.epilogue_names and node.id not in self.aliases:
+        if isinstance(node, ast.Name) and node.id in self.epilogue_names:
             if not called:
                 self.add("library-alias", node, f"the epilogue mod `{node.id}` is used as a value (`{_src(parent or node)[:60]}`): "
                          f"call it where you name it, `{node.id}(...)` or `{node.id}.gemm(...)`")
             return
         if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
-                and node.value.id in self.epilogue_names and node.value.id not in self.aliases):
+                and node.value.id in self.epilogue_names):
             if node.attr != "gemm":
                 self.add("epilogue-attribute", node, f"`{_src(node)}`: an epilogue mod is used as `mod(...)` or "
                          "`mod.gemm(...)` only (`plan()`/`run()` skip quack's host checks of the operands)")

@@ -229,7 +229,16 @@ def is_library_callable(path: str) -> bool:
             obj = getattr(obj, p)
         except Exception:  # noqa: BLE001 - unresolvable: judged as unknown-name by judge()
             return False
+    if isinstance(obj, type) and _is_dsl_numeric_type(obj):
+        return False  # cutlass.Float32 & co. are dtypes (Scalar(..., dtype=cutlass.Float32)), passed as values
     return callable(obj) and not isinstance(obj, types.ModuleType)
+
+
+def _is_dsl_numeric_type(cls: type) -> bool:
+    """True for CuTeDSL's numeric types (``cutlass.Float32``, ``cutlass.Int32`` ...)."""
+    mod, _ = _import("cutlass")
+    numeric = getattr(mod, "Numeric", None)
+    return isinstance(numeric, type) and issubclass(cls, numeric)
 
 
 def _judge_object(here: str, obj: object, std: str | None) -> tuple[str, str, bool] | None:

@@ -385,14 +385,22 @@ class Worker:
         before = {} if run.sample else {k: _host_copy(v) for k, v in inputs.items()}
         poisoned = self.poison()
         call = functools.partial(self.no_host_sync, self.entry_with(run.dims), *self.args_of(inputs))
+        # the workspace of every trial, not only the profiled one (eleventh red team: code
+        # that can tell the profiler is on behaves only there)
+        start = device_memory.mark(self.device) if self.cuda and not count else None
         t0 = _perf_counter()
         if count:
             res, launches = self.counted_call(call)
+            workspace = launches.workspace
         else:
             res, launches = call(), None
             self.sync()
+            workspace = None
         call_s = _perf_counter() - t0
-        return self.save_result(run, res, inputs, before, call_s=call_s, poisoned_bytes=poisoned), launches
+        if start is not None:
+            workspace = device_memory.workspace_since(self.device, start, res)
+        return self.save_result(run, res, inputs, before, call_s=call_s, poisoned_bytes=poisoned,
+                                workspace_bytes=workspace), launches
 
     def check_result(self, run: Run, res: Any, inputs: dict[str, torch.Tensor]
                      ) -> tuple[list[tuple[int, Any, Any, list[dict[str, Any]]]], list[dict[str, Any]]]:
@@ -632,10 +640,12 @@ class Worker:
         # (protocol.timed_check_run), so work skipped only while timing, or inputs
         # changed during timing, fail the candidate.
         k = counter[0] % n
+        start = device_memory.mark(self.device) if self.cuda else None
         res = call()
         self.sync()
+        workspace = None if start is None else device_memory.workspace_since(self.device, start, res)
         check = timed_check_run(BenchShape(name=name, dims=dims), k, self.plan.secret)
-        fields = self.save_result(check, res, set_inputs[k], {}, timed_set=k)
+        fields = self.save_result(check, res, set_inputs[k], {}, timed_set=k, workspace_bytes=workspace)
         changed = [i for i, (a, b) in enumerate(zip(sums_before, self.set_checksums(set_inputs))) if not torch.equal(a, b)]
         if changed:
             fields["violations"] = [*fields["violations"], dict(
