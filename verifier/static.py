@@ -418,8 +418,8 @@ class _Checker:
     def _is_module_level_target(self, node: ast.Name) -> bool:
         """True for a Name stored by a module-level statement (reported by the entry and
         epilogue checks as ``name-redefined`` already)."""
-        p = self.parents.get(node)
-        while p is not None and id(p) not in set(map(id, self.tree.body)):
+        p, top = self.parents.get(node), set(map(id, self.tree.body))
+        while p is not None and id(p) not in top:
             if isinstance(p, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ListComp, ast.SetComp,
                               ast.DictComp, ast.GeneratorExp)):
                 return False
