@@ -163,6 +163,8 @@ BANNED_BUILTINS = frozenset({
     # a stateless fingerprint of the heap that told timed calls from checked ones; print()
     # flooded the worker's log file
     "repr", "str", "ascii", "format", "print", "set", "frozenset",
+    # round 12: site's interactive helpers write to the log (license() can read input)
+    "credits", "license", "copyright",
 })
 """Builtins that load code, reach objects by string, read scopes or identity, or do I/O."""
 
@@ -242,6 +244,9 @@ VALUE_MATH_METHODS = frozenset({
     "gather", "take", "take_along_dim", "index_select", "masked_select",
 })
 """Methods on values (tensors) that compute, fill or rebind data."""
+
+_BUILTIN_NAMES = frozenset(n for n in dir(builtins) if not n.startswith("_"))
+"""Every builtin's name: no scope of a candidate may rebind one (see ``_bindings``)."""
 
 RESERVED_NAME_RE = re.compile(r"sync|memcpy|memset|memory", re.IGNORECASE)
 """Def names the launch count could mistake for profiler markers (see ``_def_names``)."""
@@ -391,6 +396,11 @@ class _Checker:
         and the epilogues' names (``name-redefined``)."""
         protected = self.epilogue_names | {self.spec.entry.function}
         top = set(map(id, self.tree.body))
+        # names the module-level imports bind: a parameter or local named `torch`/`cute`
+        # was resolved as the import (`def f(torch): return torch.float()` passed as the
+        # dtype `torch.float`: twelfth red team)
+        imported = {(a.asname or a.name).split(".")[0] for n in self.tree.body
+                    if isinstance(n, (ast.Import, ast.ImportFrom)) for a in n.names if a.name != "*"}
         for node in ast.walk(self.tree):
             bound: list[str] = []
             if isinstance(node, (ast.Import, ast.ImportFrom)):
@@ -410,6 +420,15 @@ class _Checker:
                 if name in BANNED_BUILTINS:
                     self.add("banned-call", node, f"`{name}` is a builtin candidates may not use; binding that name "
                              "(import alias, assignment, parameter, def) is not allowed either")
+                elif name in _BUILTIN_NAMES:
+                    # the checker trusts builtins by name (isinstance() in _not_a_value, next,
+                    # dict ...): a parameter named `isinstance` handed library callables
+                    # around as values (twelfth red team)
+                    self.add("banned-call", node, f"`{name}` is the name of a Python builtin: do not rebind it "
+                             "(the checks read it as the builtin); choose another name")
+                elif name in imported and not isinstance(node, (ast.Import, ast.ImportFrom)):
+                    self.add("name-redefined", node, f"`{name}` names a module-level import: no other binding "
+                             "of it, in any scope (the checks would read it as the import)")
                 elif name in protected and (id(node) not in top or isinstance(node, ast.arg)) and not (
                         isinstance(node, ast.Name) and self._is_module_level_target(node)):
                     self.add("name-redefined", node, f"`{name}` names the entry or an epilogue: no other binding "
@@ -493,8 +512,10 @@ class _Checker:
                         self.add("banned-import", node, _import_msg(full if mod in ("quack", "cutlass") else mod))
                     self.aliases[a.asname or a.name] = full
         # `t = torch` / `mm = torch.matmul`: later uses of the name resolve like the original.
+        # Module level only: an alias assigned inside a function (`c = cute`) would otherwise
+        # give every other function's `c` the import's meaning (twelfth red team).
         for _ in range(2):
-            for node in ast.walk(self.tree):
+            for node in self.tree.body:
                 if isinstance(node, ast.Assign) and isinstance(node.value, (ast.Name, ast.Attribute)):
                     q = self.qualname(node.value)
                     if q is None:
@@ -655,7 +676,7 @@ class _Checker:
                 parent = self.parents.get(node)
                 if (isinstance(node.ctx, ast.Load) and recv_q is None and node.attr in REFERENCE_CHECKED_METHODS
                         and not (isinstance(parent, ast.Call) and parent.func is node)
-                        and not self._in_epilogue_fn(node)):
+                        and not self._in_epilogue_fn(node) and not self._is_type_info(node.value)):
                     self.add("torch-math", node, f"`{_src(node)}`: a reference to a tensor method the rules check where "
                              "it is called (math, allocation, views) is not allowed: `mm = x.matmul; mm(w)` hid a GEMM "
                              "(eleventh red team); call the method where you name it")
@@ -679,6 +700,12 @@ class _Checker:
                 )
             elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.MatMult):
                 self._matmul_op(node)
+            elif isinstance(node, ast.Compare) and any(isinstance(op, (ast.Is, ast.IsNot)) for op in node.ops) and not (
+                    len(node.ops) == 1 and any(isinstance(x, ast.Constant) and x.value is None
+                                               for x in (node.left, *node.comparators))):
+                self.add("banned-call", node, f"`{_src(node)[:60]}`: `is`/`is not` compare object identity, which "
+                         "tells a library's cached result from a fresh one (a call counter: twelfth red team); "
+                         "use `is None` or `==`")
             elif isinstance(node, (ast.JoinedStr, ast.Set, ast.SetComp)) or (
                     isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mod)
                     and isinstance(node.left, ast.Constant) and isinstance(node.left.value, (str, bytes))):
@@ -811,6 +838,10 @@ class _Checker:
             return
         self.add("library-alias", node, f"`{_src(node)}` (`{q}`) is used as a value (`{_src(parent or node)[:60]}`): "
                  "call library functions where you name them, so that the rules on their arguments see the call")
+
+    def _is_type_info(self, node: ast.AST) -> bool:
+        """``torch.finfo(...)``/``torch.iinfo(...)``: their ``.max``/``.min`` are numbers."""
+        return isinstance(node, ast.Call) and self.qualname(node.func) in ("torch.finfo", "torch.iinfo")
 
     def _not_a_value(self, node: ast.AST) -> bool:
         """True for a name in an annotation, a decorator or the class argument of isinstance()."""
@@ -965,6 +996,9 @@ class _Checker:
         elif name in CAST_METHODS and _looks_like_cast(node):
             self.add("precision-cast", node, f"`{_src(node)}` casts a tensor's dtype; outputs and intermediates must keep the spec's dtypes (no precision games)")
         elif name == "to":
+            if (self._in_epilogue_fn(node) and node.args and not node.keywords
+                    and all((self.qualname(a) or "").startswith("cutlass.") for a in node.args)):
+                return  # a DSL conversion in an epilogue body (`g.to(cutlass.Float32)`), not a tensor cast
             self._check_to(node)
 
     def _view_reinterprets(self, node: ast.Call) -> bool:
