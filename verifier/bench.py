@@ -44,12 +44,13 @@ Five results are *failures*, because they mean the measurement cannot be trusted
   2026-11-30 (``benchmarks/launch_census.py``: every accepted kernel launches the same
   number of kernels at all of its shapes, within budget) showed that legitimate host glue
   does not grow with the shape.
-* ``workspace-at-bench-shape`` -- that counted call held more device memory beyond its
-  inputs and outputs than the spec's workspace budget
+* ``workspace-at-bench-shape`` -- that counted call, or the unprofiled call after timing
+  (one of the timed rotation), held more device memory beyond its inputs and outputs than
+  the spec's workspace budget
   (:meth:`~coda_agent.verifier.spec.KernelSpec.workspace_budget`,
   ``verifier/device_memory.py``): an intermediate the fused op must not materialize
   (the tenth red team's gemm_cross_entropy stored its fp32 logits). The correctness stage
-  judges the same at every correctness shape (``workspace-over-budget``); the benchmark
+  judges the same on every correctness trial (``workspace-over-budget``); the benchmark
   shapes are where a GEMM-sized intermediate outgrows every declared operand.
 
 The spec's ``bench.bar`` (largest acceptable fused/baseline ratio per baseline) is

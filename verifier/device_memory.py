@@ -17,8 +17,10 @@ call freed again included). Allocations outside torch's allocator (the driver's 
 memory, CUTLASS's own device allocations) are not seen; candidate code reaches device
 memory through ``torch.empty`` only (the static stage allows nothing else). The budget is
 the spec's (:meth:`coda_agent.verifier.spec.KernelSpec.workspace_budget`); the
-correctness stage judges it on the counted trial of every correctness shape, the bench
-stage on the counted call at every benchmark shape.
+correctness stage judges it on every correctness trial and recheck, the bench stage on the
+profiled call and the unprofiled call after timing at every benchmark shape (measuring
+only profiled calls let code that could tell the profiler was on behave only there:
+eleventh red team).
 """
 
 from __future__ import annotations
