@@ -412,10 +412,8 @@ class _Checker:
                 bound = [node.id]
             elif isinstance(node, ast.arg):
                 bound = [node.arg]
-            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and id(node) not in top:
-                bound = [node.name]
-            elif isinstance(node, ast.FunctionDef) and node.name in BANNED_BUILTINS:
-                bound = [node.name]
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                bound = [node.name]  # module-level defs too: `def isinstance(a, b)` rebinds a trusted name
             for name in bound:
                 if name in BANNED_BUILTINS:
                     self.add("banned-call", node, f"`{name}` is a builtin candidates may not use; binding that name "

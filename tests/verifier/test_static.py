@@ -906,3 +906,34 @@ def test_every_model_written_catalogue_candidate_passes_static(path):
 
 def test_model_written_candidates_are_there():
     assert len(MODEL_WRITTEN) >= 17
+
+
+def test_a_module_level_def_may_not_rebind_a_builtin():
+    """Review of session 9: `_bindings` checked nested defs only, so a module-level
+    `def isinstance(a, b): return b` made the value-use rule (which trusts the name
+    isinstance) hand `torch.empty` out as a value, allocating without device=."""
+    src = textwrap.dedent('''
+        import torch
+        from quack.activation import sigmoid
+        from quack.epilogue import gemm_epilogue, pack, unpack
+
+
+        @gemm_epilogue(outputs=("postact",), mode="acc_pair")
+        def swiglu_epi(acc):
+            g, u = unpack(acc)
+            return {"D": pack(g, u), "postact": g * sigmoid(g) * u}
+
+
+        def isinstance(a, b):
+            return b
+
+
+        def swiglu_fwd(x, w1):
+            alloc = isinstance(x, torch.empty)
+            host = alloc(1 << 20, dtype=torch.uint8)
+            res = swiglu_epi(x, w1.T, tuned=False)
+            return res["D"], res["postact"]
+    ''')
+    res = check_static(FWD, src)
+    assert res.status == "fail"
+    assert [(f.kind, f.line) for f in res.findings if f.kind == "banned-call"] == [("banned-call", 13)]
