@@ -40,6 +40,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from coda_agent.verifier.bench import host_bound
+from coda_agent.verifier.accept import ManifestError, read_manifest
 from coda_agent.verifier.spec import SpecError, diff_fields, load_spec
 from coda_agent.verifier.workspace import sha256_file
 
@@ -203,9 +204,9 @@ def regress_one(root: Path, name: str, *, cpu_only: bool, tolerance: float, veri
     kdir = root / "generated_kernels" / name
     kernel = kdir / "kernel.py"
     try:
-        man = json.loads((kdir / "manifest.json").read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        return RegressRow(kernel=name, status="fail", stage="integrity", message=f"manifest.json unreadable: {e}")
+        man = read_manifest(kdir / "manifest.json")
+    except ManifestError as e:
+        return RegressRow(kernel=name, status="fail", stage="integrity", message=str(e))
     if not kernel.is_file():
         return RegressRow(kernel=name, status="fail", stage="integrity", message="kernel.py missing")
     got = sha256_file(kernel)

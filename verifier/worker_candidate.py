@@ -387,18 +387,13 @@ class Worker:
         call = functools.partial(self.no_host_sync, self.entry_with(run.dims), *self.args_of(inputs))
         # the workspace of every trial, not only the profiled one (eleventh red team: code
         # that can tell the profiler is on behaves only there)
-        start = device_memory.mark(self.device) if self.cuda and not count else None
         t0 = _perf_counter()
         if count:
             res, launches = self.counted_call(call)
             workspace = launches.workspace
         else:
-            res, launches = call(), None
-            self.sync()
-            workspace = None
+            (res, workspace), launches = self.measured_call(call), None
         call_s = _perf_counter() - t0
-        if start is not None:
-            workspace = device_memory.workspace_since(self.device, start, res)
         return self.save_result(run, res, inputs, before, call_s=call_s, poisoned_bytes=poisoned,
                                 workspace_bytes=workspace), launches
 
@@ -526,15 +521,20 @@ class Worker:
         return v
 
     # -- launches -------------------------------------------------------------------
+    def measured_call(self, call: Callable[[], Any]) -> tuple[Any, int | None]:
+        """``(result, workspace bytes)`` of one ``call()``, synchronized: the device memory
+        it held beyond what was in use before it and what it returned
+        (``verifier/device_memory.py``); None on the CPU device."""
+        start = device_memory.mark(self.device) if self.cuda else None
+        res = call()
+        self.sync()
+        return res, None if start is None else device_memory.workspace_since(self.device, start, res)
+
     def counted_call(self, call: Callable[[], Any]) -> tuple[Any, Counted]:
         """``(result, Counted(kernel count, kernel names, workspace bytes))`` of one
-        ``call()`` under the profiler (CUDA activity), synchronized inside. The workspace
-        (``verifier/device_memory.py``) is None on the CPU device."""
-        start = device_memory.mark(self.device) if self.cuda else None
+        ``call()`` under the profiler (CUDA activity), synchronized inside."""
         with _profile(activities=[_Activity.CPU, _Activity.CUDA]) as prof:
-            res = call()
-            self.sync()
-        workspace = None if start is None else device_memory.workspace_since(self.device, start, res)
+            res, workspace = self.measured_call(call)
         names = [e.name for e in prof.events() if e.device_type == _DeviceTypeCUDA]
         kernels = gpu_kernels(names)
         return res, Counted(len(kernels), kernels, workspace)
@@ -640,10 +640,7 @@ class Worker:
         # (protocol.timed_check_run), so work skipped only while timing, or inputs
         # changed during timing, fail the candidate.
         k = counter[0] % n
-        start = device_memory.mark(self.device) if self.cuda else None
-        res = call()
-        self.sync()
-        workspace = None if start is None else device_memory.workspace_since(self.device, start, res)
+        res, workspace = self.measured_call(call)
         check = timed_check_run(BenchShape(name=name, dims=dims), k, self.plan.secret)
         fields = self.save_result(check, res, set_inputs[k], {}, timed_set=k, workspace_bytes=workspace)
         changed = [i for i, (a, b) in enumerate(zip(sums_before, self.set_checksums(set_inputs))) if not torch.equal(a, b)]
