@@ -273,8 +273,9 @@ def cmd_generate(args) -> int:
         except Exception as e:  # noqa: BLE001 - reported as a usage error below
             raise UsageError(f"--resume {args.resume}: {e}") from None
         name = name or resumed.backend
-        no_accept = no_accept or resumed.no_accept  # the run's summary says so
-        force = force or resumed.force
+        no_accept = no_accept or resumed.no_accept  # the run's summary says so (a restriction: safe to read)
+        # --force is never read from the run folder: in --llm manual mode the answerer writes
+        # there, and a run.json saying "force" replaced accepted kernels (red team 13)
     name = name or default_backend_name()
     if name is None:
         raise UsageError(NO_BACKEND_HELP)
@@ -293,9 +294,11 @@ def cmd_generate(args) -> int:
     if (accepted_dir / "manifest.json").exists() and gpu and not (force or no_accept or args.cpu_only):
         # checked for resumed runs too: a run started on a CPU machine without --force would
         # otherwise verify and benchmark on the GPU, then end "accept refused"
+        again = (" (this run was started with --force; a resume must say it again: it is never read from the "
+                 "run folder)") if resume is not None and resumed.force else ""
         raise UsageError(
             f"{loaded.name} is already accepted ({accepted_dir}); a new accepted kernel would not replace it. "
-            "Use --force to replace it (the old one moves to history/) or --no-accept to only verify."
+            f"Use --force to replace it (the old one moves to history/) or --no-accept to only verify{again}."
         )
     try:
         backend = make_backend(name, model=args.model, command=command)

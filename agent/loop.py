@@ -34,6 +34,12 @@ Other decisions:
 * The system blocks and the task message are rendered once (attempt 1) and reused
   verbatim by every repair and the lesson prompt, so the prompt-cache prefix stays
   byte-identical and the run is reproducible even if docs change mid-run.
+* The run folder is input, not proof: in --llm manual mode the answerer writes there. A
+  stored passing ``verdict.json`` is verified again before anything is accepted, ``--force``
+  is never read from ``run.json`` (the CLI asks for it on the resume), the manifest's
+  provenance says whether this process received the answer itself
+  (``answer_received_here``), and symlinks/FIFOs/devices in the folder are refused
+  (:func:`check_run_files`).
 * An extraction failure is a failed attempt whose feedback is the extraction error.
 * The verifier is injected (``verifier(loaded, candidate_path, workdir) -> Verdict``);
   :func:`default_verifier` wraps ``coda_agent.verifier.pipeline.verify`` lazily.
@@ -49,7 +55,9 @@ import datetime as _dt
 import difflib
 import fcntl
 import json
+import os
 import re
+import stat
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -205,6 +213,20 @@ class RunSummary(BaseModel):
         p = self.run_dir / PROPOSED_TRICK
         return p if p.is_file() else None
 
+    def resume_command(self) -> str:
+        """The command that continues this run, flags included: ``--force`` and ``--cmd`` are
+        not taken from run.json on a resume (``--force`` by design, the command backend's
+        CMD is not kept), so the hint repeats them."""
+        s = self.state
+        # the run's name: --resume finds it under runs/ from any folder of the workspace, on
+        # a GPU machine whose checkout lives elsewhere too
+        ref = self.run_dir.name if self.run_dir.parent.name == "runs" else self.run_dir
+        return (f"coda-agent generate {s.spec} --resume {ref}"
+                + (' --cmd "CMD"' if s.backend == "command" else "")
+                + (" --force" if s.force else "") + (" --no-accept" if s.no_accept else "")
+                + (" (the command backend's CMD is not kept in run.json: give it again)"
+                   if s.backend == "command" else ""))
+
     def render(self) -> str:
         """A plain-text summary for the CLI."""
         s = self.state
@@ -227,7 +249,7 @@ class RunSummary(BaseModel):
         if s.status == "waiting-for-answer" and s.answer_path:
             lines.append(
                 f"waiting for the answer: read {Path(s.answer_path).with_name('prompt.md')}, write the "
-                f"model's reply to {s.answer_path}, then resume with --resume {self.run_dir}"
+                f"model's reply to {s.answer_path}, then resume: {self.resume_command()}"
             )
         done = [a for a in s.attempts if a.passed is not None]  # the latest verified attempt, if it failed
         last = done[-1] if done else None
@@ -237,15 +259,8 @@ class RunSummary(BaseModel):
             lines.append(f"attempt {last.k}: {why}" + (f" (the feedback the next attempt gets: {fb})" if fb.is_file() else ""))
         if s.status == "passed-cpu-only":
             goal = "verify it" if s.no_accept else "verify (and accept) it"
-            # the run's name: --resume finds it under runs/ from any folder of the workspace, on
-            # a GPU machine whose checkout lives elsewhere too
-            ref = self.run_dir.name if self.run_dir.parent.name == "runs" else self.run_dir
             lines.append(f"passed the CPU stages only; to {goal}, resume the run on a Hopper GPU: "
-                         f"coda-agent generate {s.spec} --resume {ref}"
-                         + (' --cmd "CMD"' if s.backend == "command" else "")
-                         + (" --force" if s.force else "") + (" --no-accept" if s.no_accept else "")
-                         + (" (the command backend's CMD is not kept in run.json: give it again)"
-                            if s.backend == "command" else ""))
+                         f"{self.resume_command()}")
         if s.no_accept:
             lines.append("this run was started with --no-accept: it verifies but never accepts")
         if s.error:
@@ -275,12 +290,34 @@ def _save(run_dir: Path, state: RunState) -> None:
 
 
 def load_run(run_dir: str | Path) -> RunSummary:
-    """The summary of an existing run directory (raises :class:`RunError` if none)."""
+    """The summary of an existing run directory (raises :class:`RunError` if none, or when
+    :func:`check_run_files` refuses one of its files)."""
     run_dir = Path(run_dir)
     p = run_dir / RUN_FILE
     if not p.is_file():
         raise RunError(f"{run_dir}: not a run directory (no {RUN_FILE})")
+    check_run_files(run_dir)
     return RunSummary(run_dir=run_dir, state=RunState.model_validate_json(p.read_text()))
+
+
+def check_run_files(run_dir: Path) -> None:
+    """Refuse a run folder whose own files (``run.json``, ``.lock``, ``attempt-<k>/*``,
+    ``lesson/*``; not the verifier's workdirs) include anything but regular files and
+    folders. In --llm manual mode the answerer writes into the run folder: a FIFO named
+    ``.lock`` or ``response.md`` blocked ``--resume`` forever (red team 13), and a symlink
+    would have the loop read, and send on to the model, a file from elsewhere. Raises
+    :class:`RunError` naming the entry."""
+    run_dir = Path(run_dir)
+    folders = [run_dir, *(d for d in run_dir.iterdir() if d.name.startswith("attempt-") or d.name == "lesson")]
+    for folder in folders:
+        if folder.is_symlink():
+            raise RunError(f"{folder}: a symlink; a run folder holds only regular files and folders")
+        for e in os.scandir(folder):
+            if folder != run_dir and e.name == "verify":
+                continue  # the verifier's workdir: its own business
+            if e.is_symlink() or not (e.is_file(follow_symlinks=False) or e.is_dir(follow_symlinks=False)):
+                raise RunError(f"{Path(e.path)}: not a regular file or folder (a symlink, FIFO, socket or device); "
+                               "a run folder holds only regular files and folders. Remove it, then resume")
 
 
 def new_run_dir(root: Path, spec_name: str) -> Path:
@@ -359,6 +396,7 @@ class _Run:
         self.loaded, self.root, self.run_dir, self.state = loaded, root, run_dir, state
         self.backend, self.verifier, self.accept_fn = backend, verifier, accept_fn
         self.max_examples = 3
+        self.answered_here: set[int] = set()  # attempts whose answer this process received
 
     def save(self) -> None:
         _save(self.run_dir, self.state)
@@ -447,6 +485,7 @@ class _Run:
             rec.backend = getattr(self.backend, "name", None)
             self.save()
             self.call(prompt, d)
+            self.answered_here.add(k)
         text, meta = self.read_response(d)
         rec.backend = meta.get("backend", rec.backend or "manual")
         rec.model = meta.get("model", rec.model)
@@ -481,6 +520,14 @@ class _Run:
             # verification: keep it for the record and verify again, GPU stages included.
             n = len(list(d.glob("verdict-cpu-*.json"))) + 1
             vpath.rename(d / f"verdict-cpu-{n}.json")
+            verdict = None
+        elif verdict is not None and verdict.passed and self.accept_fn is not None and self.state.accepted_path is None:
+            # A stored pass is never what an acceptance rests on: in --llm manual mode the
+            # answerer writes into this folder, and a forged verdict.json (right spec hash,
+            # the candidate's own sha256, "gpu_verified") was accepted unverified (red team
+            # 13). Keep it for the record and verify again in this process.
+            n = len(list(d.glob("verdict-stored-*.json"))) + 1
+            vpath.rename(d / f"verdict-stored-{n}.json")
             verdict = None
         if verdict is None:
             t0 = time.monotonic()
@@ -530,6 +577,10 @@ class _Run:
                 "prompt_sha256": rec.prompt_sha256,
                 "attempts": k,
                 "run_dir": str(self.run_dir),
+                # whether this process received the answer from its backend; otherwise backend
+                # and model are as the run folder recorded them (the answerer's to write in
+                # --llm manual mode), not something this process saw
+                "answer_received_here": k in self.answered_here,
             }
             try:
                 path = self.accept_fn(self.loaded, cand, verdict, root=self.root, provenance=provenance, force=force)
@@ -676,7 +727,15 @@ def generate(
     run = _Run(loaded_spec, root, run_dir, state, backend, verifier, accept_fn)
     run.max_examples = max_examples
 
-    lock = open(run_dir / ".lock", "a")
+    check_run_files(run_dir)
+    try:  # never blocks, never follows a link: the folder may hold what an answerer put there
+        fd = os.open(run_dir / ".lock", os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NONBLOCK | os.O_NOFOLLOW, 0o644)
+    except OSError as e:
+        raise RunError(f"{run_dir / '.lock'}: cannot open the run's lock file ({e.strerror})") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise RunError(f"{run_dir / '.lock'}: not a regular file; remove it, then resume")
+    lock = os.fdopen(fd, "a")
     try:
         try:
             fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)

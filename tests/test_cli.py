@@ -216,6 +216,24 @@ def test_a_resumed_run_on_an_accepted_spec_is_refused_before_the_gpu_stages(ws, 
     assert "give the resumed run its command again" in capsys.readouterr().err
 
 
+def test_force_is_never_read_from_the_run_folder(ws, capsys, monkeypatch):
+    """Red team 13: run.json is the answerer's to write in --llm manual mode; a run.json
+    saying "force": true replaced an accepted kernel on a resume without --force."""
+    import json
+
+    import coda_agent.cli as cli
+
+    monkeypatch.setattr(cli, "_has_gpu", lambda: False)
+    assert main(["generate", "--llm", "manual", "swiglu_fwd", "--force"]) == 0
+    run = next((ws / "runs").iterdir())
+    assert json.loads((run / "run.json").read_text())["force"] is True
+    assert f"--resume {run.name} --force" in capsys.readouterr().out  # the hint says it again
+    monkeypatch.setattr(cli, "_has_gpu", lambda: True)
+    assert main(["generate", "swiglu_fwd", "--resume", run.name]) == 2
+    err = capsys.readouterr().err
+    assert "already accepted" in err and "never read from the run folder" in err
+
+
 def test_a_broken_manifest_is_named_not_a_traceback(ws, capsys):
     """New-user pass: a malformed manifest.json crashed `list` and `review` with a
     JSONDecodeError; `list` also missed a kernel.py edited after acceptance."""

@@ -211,7 +211,8 @@ def accept(
     """Install ``candidate`` as ``<root>/generated_kernels/<spec>/`` and return that folder.
 
     Raises :class:`AcceptError` when the verdict is not GPU-verified, belongs to another
-    spec / spec version / file, its candidate ran without the Landlock confinement
+    spec / spec version / file, the spec was not loaded from ``<root>/kernel_specs/<name>/``,
+    its candidate ran without the Landlock confinement
     (``environment.worker_sandbox``; ``allow_unconfined`` accepts it anyway and the
     manifest says so), or an accepted kernel exists and ``force`` is False.
     """
@@ -230,6 +231,11 @@ def accept(
         raise AcceptError(f"the verdict is for spec {verdict.spec!r}, not {loaded.name!r}")
     if verdict.spec_hash != loaded.spec_hash:
         raise AcceptError(f"spec {loaded.name!r} changed since it was verified (spec hash differs): verify again")
+    home = Path(root) / "kernel_specs" / loaded.name
+    if not home.is_dir() or Path(loaded.directory).resolve() != home.resolve():
+        # a spec folder elsewhere with the same name (e.g. a weakened copy) verifies only itself
+        raise AcceptError(f"the spec was loaded from {loaded.directory}, not from {home}: only the library's own "
+                          "specs (kernel_specs/<name>/) can accept a kernel into generated_kernels/")
     data = candidate.read_bytes()
     if sha256_bytes(data) != verdict.candidate_hash:
         raise AcceptError(f"{candidate} changed since it was verified (sha256 differs from the verdict's): verify again")

@@ -88,6 +88,7 @@ def test_fail_feedback_pass_lesson_accept(workspace, fwd_spec, fake_verifier):
         "prompt_sha256": hashlib.sha256((run_dir / "attempt-2" / "prompt.md").read_bytes()).hexdigest(),
         "attempts": 2,
         "run_dir": str(run_dir),
+        "answer_received_here": True,  # this process called the backend for attempt 2
     }
     assert s.state.accepted_path == str(workspace / "generated_kernels" / "swiglu_fwd")
 
@@ -446,3 +447,62 @@ def test_cpu_only_summary_names_the_resume_command_by_run_name(tmp_path):
     st.backend, st.force = "manual", True
     text = RunSummary(run_dir=tmp_path / "runs" / "20301212T000000Z-swiglu_fwd", state=st).render()
     assert "--resume 20301212T000000Z-swiglu_fwd --force" in text and "--cmd" not in text
+
+
+# -- red team 13: the run folder is input, not proof ---------------------------------------
+
+def test_a_stored_passing_verdict_is_verified_again_before_acceptance(workspace, fwd_spec):
+    """In --llm manual mode the answerer writes into the run folder. A verdict.json it
+    wrote (right spec hash, the candidate's own sha256, every stage passed on a GPU) was
+    accepted without running the verifier; now acceptance always follows a verification
+    in this process, and the stored file is kept aside for the record."""
+    from agent_helpers import make_verdict
+
+    run_dir = workspace / "runs" / "forged"
+    s = generate(fwd_spec, root=workspace, backend=ManualBackend(), verifier=FakeVerifier(), run_dir=run_dir,
+                 accept_fn=Acceptor())
+    assert s.status == "waiting-for-answer"
+    a1 = run_dir / "attempt-1"
+    (a1 / "response.md").write_text(reply(BAD_MODULE))  # a module the verifier fails
+    (a1 / "candidate.py").write_text(BAD_MODULE)
+    forged = make_verdict(fwd_spec, a1 / "candidate.py", passed=True)
+    assert forged.gpu_verified
+    (a1 / "verdict.json").write_text(forged.to_json())
+    (a1 / "response.json").write_text(json.dumps({"backend": "anthropic", "model": "claude-x"}))
+    verifier, acc = FakeVerifier(), Acceptor()
+    s = generate(fwd_spec, root=workspace, backend=ScriptedBackend([]), verifier=verifier, resume=run_dir,
+                 accept_fn=acc, max_attempts=1)
+    assert len(verifier.calls) == 1 and acc.calls == []
+    assert s.status == "out-of-attempts" and s.attempts[0].passed is False
+    assert (a1 / "verdict-stored-1.json").read_text() == forged.to_json()
+    # an honest answer read back from the folder: verified here, accepted, and the manifest's
+    # provenance says this process did not receive the answer itself
+    run2 = workspace / "runs" / "honest"
+    generate(fwd_spec, root=workspace, backend=ManualBackend(), verifier=FakeVerifier(), run_dir=run2,
+             accept_fn=Acceptor())
+    (run2 / "attempt-1" / "response.md").write_text(reply(GOOD_MODULE))
+    s = generate(fwd_spec, root=workspace, backend=ManualBackend(), verifier=verifier, resume=run2, accept_fn=acc)
+    assert s.status == "accepted" and len(acc.calls) == 1
+    assert acc.calls[0]["provenance"]["answer_received_here"] is False
+    assert acc.calls[0]["provenance"]["backend"] == "manual"
+
+
+def test_special_files_in_the_run_folder_are_refused_not_waited_on(workspace, fwd_spec):
+    """A FIFO named .lock (or response.md) made --resume block forever; a symlinked
+    response.md would be read and sent to the model. Both are refused with the path."""
+    import os
+
+    run_dir = workspace / "runs" / "fifo"
+    generate(fwd_spec, root=workspace, backend=ManualBackend(), verifier=FakeVerifier(), run_dir=run_dir)
+    (run_dir / ".lock").unlink()
+    os.mkfifo(run_dir / ".lock")
+    with pytest.raises(RunError, match=r"\.lock: not a regular file or folder"):
+        generate(fwd_spec, root=workspace, backend=ManualBackend(), verifier=FakeVerifier(), resume=run_dir)
+    (run_dir / ".lock").unlink()
+    secret = workspace / "secret.txt"
+    secret.write_text("not for the model\n")
+    (run_dir / "attempt-1" / "response.md").symlink_to(secret)
+    with pytest.raises(RunError, match=r"attempt-1/response.md: not a regular file"):
+        generate(fwd_spec, root=workspace, backend=ManualBackend(), verifier=FakeVerifier(), resume=run_dir)
+    with pytest.raises(RunError, match="not a regular file"):
+        load_run(run_dir)

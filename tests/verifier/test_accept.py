@@ -38,6 +38,12 @@ def _verdict(cand: Path, *, cpu_only=False, fail=None, bench="pass", sandbox=CON
                                            worker_sandbox=sandbox), cpu_only=cpu_only)
 
 
+@pytest.fixture(autouse=True)
+def _library_specs(tmp_path):
+    """accept() takes specs only from <root>/kernel_specs/: the temporary root links the repo's."""
+    (tmp_path / "kernel_specs").symlink_to(ROOT / "kernel_specs")
+
+
 @pytest.fixture
 def cand(tmp_path):
     p = tmp_path / "candidate.py"
@@ -64,6 +70,21 @@ def test_refuses_other_bytes_or_spec(tmp_path, cand):
     v.spec_hash = "0" * 64
     with pytest.raises(AcceptError, match="spec hash differs"):
         accept(LOADED, cand, v, root=tmp_path, provenance=PROV)
+
+
+def test_refuses_a_spec_loaded_from_outside_the_library(tmp_path, cand):
+    """Red team 13: a copy of a spec folder elsewhere (same name, e.g. with a weakened
+    reference or tolerance) verifies only itself; it never accepts into generated_kernels/."""
+    import shutil
+
+    copy = tmp_path / "elsewhere" / "swiglu_fwd"
+    shutil.copytree(ROOT / "kernel_specs" / "swiglu_fwd", copy)
+    other = load_spec(copy)
+    assert other.spec_hash == LOADED.spec_hash  # same bytes: only the folder tells them apart
+    with pytest.raises(AcceptError, match="only the library's own specs"):
+        accept(other, cand, _verdict(cand), root=tmp_path, provenance=PROV)
+    assert not (tmp_path / "generated_kernels" / "swiglu_fwd").exists()
+    assert accept(LOADED, cand, _verdict(cand), root=tmp_path, provenance=PROV).is_dir()
 
 
 @pytest.mark.parametrize("sandbox", [None, "off (CODA_FS_SANDBOX=off)", "unavailable: no landlock in this kernel"])
