@@ -209,6 +209,7 @@ def cmd_verify(args) -> int:
         why = ("--cpu-only" if args.cpu_only else "--no-bench" if args.no_bench else "no CUDA GPU here")
         raise UsageError(f"--accept needs every stage on a Hopper GPU, benchmark included ({why}): "
                          "nothing would be accepted, so nothing was run")
+    _check_library_spec(root, loaded, "pass it by name, or drop --accept", when=args.accept)
     from coda_agent.verifier.pipeline import verify
 
     verdict = verify(loaded, cand, cpu_only=args.cpu_only, bench=not args.no_bench)
@@ -253,10 +254,19 @@ def _has_gpu() -> bool:
     return environment.cuda_available()
 
 
+def _check_library_spec(root: Path, loaded, hint: str, *, when: bool) -> None:
+    """Refuse (``when`` a kernel would be accepted) a spec loaded from anywhere but this
+    workspace's ``kernel_specs/<name>/``: ``accept`` would refuse it after the whole GPU run
+    (a weakened copy elsewhere verifies only itself)."""
+    if when and Path(loaded.directory).resolve() != (root / "kernel_specs" / loaded.name).resolve():
+        raise UsageError(f"{loaded.directory} is not this workspace's kernel_specs/{loaded.name}/: a kernel verified "
+                         f"against it cannot be accepted ({hint})")
+
+
 def cmd_generate(args) -> int:
     """The main job: spec -> LLM -> verifier -> (repair)* -> accepted kernel."""
     from coda_agent.agent.llm import NO_BACKEND_HELP, LLMError, default_backend_name, make_backend
-    from coda_agent.agent.loop import RunError, generate, load_run
+    from coda_agent.agent.loop import RunError, accepted_by, generate, load_run
 
     root = _root(args)
     loaded = _spec(root, args.spec)
@@ -273,7 +283,9 @@ def cmd_generate(args) -> int:
         except Exception as e:  # noqa: BLE001 - reported as a usage error below
             raise UsageError(f"--resume {args.resume}: {e}") from None
         name = name or resumed.backend
-        no_accept = no_accept or resumed.no_accept  # the run's summary says so (a restriction: safe to read)
+        # the run's summary says so; run.json could have it cleared, but a resume that accepts
+        # still verifies in this process and never replaces an accepted kernel without --force
+        no_accept = no_accept or resumed.no_accept
         # --force is never read from the run folder: in --llm manual mode the answerer writes
         # there, and a run.json saying "force" replaced accepted kernels (red team 13)
     name = name or default_backend_name()
@@ -291,7 +303,10 @@ def cmd_generate(args) -> int:
         err.print("[yellow]no CUDA GPU here: answers get the static and sm_90a compile stages only and cannot be "
                   "accepted (as with --cpu-only); resume the run on a Hopper GPU to verify them[/]")
     accepted_dir = root / "generated_kernels" / loaded.name
-    if (accepted_dir / "manifest.json").exists() and gpu and not (force or no_accept or args.cpu_only):
+    ours = resume is not None and resumed.accepted_path is not None and accepted_by(root, loaded.name, resume)
+    _check_library_spec(root, loaded, "pass --no-accept to only verify", when=not (no_accept or args.cpu_only))
+    if (accepted_dir / "manifest.json").exists() and gpu and not (force or no_accept or args.cpu_only or ours):
+        # (ours: this run accepted that kernel; a resume to answer its lesson replaces nothing)
         # checked for resumed runs too: a run started on a CPU machine without --force would
         # otherwise verify and benchmark on the GPU, then end "accept refused"
         again = (" (this run was started with --force; a resume must say it again: it is never read from the "

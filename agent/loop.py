@@ -4,7 +4,8 @@ Design
 ------
 A generation run may take an hour of GPU verification and real money in tokens, so it
 is a *resumable state machine on disk*. Each attempt owns a folder and each finished
-step leaves a file there; the presence of the file is the proof the step is done:
+step leaves a file there; the presence of the file marks the step done (for a resume
+of this machine's own run; what the folder is trusted for is below):
 
     runs/<UTC time>-<spec>/
       run.json                 the state: spec, spec_hash, backend, model, status,
@@ -16,7 +17,9 @@ step leaves a file there; the presence of the file is the proof the step is done
         response.md            the raw response          <- "LLM step done"
         candidate.py           the extracted module      (re-derived from response.md)
         verify/                the verifier's workdir
-        verdict.json           the Verdict               <- "verify step done"
+        verdict.json           the Verdict               <- "verify step done" (a pass is
+                               verified again before acceptance: verdict-stored-<n>.json;
+                               a CPU-only pass before a GPU run: verdict-cpu-<n>.json)
         feedback.md            what the next repair prompt tells the model
       lesson/prompt.md, lesson/response.md   the lesson call (fail -> pass)
       proposed_trick.md        the one-sentence lesson (NOT appended to tricks_log.md)
@@ -272,7 +275,7 @@ class RunSummary(BaseModel):
                     f"  add it with: coda-agent tricks add --from-run {self.run_dir}"
                 )
             elif s.lesson.status == "waiting-for-answer":
-                lines.append(f"lesson: waiting for an answer at {s.lesson.answer_path} (then --resume)")
+                lines.append(f"lesson: waiting for an answer at {s.lesson.answer_path}, then: {self.resume_command()}")
             elif s.lesson.status == "error":
                 lines.append(f"lesson: not proposed ({s.lesson.error})")
         return "\n".join(lines)
@@ -313,11 +316,22 @@ def check_run_files(run_dir: Path) -> None:
         if folder.is_symlink():
             raise RunError(f"{folder}: a symlink; a run folder holds only regular files and folders")
         for e in os.scandir(folder):
-            if folder != run_dir and e.name == "verify":
-                continue  # the verifier's workdir: its own business
+            if folder != run_dir and e.name == "verify" and e.is_dir(follow_symlinks=False):
+                continue  # the verifier's workdir (a real folder: it empties parts of it): its contents are its own
             if e.is_symlink() or not (e.is_file(follow_symlinks=False) or e.is_dir(follow_symlinks=False)):
                 raise RunError(f"{Path(e.path)}: not a regular file or folder (a symlink, FIFO, socket or device); "
                                "a run folder holds only regular files and folders. Remove it, then resume")
+
+
+def accepted_by(root: Path, spec_name: str, run_dir: Path) -> bool:
+    """Whether ``<root>/generated_kernels/<spec>/manifest.json`` names ``run_dir`` (by its
+    folder name) as the run its kernel came from: what a resumed run's ``accepted_path``
+    must agree with to be believed (``run.json`` is the answerer's to write)."""
+    try:
+        prov = json.loads((Path(root) / "generated_kernels" / spec_name / "manifest.json").read_text())["provenance"]
+        return Path(str(prov.get("run_dir") or "")).name == Path(run_dir).name
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return False
 
 
 def new_run_dir(root: Path, spec_name: str) -> Path:
@@ -720,6 +734,10 @@ def generate(
             root=str(root), backend=backend_name, model=backend_model, max_attempts=max_attempts,
             cpu_only=cpu_only, force=force, no_accept=no_accept, created_at=_now(),
         )
+    if state.accepted_path is not None and not accepted_by(root, loaded_spec.name, run_dir):
+        # run.json says this run was accepted but the library's manifest names another run
+        # (or none): the record is not trusted, the run continues as not accepted
+        state.accepted_path = None
     if state.no_accept and accept_fn is not None:
         raise RunError(f"{run_dir} was started with --no-accept and never accepts; resume it with --no-accept, "
                        "or start a new run to accept a kernel")

@@ -225,6 +225,7 @@ def spec_view(loaded: Any) -> dict[str, Any]:
         "inputs": inputs,
         "outputs": outputs,
         "max_launches": spec.entry.max_launches,
+        "max_gemm_launches": spec.entry.max_gemm_launches,
         "allowed_torch": list(spec.entry.allowed_torch),
         "tolerance": {
             "rule": tol.rule,

@@ -195,7 +195,13 @@ def add_from_run(root: str | Path, run_dir: str | Path, date: str | None = None)
     run proposed nothing (a lesson is proposed only when attempt k failed and k+1
     passed) or when the lesson is already in the log.
     """
+    from coda_agent.agent.loop import RunError, check_run_files
+
     run_dir = Path(run_dir)
+    try:  # the run folder is the answerer's to write: no symlinked proposed_trick.md
+        check_run_files(run_dir)
+    except (RunError, OSError) as e:
+        raise TrickError(f"{run_dir}: {e}") from None
     p = run_dir / PROPOSED_FILE
     if not p.is_file():
         raise TrickError(

@@ -234,6 +234,22 @@ def test_force_is_never_read_from_the_run_folder(ws, capsys, monkeypatch):
     assert "already accepted" in err and "never read from the run folder" in err
 
 
+def test_a_spec_outside_the_library_cannot_start_an_accepting_run(ws, tmp_path, capsys, monkeypatch):
+    """A spec folder elsewhere (e.g. a weakened copy of one of ours) is refused before any
+    verification when the run would accept; --no-accept runs may use it."""
+    import shutil
+
+    import coda_agent.cli as cli
+
+    monkeypatch.setattr(cli, "_has_gpu", lambda: True)
+    copy = tmp_path / "elsewhere" / "swiglu_fwd"
+    shutil.copytree(ws / "kernel_specs" / "swiglu_fwd", copy)
+    assert main(["generate", "--llm", "manual", str(copy), "--force"]) == 2
+    assert "is not this workspace's kernel_specs/swiglu_fwd/" in capsys.readouterr().err
+    assert not (ws / "runs").exists() or not any((ws / "runs").iterdir())
+    assert main(["generate", "--llm", "manual", str(copy), "--no-accept"]) == 0
+
+
 def test_a_broken_manifest_is_named_not_a_traceback(ws, capsys):
     """New-user pass: a malformed manifest.json crashed `list` and `review` with a
     JSONDecodeError; `list` also missed a kernel.py edited after acceptance."""

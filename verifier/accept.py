@@ -152,7 +152,10 @@ def render_report(manifest: dict[str, Any]) -> str:
             lines.append(f"| {out} | {_f(m.get('max_err'))} | {_f(m.get('allowed'))} | {_f(m.get('ratio'), '.2f')} | {m.get('trial')} |")
     c = stages.get("correctness", {}).get("metrics") or {}
     if c.get("launches") is not None:
-        lines += ["", f"Kernel launches per call: {c['launches']} (max {c.get('max_launches')}): {', '.join(c.get('kernels', []))}"]
+        gemms = (f"; GEMMs {c['gemm_launches']} (max {c.get('max_gemm_launches')})"
+                 if c.get("gemm_launches") is not None else "")
+        lines += ["", f"Kernel launches per call: {c['launches']} (max {c.get('max_launches')}{gemms}): "
+                      f"{', '.join(c.get('kernels', []))}"]
     b = stages.get("bench", {}).get("metrics") or {}
     shapes = b.get("shapes") or {}
     if shapes:

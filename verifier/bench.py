@@ -35,7 +35,8 @@ Five results are *failures*, because they mean the measurement cannot be trusted
   reaching into the worker's state can cause it; the worker records every check of a
   shape before that shape's timing record.
 * ``launches-at-bench-shape`` -- one call at a benchmark shape launched more GPU kernels
-  than the spec's ``entry.max_launches`` (or none), or the count failed. The candidate
+  than the spec's ``entry.max_launches`` (or none), more GEMMs than its
+  ``entry.max_gemm_launches``, or the count failed. The candidate
   worker counts the launches of one call at every benchmark shape (GPU only), as the
   correctness stage does at every correctness shape (until session 8: the first one only);
   the sixth red team (2026-11-30) showed that a candidate can branch on shape or device: it
@@ -72,6 +73,7 @@ from coda_agent.verifier.inputs import tensor_bytes
 from coda_agent.verifier.protocol import (
     TIMED_LOOP_SLOTS,
     BenchShape,
+    gemm_launches,
     timed_check_run,
     timed_loop_check_run,
     wall_check_run,
@@ -281,6 +283,21 @@ def bench_stage(loaded: LoadedSpec, run: GpuRun, gpu: str | None = None) -> Stag
                     f"[{bs.name}] one call launched {launches} GPU kernel(s), expected 1 to {limit} (the spec's "
                     f"max_launches, also enforced at every correctness shape){': ' + names if names else ''}; "
                     "the measured time would not be the fused kernel's")))
+            # the worker keeps up to 256 names (worker_candidate.MAX_NAMES): all of them for any
+            # call within max_launches
+            names = [str(k) for k in (c.get("launch_kernels") or [])]
+            gemms = gemm_launches(names)
+            if c.get("launch_kernels") is not None:
+                m["gemm_launches"] = gemms
+            if len(names) < min(launches, 256):
+                findings.append(Finding(kind="launches-at-bench-shape", case=bs.name, message=(
+                    f"[{bs.name}] the launch record names {len(names)} of its {launches} kernels: the GEMMs "
+                    "among them cannot be counted")))
+            if gemms > loaded.spec.entry.max_gemm_launches:
+                findings.append(Finding(kind="launches-at-bench-shape", case=bs.name, message=(
+                    f"[{bs.name}] one call launched {gemms} GEMM kernels, at most "
+                    f"{loaded.spec.entry.max_gemm_launches} allowed (the spec's max_gemm_launches, also enforced "
+                    "at every correctness shape): a second pass over a stored result is not a fused epilogue")))
         # the counted call's workspace, and that of the unprofiled call after timing (the
         # same rotation as the timed calls: nothing tells it apart from them)
         extra = next((r for r in run.cand_part("recheck") if r.get("key") == timed_check_run(bs, 0, 0).key), {})

@@ -16,7 +16,10 @@ order a finding is reported for each output of each trial:
    then sanity (``nan-output``, ``zero-output``, ``constant-output``), then the
    tolerance rule (``tolerance``, with :func:`~coda_agent.verifier.numerics.describe_error`);
 5. kernel launches <= ``spec.entry.max_launches`` at every correctness shape (one call
-   each; ``too-many-launches``; zero kernels seen is ``no-launches``);
+   each; ``too-many-launches``; zero kernels seen is ``no-launches``), and GEMM launches
+   among them <= ``spec.entry.max_gemm_launches`` (``too-many-gemm-launches``: a second
+   pass over the output, e.g. a dummy-K GEMM rotating a stored result, fits a launch
+   budget that host prep leaves room in);
 6. the post-timing recheck trial (a fresh seed) passes the same checks
    (``drift-after-timing``).
 
@@ -38,7 +41,7 @@ from coda_agent.verifier.numerics import (
     poison_count,
     tolerance_check,
 )
-from coda_agent.verifier.protocol import Run
+from coda_agent.verifier.protocol import Run, gemm_launches
 from coda_agent.verifier.spec import LoadedSpec, OutputSpec, ToleranceSpec
 from coda_agent.verifier.verdict import Finding, StageResult
 
@@ -199,9 +202,10 @@ def _launch_check(loaded: LoadedSpec, run: GpuRun, f: FindingSet, metrics: dict[
     recs = run.cand_part("launches")
     if not recs:
         return None
-    limit = loaded.spec.entry.max_launches
+    limit, gemm_limit = loaded.spec.entry.max_launches, loaded.spec.entry.max_gemm_launches
     first = recs[0]
-    metrics.update(launches=first.get("count"), max_launches=limit, kernels=first.get("kernels", []))
+    metrics.update(launches=first.get("count"), max_launches=limit, kernels=first.get("kernels", []),
+                   gemm_launches=gemm_launches(first.get("kernels") or []), max_gemm_launches=gemm_limit)
     if first.get("count") is None:
         if str(first.get("reason", "")).startswith("CPU"):
             return None
@@ -216,6 +220,15 @@ def _launch_check(loaded: LoadedSpec, run: GpuRun, f: FindingSet, metrics: dict[
             names = ", ".join(r.get("kernels", [])[:8])
             f.add("too-many-launches", f"one call{at} launched {count} GPU kernels, at most {limit} allowed "
                   f"(a fused op is one kernel); kernels: {names}", case=r.get("case"))
+        names = r.get("kernels") or []
+        if isinstance(count, int) and len(names) < count:
+            return (f"cannot count GEMM launches{at}: the launch record names {len(names)} of its {count} kernels "
+                    "(verifier bug)")
+        gemms = gemm_launches(names)
+        if gemms > gemm_limit:
+            f.add("too-many-gemm-launches", f"one call{at} launched {gemms} GEMM kernels, at most {gemm_limit} "
+                  "allowed (entry.max_gemm_launches): the epilogue must do its work on the GEMM's own output "
+                  "tile, not in a second pass over a stored result", case=r.get("case"))
     return None
 
 

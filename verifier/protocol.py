@@ -261,6 +261,21 @@ def gpu_kernels(names: list[str]) -> list[str]:
     return [n for n in names if not n.startswith(NOT_LAUNCH_PREFIXES) and n not in SYNC_MARKERS]
 
 
+GEMM_NAME_MARKERS = ("gemm", "xmma", "nvjet")
+"""Lower-case substrings that make a launch a GEMM: every quack/CuTeDSL GEMM is named
+``kernel_cutlass_kernel_quackepiloguefrontendGemmMod_<fn>_...`` whatever its epilogue fn
+is called (launch census, H200), and cuBLAS/cuBLASLt kernels carry ``gemm``, ``xmma`` or
+``nvjet``. No torch elementwise, reduction or copy kernel contains them, and the only
+names a candidate chooses (epilogue fns) sit inside GemmMod kernels, so a candidate cannot
+make a GEMM look like something else or the reverse."""
+
+
+def gemm_launches(kernels: list[str]) -> int:
+    """How many of one call's kernel launches (:func:`gpu_kernels`' names) are GEMMs
+    (:data:`GEMM_NAME_MARKERS`), judged against ``entry.max_gemm_launches``."""
+    return sum(1 for k in kernels if any(m in str(k).lower() for m in GEMM_NAME_MARKERS))
+
+
 def sample_index(numel: int, n: int, seed: int, position: int):
     """The flat element positions compared for output number ``position`` of a sampled run
     (CPU int64; every element when ``numel <= n``). Both workers call this."""

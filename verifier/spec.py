@@ -244,7 +244,9 @@ class EntrySpec(_Strict):
 
     ``function(*inputs in order, **constants) -> tuple(outputs in order)`` (a single output
     may be returned bare; ``constants`` are dims passed as keyword-only ints). ``max_launches`` bounds the CUDA kernels one call may launch
-    (counted with the profiler; CODA requires one launch per fused op).
+    (counted with the profiler; CODA requires one launch per fused op), ``max_gemm_launches``
+    how many of them may be GEMMs. Raises (through pydantic) when ``max_gemm_launches`` exceeds
+    ``max_launches``.
     """
 
     function: str = Field(pattern=r"^[a-z_][a-z0-9_]*$")
@@ -256,7 +258,15 @@ class EntrySpec(_Strict):
         "keyword-only int arguments after the tensors -- what tensor shapes cannot tell, "
         "e.g. the number of query heads of a packed QKV projection",
     )
-    max_launches: int = Field(1, ge=1)
+    max_launches: int = Field(1, ge=1, le=256)
+    max_gemm_launches: int = Field(
+        1,
+        ge=1,
+        description="GEMM launches (quack GemmMod or cuBLAS kernels, protocol.gemm_launches) one call may "
+        "make, within max_launches: the GEMMs of the spec's math (1 for one fused GEMM, e.g. 3 for a "
+        "dgrad + wgrad pair behind a fused GEMM). Host prep may spend the rest of max_launches; a second "
+        "pass over a GEMM's output through a dummy-K GEMM may not (red team 13)",
+    )
     max_workspace: str | int | None = Field(
         None,
         description="bytes of device memory one call may hold beyond its inputs and returned "
@@ -270,6 +280,13 @@ class EntrySpec(_Strict):
     )
 
     _ws = field_validator("max_workspace")(lambda cls, v: v if v is None else _check_expr(v))
+
+    @model_validator(mode="after")
+    def _gemms_within_launches(self) -> "EntrySpec":
+        if self.max_gemm_launches > self.max_launches:
+            raise ValueError(f"max_gemm_launches = {self.max_gemm_launches} exceeds max_launches = "
+                             f"{self.max_launches}: every GEMM launch is a launch")
+        return self
 
 
 class ToleranceSpec(_Strict):

@@ -131,6 +131,11 @@ from coda_agent.verifier.spec import load_spec  # noqa: E402
 from coda_agent.verifier import device_memory  # noqa: E402  (binds torch.cuda's statistics at import)
 
 
+MAX_NAMES = 256
+"""Kernel names kept in a bench shape's launch record: far above any spec's max_launches,
+so the GEMMs among a within-budget call's launches are all named."""
+
+
 class Counted(NamedTuple):
     """What one profiled call launched: kernel count and names (``protocol.gpu_kernels``),
     and its workspace in bytes (None on the CPU device)."""
@@ -631,7 +636,8 @@ class Worker:
             # run: on the H200 it counted every accepted kernel at every benchmark shape
             try:
                 counted = self.count_launches(call)  # synchronizes inside
-                launches = dict(launches=counted.count, launch_kernels=counted.kernels[:16],
+                # every name up to MAX_NAMES: the bench stage counts the GEMMs among them
+                launches = dict(launches=counted.count, launch_kernels=counted.kernels[:MAX_NAMES],
                                 workspace_bytes=counted.workspace)
             except Exception as e:  # noqa: BLE001 -- see above; reported by the bench stage
                 launches = dict(launch_count_error=f"{type(e).__name__}: {e}"[:300])

@@ -28,7 +28,10 @@ class Acceptor:
                                provenance=provenance, force=force, source=Path(candidate).read_text()))
         if self.fail:
             raise self.fail
-        return Path(root) / "generated_kernels" / loaded.name
+        dest = Path(root) / "generated_kernels" / loaded.name  # what accept() writes that the loop reads back
+        dest.mkdir(parents=True, exist_ok=True)
+        (dest / "manifest.json").write_text(json.dumps({"provenance": provenance}))
+        return dest
 
 
 def run_json(run_dir: Path) -> dict:
@@ -506,3 +509,24 @@ def test_special_files_in_the_run_folder_are_refused_not_waited_on(workspace, fw
         generate(fwd_spec, root=workspace, backend=ManualBackend(), verifier=FakeVerifier(), resume=run_dir)
     with pytest.raises(RunError, match="not a regular file"):
         load_run(run_dir)
+
+
+def test_a_forged_accepted_path_is_not_believed(workspace, fwd_spec):
+    """run.json's accepted_path turns off re-verification and acceptance on a resume; it is
+    believed only when the library's manifest names this run."""
+    from agent_helpers import make_verdict
+
+    run_dir = workspace / "runs" / "claims-accepted"
+    generate(fwd_spec, root=workspace, backend=ManualBackend(), verifier=FakeVerifier(), run_dir=run_dir,
+             accept_fn=Acceptor())
+    a1 = run_dir / "attempt-1"
+    (a1 / "response.md").write_text(reply(BAD_MODULE))
+    (a1 / "candidate.py").write_text(BAD_MODULE)
+    (a1 / "verdict.json").write_text(make_verdict(fwd_spec, a1 / "candidate.py", passed=True).to_json())
+    rj = run_json(run_dir)
+    rj["accepted_path"] = str(workspace / "generated_kernels" / "swiglu_fwd")
+    (run_dir / "run.json").write_text(json.dumps(rj))
+    verifier, acc = FakeVerifier(), Acceptor()
+    s = generate(fwd_spec, root=workspace, backend=ScriptedBackend([]), verifier=verifier, resume=run_dir,
+                 accept_fn=acc, max_attempts=1)
+    assert len(verifier.calls) == 1 and s.status == "out-of-attempts" and s.state.accepted_path is None

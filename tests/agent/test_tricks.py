@@ -95,6 +95,21 @@ def test_add_from_run(tmp_path):
         add_from_run(root, run)
 
 
+def test_add_from_run_refuses_a_symlinked_lesson(tmp_path):
+    """The run folder is the answerer's: a proposed_trick.md linked to a file elsewhere would
+    put that file into tricks_log.md, and so into every later prompt."""
+    root = tmp_path / "ws"
+    run = root / "runs" / "20260101T000000Z-swiglu_fwd"
+    run.mkdir(parents=True)
+    (run / "run.json").write_text(json.dumps({"spec": "swiglu_fwd", "status": "accepted"}))
+    secret = tmp_path / "netrc"
+    secret.write_text("machine example login me password hunter2\n")
+    (run / "proposed_trick.md").symlink_to(secret)
+    with pytest.raises(TrickError, match="proposed_trick.md: not a regular file"):
+        add_from_run(root, run)
+    assert not (root / "tricks_log.md").exists()
+
+
 def test_parse_entry_texts():
     entries = parse_entries(HAND_WRITTEN)
     assert entries[0].text.startswith("packed C needs 16-bit dtype Symptom: compile error")

@@ -60,6 +60,8 @@ def _edit(path: Path, old: str, new: str) -> None:
         ('function = "swiglu_bwd"', 'function = "Swiglu-Bwd"', r"field 'entry\.function'.*pattern"),
         ('pattern = "backward"', 'pattern = "sideways"', r"field 'pattern'.*'forward' or 'backward'"),
         ('max_launches = 1', 'max_launches = 0', r"field 'entry\.max_launches'.*greater than or equal to 1"),
+        ('max_launches = 1', 'max_launches = 1\nmax_gemm_launches = 2',
+         r"field 'entry'.*max_gemm_launches = 2 exceeds max_launches = 1"),
         ('std = "1/sqrt(K)"', 'std = "1/sqrt(K"', r"field 'entry\.inputs\.1\.init\.std'.*not an arithmetic expression"),
         ('wrt = "preact"', 'wrt = "preactivation"', r"gradient: wrt/upstream must name inputs"),
         ('flops = "2*M*K*I"', 'flop = "2*M*K*I"', r"field 'bench\.flops'.*Field required"),

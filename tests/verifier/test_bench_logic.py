@@ -213,7 +213,8 @@ def test_launches_at_a_bench_shape_over_the_limit_are_reported():
     ref = [{"part": "bench", "shape": SHAPE.name, "baselines": {"bare_gemm": {"ms": 0.88}}}]
     rec = {"part": "bench", "shape": SHAPE.name, "event_ms": 0.81, "wall_ms": 0.9, "n_sets": 3}
     limit = FWD.spec.entry.max_launches
-    ok = bench_stage(FWD, _run(FWD, [*_checks(SHAPE), {**rec, "launches": limit}], ref, [SHAPE]))
+    ok = bench_stage(FWD, _run(FWD, [*_checks(SHAPE), {**rec, "launches": limit,
+                                                       "launch_kernels": [QUACK_GEMM] * limit}], ref, [SHAPE]))
     assert "launches-at-bench-shape" not in {f.kind for f in ok.findings}
     assert ok.metrics["shapes"][SHAPE.name]["launches"] == limit
     many = bench_stage(FWD, _run(FWD, [*_checks(SHAPE), {**rec, "launches": limit + 40,
@@ -239,7 +240,8 @@ def test_launch_budget_is_judged_at_every_correctness_shape():
 
     limit = FWD.spec.entry.max_launches
     recs = [{"part": "launches", "count": 1, "kernels": ["gemm"], "case": "aligned", "key": "aligned-s0"},
-            {"part": "launches", "count": limit + 3, "kernels": ["gemm", "mul", "sum"], "case": "ragged", "key": "ragged-s0"},
+            {"part": "launches", "count": limit + 3, "kernels": ["gemm", "mul", "sum", "add"][:limit + 3] + ["mul"] * (limit - 1),
+             "case": "ragged", "key": "ragged-s0"},
             {"part": "launches", "count": 0, "kernels": [], "case": "tiny", "key": "tiny-s0"}]
     f, metrics = FindingSet(), {}
     assert _launch_check(FWD, _run(FWD, recs, [], [], bench=False), f, metrics) is None
@@ -249,7 +251,8 @@ def test_launch_budget_is_judged_at_every_correctness_shape():
     assert any(f"at ragged launched {limit + 3} GPU kernels" in x.message for x in f.items)
     # an older worker's single record without a case still judges
     f1, m1 = FindingSet(), {}
-    _launch_check(FWD, _run(FWD, [{"part": "launches", "count": limit + 1, "kernels": ["a"]}], [], [], bench=False), f1, m1)
+    _launch_check(FWD, _run(FWD, [{"part": "launches", "count": limit + 1, "kernels": ["a"] * (limit + 1)}], [], [],
+                            bench=False), f1, m1)
     assert [x.kind for x in f1.items] == ["too-many-launches"] and m1["launches"] == limit + 1
     # a CPU worker records no count: nothing judged, no verifier problem
     f2, m2 = FindingSet(), {}
@@ -305,7 +308,8 @@ def test_workspace_over_budget_fails_correctness_and_bench():
     assert "over the budget of 8.0 MiB (half the largest declared tensor" in f.items[0].message
 
     ref = [{"part": "bench", "shape": SHAPE.name, "baselines": {"bare_gemm": {"ms": 0.88}}}]
-    rec = {"part": "bench", "shape": SHAPE.name, "event_ms": 0.81, "wall_ms": 0.9, "n_sets": 3, "launches": 1}
+    rec = {"part": "bench", "shape": SHAPE.name, "event_ms": 0.81, "wall_ms": 0.9, "n_sets": 3, "launches": 1,
+           "launch_kernels": [QUACK_GEMM]}
     limit = FWD.spec.workspace_budget(DIMS)[0]
     ok = bench_stage(FWD, _run(FWD, [*_checks(SHAPE), {**rec, "workspace_bytes": limit}], ref, [SHAPE]))
     assert ok.status == "pass" and ok.metrics["shapes"][SHAPE.name]["workspace_bytes"] == limit
@@ -317,3 +321,68 @@ def test_workspace_over_budget_fails_correctness_and_bench():
               for r in _checks(SHAPE)]
     late = bench_stage(FWD, _run(FWD, [*checks, {**rec, "workspace_bytes": 0}], ref, [SHAPE]))
     assert late.status == "fail" and late.metrics["shapes"][SHAPE.name]["workspace_bytes"] == limit + 1
+
+
+# the GEMM launches among them (thirteenth red team): names as the H200 profiler gives them
+QUACK_GEMM = ("kernel_cutlass_kernel_quackepiloguefrontendGemmMod_rope_bwd_epi_d231d71a44f09bb3__col_col_col_row_"
+              "sm9_object_at__TiledMMA_ThrLayoutVMNK1281111000_PermutationMNK____MMAAtom_ThrID1281_Sha_0")
+TORCH_ELEMENTWISE = ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>, "
+                     "std::array<char*, 3ul> >(int, at::native::CUDAFunctor_add<float>, std::array<char*, 3ul>)")
+
+
+def test_gemm_launches_are_told_from_host_prep_by_name():
+    from coda_agent.verifier.protocol import gemm_launches
+
+    cublas = ["sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_segment_k_off",
+              "nvjet_tst_128x256_64x4_1x2_h_bz_coopA_TNT", "ampere_bf16_s16816gemm_bf16_128x128_ldg8_f2f_tn"]
+    assert gemm_launches([QUACK_GEMM]) == 1 and gemm_launches([QUACK_GEMM, QUACK_GEMM]) == 2
+    assert gemm_launches(cublas) == 3
+    host = [TORCH_ELEMENTWISE, "void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, "
+            "at::native::func_wrapper_t<float, at::native::sum_functor<float, float, float>::operator()", "CatArrayBatchedCopy"]
+    assert gemm_launches(host) == 0
+
+
+def test_a_second_gemm_pass_within_the_launch_budget_is_rejected():
+    """rope_bwd allows 11 launches and one GEMM: a bare GEMM plus a dummy-K GEMM rotating
+    the stored output in place (corpus/second_gemm_pass.py) fits the 11 but not the one."""
+    from coda_agent.verifier.correctness import FindingSet, _launch_check
+
+    rope = load_spec(ROOT / "kernel_specs" / "rope_bwd")
+    assert rope.spec.entry.max_launches == 11 and rope.spec.entry.max_gemm_launches == 1
+    honest = [QUACK_GEMM] + [TORCH_ELEMENTWISE] * 10
+    unfused = [QUACK_GEMM, QUACK_GEMM] + [TORCH_ELEMENTWISE] * 9
+    recs = [{"part": "launches", "count": 11, "kernels": honest, "case": "aligned-hd64", "key": "a"},
+            {"part": "launches", "count": 11, "kernels": unfused, "case": "ragged-hd128", "key": "r"}]
+    f, metrics = FindingSet(), {}
+    assert _launch_check(rope, _run(rope, recs, [], [], bench=False), f, metrics) is None
+    assert [(x.kind, x.case) for x in f.items] == [("too-many-gemm-launches", "ragged-hd128")]
+    assert "launched 2 GEMM kernels, at most 1 allowed" in f.items[0].message
+    assert metrics["gemm_launches"] == 1 and metrics["max_gemm_launches"] == 1
+    # the same at a benchmark shape
+    bs = rope.spec.shapes.benchmark[0]
+    shape = BenchShape(name=bs.name, dims=bs.dims)
+    ref = [{"part": "bench", "shape": shape.name, "baselines": {"bare_gemm": {"ms": 0.15}}}]
+    rec = {"part": "bench", "shape": shape.name, "event_ms": 0.2, "wall_ms": 0.3, "n_sets": 3, "launches": 11}
+    ok = bench_stage(rope, _run(rope, [*_checks(shape), {**rec, "launch_kernels": honest}], ref, [shape]))
+    assert "launches-at-bench-shape" not in {x.kind for x in ok.findings}
+    assert ok.metrics["shapes"][shape.name]["gemm_launches"] == 1
+    bad = bench_stage(rope, _run(rope, [*_checks(shape), {**rec, "launch_kernels": unfused}], ref, [shape]))
+    msg = next(x.message for x in bad.findings if x.kind == "launches-at-bench-shape")
+    assert bad.status == "fail" and "launched 2 GEMM kernels, at most 1 allowed" in msg
+
+
+def test_a_launch_record_without_every_name_is_not_a_silent_pass():
+    """GEMMs are counted from the names: a record naming fewer kernels than it counts is a
+    verifier problem at the correctness shapes and a failing finding at a benchmark shape."""
+    from coda_agent.verifier.correctness import FindingSet, _launch_check
+
+    rope = load_spec(ROOT / "kernel_specs" / "rope_bwd")
+    short = [{"part": "launches", "count": 11, "kernels": [TORCH_ELEMENTWISE] * 3, "case": "aligned-hd64", "key": "a"}]
+    assert "names 3 of its 11 kernels" in _launch_check(rope, _run(rope, short, [], [], bench=False), FindingSet(), {})
+    bs = rope.spec.shapes.benchmark[0]
+    shape = BenchShape(name=bs.name, dims=bs.dims)
+    ref = [{"part": "bench", "shape": shape.name, "baselines": {"bare_gemm": {"ms": 0.15}}}]
+    rec = {"part": "bench", "shape": shape.name, "event_ms": 0.2, "wall_ms": 0.3, "n_sets": 3, "launches": 11,
+           "launch_kernels": [QUACK_GEMM]}
+    res = bench_stage(rope, _run(rope, [*_checks(shape), rec], ref, [shape]))
+    assert res.status == "fail" and any("names 1 of its 11 kernels" in f.message for f in res.findings)

@@ -37,6 +37,7 @@ EXPECT_KINDS = {
     "stale-memory": {"stale-memory"},
     "constant-output": {"constant-output", "zero-output"},
     "workspace": {"workspace-over-budget"},
+    "gemm-launches": {"too-many-gemm-launches"},
 }
 
 
