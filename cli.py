@@ -255,12 +255,13 @@ def _has_gpu() -> bool:
 
 
 def _check_library_spec(root: Path, loaded, hint: str, *, when: bool) -> None:
-    """Refuse (``when`` a kernel would be accepted) a spec loaded from anywhere but this
-    workspace's ``kernel_specs/<name>/``: ``accept`` would refuse it after the whole GPU run
-    (a weakened copy elsewhere verifies only itself)."""
-    if when and Path(loaded.directory).resolve() != (root / "kernel_specs" / loaded.name).resolve():
-        raise UsageError(f"{loaded.directory} is not this workspace's kernel_specs/{loaded.name}/: a kernel verified "
-                         f"against it cannot be accepted ({hint})")
+    """Refuse up front (``when`` a kernel would be accepted) what ``accept`` would refuse
+    only after the whole GPU run: a spec from outside this workspace's kernel_specs/."""
+    from coda_agent.verifier.accept import outside_library
+
+    why = outside_library(root, loaded) if when else None
+    if why:
+        raise UsageError(f"{why} ({hint})")
 
 
 def cmd_generate(args) -> int:

@@ -327,11 +327,13 @@ def accepted_by(root: Path, spec_name: str, run_dir: Path) -> bool:
     """Whether ``<root>/generated_kernels/<spec>/manifest.json`` names ``run_dir`` (by its
     folder name) as the run its kernel came from: what a resumed run's ``accepted_path``
     must agree with to be believed (``run.json`` is the answerer's to write)."""
+    from coda_agent.verifier.accept import ManifestError, read_manifest
+
     try:
-        prov = json.loads((Path(root) / "generated_kernels" / spec_name / "manifest.json").read_text())["provenance"]
-        return Path(str(prov.get("run_dir") or "")).name == Path(run_dir).name
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        prov = read_manifest(Path(root) / "generated_kernels" / spec_name / "manifest.json").get("provenance")
+    except ManifestError:
         return False
+    return isinstance(prov, dict) and Path(str(prov.get("run_dir") or "")).name == Path(run_dir).name
 
 
 def new_run_dir(root: Path, spec_name: str) -> Path:

@@ -201,6 +201,18 @@ def read_manifest(path: Path) -> dict[str, Any]:
     return data
 
 
+def outside_library(root: Path, loaded: LoadedSpec) -> str | None:
+    """Why ``loaded`` cannot accept a kernel into ``<root>/generated_kernels/``: it was not
+    loaded from ``<root>/kernel_specs/<name>/`` (a spec folder elsewhere with the same name,
+    e.g. a weakened copy, verifies only itself); None when it was. The CLI asks it before
+    verifying, :func:`accept` again at the end."""
+    home = Path(root) / "kernel_specs" / loaded.name
+    if home.is_dir() and Path(loaded.directory).resolve() == home.resolve():
+        return None
+    return (f"{loaded.directory} is not this workspace's kernel_specs/{loaded.name}/ ({home}): only the library's "
+            "own specs can accept a kernel into generated_kernels/")
+
+
 def accept(
     loaded: LoadedSpec,
     candidate: Path,
@@ -234,11 +246,9 @@ def accept(
         raise AcceptError(f"the verdict is for spec {verdict.spec!r}, not {loaded.name!r}")
     if verdict.spec_hash != loaded.spec_hash:
         raise AcceptError(f"spec {loaded.name!r} changed since it was verified (spec hash differs): verify again")
-    home = Path(root) / "kernel_specs" / loaded.name
-    if not home.is_dir() or Path(loaded.directory).resolve() != home.resolve():
-        # a spec folder elsewhere with the same name (e.g. a weakened copy) verifies only itself
-        raise AcceptError(f"the spec was loaded from {loaded.directory}, not from {home}: only the library's own "
-                          "specs (kernel_specs/<name>/) can accept a kernel into generated_kernels/")
+    outside = outside_library(root, loaded)
+    if outside:
+        raise AcceptError(outside)
     data = candidate.read_bytes()
     if sha256_bytes(data) != verdict.candidate_hash:
         raise AcceptError(f"{candidate} changed since it was verified (sha256 differs from the verdict's): verify again")

@@ -67,10 +67,11 @@ import math
 import time
 from typing import Any
 
-from coda_agent.verifier.correctness import workspace_problem
+from coda_agent.verifier.correctness import gemm_problems, workspace_problem
 from coda_agent.verifier.gpu_results import GpuRun, failure_finding, jsonable
 from coda_agent.verifier.inputs import tensor_bytes
 from coda_agent.verifier.protocol import (
+    LAUNCH_NAMES_KEPT,
     TIMED_LOOP_SLOTS,
     BenchShape,
     gemm_launches,
@@ -283,21 +284,12 @@ def bench_stage(loaded: LoadedSpec, run: GpuRun, gpu: str | None = None) -> Stag
                     f"[{bs.name}] one call launched {launches} GPU kernel(s), expected 1 to {limit} (the spec's "
                     f"max_launches, also enforced at every correctness shape){': ' + names if names else ''}; "
                     "the measured time would not be the fused kernel's")))
-            # the worker keeps up to 256 names (worker_candidate.MAX_NAMES): all of them for any
-            # call within max_launches
             names = [str(k) for k in (c.get("launch_kernels") or [])]
-            gemms = gemm_launches(names)
             if c.get("launch_kernels") is not None:
-                m["gemm_launches"] = gemms
-            if len(names) < min(launches, 256):
-                findings.append(Finding(kind="launches-at-bench-shape", case=bs.name, message=(
-                    f"[{bs.name}] the launch record names {len(names)} of its {launches} kernels: the GEMMs "
-                    "among them cannot be counted")))
-            if gemms > loaded.spec.entry.max_gemm_launches:
-                findings.append(Finding(kind="launches-at-bench-shape", case=bs.name, message=(
-                    f"[{bs.name}] one call launched {gemms} GEMM kernels, at most "
-                    f"{loaded.spec.entry.max_gemm_launches} allowed (the spec's max_gemm_launches, also enforced "
-                    "at every correctness shape): a second pass over a stored result is not a fused epilogue")))
+                m["gemm_launches"] = gemm_launches(names)
+            for msg in gemm_problems(loaded, launches, names, "", kept=LAUNCH_NAMES_KEPT):
+                if msg:
+                    findings.append(Finding(kind="launches-at-bench-shape", case=bs.name, message=f"[{bs.name}] {msg}"))
         # the counted call's workspace, and that of the unprofiled call after timing (the
         # same rotation as the timed calls: nothing tells it apart from them)
         extra = next((r for r in run.cand_part("recheck") if r.get("key") == timed_check_run(bs, 0, 0).key), {})

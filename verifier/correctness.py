@@ -220,16 +220,30 @@ def _launch_check(loaded: LoadedSpec, run: GpuRun, f: FindingSet, metrics: dict[
             names = ", ".join(r.get("kernels", [])[:8])
             f.add("too-many-launches", f"one call{at} launched {count} GPU kernels, at most {limit} allowed "
                   f"(a fused op is one kernel); kernels: {names}", case=r.get("case"))
-        names = r.get("kernels") or []
-        if isinstance(count, int) and len(names) < count:
-            return (f"cannot count GEMM launches{at}: the launch record names {len(names)} of its {count} kernels "
-                    "(verifier bug)")
-        gemms = gemm_launches(names)
-        if gemms > gemm_limit:
-            f.add("too-many-gemm-launches", f"one call{at} launched {gemms} GEMM kernels, at most {gemm_limit} "
-                  "allowed (entry.max_gemm_launches): the epilogue must do its work on the GEMM's own output "
-                  "tile, not in a second pass over a stored result", case=r.get("case"))
+        unnamed, over = gemm_problems(loaded, count, r.get("kernels") or [], at)
+        if unnamed:
+            return f"cannot count GEMM launches: {unnamed} (verifier bug)"
+        if over:
+            f.add("too-many-gemm-launches", over, case=r.get("case"))
     return None
+
+
+def gemm_problems(loaded: LoadedSpec, count: Any, names: list[str], where: str,
+                  kept: int | None = None) -> tuple[str | None, str | None]:
+    """``(unnamed, over)`` for one counted call: why the GEMMs among its launches cannot be
+    counted (its record names fewer than ``count`` kernels, or than ``kept`` when the record
+    keeps only that many), and why they exceed ``entry.max_gemm_launches``; None each when
+    fine. ``where`` is put after "one call" (e.g. " at aligned"). Shared by the correctness
+    stage and the bench stage (``launches-at-bench-shape``)."""
+    limit = loaded.spec.entry.max_gemm_launches
+    need = count if kept is None or not isinstance(count, int) else min(count, kept)
+    unnamed = (f"the launch record of one call{where} names {len(names)} of its {count} kernels: the GEMMs among "
+               "them cannot be counted") if isinstance(need, int) and len(names) < need else None
+    gemms = gemm_launches(names)
+    over = (f"one call{where} launched {gemms} GEMM kernels, at most {limit} allowed (entry.max_gemm_launches, "
+            "judged at every correctness and benchmark shape): the epilogue must do its work on the GEMM's own "
+            "output tile, not in a second pass over a stored result") if gemms > limit else None
+    return unnamed, over
 
 
 def _workspace_check(loaded: LoadedSpec, run: GpuRun, f: FindingSet, metrics: dict[str, Any]) -> None:

@@ -261,6 +261,11 @@ def gpu_kernels(names: list[str]) -> list[str]:
     return [n for n in names if not n.startswith(NOT_LAUNCH_PREFIXES) and n not in SYNC_MARKERS]
 
 
+LAUNCH_NAMES_KEPT = 256
+"""Kernel names a launch record keeps (the candidate worker's bench-shape record; the
+correctness records keep all). ``entry.max_launches`` may not exceed it, so every launch
+of a call within budget is named and its GEMMs can be counted (:func:`gemm_launches`)."""
+
 GEMM_NAME_MARKERS = ("gemm", "xmma", "nvjet")
 """Lower-case substrings that make a launch a GEMM: every quack/CuTeDSL GEMM is named
 ``kernel_cutlass_kernel_quackepiloguefrontendGemmMod_<fn>_...`` whatever its epilogue fn

@@ -60,6 +60,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from coda_agent.verifier.protocol import LAUNCH_NAMES_KEPT
+
 DTYPES = ("bfloat16", "float16", "float32", "int32", "int64")
 """dtype names a spec may use (torch attribute names)."""
 
@@ -71,7 +73,6 @@ NO_LIGER = "no Liger equivalent for this spec"
 """The ``liger`` baseline's error when neither reference.py nor liger.py defines ``liger``."""
 LIGER_MISSING = "liger-kernel is not installed (pip install coda-agent[bench])"
 """The ``liger`` baseline's error when ``import liger_kernel`` fails (optional dependency)."""
-
 
 WORKSPACE_FLOOR = 8 << 20
 """The smallest default workspace budget, bytes (see :meth:`KernelSpec.workspace_budget`)."""
@@ -258,7 +259,7 @@ class EntrySpec(_Strict):
         "keyword-only int arguments after the tensors -- what tensor shapes cannot tell, "
         "e.g. the number of query heads of a packed QKV projection",
     )
-    max_launches: int = Field(1, ge=1, le=256)
+    max_launches: int = Field(1, ge=1, le=LAUNCH_NAMES_KEPT)
     max_gemm_launches: int = Field(
         1,
         ge=1,

@@ -112,6 +112,7 @@ from coda_agent.verifier import fs_sandbox  # noqa: E402
 from coda_agent.verifier.inputs import make_inputs, rotation_count, tensor_bytes  # noqa: E402
 from coda_agent.verifier.numerics import POISON_WORD16, bitwise_equal  # noqa: E402
 from coda_agent.verifier.protocol import (  # noqa: E402
+    LAUNCH_NAMES_KEPT,
     BENCH_SEED_BASE,
     PLAN_FILE,
     RESULTS_FILE,
@@ -129,11 +130,6 @@ from coda_agent.verifier.protocol import (  # noqa: E402
 )
 from coda_agent.verifier.spec import load_spec  # noqa: E402
 from coda_agent.verifier import device_memory  # noqa: E402  (binds torch.cuda's statistics at import)
-
-
-MAX_NAMES = 256
-"""Kernel names kept in a bench shape's launch record: far above any spec's max_launches,
-so the GEMMs among a within-budget call's launches are all named."""
 
 
 class Counted(NamedTuple):
@@ -636,8 +632,8 @@ class Worker:
             # run: on the H200 it counted every accepted kernel at every benchmark shape
             try:
                 counted = self.count_launches(call)  # synchronizes inside
-                # every name up to MAX_NAMES: the bench stage counts the GEMMs among them
-                launches = dict(launches=counted.count, launch_kernels=counted.kernels[:MAX_NAMES],
+                # every name of a call within budget: the bench stage counts the GEMMs among them
+                launches = dict(launches=counted.count, launch_kernels=counted.kernels[:LAUNCH_NAMES_KEPT],
                                 workspace_bytes=counted.workspace)
             except Exception as e:  # noqa: BLE001 -- see above; reported by the bench stage
                 launches = dict(launch_count_error=f"{type(e).__name__}: {e}"[:300])
