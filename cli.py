@@ -171,6 +171,28 @@ def cmd_list(args) -> int:
     return USAGE if problems else OK
 
 
+def _json_out(value: str | None, flag: str = "--json") -> Path | None:
+    """Check an output file path before any work starts (a missing folder used to raise a
+    traceback after a whole verification, with the exit status of a rejection)."""
+    if not value:
+        return None
+    p = Path(value)
+    if p.is_dir():
+        raise UsageError(f"{flag} {value}: is a folder; give a file name")
+    if not p.parent.is_dir():
+        raise UsageError(f"{flag} {value}: folder {p.parent} does not exist")
+    return p
+
+
+def _write_out(path: Path, text: str, flag: str = "--json") -> None:
+    from coda_agent.verifier.workspace import atomic_write_text
+
+    try:
+        atomic_write_text(path, text)
+    except OSError as e:
+        raise UsageError(f"{flag} {path}: {e.strerror or e}") from None
+
+
 def cmd_prompt(args) -> int:
     """Print exactly what the model would receive for SPEC, with a token estimate."""
     from coda_agent.agent.render import render_prompt
@@ -195,6 +217,7 @@ def cmd_verify(args) -> int:
     """Run every verifier stage on CANDIDATE.py; --accept writes generated_kernels/."""
     root = _root(args)
     loaded = _spec(root, args.spec)
+    json_out = _json_out(args.json)
     cand = Path(args.candidate)
     if cand.is_dir():
         raise UsageError(f"candidate {cand} is a folder; give the candidate module's .py file "
@@ -214,8 +237,8 @@ def cmd_verify(args) -> int:
 
     verdict = verify(loaded, cand, cpu_only=args.cpu_only, bench=not args.no_bench)
     print_verdict(verdict)
-    if args.json:
-        Path(args.json).write_text(verdict.to_json(outcome=True))
+    if json_out is not None:
+        _write_out(json_out, verdict.to_json(outcome=True))
     if not verdict.passed:
         return FAILED
     if not verdict.gpu_verified and not (args.cpu_only or args.no_bench):
@@ -387,6 +410,13 @@ def cmd_bench(args) -> int:
         raise UsageError(f"bench: give SPEC names or --all, not both (got --all and {' '.join(args.spec)})")
     if args.jobs is not None and args.jobs < 1:
         raise UsageError(f"bench --jobs {args.jobs}: expected an integer >= 1")
+    if args.spec:  # a typo is named before "no GPU" (a new user read that as the problem)
+        from coda_agent.verifier.accept import accepted_names
+
+        try:
+            accepted_names(root, list(args.spec))
+        except ValueError as e:
+            raise UsageError(str(e)) from None
     if not args.from_manifests and not _has_gpu():
         raise UsageError("bench measures on a Hopper GPU and there is no CUDA GPU here; without one, "
                          "--from-verdicts DIR re-renders a measured page and --from-manifests writes one from "
@@ -413,6 +443,10 @@ def cmd_regress(args) -> int:
     from coda_agent.verifier.regress import regress
 
     root = _root(args)
+    json_out = _json_out(args.json)
+    if args.cpu_only and args.verdicts:
+        raise UsageError("regress --cpu-only checks integrity, static and compile only; --verdicts judges what a GPU "
+                         "measured: give one of them")
     if args.shape and (args.cpu_only or args.verdicts):
         raise UsageError("regress --shape picks the benchmark shapes to measure; "
                          + ("--cpu-only measures none" if args.cpu_only else "--verdicts judges what was measured"))
@@ -434,8 +468,8 @@ def cmd_regress(args) -> int:
     for r in rep.rows:
         t.add_row(r.kernel, f"[{_status_style(r.status)}]{r.status}[/]", r.stage, escape(r.ratio_text), escape(r.message))
     console.print(t)
-    if args.json:
-        Path(args.json).write_text(rep.to_json())
+    if json_out is not None:
+        _write_out(json_out, rep.to_json())
     return OK if rep.ok else FAILED
 
 

@@ -77,7 +77,7 @@ from coda_agent.agent.render import (
     build_task_prompt,
 )
 from coda_agent.verifier.verdict import Verdict
-from coda_agent.verifier.workspace import atomic_write_text
+from coda_agent.verifier.workspace import atomic_write_text, remove_tree
 
 RUN_FILE = "run.json"
 PROPOSED_TRICK = "proposed_trick.md"
@@ -306,10 +306,13 @@ def load_run(run_dir: str | Path) -> RunSummary:
 def check_run_files(run_dir: Path) -> None:
     """Refuse a run folder whose own files (``run.json``, ``.lock``, ``attempt-<k>/*``,
     ``lesson/*``; not the verifier's workdirs) include anything but regular files and
-    folders. In --llm manual mode the answerer writes into the run folder: a FIFO named
-    ``.lock`` or ``response.md`` blocked ``--resume`` forever (red team 13), and a symlink
-    would have the loop read, and send on to the model, a file from elsewhere. Raises
-    :class:`RunError` naming the entry."""
+    folders, or whose attempt and lesson folders hold any folder but ``verify/``. In --llm
+    manual mode the answerer writes into the run folder: a FIFO named ``.lock`` or
+    ``response.md`` blocked ``--resume`` forever (red team 13), a symlink would have the
+    loop read, and send on to the model, a file from elsewhere, and a ``__pycache__/``
+    beside ``candidate.py`` held bytecode that ran in its place (red team 14; the verifier
+    no longer imports through bytecode caches either, see ``verifier/snapshot.py``).
+    Raises :class:`RunError` naming the entry."""
     run_dir = Path(run_dir)
     folders = [run_dir, *(d for d in run_dir.iterdir() if d.name.startswith("attempt-") or d.name == "lesson")]
     for folder in folders:
@@ -321,6 +324,9 @@ def check_run_files(run_dir: Path) -> None:
             if e.is_symlink() or not (e.is_file(follow_symlinks=False) or e.is_dir(follow_symlinks=False)):
                 raise RunError(f"{Path(e.path)}: not a regular file or folder (a symlink, FIFO, socket or device); "
                                "a run folder holds only regular files and folders. Remove it, then resume")
+            if folder != run_dir and e.is_dir(follow_symlinks=False):
+                raise RunError(f"{Path(e.path)}: a folder the loop never writes (an attempt folder holds files and "
+                               "the verifier's verify/ only). Remove it, then resume")
 
 
 def accepted_by(root: Path, spec_name: str, run_dir: Path) -> bool:
@@ -547,6 +553,10 @@ class _Run:
             verdict = None
         if verdict is None:
             t0 = time.monotonic()
+            # verify/ is the verifier's: emptied first, so nothing planted there (a symlink
+            # where a worker log goes made the verifier truncate its target, red team 14)
+            # is ever written through.
+            remove_tree(d / "verify")
             verdict = self.verifier(self.loaded, cand, d / "verify")
             rec.verify_wall_s = time.monotonic() - t0
             broken = verdict.failed_stage

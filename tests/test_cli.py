@@ -88,6 +88,14 @@ def test_usage_errors_exit_2(ws, capsys, monkeypatch):
     assert "nope: not a folder of kept verdicts" in capsys.readouterr().err
     assert main(["regress", "nope", "--cpu-only"]) == 2
     assert main(["frobnicate"]) == 2
+    capsys.readouterr()
+    # checked before any work (a missing folder raised a traceback after the whole run)
+    assert main(["verify", "swiglu_fwd", str(good), "--cpu-only", "--json", str(ws / "no" / "v.json")]) == 2
+    assert "does not exist" in " ".join(capsys.readouterr().err.split())
+    assert main(["regress", "--cpu-only", "--json", str(ws)]) == 2
+    assert "is a folder; give a file name" in capsys.readouterr().err
+    assert main(["regress", "--cpu-only", "--verdicts", str(ws)]) == 2
+    assert "give one of them" in capsys.readouterr().err
 
 
 def test_generate_manual_writes_prompt_and_waits(ws, capsys, monkeypatch):

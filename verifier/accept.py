@@ -201,6 +201,19 @@ def read_manifest(path: Path) -> dict[str, Any]:
     return data
 
 
+def accepted_names(root: Path, names: list[str] | None = None) -> list[str]:
+    """The accepted kernels of ``<root>/generated_kernels`` (folders with a manifest.json),
+    sorted; or ``names``, in their order, after checking each is one. Raises ``ValueError``
+    naming the unknown names and listing the accepted ones."""
+    accepted = sorted(p.parent.name for p in (Path(root) / "generated_kernels").glob("*/manifest.json"))
+    if not names:
+        return accepted
+    unknown = sorted(set(names) - set(accepted))
+    if unknown:
+        raise ValueError(f"not accepted kernels: {unknown} (accepted: {accepted})")
+    return list(names)
+
+
 def outside_library(root: Path, loaded: LoadedSpec) -> str | None:
     """Why ``loaded`` cannot accept a kernel into ``<root>/generated_kernels/``: it was not
     loaded from ``<root>/kernel_specs/<name>/`` (a spec folder elsewhere with the same name,

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from coda_agent.verifier import gemm_floor
-from coda_agent.verifier.accept import read_manifest
+from coda_agent.verifier.accept import accepted_names, read_manifest
 from coda_agent.verifier.bench import HOST_BOUND, host_bound
 from coda_agent.verifier.kept import PAGE_MARK, check_page, day_verdicts, keep_verdict, slug, verdicts_dir
 from coda_agent.verifier.repeats import combine, runs_of, shapes_of
@@ -431,15 +431,6 @@ def plot_speedups(verdicts: dict[str, Verdict], path: Path) -> bool:
     return True
 
 
-def _accepted_names(root: Path, names: list[str] | None) -> list[str]:
-    accepted = sorted(p.parent.name for p in (root / "generated_kernels").glob("*/manifest.json"))
-    names = names or accepted
-    unknown = sorted(set(names) - set(accepted))
-    if unknown:
-        raise ValueError(f"no accepted kernel for {unknown} (accepted: {accepted})")
-    return names
-
-
 def verdict_from_manifest(manifest: dict[str, Any]) -> Verdict:
     """Rebuild the Verdict an accepted kernel was accepted with (from its manifest.json)."""
     stages = [{"stage": name, **{k: v for k, v in st.items() if k in ("status", "summary", "metrics", "duration_s", "findings")}}
@@ -509,7 +500,7 @@ def bench_kernels(root: Path, names: list[str] | None, *, out_dir: Path | None =
     """
     if repeat < 1:
         raise ValueError(f"bench --repeat {repeat}: expected an integer >= 1")
-    names = _accepted_names(root, names)
+    names = accepted_names(root, names)
     out_dir = out_dir or (root / "benchmarks" / "results")
     rep = BenchReport()
     if from_manifests:

@@ -81,14 +81,15 @@ ArgSpec = tuple[str, tuple[int, ...], str]
 
 
 def _run_worker(
-    candidate: Path, entry: str, calls: list[dict[str, Any]], timeout_s: float, cache_dir: Path | None
+    candidate: Path, entry: str, calls: list[dict[str, Any]], timeout_s: float, cache_dir: Path | None,
+    sha256: str | None = None,
 ) -> dict[str, Any]:
     """Run the worker on ``calls``; return its result plus ``rc``, ``timed_out``, ``stderr``,
     ``fault`` (faulthandler text) and ``wall_s``."""
     with tempfile.TemporaryDirectory(prefix="coda-compile-") as tmp_s:
         tmp = Path(tmp_s)
         req_path, res_path = tmp / "request.json", tmp / "result.json"
-        req_path.write_text(json.dumps({"candidate": str(candidate), "entry": entry, "calls": calls}))
+        req_path.write_text(json.dumps({"candidate": str(candidate), "sha256": sha256, "entry": entry, "calls": calls}))
         env = worker_env()
         env.update(
             QUACK_ARCH="sm_90",
@@ -344,7 +345,8 @@ def select_cases(spec: KernelSpec) -> list[ShapeCase]:
     return chosen
 
 
-def compile_stage(loaded: LoadedSpec, candidate: Path, timeout_s: float = 300, *, cache_dir: Path | None = None) -> StageResult:
+def compile_stage(loaded: LoadedSpec, candidate: Path, timeout_s: float = 300, *, cache_dir: Path | None = None,
+                  sha256: str | None = None) -> StageResult:
     """The pipeline's compile stage: compile on the spec's first and a ragged shape case and
     check that the returned outputs have the spec's count, types, shapes and dtypes.
 
@@ -353,6 +355,8 @@ def compile_stage(loaded: LoadedSpec, candidate: Path, timeout_s: float = 300, *
         candidate: path of the candidate module.
         timeout_s: wall-clock limit for the worker (both cases together).
         cache_dir: see :func:`compile_cpu`.
+        sha256: the hex digest of the snapshot the pipeline judged (:mod:`snapshot`): the
+            worker imports the file only when its bytes have it (``None``: no check).
 
     Returns:
         ``StageResult(stage="compile")``; output mismatches are ``output-count``,
@@ -370,14 +374,14 @@ def compile_stage(loaded: LoadedSpec, candidate: Path, timeout_s: float = 300, *
         calls.append({"case": name, "args": [[t.name, list(spec.shape_of(t, dims)), t.dtype] for t in spec.entry.inputs],
                       "kwargs": spec.constants_of(dims)})
         expected[name] = [(o.name, spec.shape_of(o, dims), o.dtype) for o in spec.entry.outputs]
-    return _run_and_interpret(Path(candidate).resolve(), spec.entry.function, calls, timeout_s, cache_dir, expected)
+    return _run_and_interpret(Path(candidate).resolve(), spec.entry.function, calls, timeout_s, cache_dir, expected, sha256)
 
 
 def _run_and_interpret(candidate: Path, entry: str, calls: list[dict[str, Any]], timeout_s: float,
-                       cache_dir: Path | None, expected: dict | None) -> StageResult:
+                       cache_dir: Path | None, expected: dict | None, sha256: str | None = None) -> StageResult:
     if not candidate.is_file():
         return StageResult(stage="compile", status="error", summary=f"no candidate file at {candidate}",
                            findings=[Finding(kind="verifier-error", message=f"no candidate file at {candidate}")])
-    res = _run_worker(candidate, entry, calls, timeout_s, cache_dir)
+    res = _run_worker(candidate, entry, calls, timeout_s, cache_dir, sha256)
     mode = "private" if cache_dir is None else f"shared:{cache_dir}"
     return _interpret(res, candidate, entry, timeout_s, expected, mode)

@@ -290,12 +290,8 @@ def run_request(req: dict[str, Any]) -> dict[str, Any]:
     out["phase"] = "import"
     t1 = time.perf_counter()
     try:
-        import importlib.util
+        from coda_agent.verifier.snapshot import load_module
 
-        mspec = importlib.util.spec_from_file_location("coda_candidate", candidate)
-        assert mspec is not None and mspec.loader is not None
-        module = importlib.util.module_from_spec(mspec)
-        sys.modules["coda_candidate"] = module
         if req.get("started_marker"):
             Path(req["started_marker"]).touch()  # from here on, an exit is the candidate's doing
         if req.get("dump_deadline") and _FAULT_FILE_HANDLE is not None:
@@ -304,7 +300,7 @@ def run_request(req: dict[str, Any]) -> dict[str, Any]:
             remaining = req["dump_deadline"] - time.monotonic()
             if remaining > 0:
                 faulthandler.dump_traceback_later(remaining, repeat=False, file=_FAULT_FILE_HANDLE)
-        mspec.loader.exec_module(module)
+        module = load_module(candidate, "coda_candidate", req.get("sha256"))
     except BaseException as e:  # noqa: BLE001 - untrusted code may raise anything
         out["error"] = summarize_exception(e, candidate)
         return _finish(out, counters)

@@ -67,9 +67,10 @@ from coda_agent.verifier.protocol import (
     wall_check_run,
 )
 from coda_agent.verifier.sandbox import run_worker, worker_env
+from coda_agent.verifier.snapshot import Snapshot, take
 from coda_agent.verifier.spec import LoadedSpec, load_spec
 from coda_agent.verifier.verdict import Finding, StageResult, Verdict
-from coda_agent.verifier.workspace import atomic_write_text, remove_tree, sha256_file
+from coda_agent.verifier.workspace import atomic_write_text, remove_tree
 
 GPU_STAGES = ("correctness", "gradients", "bench")
 CAND_WORKER = "coda_agent.verifier.worker_candidate"
@@ -99,27 +100,27 @@ def _guarded(stage: str, fn: Callable[[], StageResult]) -> StageResult:
                            findings=[Finding(kind="verifier-error", message=tb[-3000:])], duration_s=time.monotonic() - t0)
 
 
-def run_static(loaded: LoadedSpec, candidate: Path) -> StageResult:
-    """The static stage (``verifier/static.py: check_static``), imported lazily."""
+def run_static(loaded: LoadedSpec, snap: Snapshot) -> StageResult:
+    """The static stage (``verifier/static.py: check_static``) over the snapshot's text, imported lazily."""
     try:
         from coda_agent.verifier.static import check_static
     except ImportError as e:
         return StageResult(stage="static", status="error", summary=f"static checker unavailable: {e}")
-    return check_static(loaded.spec, candidate.read_text(), str(candidate))
+    return check_static(loaded.spec, snap.text, str(snap.path))
 
 
-def run_compile(loaded: LoadedSpec, candidate: Path, timeout_s: float = 300) -> StageResult:
-    """The compile stage (``verifier/compile.py: compile_stage``), imported lazily."""
+def run_compile(loaded: LoadedSpec, snap: Snapshot, timeout_s: float = 300) -> StageResult:
+    """The compile stage (``verifier/compile.py: compile_stage``) of the snapshot, imported lazily."""
     try:
         from coda_agent.verifier.compile import compile_stage
     except ImportError as e:
         return StageResult(stage="compile", status="error", summary=f"compile stage unavailable: {e}")
-    return compile_stage(loaded, candidate, timeout_s=timeout_s)
+    return compile_stage(loaded, snap.path, timeout_s=timeout_s, sha256=snap.sha256)
 
 
 def run_gpu_workers(
     loaded: LoadedSpec,
-    candidate: Path,
+    snap: Snapshot | Path,
     workdir: Path,
     *,
     bench: bool = True,
@@ -128,7 +129,8 @@ def run_gpu_workers(
     device: str = "cuda",
     baselines: list[str] | None = None,
 ) -> GpuRun:
-    """Run the candidate worker, then (if it produced any trial) the reference worker.
+    """Run the candidate worker on ``snap`` (:func:`snapshot.take`; a path is snapshotted
+    into ``workdir/candidate/`` first), then (if it produced any trial) the reference worker.
 
     ``workdir`` receives ``cand/``, ``ref/`` and ``logs/`` (layout: :mod:`protocol`).
     ``bench_shapes`` overrides the spec's benchmark shapes (names or ``{"name","dims"}``);
@@ -138,6 +140,8 @@ def run_gpu_workers(
     shape name.
     """
     spec = loaded.spec
+    if not isinstance(snap, Snapshot):
+        snap = take(snap, _fresh_dir(Path(workdir).resolve() / "candidate"))
     timeout = float(timeout_s or spec.timeout_s)
     shapes = make_bench_shapes(spec, bench_shapes) if bench else []
     secret = secrets.randbelow(1 << 30)  # never leaves the parent and the workers' plan files
@@ -148,11 +152,14 @@ def run_gpu_workers(
         secret=secret,
         bench=bench,
         device=device,
-        candidate=str(Path(candidate).resolve()),
+        candidate=str(Path(snap.path).resolve()),
+        candidate_sha256=snap.sha256,
         baselines=baselines,
     )
     workdir = Path(workdir).resolve()  # workers run with cwd=their own folder: absolute paths only
-    logs = workdir / "logs"
+    # Fresh, like cand/ and ref/: the workers' logs are written through these paths, and a
+    # symlink planted here made the verifier truncate the file it named (red team 14).
+    logs = _fresh_dir(workdir / "logs")
     env = _worker_env()
     cand_dir = _fresh_dir(workdir / CAND_DIR)
     # The candidate worker may write only beneath cand_dir/scratch (fs_sandbox.py): its temporary
@@ -321,19 +328,22 @@ def cpu_stages_many(items: list[tuple[LoadedSpec, Path]], *, jobs: int = 1,
     kernel at a time (timings never overlap a compile)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    digests = [sha256_file(Path(cand)) for _, cand in items]
-    statics = [_guarded("static", lambda lc=lc: run_static(lc[0], Path(lc[1]))) for lc in items]
+    with tempfile.TemporaryDirectory(prefix="coda-snapshots-") as tmp:
+        snaps = []
+        for i, (_, cand) in enumerate(items):  # each file read once; every stage judges these bytes
+            folder = Path(tmp) / str(i)
+            folder.mkdir()
+            snaps.append(take(cand, folder))
+        statics = [_guarded("static", lambda i=i: run_static(items[i][0], snaps[i])) for i in range(len(items))]
 
-    def one(i: int) -> CpuStages:
-        loaded, cand = items[i]
-        digest = digests[i]
-        if not statics[i].ok:
-            return CpuStages(candidate_hash=digest, stages=(statics[i],))
-        comp = _guarded("compile", lambda: run_compile(loaded, Path(cand), timeout_s=timeout_s or 300))
-        return CpuStages(candidate_hash=digest, stages=(statics[i], comp))
+        def one(i: int) -> CpuStages:
+            if not statics[i].ok:
+                return CpuStages(candidate_hash=snaps[i].sha256, stages=(statics[i],))
+            comp = _guarded("compile", lambda: run_compile(items[i][0], snaps[i], timeout_s=timeout_s or 300))
+            return CpuStages(candidate_hash=snaps[i].sha256, stages=(statics[i], comp))
 
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        return list(pool.map(one, range(len(items))))
+        with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+            return list(pool.map(one, range(len(items))))
 
 
 def verify(
@@ -360,16 +370,27 @@ def verify(
     and ``baselines`` exist for tests: a CPU-device verdict is marked ``cpu_only``.
     ``cpu_done``: static and compile already run for this file (:func:`cpu_stages_many`);
     ignored, and the stages run again, when its hash is not the file's.
+    The file is read once, into a private snapshot (:mod:`snapshot`) that every stage
+    judges; ``candidate_hash`` is the sha256 of those bytes.
     Raises ``FileNotFoundError`` when ``candidate`` does not exist.
     """
     candidate = Path(candidate)
     if not candidate.is_file():
         raise FileNotFoundError(f"candidate not found: {candidate}")
+    with tempfile.TemporaryDirectory(prefix="coda-candidate-") as snap_dir:
+        snap = take(candidate, snap_dir)
+        return _verify_snapshot(loaded, snap, cpu_only=cpu_only, bench=bench, workdir=workdir, timeout_s=timeout_s,
+                                bench_shapes=bench_shapes, device=device, baselines=baselines, cpu_done=cpu_done)
+
+
+def _verify_snapshot(loaded: LoadedSpec, snap: Snapshot, *, cpu_only: bool, bench: bool, workdir: Path | None,
+                     timeout_s: float | None, bench_shapes: list[Any] | None, device: str,
+                     baselines: list[str] | None, cpu_done: CpuStages | None) -> Verdict:
     t0 = time.monotonic()
     verdict = Verdict(
         spec=loaded.name,
         spec_hash=loaded.spec_hash,
-        candidate_hash=sha256_file(candidate),
+        candidate_hash=snap.sha256,
         cpu_only=cpu_only or device != "cuda",
         started_at=_now(),
         environment=collect_environment(probe_gpu=False),
@@ -380,7 +401,7 @@ def verify(
         return verdict
 
     if cpu_done is None or cpu_done.candidate_hash != verdict.candidate_hash:
-        cpu_done = cpu_stages(loaded, candidate, timeout_s=timeout_s)
+        cpu_done = cpu_stages(loaded, snap.path, timeout_s=timeout_s)
     verdict.stages += list(cpu_done.stages)
     if not all(s.ok for s in cpu_done.stages):
         return finish()
@@ -400,7 +421,7 @@ def verify(
         workdir = Path(tmp.name)
     try:
         try:
-            run = run_gpu_workers(loaded, candidate, Path(workdir), bench=bench, bench_shapes=bench_shapes,
+            run = run_gpu_workers(loaded, snap, Path(workdir), bench=bench, bench_shapes=bench_shapes,
                                   timeout_s=timeout_s, device=device, baselines=baselines)
         except Exception as e:  # noqa: BLE001 -- e.g. an unknown bench shape name, a full disk
             verdict.stages.append(StageResult(stage="correctness", status="error",

@@ -100,6 +100,9 @@ class Plan:
     bench: bool = False
     device: str = "cuda"
     candidate: str | None = None
+    candidate_sha256: str | None = None
+    """sha256 of the candidate snapshot the parent judged (:mod:`snapshot`): the candidate
+    worker imports only bytes with this hash."""
     baselines: list[str] | None = None
     """Baselines the reference worker times (None: the spec's ``bench.baselines``)."""
     secret: int = 0
@@ -122,14 +125,16 @@ class Plan:
             bench=bool(d.get("bench", False)),
             device=d.get("device", "cuda"),
             candidate=d.get("candidate"),
+            candidate_sha256=d.get("candidate_sha256"),
             baselines=d.get("baselines"),
             secret=int(d.get("secret", 0)),
         )
 
     def sha256(self) -> str:
-        """Hash of the plan minus the candidate path (both workers must agree on it)."""
+        """Hash of the plan minus the candidate path and hash (both workers must agree on it)."""
         d = asdict(self)
         d.pop("candidate", None)
+        d.pop("candidate_sha256", None)
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()
 
     @property

@@ -40,7 +40,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from coda_agent.verifier.bench import host_bound
-from coda_agent.verifier.accept import ManifestError, read_manifest
+from coda_agent.verifier.accept import ManifestError, accepted_names, read_manifest
 from coda_agent.verifier.spec import SpecError, diff_fields, load_spec
 from coda_agent.verifier.workspace import sha256_file
 
@@ -152,17 +152,6 @@ def compare_ratios(accepted_shapes: dict[str, Any], now_shapes: dict[str, Any], 
             "info_worst": info_worst, "info_worst_at": info_at, "host_bound": hb}
 
 
-def _kernel_names(root: Path, kernels: list[str] | None) -> list[str]:
-    base = root / "generated_kernels"
-    found = sorted(p.parent.name for p in base.glob("*/manifest.json"))
-    if kernels:
-        unknown = sorted(set(kernels) - set(found))
-        if unknown:
-            raise ValueError(f"not accepted kernels: {unknown} (accepted: {found})")
-        return list(kernels)
-    return found
-
-
 def _cpu_stage_row(name: str, stages: list) -> RegressRow | None:
     """The failing row for a static or compile stage that is not ok, else None."""
     for st in stages:
@@ -187,6 +176,10 @@ def _kept_verdict(vdir: Path, name: str, spec_hash: str, kernel_hash: str):
     except (OSError, ValueError) as e:
         return RegressRow(kernel=name, status="fail", stage="bench",
                           message=f"no usable benchmark verdict {f} ({type(e).__name__}); run coda-agent bench {name}")
+    if not v.stages:
+        return RegressRow(kernel=name, status="fail", stage="bench",
+                          message=f"{f} records no stages (missing or empty 'stages'): not a verdict coda-agent "
+                          f"bench kept; run coda-agent bench {name}")
     if v.candidate_hash != kernel_hash or v.spec_hash != spec_hash:
         return RegressRow(kernel=name, status="fail", stage="bench",
                           message=f"{f} was measured for another kernel.py or spec (hash differs); "
@@ -209,6 +202,11 @@ def regress_one(root: Path, name: str, *, cpu_only: bool, tolerance: float, veri
         return RegressRow(kernel=name, status="fail", stage="integrity", message=str(e))
     if not kernel.is_file():
         return RegressRow(kernel=name, status="fail", stage="integrity", message="kernel.py missing")
+    if man.get("gpu_verified") is not True:
+        # accept() refuses such a verdict; a manifest saying so was written by something else
+        return RegressRow(kernel=name, status="fail", stage="integrity",
+                          message="the manifest does not record a GPU verification (gpu_verified is not true); "
+                          f"verify it on a GPU (coda-agent verify {name} generated_kernels/{name}/kernel.py --accept --force)")
     got = sha256_file(kernel)
     if got != man.get("kernel_sha256"):
         return RegressRow(
@@ -323,7 +321,7 @@ def regress(root: Path, kernels: list[str] | None = None, *, cpu_only: bool = Fa
             except ValueError:
                 continue
         rep.measured_on = sorted(gpus)
-    for name in _kernel_names(root, kernels):
+    for name in accepted_names(root, kernels):
         rep.rows.append(regress_one(root, name, cpu_only=cpu_only, tolerance=tolerance, verify_fn=verify_fn,
                                     bench_shapes=bench_shapes, verdicts=verdicts))
     return rep

@@ -196,7 +196,8 @@ class _Drain(threading.Thread):
         kept, cut, ring = 0, 0, bytearray()
         f = None
         try:
-            f = open(self.path, "ab")  # noqa: SIM115 -- closed below, after the last read
+            # never through a symlink: the verifier would write wherever it points (red team 14)
+            f = os.fdopen(os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644), "ab")
         except OSError as e:
             self.error = f"cannot open {self.path.name}: {e}"
         try:
@@ -342,8 +343,10 @@ def run_worker(
     log_dir.mkdir(parents=True, exist_ok=True)
     short = module.rsplit(".", 1)[-1]
     out_path, err_path = log_dir / f"{short}.stdout", log_dir / f"{short}.stderr"
-    for path in (out_path, err_path):
-        path.write_bytes(b"")
+    for path in (out_path, err_path):  # a symlink in the log folder is replaced, never followed
+        if path.is_symlink():
+            path.unlink()
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644))
     t0 = time.monotonic()
     timed_out = False
     # (read end, write end, file it drains into, head, tail); ends not yet handed over

@@ -58,7 +58,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator, model_validator
 
 from coda_agent.verifier.protocol import LAUNCH_NAMES_KEPT
 
@@ -87,17 +87,28 @@ class SpecError(ValueError):
 # --------------------------------------------------------------------------- expressions
 
 _ALLOWED_FUNCS = {"sqrt": math.sqrt, "min": min, "max": max, "ceil": math.ceil}
+MAX_EXPONENT = 64
+"""Largest ``**`` exponent a dim expression may use (FLOP counts need 1 or 2)."""
+MAX_INT_BITS = 256
+"""Widest integer a dim expression may produce on the way (a 70B shape's FLOPs take ~50)."""
 
 
 def eval_expr(expr: str | int | float, dims: dict[str, int]) -> float | int:
     """Evaluate a dim expression such as ``"2*I"`` or ``"1/sqrt(K)"``.
 
     Only numbers, dim names, ``+ - * / // % **``, parentheses and ``sqrt/min/max/ceil``
-    are accepted. Raises ``ValueError`` naming the unknown dim or the bad construct.
+    are accepted. Raises ``ValueError`` naming the unknown dim or the bad construct, a
+    division by zero, an exponent beyond :data:`MAX_EXPONENT` or an integer wider than
+    :data:`MAX_INT_BITS` bits (``"9**9**9"`` would compute for hours).
     """
     if isinstance(expr, (int, float)):
         return expr
     tree = ast.parse(expr, mode="eval")
+
+    def bounded(x):
+        if isinstance(x, int) and x.bit_length() > MAX_INT_BITS:
+            raise ValueError(f"in expression {expr!r}: an intermediate value is wider than {MAX_INT_BITS} bits")
+        return x
 
     def ev(node: ast.AST):
         if isinstance(node, ast.Expression):
@@ -110,13 +121,17 @@ def eval_expr(expr: str | int | float, dims: dict[str, int]) -> float | int:
             return dims[node.id]
         if isinstance(node, ast.BinOp):
             a, b = ev(node.left), ev(node.right)
+            if isinstance(node.op, ast.Pow) and abs(b) > MAX_EXPONENT:
+                raise ValueError(f"in expression {expr!r}: exponent {b} is beyond {MAX_EXPONENT}")
+            if isinstance(node.op, (ast.Div, ast.FloorDiv, ast.Mod)) and b == 0:
+                raise ValueError(f"in expression {expr!r}: division by zero")
             ops = {
                 ast.Add: lambda: a + b, ast.Sub: lambda: a - b, ast.Mult: lambda: a * b,
                 ast.Div: lambda: a / b, ast.FloorDiv: lambda: a // b, ast.Mod: lambda: a % b,
                 ast.Pow: lambda: a**b,
             }
             if type(node.op) in ops:
-                return ops[type(node.op)]()
+                return bounded(ops[type(node.op)]())
         if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
             return -ev(node.operand)
         if (
@@ -148,6 +163,9 @@ def _check_expr(v: str | int | float) -> str | int | float:
         except SyntaxError as e:
             raise ValueError(f"not an arithmetic expression: {v!r} ({e.msg})") from None
         for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and (type(node.value) not in (int, float)):
+                raise ValueError(f"in expression {v!r}: {ast.unparse(node)} is not a number "
+                                 "(only numbers and dim names)")
             ok = (
                 ast.Expression, ast.Constant, ast.Name, ast.BinOp, ast.UnaryOp, ast.Call,
                 ast.Add, ast.Sub, ast.Mult, ast.Div, ast.FloorDiv, ast.Mod, ast.Pow, ast.USub,
@@ -165,7 +183,8 @@ def _check_expr(v: str | int | float) -> str | int | float:
 # --------------------------------------------------------------------------- models
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # no inf/nan anywhere: `tolerance.floor = inf` made every comparison pass (red team 14)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class InitSpec(_Strict):
@@ -307,7 +326,7 @@ class ShapeCase(_Strict):
     """One binding of the symbolic dims to integers; ``name`` labels benchmark rows."""
 
     name: str = ""
-    dims: dict[str, int]
+    dims: dict[str, StrictInt]
 
     @field_validator("dims")
     @classmethod
@@ -324,10 +343,16 @@ class ShapesSpec(_Strict):
 
     correctness: list[ShapeCase] = Field(min_length=1)
     benchmark: list[ShapeCase] = Field(default_factory=list)
-    seeds: list[int] = Field(default_factory=lambda: [0, 1])
+    seeds: list[StrictInt] = Field(default_factory=lambda: [0, 1], min_length=1)
 
     @model_validator(mode="after")
     def _ragged(self) -> "ShapesSpec":
+        if len(set(self.seeds)) != len(self.seeds):
+            raise ValueError(f"seeds: must be distinct, got {self.seeds}")
+        names = [c.name for c in self.benchmark]
+        if any(not n for n in names) or len(set(names)) != len(names):
+            raise ValueError(f"benchmark: every shape needs a distinct, non-empty name (result rows and checks "
+                             f"are keyed by it), got {names}")
         if not any(any(x % 128 for x in c.dims.values()) for c in self.correctness):
             raise ValueError(
                 "correctness shapes need at least one case whose dims are not all multiples "
@@ -438,7 +463,38 @@ class KernelSpec(_Strict):
                 if missing:
                     where = "; ".join(f"{d} by {', '.join(need[d])}" for d in missing)
                     raise ValueError(f"shapes.{group}[{i}] ({c.name!r}): dims {missing} are not bound (used: {where})")
+                self._check_values(f"shapes.{group}[{i}] ({c.name!r})", c.dims, bench=group == "benchmark")
         return self
+
+    def _check_values(self, where: str, dims: dict[str, int], *, bench: bool) -> None:
+        """Evaluate, at one shape case, what the verifier will evaluate there: every tensor
+        dim must be a positive integer (``"I/3"`` at I = 10, ``"I-1000"``), the workspace
+        budget a finite number >= 0, the benchmark's FLOPs finite and > 0. Raises
+        ``ValueError`` naming the field, so a bad expression fails at load, not mid-run."""
+        def value(field: str, expr: str | int | float) -> float:
+            try:
+                v = eval_expr(expr, dims)
+            except (ValueError, OverflowError, ZeroDivisionError) as e:
+                raise ValueError(f"{where}: {field} = {expr!r}: {e}") from None
+            if not math.isfinite(v):
+                raise ValueError(f"{where}: {field} = {expr!r} is {v}")
+            return v
+
+        for kind, tensors in (("inputs", self.entry.inputs), ("outputs", self.entry.outputs)):
+            for t in tensors:
+                for j, s in enumerate(t.shape):
+                    v = value(f"entry.{kind}[{t.name}].shape[{j}]", s)
+                    if v <= 0 or v != int(v):
+                        raise ValueError(f"{where}: entry.{kind}[{t.name}].shape[{j}] = {s!r} is {v}; "
+                                         "a dim must be a positive integer")
+        for t in self.entry.inputs:
+            if t.init.dist != "derived":
+                for f in ("std", "low", "high"):
+                    value(f"entry.inputs[{t.name}].init.{f}", getattr(t.init, f))
+        if self.entry.max_workspace is not None and value("entry.max_workspace", self.entry.max_workspace) < 0:
+            raise ValueError(f"{where}: entry.max_workspace = {self.entry.max_workspace!r} is negative")
+        if bench and not value("bench.flops", self.bench.flops) > 0:
+            raise ValueError(f"{where}: bench.flops = {self.bench.flops!r} must be positive")
 
     # -- helpers used by the agent and the verifier -------------------------------
     def dims_of(self, case: ShapeCase) -> dict[str, int]:

@@ -71,7 +71,6 @@ import gc  # noqa: E402
 import hashlib  # noqa: E402
 import io  # noqa: E402
 import math  # noqa: E402
-import importlib.util  # noqa: E402
 import os  # noqa: E402
 import random  # noqa: E402
 import stat  # noqa: E402
@@ -128,6 +127,7 @@ from coda_agent.verifier.protocol import (  # noqa: E402
     timed_loop_check_run,
     wall_check_run,
 )
+from coda_agent.verifier.snapshot import load_module  # noqa: E402
 from coda_agent.verifier.spec import load_spec  # noqa: E402
 from coda_agent.verifier import device_memory  # noqa: E402  (binds torch.cuda's statistics at import)
 
@@ -343,14 +343,9 @@ class Worker:
         del blocks
         return n
 
-    def import_candidate(self, path: Path) -> None:
-        name = "coda_candidate"
-        mspec = importlib.util.spec_from_file_location(name, path)
-        if mspec is None or mspec.loader is None:
-            raise ImportError(f"cannot import {path}")
-        mod = importlib.util.module_from_spec(mspec)
-        sys.modules[name] = mod  # quack resolves epilogue mods by module name
-        mspec.loader.exec_module(mod)
+    def import_candidate(self, path: Path, sha256: str | None) -> None:
+        # From the snapshot's bytes, hash-checked, never through a bytecode cache (snapshot.py)
+        mod = load_module(path, "coda_candidate", sha256)
         fn = getattr(mod, self.spec.entry.function, None)
         if not callable(fn):
             raise AttributeError(f"candidate defines no function {self.spec.entry.function!r}")
@@ -714,7 +709,7 @@ class Worker:
         self.begin("import")
         t0 = _perf_counter()
         self.imported = True
-        self.import_candidate(Path(self.plan.candidate or ""))
+        self.import_candidate(Path(self.plan.candidate or ""), self.plan.candidate_sha256)
         self.record("import", ok=True, seconds=_perf_counter() - t0, tampered=tampered())
 
         # The first trial of every correctness shape runs under the profiler: a candidate that

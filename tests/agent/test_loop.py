@@ -530,3 +530,32 @@ def test_a_forged_accepted_path_is_not_believed(workspace, fwd_spec):
     s = generate(fwd_spec, root=workspace, backend=ScriptedBackend([]), verifier=verifier, resume=run_dir,
                  accept_fn=acc, max_attempts=1)
     assert len(verifier.calls) == 1 and s.status == "out-of-attempts" and s.state.accepted_path is None
+
+
+def test_a_planted_pycache_is_refused_and_verify_is_emptied_first(workspace, fwd_spec):
+    """Red team 14: a ``__pycache__/`` beside candidate.py held bytecode that the workers'
+    import ran in the candidate's place, and symlinks planted in ``attempt-k/verify/logs``
+    had the verifier truncate the files they named. An attempt folder holds no folder but
+    verify/, and verify/ is emptied before every verification."""
+    run_dir = workspace / "runs" / "planted"
+    generate(fwd_spec, root=workspace, backend=ManualBackend(), verifier=FakeVerifier(), run_dir=run_dir)
+    a1 = run_dir / "attempt-1"
+    (a1 / "response.md").write_text(reply(GOOD_MODULE))
+    (a1 / "__pycache__").mkdir()
+    with pytest.raises(RunError, match=r"attempt-1/__pycache__: a folder the loop never writes"):
+        generate(fwd_spec, root=workspace, backend=ManualBackend(), verifier=FakeVerifier(), resume=run_dir)
+    (a1 / "__pycache__").rmdir()
+    victim = workspace / "victim.txt"
+    victim.write_text("accepted work\n")
+    before = victim.read_bytes()
+    (a1 / "verify" / "logs").mkdir(parents=True)
+    (a1 / "verify" / "logs" / "worker_candidate.stderr").symlink_to(victim)
+    seen = []
+
+    def verifier(loaded, candidate, workdir):
+        seen.append(sorted(p.name for p in Path(workdir).rglob("*")) if Path(workdir).exists() else None)
+        return FakeVerifier()(loaded, candidate, workdir)
+
+    s = generate(fwd_spec, root=workspace, backend=ManualBackend(), verifier=verifier, resume=run_dir)
+    assert seen == [None]  # the planted folder was gone before the verifier ran
+    assert victim.read_bytes() == before and s.attempts[0].passed

@@ -77,6 +77,19 @@ def _edit(path: Path, old: str, new: str) -> None:
         # new-user walkthrough, session 9: these used to load and fail only when inputs were drawn
         ('std = "1/sqrt(K)"', 'std = "1/sqrtt(K)"', r"init\.std'.*only ceil, max, min, sqrt\(\.\.\.\) may be called, got sqrtt"),
         ('std = "1/sqrt(K)"', 'std = "1/sqrt(Z)"', r"dims \['Z'\] are not bound \(used: Z by entry\.inputs\[\w+\]\.init\.std\)"),
+        # red team 14: these loaded, and made checks vacuous or failed (or hung) mid-run
+        ("floor = 1e-6", "floor = inf", r"field 'tolerance\.floor'.*finite number"),
+        ("factor = 2.0", "factor = nan", r"field 'tolerance\.factor'.*finite number"),
+        ("seeds = [0, 1]", "seeds = []", r"field 'shapes\.seeds'.*at least 1 item"),
+        ("seeds = [0, 1]", "seeds = [1, 1]", r"seeds: must be distinct"),
+        ('shape = ["M", "I"]', "shape = [\"M\", \"'I'\"]", r"'I' is not a number"),
+        ('shape = ["M", "I"]', 'shape = ["M", "I-300"]', r"shapes\.correctness\[1\] \('ragged-m'\): entry\.outputs\[postact\]\.shape\[1\] = 'I-300' is -100"),
+        ('shape = ["M", "I"]', 'shape = ["M", "I/3"]', r"shapes\.correctness\[1\].*'I/3' is 66\.6+7; a dim must be a positive integer"),
+        ("M = 256, K = 512", "M = true, K = 512", r"field 'shapes\.correctness\.0\.dims\.M'.*valid integer"),
+        ('name = "llama3-1b/M16384"', 'name = "llama3-1b/M8192"', r"every shape needs a distinct, non-empty name"),
+        ('flops = "2*M*K*I"', 'flops = "2*M*K*I/(K-K)"', r"shapes\.benchmark\[0\].*bench\.flops = .*division by zero"),
+        ('flops = "2*M*K*I"', 'flops = "2*M*K*I*(9**9**9)"', r"exponent 387420489 is beyond 64"),
+        ('flops = "2*M*K*I"', 'flops = "2*M*K*I*((((2**64)**64)**64)**64)"', r"wider than 256 bits"),
     ],
 )
 def test_invalid_field_is_named(tmp_path, old, new, expect):

@@ -136,6 +136,22 @@ def test_a_verdict_file_named_after_another_kernel_is_left_out(tmp_path):
         merge_kept(tmp_path, src, main)
 
 
+def test_a_verdict_without_stages_is_left_out_by_name(tmp_path):
+    """A kept file with its stages deleted rendered as "NOT verified: no GPU" (new-user pass,
+    session 11); it is left off the page, by name."""
+    import json
+
+    from coda_agent.verifier.kept import day_verdicts
+
+    _, vdir = _kept_folder(tmp_path, "2026-11-30-nvidia-h200")
+    d = json.loads((vdir / "swiglu_fwd.json").read_text())
+    assert d["stages"]
+    del d["stages"]
+    (vdir / "swiglu_fwd.json").write_text(json.dumps(d))
+    verdicts, notes = day_verdicts(tmp_path, vdir)
+    assert verdicts == {} and notes == ["- swiglu_fwd.json: records no stages (missing or empty 'stages'); left out"]
+
+
 def test_page_names_each_stack_and_does_not_judge_a_failing_run():
 
     ok = _run(FWD, 1.0, 1.0, started="t0")

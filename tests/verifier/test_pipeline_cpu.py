@@ -103,13 +103,13 @@ def test_cpu_stages_many_runs_ahead_and_verify_reuses_them(tmp_path, monkeypatch
     kernel without compiling again; a file changed in between is compiled again."""
     calls = []
 
-    def static(loaded, cand):
-        calls.append(("static", cand.name))
-        bad = "BAD" in cand.read_text()
+    def static(loaded, snap):
+        calls.append(("static", snap.path.name))
+        bad = "BAD" in snap.text
         return StageResult(stage="static", status="fail" if bad else "pass", summary="1 violation(s)" if bad else "ok")
 
-    def compile_(loaded, cand, timeout_s=300):
-        calls.append(("compile", cand.name))
+    def compile_(loaded, snap, timeout_s=300):
+        calls.append(("compile", snap.path.name))
         return StageResult(stage="compile", status="pass", summary="ok")
 
     monkeypatch.setattr(pipeline, "run_static", static)
@@ -593,3 +593,29 @@ def swiglu_fwd(x, w1):
     freed = [f for f in st.findings if f.kind == "output-not-plain-tensor" and "storage holds 0 bytes" in f.message]
     assert freed and {f.output for f in freed} == {"postact"}, st.findings
     assert "crash" not in {f.kind for f in st.findings}, [f.message[-600:] for f in st.findings if f.kind == "crash"]
+
+
+def test_bytecode_planted_beside_the_candidate_never_runs(tmp_path):
+    """Red team 14: an unchecked-hash pyc in ``__pycache__/`` beside the candidate (written by
+    a --llm manual answerer into the run folder) ran in the workers' import instead of the
+    source that static, the verdict's hash and accept() speak of. The verifier judges a
+    snapshot of the source's bytes and loads it from memory, so the pyc is never read."""
+    import hashlib
+    import py_compile
+    import sys
+
+    zeros = GOOD_FWD + """
+def swiglu_fwd(x, w1):
+    pre, post = _fwd(x, w1)
+    return (pre * 0).to(torch.bfloat16), (post * 0).to(torch.bfloat16)
+"""
+    cand = _write(tmp_path, zeros, "candidate.py")
+    good = _write(tmp_path, GOOD_FWD, "good_src.py")
+    pyc = tmp_path / "__pycache__" / f"candidate.{sys.implementation.cache_tag}.pyc"
+    pyc.parent.mkdir()
+    py_compile.compile(str(good), cfile=str(pyc), invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)
+    v = _cpu_verify(FWD, cand, tmp_path)
+    assert _failed(v) == "correctness", [(s.stage, s.status, s.summary) for s in v.stages]
+    assert v.candidate_hash == hashlib.sha256(cand.read_bytes()).hexdigest()
+    plan = json.loads((tmp_path / "work" / "cand" / "plan.json").read_text())
+    assert plan["candidate_sha256"] == v.candidate_hash and Path(plan["candidate"]).parent != tmp_path

@@ -64,6 +64,17 @@ def test_tampered_kernel_is_caught(workspace):
     assert "modified after verification" in row.message and "--force" in row.message
 
 
+def test_manifest_without_a_gpu_verification_fails_integrity(workspace):
+    """accept() never writes such a manifest (red team 14: regress --cpu-only did not look)."""
+    m = workspace / "generated_kernels" / "swiglu_fwd" / "manifest.json"
+    man = json.loads(m.read_text())
+    assert man["gpu_verified"] is True
+    man["gpu_verified"] = False
+    m.write_text(json.dumps(man))
+    (row,) = regress(workspace, cpu_only=True).rows
+    assert row.status == "fail" and row.stage == "integrity" and "does not record a GPU verification" in row.message
+
+
 def test_changed_spec_needs_reverification_naming_fields(workspace):
     p = workspace / "kernel_specs" / "swiglu_fwd" / "spec.toml"
     p.write_text(p.read_text().replace("factor = 2.0", "factor = 1.5").replace("max_launches = 1", "max_launches = 2"))
@@ -261,6 +272,12 @@ def test_kept_verdict_of_another_kernel_or_missing_fails(workspace, tmp_path_fac
     (vdir / "swiglu_fwd.json").write_text(_synthetic_verdict(loaded, other, _bench(1.01)).to_json())
     (row,) = regress(workspace, cpu_only=False, verdicts=vdir).rows
     assert row.status == "fail" and "hash differs" in row.message
+    damaged = json.loads(_synthetic_verdict(loaded, workspace / "generated_kernels" / "swiglu_fwd" / "kernel.py",
+                                            _bench(1.01)).to_json())
+    del damaged["stages"]  # read as "no GPU benchmark ran" before (new-user pass, session 11)
+    (vdir / "swiglu_fwd.json").write_text(json.dumps(damaged))
+    (row,) = regress(workspace, cpu_only=False, verdicts=vdir).rows
+    assert row.status == "fail" and "records no stages" in row.message and "swiglu_fwd.json" in row.message
     with pytest.raises(ValueError, match="not a folder"):
         regress(workspace, cpu_only=False, verdicts=vdir / "nope")
 

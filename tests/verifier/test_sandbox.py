@@ -212,3 +212,17 @@ def test_children_a_worker_made_ours_are_reaped(tmp_path):
     rec = next(r for r in out.records if r["part"] == "orphans")
     assert out.ok and rec["made"] == 20  # unconfined here: the filter denies CLONE_PARENT in workers
     assert _children_in_group(rec["pgid"]) == []  # no zombie of the worker's group left with us
+
+
+def test_a_symlinked_log_file_is_replaced_not_written_through(tmp_path):
+    """Red team 14: a symlink where a worker's log goes made the verifier truncate the file
+    it named and stream the worker's output into it. The link is replaced by a log file."""
+    victim = tmp_path / "accepted_kernel.py"
+    victim.write_text("accepted work\n")
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "ok.stdout").symlink_to(victim)
+    (logs / "ok.stderr").symlink_to(victim)
+    out = _run("ok", tmp_path)
+    assert out.ok and victim.read_text() == "accepted work\n"
+    assert not (logs / "ok.stdout").is_symlink() and (logs / "ok.stdout").read_text().startswith('{"part": "done"')

@@ -1,0 +1,109 @@
+"""The candidate the verifier judges is one snapshot of its bytes, taken once.
+
+The verifier reads a candidate in three places: the static stage parses its text, the
+compile worker imports it, the candidate worker imports it again on the GPU. Each read
+used to go back to the file the caller named, through Python's import machinery, and the
+fourteenth red team showed what that allows: a ``__pycache__/candidate.cpython-3XX.pyc``
+planted next to ``candidate.py`` (an *unchecked-hash* pyc is never compared with the
+source) is what the import system runs, while static, the verdict's ``candidate_hash``
+and ``accept`` all speak of ``candidate.py``. In ``--llm manual`` mode the answerer
+writes into the run folder, so a zeros-returning ``candidate.py`` with a correct pyc
+beside it passed correctness and would have been accepted, unverified.
+
+So, as one rule:
+
+* :func:`take` reads the file's bytes once and writes them, read-only, into a fresh
+  private folder the caller owns (outside any run folder); the verdict's
+  ``candidate_hash`` is the sha256 of those bytes;
+* every stage reads the snapshot, never the original: static its text, the workers its
+  path plus the hash;
+* the workers load it with :func:`load_module`: the bytes are read once, their sha256 must
+  be the one the parent recorded, they are compiled from memory (no bytecode cache is
+  read or written: no loader ever sees a ``__pycache__``), and ``linecache`` holds exactly
+  those lines, so ``inspect.getsource`` (which CuTe DSL's AST preprocessor and quack's
+  epilogue frontend use) and tracebacks see the text that ran.
+
+``accept`` copies the caller's file into the library only when its bytes still hash to
+the verdict's ``candidate_hash``, so what is accepted is what was verified.
+
+Stdlib only: the compile worker imports this before torch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.machinery
+import importlib.util
+import linecache
+import os
+import sys
+import types
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A candidate's bytes as the verifier judges them.
+
+    ``path``: the private read-only copy (same file name as the original, so messages
+    that shorten the path to its name read the same); ``sha256``: hex digest of the bytes;
+    ``text``: the bytes decoded as Python source (PEP 263)."""
+
+    path: Path
+    sha256: str
+    text: str
+
+
+def take(candidate: str | Path, folder: str | Path) -> Snapshot:
+    """Copy ``candidate``'s bytes (read once) into ``folder`` (which must exist and be the
+    caller's own) as a read-only file of the same name. Raises ``FileNotFoundError`` /
+    ``OSError`` when the file cannot be read, ``FileExistsError`` when ``folder`` already
+    holds that name. Source that does not decode is kept byte for byte; its ``text`` is
+    decoded with replacement characters (the static stage then reports it)."""
+    candidate = Path(candidate)
+    data = candidate.read_bytes()
+    dest = Path(folder) / candidate.name
+    fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o444)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+    return Snapshot(path=dest, sha256=hashlib.sha256(data).hexdigest(), text=_decode(data))
+
+
+def _decode(data: bytes) -> str:
+    try:
+        return importlib.util.decode_source(data)
+    except (SyntaxError, UnicodeDecodeError, LookupError):
+        return data.decode("utf-8", errors="replace")
+
+
+class CandidateChanged(ImportError):
+    """The file a worker was asked to import no longer hashes to what the parent judged."""
+
+
+def load_module(path: str | Path, name: str, sha256: str | None) -> types.ModuleType:
+    """Import the candidate at ``path`` as module ``name`` from its bytes, read once.
+
+    ``sha256`` (hex) is what the parent recorded for the snapshot; a mismatch raises
+    :class:`CandidateChanged` before any of it runs (``None`` skips the check: manual
+    worker runs). The module is registered in ``sys.modules[name]`` before it executes
+    (quack resolves epilogue mods by module name) and its source lines are put in
+    ``linecache`` with no modification time, so they are never re-read from disk.
+    Exceptions raised by the candidate's top-level code propagate unchanged."""
+    path = Path(path)
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    with os.fdopen(fd, "rb") as fh:
+        data = fh.read()
+    digest = hashlib.sha256(data).hexdigest()
+    if sha256 is not None and digest != sha256:
+        raise CandidateChanged(f"{path.name}: sha256 {digest[:12]} is not the judged candidate's {sha256[:12]}")
+    filename = str(path)
+    text = _decode(data)
+    linecache.cache[filename] = (len(text), None, text.splitlines(keepends=True), filename)
+    code = compile(data, filename, "exec", dont_inherit=True)
+    mod = types.ModuleType(name)
+    mod.__file__ = filename
+    mod.__spec__ = importlib.machinery.ModuleSpec(name, None, origin=filename)
+    sys.modules[name] = mod
+    exec(code, mod.__dict__)  # noqa: S102 -- the untrusted candidate, in its confined worker
+    return mod
