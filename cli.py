@@ -171,7 +171,7 @@ def cmd_list(args) -> int:
     return USAGE if problems else OK
 
 
-def _json_out(value: str | None, flag: str = "--json") -> Path | None:
+def _out_file(value: str | None, flag: str = "--json") -> Path | None:
     """Check an output file path before any work starts (a missing folder used to raise a
     traceback after a whole verification, with the exit status of a rejection)."""
     if not value:
@@ -199,13 +199,11 @@ def cmd_prompt(args) -> int:
 
     root = _root(args)
     loaded = _spec(root, args.spec)
+    out = _out_file(args.out, "--out")
     prompt = render_prompt(loaded, root)
     text = prompt.as_text()
     if args.out:
-        try:
-            Path(args.out).write_text(text)
-        except OSError as e:
-            raise UsageError(f"--out {args.out}: {e.strerror or e}") from None
+        _write_out(out, text, "--out")
         err.print(f"wrote {args.out}")
     else:
         console.print(text, markup=False, highlight=False, soft_wrap=True)
@@ -217,7 +215,7 @@ def cmd_verify(args) -> int:
     """Run every verifier stage on CANDIDATE.py; --accept writes generated_kernels/."""
     root = _root(args)
     loaded = _spec(root, args.spec)
-    json_out = _json_out(args.json)
+    json_out = _out_file(args.json)
     cand = Path(args.candidate)
     if cand.is_dir():
         raise UsageError(f"candidate {cand} is a folder; give the candidate module's .py file "
@@ -443,7 +441,7 @@ def cmd_regress(args) -> int:
     from coda_agent.verifier.regress import regress
 
     root = _root(args)
-    json_out = _json_out(args.json)
+    json_out = _out_file(args.json)
     if args.cpu_only and args.verdicts:
         raise UsageError("regress --cpu-only checks integrity, static and compile only; --verdicts judges what a GPU "
                          "measured: give one of them")

@@ -95,6 +95,27 @@ class RunError(RuntimeError):
     """The run cannot start or resume (message says why and what to do)."""
 
 
+def _text(p: Path) -> str:
+    """A run-folder file's text. The folder is the answerer's to write (--llm manual), so
+    bytes that are not UTF-8 are a :class:`RunError` naming the file, not a traceback."""
+    try:
+        return p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise RunError(f"{p}: not UTF-8 text ({e.reason} at byte {e.start}); fix it, then resume") from None
+
+
+def _parsed(p: Path, parse: Callable[[str], Any]) -> Any:
+    """``parse`` of a run-folder file's text; a file it refuses (wrong JSON shape, fields of
+    the wrong type) is a :class:`RunError` naming the file (red team 15: ``verdict.json``
+    holding ``{}`` raised a pydantic traceback)."""
+    text = _text(p)
+    try:
+        return parse(text)
+    except (ValueError, TypeError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise RunError(f"{p}: not what the loop wrote there ({first}); fix or delete it, then resume") from None
+
+
 class AttemptRecord(BaseModel):
     """One attempt as recorded in ``run.json``."""
 
@@ -300,7 +321,7 @@ def load_run(run_dir: str | Path) -> RunSummary:
     if not p.is_file():
         raise RunError(f"{run_dir}: not a run directory (no {RUN_FILE})")
     check_run_files(run_dir)
-    return RunSummary(run_dir=run_dir, state=RunState.model_validate_json(p.read_text()))
+    return RunSummary(run_dir=run_dir, state=_parsed(p, RunState.model_validate_json))
 
 
 def check_run_files(run_dir: Path) -> None:
@@ -319,6 +340,11 @@ def check_run_files(run_dir: Path) -> None:
         if folder.is_symlink():
             raise RunError(f"{folder}: a symlink; a run folder holds only regular files and folders")
         for e in os.scandir(folder):
+            if (folder == run_dir and e.is_dir(follow_symlinks=False) and not e.is_symlink()
+                    and not (re.fullmatch(r"attempt-\d+", e.name) or e.name == "lesson")):
+                # a folder named proposed_trick.md failed the lesson write after acceptance
+                raise RunError(f"{Path(e.path)}: a folder the loop never writes (a run folder holds attempt-<k>/ "
+                               "and lesson/ only). Remove it, then resume")
             if folder != run_dir and e.name == "verify" and e.is_dir(follow_symlinks=False):
                 continue  # the verifier's workdir (a real folder: it empties parts of it): its contents are its own
             if e.is_symlink() or not (e.is_file(follow_symlinks=False) or e.is_dir(follow_symlinks=False)):
@@ -430,14 +456,14 @@ class _Run:
     def base_prompt(self) -> Prompt:
         p = self.adir(1) / "prompt.json"
         if p.is_file():
-            return Prompt.from_json(p.read_text())
+            return _parsed(p, Prompt.from_json)
         ctx = gather_context(self.root, self.loaded, max_examples=self.max_examples)
         return build_task_prompt(self.loaded, ctx)
 
     def prompt_for(self, k: int) -> Prompt:
         d = self.adir(k)
         if (d / "prompt.json").is_file():
-            return Prompt.from_json((d / "prompt.json").read_text())
+            return _parsed(d / "prompt.json", Prompt.from_json)
         base = self.base_prompt()
         if k == 1:
             prompt = base
@@ -446,9 +472,9 @@ class _Run:
             cand = prev / "candidate.py"
             prompt = build_repair_prompt(
                 base,
-                previous_response=(prev / "response.md").read_text(),
-                previous_candidate=cand.read_text() if cand.is_file() else None,
-                feedback=(prev / "feedback.md").read_text(),
+                previous_response=_text(prev / "response.md"),
+                previous_candidate=_text(cand) if cand.is_file() else None,
+                feedback=_text(prev / "feedback.md"),
                 attempt=k,
                 max_attempts=self.state.max_attempts,
             )
@@ -479,14 +505,16 @@ class _Run:
 
     @staticmethod
     def read_response(d: Path) -> tuple[str, dict[str, Any]]:
-        text = (d / "response.md").read_text()
+        """The answer's text and ``response.json``'s metadata (``{}`` when that file is
+        missing or not a JSON object: it is bookkeeping, not the answer)."""
+        text = _text(d / "response.md")
         meta: dict[str, Any] = {}
         if (d / "response.json").is_file():
             try:
-                meta = json.loads((d / "response.json").read_text())
+                meta = json.loads(_text(d / "response.json"))
             except ValueError:
                 meta = {}
-        return text, meta
+        return text, meta if isinstance(meta, dict) else {}
 
     # -- one attempt ----------------------------------------------------------------
     def attempt(self, k: int) -> Verdict | None:
@@ -503,17 +531,22 @@ class _Run:
         self.save()
 
         answer = d / "response.md"
-        if not answer.is_file() or not answer.read_text().strip():  # an empty file is no answer yet
+        if not answer.is_file() or not _text(answer).strip():  # an empty file is no answer yet
             rec.backend = getattr(self.backend, "name", None)
             self.save()
             self.call(prompt, d)
             self.answered_here.add(k)
         text, meta = self.read_response(d)
-        rec.backend = meta.get("backend", rec.backend or "manual")
-        rec.model = meta.get("model", rec.model)
-        rec.stop_reason = meta.get("stop_reason")
-        rec.usage = Usage(**meta.get("usage", {}))
-        rec.llm_wall_s = float(meta.get("wall_s", 0.0))
+        try:
+            rec.backend = str(meta.get("backend", rec.backend or "manual"))
+            rec.model = meta.get("model", rec.model)
+            rec.model = None if rec.model is None else str(rec.model)
+            rec.stop_reason = None if meta.get("stop_reason") is None else str(meta["stop_reason"])
+            rec.usage = Usage(**meta.get("usage", {}))
+            rec.llm_wall_s = float(meta.get("wall_s", 0.0))
+        except (TypeError, ValueError) as e:
+            raise RunError(f"{d / 'response.json'}: not what the loop wrote there ({type(e).__name__}: "
+                           f"{str(e).splitlines()[0] if str(e) else ''}); fix or delete it, then resume") from None
         if rec.step in ("started", "prompted"):
             rec.step = "responded"
         self.save()
@@ -532,11 +565,11 @@ class _Run:
             self.save()
             return None
         rec.extract_error = None
-        if not cand.is_file() or cand.read_text() != source:
+        if not cand.is_file() or _text(cand) != source:
             atomic_write_text(cand, source)
 
         vpath = d / "verdict.json"
-        verdict = Verdict.model_validate_json(vpath.read_text()) if vpath.is_file() else None
+        verdict = _parsed(vpath, Verdict.model_validate_json) if vpath.is_file() else None
         if verdict is not None and verdict.passed and not verdict.gpu_verified and not self.state.cpu_only:
             # A pass of the CPU stages only (--cpu-only, or a machine without a GPU) is not a
             # verification: keep it for the record and verify again, GPU stages included.
@@ -637,19 +670,19 @@ class _Run:
         ldir = self.run_dir / "lesson"
         prompt_path = ldir / "prompt.json"
         if prompt_path.is_file():
-            prompt = Prompt.from_json(prompt_path.read_text())
+            prompt = _parsed(prompt_path, Prompt.from_json)
         else:
             diff = "".join(
                 difflib.unified_diff(
-                    (prev / "candidate.py").read_text().splitlines(keepends=True),
-                    (cur / "candidate.py").read_text().splitlines(keepends=True),
+                    _text(prev / "candidate.py").splitlines(keepends=True),
+                    _text(cur / "candidate.py").splitlines(keepends=True),
                     fromfile=f"attempt-{k - 1}/candidate.py",
                     tofile=f"attempt-{k}/candidate.py",
                 )
             )
             prompt = build_lesson_prompt(
                 self.base_prompt(), kernel=s.spec, failed_attempt=k - 1,
-                feedback=(prev / "feedback.md").read_text(), diff=diff,
+                feedback=_text(prev / "feedback.md"), diff=diff,
             )
             ldir.mkdir(parents=True, exist_ok=True)
             atomic_write_text(ldir / "prompt.md", prompt.as_text())

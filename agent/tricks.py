@@ -213,7 +213,8 @@ def add_from_run(root: str | Path, run_dir: str | Path, date: str | None = None)
     rj = run_dir / "run.json"
     if rj.is_file():
         try:
-            kernel = json.loads(rj.read_text()).get("spec")
+            state = json.loads(rj.read_text())
         except ValueError:
-            kernel = None
+            state = None
+        kernel = state.get("spec") if isinstance(state, dict) and isinstance(state.get("spec"), str) else None
     return add_trick(root, text, kernel=kernel, date=date)

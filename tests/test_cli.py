@@ -96,6 +96,10 @@ def test_usage_errors_exit_2(ws, capsys, monkeypatch):
     assert "is a folder; give a file name" in capsys.readouterr().err
     assert main(["regress", "--cpu-only", "--verdicts", str(ws)]) == 2
     assert "give one of them" in capsys.readouterr().err
+    assert main(["--root", str(ws / "nowhere"), "list"]) == 2
+    assert "no such folder" in capsys.readouterr().err
+    assert main(["bench", "swiglu_fwdd"]) == 2  # named before "no GPU"
+    assert "not accepted kernels: ['swiglu_fwdd']" in " ".join(capsys.readouterr().err.split())
 
 
 def test_generate_manual_writes_prompt_and_waits(ws, capsys, monkeypatch):

@@ -121,6 +121,11 @@ def _f(x: Any, fmt: str = ".3g") -> str:
     return "-" if x is None else str(x)
 
 
+def _one_line(v: Any, limit: int = 200) -> str:
+    s = " ".join(str(v).split())
+    return s if len(s) <= limit else s[:limit] + "..."
+
+
 def render_report(manifest: dict[str, Any]) -> str:
     """REPORT.md: stages, correctness/gradient errors vs allowed, and the benchmark table."""
     env, prov = manifest["environment"], manifest["provenance"]
@@ -132,7 +137,9 @@ def render_report(manifest: dict[str, Any]) -> str:
         f"- spec hash: `{manifest['spec_hash']}`",
         f"- GPU: {env.get('gpu')} (sm {env.get('compute_capability')}), driver {env.get('driver')}, CUDA {env.get('cuda')}",
         f"- versions: torch {env.get('torch')}, nvidia-cutlass-dsl {env.get('cutlass_dsl')}, quack-kernels {env.get('quack')}, python {env.get('python')}",
-        "- provenance: " + (", ".join(f"{k}={v}" for k, v in sorted(prov.items())) or "-"),
+        # one line whatever the values hold: the model name comes from a run folder the
+        # answerer writes, and a newline in it forged lines of this report (red team 15)
+        "- provenance: " + (", ".join(f"{k}={_one_line(v)}" for k, v in sorted(prov.items())) or "-"),
         "",
         "## Stages",
         "",

@@ -33,10 +33,12 @@ from __future__ import annotations
 
 import hashlib
 import importlib.machinery
+import io
 import importlib.util
 import linecache
 import os
 import sys
+import tokenize
 import types
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,11 +79,23 @@ def _decode(data: bytes) -> str:
         return data.decode("utf-8", errors="replace")
 
 
+def _lines(data: bytes) -> list[str]:
+    """The source lines exactly as ``linecache`` would read them from disk (``tokenize.open``:
+    PEP 263 encoding, universal newlines). Not ``str.splitlines``: it also breaks at form
+    feeds, U+2028 and the like, which the compiler does not, and ``inspect.getsource`` then
+    returned another function's text (red team 15)."""
+    try:
+        enc, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
+        return io.TextIOWrapper(io.BytesIO(data), enc, line_buffering=True).readlines()
+    except (SyntaxError, UnicodeDecodeError, LookupError):
+        return []  # compile() raises for this source next
+
+
 class CandidateChanged(ImportError):
     """The file a worker was asked to import no longer hashes to what the parent judged."""
 
 
-def load_module(path: str | Path, name: str, sha256: str | None) -> types.ModuleType:
+def load_module(path: str | Path, name: str, sha256: str | None, *, follow_symlinks: bool = False) -> types.ModuleType:
     """Import the candidate at ``path`` as module ``name`` from its bytes, read once.
 
     ``sha256`` (hex) is what the parent recorded for the snapshot; a mismatch raises
@@ -89,17 +103,17 @@ def load_module(path: str | Path, name: str, sha256: str | None) -> types.Module
     worker runs). The module is registered in ``sys.modules[name]`` before it executes
     (quack resolves epilogue mods by module name) and its source lines are put in
     ``linecache`` with no modification time, so they are never re-read from disk.
-    Exceptions raised by the candidate's top-level code propagate unchanged."""
+    A symlink at ``path`` is refused (``OSError``) unless ``follow_symlinks`` (the spec's
+    own trusted files). Exceptions raised by the module's top-level code propagate unchanged."""
     path = Path(path)
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | (0 if follow_symlinks else os.O_NOFOLLOW))
     with os.fdopen(fd, "rb") as fh:
         data = fh.read()
     digest = hashlib.sha256(data).hexdigest()
     if sha256 is not None and digest != sha256:
         raise CandidateChanged(f"{path.name}: sha256 {digest[:12]} is not the judged candidate's {sha256[:12]}")
     filename = str(path)
-    text = _decode(data)
-    linecache.cache[filename] = (len(text), None, text.splitlines(keepends=True), filename)
+    linecache.cache[filename] = (len(data), None, _lines(data), filename)
     code = compile(data, filename, "exec", dont_inherit=True)
     mod = types.ModuleType(name)
     mod.__file__ = filename

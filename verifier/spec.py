@@ -48,8 +48,8 @@ the field path and what was expected.
 from __future__ import annotations
 
 import ast
+import difflib
 import hashlib
-import importlib.util
 import json
 import keyword
 import math
@@ -60,7 +60,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator, model_validator
 
-from coda_agent.verifier.protocol import LAUNCH_NAMES_KEPT
+from coda_agent.verifier.protocol import LAUNCH_NAMES_KEPT, RECHECK_ROW_DIM
 
 DTYPES = ("bfloat16", "float16", "float32", "int32", "int64")
 """dtype names a spec may use (torch attribute names)."""
@@ -87,10 +87,15 @@ class SpecError(ValueError):
 # --------------------------------------------------------------------------- expressions
 
 _ALLOWED_FUNCS = {"sqrt": math.sqrt, "min": min, "max": max, "ceil": math.ceil}
+_ARITY = {"sqrt": (1, 1), "ceil": (1, 1), "min": (2, 64), "max": (2, 64)}
 MAX_EXPONENT = 64
 """Largest ``**`` exponent a dim expression may use (FLOP counts need 1 or 2)."""
 MAX_INT_BITS = 256
 """Widest integer a dim expression may produce on the way (a 70B shape's FLOPs take ~50)."""
+MAX_BAR = 10.0
+"""Largest bench.bar ratio (a bar of 1e300 is always met; the catalogue's are 1.0-1.1)."""
+MAX_EXPR_CHARS = 400
+"""Longest dim expression (the catalogue's longest is ~40 characters)."""
 
 
 def eval_expr(expr: str | int | float, dims: dict[str, int]) -> float | int:
@@ -106,15 +111,19 @@ def eval_expr(expr: str | int | float, dims: dict[str, int]) -> float | int:
     tree = ast.parse(expr, mode="eval")
 
     def bounded(x):
+        if isinstance(x, complex):
+            raise ValueError(f"in expression {expr!r}: a complex value ({x})")
         if isinstance(x, int) and x.bit_length() > MAX_INT_BITS:
             raise ValueError(f"in expression {expr!r}: an intermediate value is wider than {MAX_INT_BITS} bits")
+        if isinstance(x, float) and abs(x) > 2.0 ** MAX_INT_BITS:
+            raise ValueError(f"in expression {expr!r}: an intermediate value beyond 2**{MAX_INT_BITS}")
         return x
 
     def ev(node: ast.AST):
         if isinstance(node, ast.Expression):
             return ev(node.body)
         if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)):
-            return node.value
+            return bounded(node.value)
         if isinstance(node, ast.Name):
             if node.id not in dims:
                 raise ValueError(f"unknown dim {node.id!r} in {expr!r} (known: {sorted(dims)})")
@@ -140,7 +149,12 @@ def eval_expr(expr: str | int | float, dims: dict[str, int]) -> float | int:
             and node.func.id in _ALLOWED_FUNCS
             and not node.keywords
         ):
-            return _ALLOWED_FUNCS[node.func.id](*[ev(a) for a in node.args])
+            args = [ev(a) for a in node.args]
+            lo, hi = _ARITY[node.func.id]
+            if not lo <= len(args) <= hi:
+                raise ValueError(f"in expression {expr!r}: {node.func.id}() takes "
+                                 + (f"{lo} argument" if lo == hi else f"at least {lo} arguments") + f", got {len(args)}")
+            return bounded(_ALLOWED_FUNCS[node.func.id](*args))
         raise ValueError(f"unsupported construct {ast.dump(node)[:60]} in expression {expr!r}")
 
     return ev(tree)
@@ -158,10 +172,14 @@ def expr_names(expr: str | int | float) -> set[str]:
 
 def _check_expr(v: str | int | float) -> str | int | float:
     if isinstance(v, str):
+        if len(v) > MAX_EXPR_CHARS:
+            raise ValueError(f"expression of {len(v)} characters (at most {MAX_EXPR_CHARS})")
         try:
             tree = ast.parse(v, mode="eval")
         except SyntaxError as e:
             raise ValueError(f"not an arithmetic expression: {v!r} ({e.msg})") from None
+        except (MemoryError, RecursionError):
+            raise ValueError(f"expression too deeply nested: {v[:60]!r}...") from None
         for node in ast.walk(tree):
             if isinstance(node, ast.Constant) and (type(node.value) not in (int, float)):
                 raise ValueError(f"in expression {v!r}: {ast.unparse(node)} is not a number "
@@ -318,8 +336,9 @@ class ToleranceSpec(_Strict):
     """
 
     rule: Literal["coda", "abs"] = "coda"
-    factor: float = Field(2.0, gt=0)
-    floor: float = Field(1e-6, ge=0)
+    # bounded: a finite but huge factor or floor (1e300) passes every output (red team 15)
+    factor: float = Field(2.0, gt=0, le=16)
+    floor: float = Field(1e-6, ge=0, le=1e-2)
 
 
 class ShapeCase(_Strict):
@@ -387,9 +406,9 @@ class BenchSpec(_Strict):
     @field_validator("bar")
     @classmethod
     def _positive_bar(cls, v: dict[str, float]) -> dict[str, float]:
-        bad = {k: x for k, x in v.items() if not x > 0}
+        bad = {k: x for k, x in v.items() if not 0 < x <= MAX_BAR}
         if bad:
-            raise ValueError(f"bar ratios must be positive (fused/baseline time), got {bad}")
+            raise ValueError(f"bar ratios must be in (0, {MAX_BAR:g}] (fused/baseline time), got {bad}")
         return v
 
 
@@ -463,36 +482,61 @@ class KernelSpec(_Strict):
                 if missing:
                     where = "; ".join(f"{d} by {', '.join(need[d])}" for d in missing)
                     raise ValueError(f"shapes.{group}[{i}] ({c.name!r}): dims {missing} are not bound (used: {where})")
-                self._check_values(f"shapes.{group}[{i}] ({c.name!r})", c.dims, bench=group == "benchmark")
+                at = f"shapes.{group}[{i}] ({c.name!r})"
+                self._check_values(at, c.dims, bench=group == "benchmark")
+                if group == "correctness" and RECHECK_ROW_DIM in c.dims:
+                    # the post-timing recheck redraws M in [ceil(M/2), 2M] (protocol.recheck_rows)
+                    m = c.dims[RECHECK_ROW_DIM]
+                    for redrawn in (-(-m // 2), 2 * m):
+                        self._check_values(f"{at} at the recheck's {RECHECK_ROW_DIM} = {redrawn}",
+                                           {**c.dims, RECHECK_ROW_DIM: redrawn}, bench=False)
         return self
 
     def _check_values(self, where: str, dims: dict[str, int], *, bench: bool) -> None:
         """Evaluate, at one shape case, what the verifier will evaluate there: every tensor
-        dim must be a positive integer (``"I/3"`` at I = 10, ``"I-1000"``), the workspace
-        budget a finite number >= 0, the benchmark's FLOPs finite and > 0. Raises
+        dim must be a positive integer (``"I/3"`` at I = 10, ``"I-1000"``); inputs must be
+        drawn from a spread (normal ``std`` > 0, uniform ``low`` < ``high``, randint at
+        least two values: constant or all-zero inputs make a zero reference that excuses a
+        zeros kernel); the workspace budget a finite number of bytes in [0, twice the
+        declared tensors + the floor]; the benchmark's FLOPs finite and > 0. Raises
         ``ValueError`` naming the field, so a bad expression fails at load, not mid-run."""
         def value(field: str, expr: str | int | float) -> float:
             try:
                 v = eval_expr(expr, dims)
-            except (ValueError, OverflowError, ZeroDivisionError) as e:
+                if isinstance(v, complex) or not math.isfinite(v):
+                    raise ValueError(f"is {v}")
+            except (ValueError, TypeError, ArithmeticError) as e:
                 raise ValueError(f"{where}: {field} = {expr!r}: {e}") from None
-            if not math.isfinite(v):
-                raise ValueError(f"{where}: {field} = {expr!r} is {v}")
             return v
 
+        tensor_bytes = 0
         for kind, tensors in (("inputs", self.entry.inputs), ("outputs", self.entry.outputs)):
             for t in tensors:
+                n = _DTYPE_BYTES[t.dtype]
                 for j, s in enumerate(t.shape):
                     v = value(f"entry.{kind}[{t.name}].shape[{j}]", s)
                     if v <= 0 or v != int(v):
                         raise ValueError(f"{where}: entry.{kind}[{t.name}].shape[{j}] = {s!r} is {v}; "
                                          "a dim must be a positive integer")
+                    n *= int(v)
+                tensor_bytes += n
         for t in self.entry.inputs:
-            if t.init.dist != "derived":
-                for f in ("std", "low", "high"):
-                    value(f"entry.inputs[{t.name}].init.{f}", getattr(t.init, f))
-        if self.entry.max_workspace is not None and value("entry.max_workspace", self.entry.max_workspace) < 0:
-            raise ValueError(f"{where}: entry.max_workspace = {self.entry.max_workspace!r} is negative")
+            init, f = t.init, f"entry.inputs[{t.name}].init"
+            if init.dist == "normal" and not value(f"{f}.std", init.std) > 0:
+                raise ValueError(f"{where}: {f}.std = {init.std!r} must be > 0 (constant inputs make a constant reference)")
+            if init.dist in ("uniform", "randint"):
+                lo, hi = value(f"{f}.low", init.low), value(f"{f}.high", init.high)
+                if not (hi > lo if init.dist == "uniform" else int(hi) - int(lo) >= 2):  # inputs.py: int(), [low, high)
+                    raise ValueError(f"{where}: {f}: low = {init.low!r} and high = {init.high!r} draw "
+                                     + ("no range" if init.dist == "uniform" else "fewer than two integers")
+                                     + " (constant inputs make a constant reference)")
+        if self.entry.max_workspace is not None:
+            ws = value("entry.max_workspace", self.entry.max_workspace)
+            cap = 2 * tensor_bytes + WORKSPACE_FLOOR
+            if not 0 <= ws <= cap:
+                raise ValueError(f"{where}: entry.max_workspace = {self.entry.max_workspace!r} is {ws:.6g} bytes; "
+                                 f"expected 0 to {cap} (twice the declared tensors' bytes plus the "
+                                 f"{WORKSPACE_FLOOR >> 20} MiB floor)")
         if bench and not value("bench.flops", self.bench.flops) > 0:
             raise ValueError(f"{where}: bench.flops = {self.bench.flops!r} must be positive")
 
@@ -588,22 +632,38 @@ class LoadedSpec(BaseModel):
 
 
 def _import_file(path: Path, modname: str) -> ModuleType:
-    """Execute a spec-folder Python file (trusted code) as a fresh module named ``modname``."""
-    mspec = importlib.util.spec_from_file_location(modname, path)
-    if mspec is None or mspec.loader is None:
-        raise SpecError(f"{path}: cannot import")
-    mod = importlib.util.module_from_spec(mspec)
-    mspec.loader.exec_module(mod)
-    return mod
+    """Execute a spec-folder Python file (trusted code) as a fresh module named ``modname``,
+    from its source bytes: never through ``__pycache__`` (an unchecked-hash pyc planted there
+    ran instead of the reference that ``spec_hash`` covers, red team 15)."""
+    from coda_agent.verifier.snapshot import load_module
+
+    return load_module(path, modname, None, follow_symlinks=True)
+
+
+def _field_names() -> set[str]:
+    """Every field name of every spec model (for "did you mean" on a misspelt key)."""
+    names, todo = set(), [_Strict]
+    while todo:
+        cls = todo.pop()
+        todo += cls.__subclasses__()
+        names |= set(getattr(cls, "model_fields", {}))
+    return names
 
 
 def _format_validation_error(path: Path, err: ValidationError) -> str:
     lines = [f"{path}: invalid kernel spec ({err.error_count()} problem(s))"]
     for e in err.errors():
-        loc = ".".join(str(x) for x in e["loc"]) or "<top level>"
+        msg = e["msg"].removeprefix("Value error, ")
+        if not e["loc"]:  # a whole-spec check: its message names the fields itself
+            lines.append(f"  {msg}")
+            continue
+        loc = ".".join(str(x) for x in e["loc"])
         got = e.get("input")
         got_s = "" if isinstance(got, dict) else f" (got {got!r})"
-        lines.append(f"  field '{loc}': {e['msg']}{got_s}")
+        if e["type"] == "extra_forbidden":
+            close = difflib.get_close_matches(str(e["loc"][-1]), sorted(_field_names()), n=1)
+            msg = "not a spec field" + (f" (did you mean {close[0]!r}?)" if close else "")
+        lines.append(f"  field '{loc}': {msg}{got_s}")
     return "\n".join(lines)
 
 

@@ -132,6 +132,7 @@ KINDS: dict[str, str] = {
     "epilogue-decorator": "gemm_epilogue used other than as a decorator on a module-level def",
     "epilogue-signature": "an epilogue fn whose first parameter is not 'acc' (or uses *args/**kwargs)",
     "non-literal-declaration": "outputs=/reduces=/outs=/mode= not written as literals",
+    "unknown-epilogue-mode": "a mode= string quack does not have (a typo such as 'acc_pairs')",
     "declared-name-mismatch": "a reduces/outs key that differs from its op's name",
     "epilogue-return": "an epilogue return that is not a dict literal with string keys",
     "unknown-return-key": "a returned key that is not declared (quack ignores it silently)",
@@ -1253,7 +1254,9 @@ class _Checker:
                     ep.sinks += names
         if "mode" in kw:
             m = kw["mode"]
-            if not (isinstance(m, ast.Constant) and (m.value is None or m.value in EPILOGUE_MODES)):
+            if isinstance(m, ast.Constant) and isinstance(m.value, str) and m.value not in EPILOGUE_MODES:
+                self.add("unknown-epilogue-mode", m, f"mode= must be one of {list(EPILOGUE_MODES)}, got `{_src(m)}`")
+            elif not (isinstance(m, ast.Constant) and (m.value is None or m.value in EPILOGUE_MODES)):
                 self.add("non-literal-declaration", m, f"mode= must be one of {list(EPILOGUE_MODES)} written as a string literal, got `{_src(m)}`")
         return ep
 

@@ -25,14 +25,19 @@ class WorkspaceError(RuntimeError):
 
 
 def find_root(start: str | Path | None = None) -> Path:
-    """The workspace root. Raises :class:`WorkspaceError` when none is found."""
+    """The workspace root: the first folder at or above ``start`` (the CLI's ``--root``)
+    that holds ``kernel_specs/``; without ``start``, ``$CODA_ROOT``, else the first such
+    folder at or above the current one (an explicit ``--root`` wins over the environment).
+    Raises :class:`WorkspaceError` when none is found or ``start`` is not a folder."""
     env = os.environ.get("CODA_ROOT")
-    if env:
+    if env and start is None:
         p = Path(env).resolve()
         if not (p / "kernel_specs").is_dir():
             raise WorkspaceError(f"CODA_ROOT={env}: no kernel_specs/ folder there")
         return p
     here = Path(start or Path.cwd()).resolve()
+    if start is not None and not here.is_dir():
+        raise WorkspaceError(f"--root {start}: " + ("not a folder" if here.exists() else "no such folder"))
     for d in (here, *here.parents):
         if (d / "kernel_specs").is_dir():
             return d

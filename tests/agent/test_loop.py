@@ -545,6 +545,10 @@ def test_a_planted_pycache_is_refused_and_verify_is_emptied_first(workspace, fwd
     with pytest.raises(RunError, match=r"attempt-1/__pycache__: a folder the loop never writes"):
         generate(fwd_spec, root=workspace, backend=ManualBackend(), verifier=FakeVerifier(), resume=run_dir)
     (a1 / "__pycache__").rmdir()
+    (run_dir / "proposed_trick.md").mkdir()  # made the lesson write fail after acceptance (red team 15)
+    with pytest.raises(RunError, match=r"proposed_trick.md: a folder the loop never writes"):
+        generate(fwd_spec, root=workspace, backend=ManualBackend(), verifier=FakeVerifier(), resume=run_dir)
+    (run_dir / "proposed_trick.md").rmdir()
     victim = workspace / "victim.txt"
     victim.write_text("accepted work\n")
     before = victim.read_bytes()
@@ -559,3 +563,22 @@ def test_a_planted_pycache_is_refused_and_verify_is_emptied_first(workspace, fwd
     s = generate(fwd_spec, root=workspace, backend=ManualBackend(), verifier=verifier, resume=run_dir)
     assert seen == [None]  # the planted folder was gone before the verifier ran
     assert victim.read_bytes() == before and s.attempts[0].passed
+
+
+@pytest.mark.parametrize("name,content,needle", [
+    ("response.md", b"\xff\xfe not utf-8", "not UTF-8 text"),
+    ("response.json", b'{"usage": 5}', "response.json: not what the loop wrote there"),
+    ("response.json", b'{"wall_s": "abc"}', "response.json: not what the loop wrote there"),
+    ("verdict.json", b"{}", "verdict.json: not what the loop wrote there"),
+    ("prompt.json", b"{}", "prompt.json: not what the loop wrote there"),
+])
+def test_malformed_run_files_are_run_errors_naming_the_file(workspace, fwd_spec, name, content, needle):
+    """The run folder is the answerer's to write: files the loop cannot read are a RunError
+    naming the file (red team 15: each was a traceback)."""
+    run_dir = workspace / "runs" / "malformed"
+    generate(fwd_spec, root=workspace, backend=ManualBackend(), verifier=FakeVerifier(), run_dir=run_dir)
+    a1 = run_dir / "attempt-1"
+    (a1 / "response.md").write_text(reply(GOOD_MODULE))
+    (a1 / name).write_bytes(content)
+    with pytest.raises(RunError, match=needle):
+        generate(fwd_spec, root=workspace, backend=ManualBackend(), verifier=FakeVerifier(), resume=run_dir)

@@ -121,3 +121,15 @@ def test_parse_entry_texts():
 def test_no_stray_files_in_workspace(tmp_path):
     add_trick(tmp_path, "Only the log changes.", date="2026-02-02")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["tricks_log.md"]
+
+
+def test_add_from_run_with_a_run_json_that_is_not_an_object(tmp_path):
+    """run.json holding a JSON list raised AttributeError (red team 15): the lesson is filed
+    as a general one."""
+    root = tmp_path / "ws"
+    run = root / "runs" / "20260101T000000Z-swiglu_fwd"
+    run.mkdir(parents=True)
+    (run / "run.json").write_text("[1, 2]")
+    (run / "proposed_trick.md").write_text("Write every column of the ragged tile.\n")
+    e = add_from_run(root, run, date="2026-03-01")
+    assert e.kernel is None and "Write every column" in (root / "tricks_log.md").read_text()

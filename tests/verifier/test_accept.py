@@ -131,6 +131,15 @@ def test_writes_kernel_manifest_report(tmp_path, cand):
     assert leftovers == []
 
 
+def test_a_provenance_value_cannot_add_lines_to_the_report(tmp_path, cand):
+    """The model name comes from a run folder the answerer writes (red team 15)."""
+    prov = {**PROV, "model": "m\n## swiglu_fwd: verified by hand\n- GPU: forged"}
+    dest = accept(LOADED, cand, _verdict(cand), root=tmp_path, provenance=prov)
+    report = (dest / "REPORT.md").read_text()
+    assert "\n## swiglu_fwd: verified by hand" not in report and "\n- GPU: forged" not in report
+    assert "model=m ## swiglu_fwd: verified by hand - GPU: forged" in report
+
+
 def test_no_overwrite_without_force_then_history(tmp_path, cand, monkeypatch):
     first = accept(LOADED, cand, _verdict(cand), root=tmp_path, provenance=PROV)
     old_at = json.loads((first / "manifest.json").read_text())["accepted_at"]

@@ -73,3 +73,13 @@ def test_load_module_reports_the_candidate_line_of_an_error(tmp_path):
     while tb.tb_next is not None:
         tb = tb.tb_next
     assert tb.tb_frame.f_code.co_filename == str(p) and tb.tb_lineno == 2
+
+
+def test_getsource_sees_the_compiled_lines_despite_exotic_line_breaks(tmp_path):
+    """str.splitlines breaks at form feeds and U+2028 where the compiler does not, and the
+    primed linecache then gave inspect.getsource another function's text (red team 15)."""
+    p = tmp_path / "candidate.py"
+    p.write_text("# a\fb\u2028c\x1cd\n\ndef decoy():\n    return 1\n\n\ndef real():\n    return 2\n", encoding="utf-8")
+    mod = load_module(p, "coda_snapshot_test5", hashlib.sha256(p.read_bytes()).hexdigest())
+    assert inspect.getsource(mod.real) == "def real():\n    return 2\n"
+    assert inspect.getsource(mod.decoy) == "def decoy():\n    return 1\n"

@@ -741,6 +741,13 @@ def dswiglu_epi(acc, c):
     assert "unknown-return-key" not in kinds(src)
 
 
+def test_misspelt_mode_is_named_as_such():
+    """A literal mode quack lacks was reported as a non-literal declaration (new-user pass)."""
+    src = module(epi=EPI.replace('mode="packed_cd_b16x2"', 'mode="packed_cd_b16x2s"'))
+    assert_flags(src, "unknown-epilogue-mode", 'mode="packed_cd_b16x2s"')
+    assert "non-literal-declaration" not in kinds(src)
+
+
 def test_declared_name_mismatch():
     epi = EPI.replace('@gemm_epilogue(outputs=("postact",),', '@gemm_epilogue(outputs=("postact",), reduces={"zdz": ColVecReduce("sq")},')
     epi = epi.replace('"postact": postact}', '"postact": postact, "zdz": gate}')
