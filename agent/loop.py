@@ -565,7 +565,7 @@ class _Run:
             self.save()
             return None
         rec.extract_error = None
-        if not cand.is_file() or _text(cand) != source:
+        if not cand.is_file() or cand.read_bytes() != source.encode("utf-8"):  # the loop's file: rewritten
             atomic_write_text(cand, source)
 
         vpath = d / "verdict.json"

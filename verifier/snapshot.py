@@ -20,8 +20,13 @@ So, as one rule:
 * the workers load it with :func:`load_module`: the bytes are read once, their sha256 must
   be the one the parent recorded, they are compiled from memory (no bytecode cache is
   read or written: no loader ever sees a ``__pycache__``), and ``linecache`` holds exactly
-  those lines, so ``inspect.getsource`` (which CuTe DSL's AST preprocessor and quack's
-  epilogue frontend use) and tracebacks see the text that ran.
+  those lines, read as ``linecache`` reads files, so ``inspect.getsource`` (quack's
+  epilogue frontend keys its compile cache on an epilogue's source) and tracebacks see
+  the text that ran.
+
+The spec's own ``reference.py`` and ``liger.py`` load through :func:`load_module` too
+(red team 15: a pyc planted in ``kernel_specs/<k>/__pycache__/`` replaced the reference
+that ``spec_hash`` covers).
 
 ``accept`` copies the caller's file into the library only when its bytes still hash to
 the verdict's ``candidate_hash``, so what is accepted is what was verified.
@@ -33,8 +38,8 @@ from __future__ import annotations
 
 import hashlib
 import importlib.machinery
-import io
 import importlib.util
+import io
 import linecache
 import os
 import sys
