@@ -73,7 +73,9 @@ def _status_style(status: str) -> str:
 
 
 def print_verdict(verdict, recorded: bool = False) -> None:
-    """One row per stage: status, summary, time; then the findings of failed stages.
+    """One row per stage: status, summary, time; then the findings of failed stages, and
+    the notes of passing ones (e.g. ``tuned-default``: a mod called without
+    ``tuned=False``, which would autotune on a GPU; a missed bar is in the summary).
     ``recorded``: the verdict was read back (a manifest), not produced now."""
     t = Table(title=f"verdict: {verdict.spec}  (candidate {verdict.candidate_hash[:12]})")
     t.add_column("stage")
@@ -87,10 +89,18 @@ def print_verdict(verdict, recorded: bool = False) -> None:
     where = f"GPU: {env.gpu} (sm {env.compute_capability})" if env.gpu else "no GPU (CPU-only)"
     console.print(f"{where}; torch {env.torch}, cutlass-dsl {env.cutlass_dsl}, quack {env.quack}")
     for s in verdict.stages:
-        if s.status in ("fail", "error"):
-            for f in s.findings[:20]:
-                loc = f" line {f.line}" if f.line else ""
-                console.print(f"  [red]{s.stage}[/] " + escape(f"[{f.kind}]{loc}: {f.message}"))
+        if s.status not in ("fail", "error", "pass"):
+            continue
+        lines = []  # the same finding from two shape cases is printed once
+        for f in s.findings:
+            if s.status == "pass" and f.kind == "bar-missed":
+                continue
+            line = f"[{f.kind}]" + (f" line {f.line}" if f.line else "") + f": {f.message}"
+            if line not in lines:
+                lines.append(line)
+        tag = f"[red]{s.stage}[/] " if s.status != "pass" else f"[yellow]{s.stage} note[/] "
+        for line in lines[:20 if s.status != "pass" else 10]:
+            console.print("  " + tag + escape(line))
     if verdict.stage("bench") and verdict.stage("bench").metrics.get("rows"):
         print_bench_rows(verdict.stage("bench").metrics["rows"])
     if verdict.gpu_verified:

@@ -29,6 +29,7 @@ manifest schema change never breaks prompt rendering.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import tomllib
@@ -164,7 +165,10 @@ def gather_examples(root: Path, target: Any, *, max_examples: int = 3) -> tuple[
 
     Returns ``(examples[:max_examples], number eligible, own kernel excluded)``.
     The target's own kernel (folder name or manifest spec name equal to the target's
-    name) is never returned.
+    name) is never returned. Eligible: a folder whose manifest names it (``spec``), records
+    a GPU verification and the sha256 of the ``kernel.py`` beside it -- what ``accept``
+    writes; the prompt calls examples kernels that passed the verifier, so a draft or a
+    kernel edited after acceptance is not one (red team 16).
     """
     root = Path(root)
     base = root / KERNELS_DIR
@@ -184,13 +188,17 @@ def gather_examples(root: Path, target: Any, *, max_examples: int = 3) -> tuple[
         if d.name == target.name or name == target.name:
             excluded = True
             continue
+        data = kfile.read_bytes()
+        if (spec_field != d.name or man.get("gpu_verified") is not True
+                or man.get("kernel_sha256") != hashlib.sha256(data).hexdigest()):
+            continue
         toml = _read_spec_toml(root, name)
         pattern = _first(man, "pattern") or toml.get("pattern")
         cat = _first(man, "catalogue_item")
         if cat is None:
             cat = toml.get("catalogue_item")
         desc = _first(man, "description") or toml.get("description") or ""
-        source = kfile.read_text()
+        source = data.decode("utf-8", errors="replace")
         m = _MODE_RE.search(source)
         mode = m.group(1) if m else None
         words = _words(" ".join([desc, toml.get("math", ""), *toml.get("hints", [])]))

@@ -102,7 +102,8 @@ def extract_module(response: str) -> str:
     Raises :class:`ExtractError` when there is no Python block, several, an empty one,
     or one that is never closed; the message tells the model what to send instead.
     """
-    text = response.replace("\r\n", "\n").replace("\r", "\n")
+    # a leading byte-order mark (a Windows editor, --llm manual) hid the first fence
+    text = response.removeprefix("\ufeff").replace("\r\n", "\n").replace("\r", "\n")
     blocks = _scan(text)
     unclosed = [b for b in blocks if not b.closed and (b.label in PYTHON_LABELS or not b.label)]
     labelled = [b for b in blocks if b.closed and b.label in PYTHON_LABELS]

@@ -245,7 +245,12 @@ class RunSummary(BaseModel):
         # the run's name: --resume finds it under runs/ from any folder of the workspace, on
         # a GPU machine whose checkout lives elsewhere too
         ref = self.run_dir.name if self.run_dir.parent.name == "runs" else self.run_dir
-        return (f"coda-agent generate {s.spec} --resume {ref}"
+        # ... but only when the workspace is found: from outside it, the hint names it
+        root = self.run_dir.parent.parent.resolve()
+        cwd, env = Path.cwd().resolve(), os.environ.get("CODA_ROOT")
+        found = root == cwd or root in cwd.parents or (env is not None and Path(env).resolve() == root)
+        where = "" if found or ref == self.run_dir else f" --root {root}"
+        return (f"coda-agent{where} generate {s.spec} --resume {ref}"
                 + (' --cmd "CMD"' if s.backend == "command" else "")
                 + (" --force" if s.force else "") + (" --no-accept" if s.no_accept else "")
                 + (" (the command backend's CMD is not kept in run.json: give it again)"
@@ -500,7 +505,11 @@ class _Run:
             "finished_at": _now(),
         }
         atomic_write_text(d / "response.json", json.dumps(meta, indent=2, sort_keys=True) + "\n")
-        atomic_write_text(d / "response.md", resp.text)  # last: its presence means "done"
+        # last: its presence means "done". A blank answer (thinking used every output token,
+        # a refusal) is still an answer: written blank, a resume took it for "no answer yet"
+        # and paid for the call again, losing this one from the accounting (red team 16).
+        text = resp.text if resp.text.strip() else f"(the model returned no text; stop_reason={resp.stop_reason})\n"
+        atomic_write_text(d / "response.md", text)
         return resp, wall
 
     @staticmethod
@@ -591,7 +600,7 @@ class _Run:
             # is ever written through.
             remove_tree(d / "verify")
             verdict = self.verifier(self.loaded, cand, d / "verify")
-            rec.verify_wall_s = time.monotonic() - t0
+            rec.verify_wall_s += time.monotonic() - t0  # summed over resumes (a verifier error runs it again)
             broken = verdict.failed_stage
             if broken is not None and broken.status == "error":
                 # The verifier (or the machine) failed, not the candidate: the model gets no

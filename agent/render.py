@@ -33,6 +33,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import secrets
 from pathlib import Path
 from typing import Any, Literal
 
@@ -247,8 +248,12 @@ def spec_view(loaded: Any) -> dict[str, Any]:
 
 def render_system(ctx: PromptContext) -> list[str]:
     """The static system blocks: rules/output format, primitive docs, examples, tricks."""
-    text = _render("system.md.j2", ctx=ctx, BREAK=BLOCK_BREAK)
-    blocks = [b.strip() + "\n" for b in text.split(BLOCK_BREAK)]
+    # a fresh marker per rendering: one that a tricks entry or a doc contains is never it
+    # (red team 16 split the system prompt into 5 blocks with the fixed marker); the marker
+    # never reaches the output, so the blocks stay byte-identical for the prompt cache
+    brk = f"{BLOCK_BREAK[:-3]}-{secrets.token_hex(8)}>>>"
+    text = _render("system.md.j2", ctx=ctx, BREAK=brk)
+    blocks = [b.strip() + "\n" for b in text.split(brk)]
     return [b for b in blocks if b.strip()]
 
 
@@ -275,6 +280,20 @@ def render_prompt(loaded: Any, root: str | Path, *, max_examples: int = 3) -> Pr
     return build_task_prompt(loaded, gather_context(root, loaded, max_examples=max_examples))
 
 
+REPAIR_ECHO_CHARS = 100_000
+"""Most characters of the previous answer, and of its module, a repair prompt repeats (an
+answer within the default 16000 output tokens is ~64k characters; a 5.7 MB answer from a
+command backend made a 1.4M-token repair prompt, red team 16). Longer ones keep their
+head and tail around a marked cut."""
+
+
+def _clip(text: str, limit: int = REPAIR_ECHO_CHARS) -> str:
+    if len(text) <= limit:
+        return text
+    half = limit // 2
+    return text[:half] + f"\n[... {len(text) - 2 * half} characters cut by coda-agent ...]\n" + text[-half:]
+
+
 def build_repair_prompt(
     base: Prompt,
     *,
@@ -294,11 +313,11 @@ def build_repair_prompt(
     text = _render(
         "repair.md.j2",
         feedback=feedback.strip(),
-        candidate=number_lines(previous_candidate) if previous_candidate is not None else None,
+        candidate=_clip(number_lines(previous_candidate)) if previous_candidate is not None else None,
         attempt=attempt,
         max_attempts=max_attempts,
     )
-    prev = previous_response.strip() or "(empty response)"
+    prev = _clip(previous_response.strip()) or "(empty response)"
     return Prompt(
         kind="repair",
         spec=base.spec,

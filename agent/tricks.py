@@ -32,6 +32,8 @@ from pydantic import BaseModel
 from coda_agent.verifier.workspace import atomic_write_text
 
 TRICKS_FILE = "tricks_log.md"
+MAX_TRICK_CHARS = 1000
+"""Longest tricks entry (the loop proposes one sentence; the longest hand-written one is ~800)."""
 PROPOSED_FILE = "proposed_trick.md"
 HEADER = "# Tricks log\n\nLessons from kernel generations (date, kernel: symptom -> fix). Append-only.\n"
 
@@ -143,6 +145,9 @@ def add_trick(root: str | Path, text: str, kernel: str | None = None, date: str 
     body = _clean(text)
     if not body:
         raise TrickError("empty trick text")
+    if len(body) > MAX_TRICK_CHARS:
+        # every entry goes into every prompt (a 300 KB lesson made each prompt ~95k tokens)
+        raise TrickError(f"a trick is one or two sentences: {len(body)} characters, at most {MAX_TRICK_CHARS}")
     if kernel is not None and not _NAME_RE.match(kernel):
         raise TrickError(f"kernel must be a spec name like 'swiglu_fwd', got {kernel!r}")
     if date is None:
@@ -162,7 +167,8 @@ def add_trick(root: str | Path, text: str, kernel: str | None = None, date: str 
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             old = path.read_text() if path.is_file() else ""
-            if body in _clean(old):
+            # whole entries, not substrings: "fp32" was refused as already in the log (red team 16)
+            if body in {e.text for e in parse_entries(old)}:
                 raise TrickError(f"this trick is already in {path}")
             line = format_entry(body, kernel, date)
             base = old if old else HEADER
@@ -191,9 +197,11 @@ def _last_is_bullet(text: str) -> bool:
 def add_from_run(root: str | Path, run_dir: str | Path, date: str | None = None) -> TrickEntry:
     """Append the lesson a run proposed (``<run_dir>/proposed_trick.md``).
 
-    The kernel is the run's spec (``run.json``). Raises :class:`TrickError` when the
-    run proposed nothing (a lesson is proposed only when attempt k failed and k+1
-    passed) or when the lesson is already in the log.
+    The kernel is the run's spec (``run.json``). HTML comments are dropped whole (a
+    multi-line one hid its body from a markdown preview and put it into every prompt, red
+    team 16). Raises :class:`TrickError` when the run proposed nothing (a lesson is
+    proposed only when attempt k failed and k+1 passed; ``run.json`` must say so), when
+    the lesson is longer than :data:`MAX_TRICK_CHARS` or already in the log.
     """
     from coda_agent.agent.loop import RunError, check_run_files
 
@@ -208,13 +216,18 @@ def add_from_run(root: str | Path, run_dir: str | Path, date: str | None = None)
             f"{p}: no proposed trick in this run (one is proposed only when an attempt failed "
             "and the next one passed every stage on the GPU; a CPU-only pass proposes none)"
         )
-    text = "\n".join(ln for ln in p.read_text().splitlines() if not ln.lstrip().startswith("<!--"))
-    kernel = None
+    text = re.sub(r"<!--.*?(-->|\Z)", "", p.read_text(errors="replace"), flags=re.S)
+    state = None
     rj = run_dir / "run.json"
     if rj.is_file():
         try:
-            state = json.loads(rj.read_text())
+            state = json.loads(rj.read_text(errors="replace"))
         except ValueError:
             state = None
-        kernel = state.get("spec") if isinstance(state, dict) and isinstance(state.get("spec"), str) else None
+    state = state if isinstance(state, dict) else {}
+    lesson = state.get("lesson") if isinstance(state.get("lesson"), dict) else {}
+    if lesson.get("status") != "proposed":
+        raise TrickError(f"{rj}: the run records no proposed lesson (lesson status "
+                         f"{lesson.get('status')!r}); {p.name} is not the loop's proposal")
+    kernel = state.get("spec") if isinstance(state.get("spec"), str) else None
     return add_trick(root, text, kernel=kernel, date=date)

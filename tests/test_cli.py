@@ -286,3 +286,15 @@ def test_flags_that_would_be_ignored_are_refused(ws, capsys):
     good = ws / "generated_kernels" / "swiglu_fwd" / "kernel.py"
     assert main(["verify", "swiglu_fwd", str(good), "--cpu-only", "--allow-unconfined"]) == 2
     assert "--allow-unconfined only applies with --accept" in capsys.readouterr().err
+
+
+def test_verify_prints_notes_of_a_passing_stage(ws, capsys):
+    """A mod called without tuned=False passes compile with a tuned-default note that was
+    only in the JSON (new-user pass): it is printed."""
+    src = (ws / "generated_kernels" / "swiglu_fwd" / "kernel.py").read_text()
+    assert "tuned=False" in src
+    cand = ws / "untuned.py"
+    cand.write_text(src.replace("tuned=False, ", "").replace(", tuned=False", "").replace("tuned=False", ""))
+    assert main(["verify", "swiglu_fwd", str(cand), "--cpu-only"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "compile note [tuned-default]" in out and "tuned=False" in out

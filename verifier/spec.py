@@ -389,7 +389,7 @@ class BenchSpec(_Strict):
     ``bar`` maps a baseline to the largest acceptable time ratio fused/baseline
     (e.g. ``{bare_gemm = 1.03}``); it is reported, the prompt shows it."""
 
-    flops: str
+    flops: str | int | float
     baselines: list[Baseline] = Field(default_factory=lambda: ["torch_eager", "torch_compile", "bare_gemm"])
     bar: dict[Baseline, float] = Field(default_factory=dict)
 
@@ -520,6 +520,15 @@ class KernelSpec(_Strict):
                                          "a dim must be a positive integer")
                     n *= int(v)
                 tensor_bytes += n
+        for kind, tensors in (("inputs", self.entry.inputs), ("outputs", self.entry.outputs)):
+            for t in tensors:
+                row = _DTYPE_BYTES[t.dtype] * int(value("", t.shape[-1]))
+                if len(t.shape) >= 2 and row % 16:
+                    # TMA needs 16-byte row strides; the CPU compile cannot see it, the GPU
+                    # launch fails, and that would read as the candidate's fault (new-user pass)
+                    raise ValueError(f"{where}: entry.{kind}[{t.name}]: rows of {row} bytes (last dim "
+                                     f"{t.shape[-1]!r} x {_DTYPE_BYTES[t.dtype]}); a GEMM operand or output "
+                                     "row must be a multiple of 16 bytes (8 bf16 / 4 fp32 elements)")
         for t in self.entry.inputs:
             init, f = t.init, f"entry.inputs[{t.name}].init"
             if init.dist == "normal" and not value(f"{f}.std", init.std) > 0:

@@ -8,10 +8,12 @@ Design
   task message (identical in every repair prompt). Attempts 2..n then read that prefix
   from the cache; ``usage.cache_read_input_tokens`` shows it in the run summary.
 * **Retries, two layers.** The SDK client retries quickly (``max_retries``, honouring
-  ``retry-after``) on 408/409/429/5xx and connection errors. Above it, a bounded loop
-  with exponential backoff + jitter (``attempts``, ``backoff_base_s`` ... capped at
-  ``backoff_max_s``) rides out longer rate limiting and ``overloaded`` (529) spells
-  without failing a generation run that may already have spent GPU time.
+  ``retry-after``) on 408/409/429/5xx, connection errors and timeouts. Above it, a
+  bounded loop with exponential backoff + jitter (``attempts`` = 6, ``backoff_base_s`` =
+  5 s doubling, capped at ``backoff_max_s`` = 60 s: about two and a half minutes in all)
+  rides out rate limiting and ``overloaded`` (529) spells without failing a generation
+  run that may already have spent GPU time. A timeout is not retried by that loop: the
+  client already retried it and every try may be billed.
 * **Errors a user can act on** become :class:`LLMError` with a plain message; a rejected
   key (401/403) is :class:`LLMAuthError` and is never retried.
 * **The key is a secret.** It is passed to the SDK client and never stored on this
@@ -76,7 +78,7 @@ class AnthropicBackend:
         max_tokens: int | None = None,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         max_retries: int = 2,
-        attempts: int = 4,
+        attempts: int = 6,
         backoff_base_s: float = 5.0,
         backoff_max_s: float = 60.0,
         thinking: str | int | None = None,
@@ -172,7 +174,14 @@ class AnthropicBackend:
                     raise LLMError(f"Anthropic API error (HTTP {e.status_code}): {_short(e)}") from None
                 last = e
                 what = f"HTTP {e.status_code}" + (" overloaded" if overloaded or e.status_code == 529 else "")
-            except anthropic.APIConnectionError as e:  # includes APITimeoutError
+            except anthropic.APITimeoutError:
+                # Not retried here: the SDK already retried it (max_retries), each try may
+                # have been billed, and 4 x 3 tries of a 600 s timeout is two hours (red team 16).
+                raise LLMError(
+                    f"Anthropic API: no answer within {self.timeout_s:.0f} s (after the client's own retries); "
+                    "a large CODA_MAX_TOKENS or thinking budget can need longer: lower it, or resume the run "
+                    "later with --resume RUN_DIR") from None
+            except anthropic.APIConnectionError as e:
                 last = e
                 what = f"connection error ({type(e).__name__})"
             if attempt < self.attempts:

@@ -9,23 +9,50 @@ coda-agent never needs an SDK for each provider. The command gets the prompt tex
 that prefer files, ``$CODA_PROMPT_FILE`` names a temporary file with the same text and
 ``$CODA_PROMPT_JSON`` one with the structured prompt (system blocks + messages).
 
-Failures are explicit: a non-zero exit status, a timeout or empty stdout is an
-:class:`LLMError` naming the command and the tail of its stderr. Token usage is
-unknown to this backend and reported as zeros.
+Failures are explicit: a non-zero exit status, a timeout, empty stdout or more than
+:data:`MAX_OUTPUT` bytes of it is an :class:`LLMError` naming the command and the tail
+of its stderr. The command runs in its own process group, which is killed on a timeout
+and once the command has exited (a background child it left holding stdout no longer
+makes a finished command look hung). Output is decoded as UTF-8 with replacement
+characters (the extraction then reports what it cannot parse). Token usage is unknown
+to this backend and reported as zeros.
 """
 
 from __future__ import annotations
 
 import os
 import shlex
+import signal
 import subprocess
 import tempfile
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
 from coda_agent.agent.llm.base import LLMError, LLMResponse
 
 DEFAULT_TIMEOUT_S = 1800.0
+MAX_OUTPUT = 8 << 20
+"""Most stdout bytes kept (an answer is one Python module; red team 16 fed 200 MB)."""
+EXIT_GRACE_S = 2.0
+"""How long output may still arrive after the command exited, before its group is killed."""
+
+
+def _drain(stream, cap: int, out: list[bytes], over: list[bool]) -> None:
+    kept = 0
+    while chunk := stream.read(65536):
+        if kept < cap:
+            out.append(chunk[: cap - kept])
+        kept += len(chunk)
+    over.append(kept > cap)
+
+
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 class CommandBackend:
@@ -56,27 +83,52 @@ class CommandBackend:
             txt.write_text(text)
             js.write_text(prompt.to_json())
             env = dict(os.environ, CODA_PROMPT_FILE=str(txt), CODA_PROMPT_JSON=str(js))
-            try:
-                proc = subprocess.run(
-                    self.command,
-                    shell=True,
-                    input=text,
-                    capture_output=True,
-                    text=True,
-                    timeout=self.timeout_s,
-                    env=env,
-                    start_new_session=True,
-                )
-            except subprocess.TimeoutExpired:
-                raise LLMError(
-                    f"--llm command {self.command!r} did not finish within {self.timeout_s:g} s"
-                ) from None
-        if proc.returncode != 0:
-            tail = (proc.stderr or "").strip()[-800:]
+            rc, stdout, stderr, over = self._run(text.encode("utf-8"), env)
+        if rc is None:
+            raise LLMError(f"--llm command {self.command!r} did not finish within {self.timeout_s:g} s")
+        if rc != 0:
+            tail = stderr.strip()[-800:]
             raise LLMError(
-                f"--llm command {self.command!r} exited with status {proc.returncode}"
+                f"--llm command {self.command!r} exited with status {rc}"
                 + (f"; stderr:\n{tail}" if tail else " (no stderr)")
             )
-        if not proc.stdout.strip():
+        if over:
+            raise LLMError(f"--llm command {self.command!r} printed more than {MAX_OUTPUT >> 20} MiB on stdout")
+        if not stdout.strip():
             raise LLMError(f"--llm command {self.command!r} printed nothing on stdout")
-        return LLMResponse(text=proc.stdout, model=self.model)
+        return LLMResponse(text=stdout, model=self.model)
+
+    def _run(self, data: bytes, env: dict[str, str]) -> tuple[int | None, str, str, bool]:
+        """(exit status or None on timeout, stdout, stderr tail, stdout over the cap)."""
+        proc = subprocess.Popen(self.command, shell=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, env=env, start_new_session=True)
+        out: list[bytes] = []
+        err: list[bytes] = []
+        over: list[bool] = []
+        drains = [threading.Thread(target=_drain, args=(proc.stdout, MAX_OUTPUT + 1, out, over), daemon=True),
+                  threading.Thread(target=_drain, args=(proc.stderr, 1 << 20, err, []), daemon=True)]
+        for t in drains:
+            t.start()
+
+        def feed() -> None:
+            try:
+                proc.stdin.write(data)
+                proc.stdin.close()
+            except OSError:  # the command does not read its stdin: fine
+                pass
+
+        threading.Thread(target=feed, daemon=True).start()
+        rc: int | None
+        try:
+            rc = proc.wait(timeout=self.timeout_s)
+        except subprocess.TimeoutExpired:
+            rc = None
+        deadline = time.monotonic() + EXIT_GRACE_S
+        for t in drains:
+            t.join(timeout=max(0.0, deadline - time.monotonic()) if rc is not None else 0)
+        _kill_group(proc.pid)  # whatever it left running, on a timeout or after it exited
+        proc.wait()
+        for t in drains:
+            t.join(timeout=EXIT_GRACE_S)
+        decode = lambda parts: b"".join(parts).decode("utf-8", errors="replace")  # noqa: E731
+        return rc, decode(out), decode(err), bool(over and over[0])

@@ -223,3 +223,13 @@ def test_key_never_in_repr_logs_or_run_files(workspace, fwd_spec, caplog, monkey
             assert "TOPSECRET" not in p.read_text(errors="replace"), p
     assert SECRET not in caplog.text and "TOPSECRET" not in caplog.text
     assert SECRET not in s.render()
+
+
+def test_a_timeout_is_not_retried_by_the_outer_loop(workspace, fwd_spec):
+    """The SDK retries a timeout itself; the outer loop retrying it too made 4 x 3 billed
+    tries of up to 600 s each (red team 16)."""
+    server = Server(httpx2.ReadTimeout("read timed out"), (200, message_body()))
+    b, sleeps = backend(server, attempts=4)
+    with pytest.raises(LLMError, match=r"no answer within 600 s"):
+        b.complete(render_prompt(fwd_spec, workspace))
+    assert len(server.requests) == 1 and sleeps == []

@@ -64,3 +64,31 @@ def test_factory_and_loop_with_a_command(workspace, fwd_spec, tmp_path):
         make_backend("openai")
     with pytest.raises(LLMError, match="no LLM backend configured"):
         make_backend(None)
+
+
+def test_non_utf8_output_is_replaced_not_a_traceback(workspace, fwd_spec):
+    """red team 16: bytes that are not UTF-8 raised UnicodeDecodeError out of the loop."""
+    r = CommandBackend("cat >/dev/null; printf 'x = \"\\377\"\\n'").complete(render_prompt(fwd_spec, workspace))
+    assert r.text == 'x = "\ufffd"\n'
+
+
+def test_a_background_child_neither_hangs_a_finished_command_nor_outlives_it(workspace, fwd_spec, tmp_path):
+    """The command exits at once but a child it left holds stdout: the answer comes back
+    within the grace period and the child's group is killed (red team 16: waited for the
+    whole timeout; on a timeout only the shell was killed)."""
+    import time
+    from pathlib import Path
+
+    pidfile = tmp_path / "child.pid"
+    cmd = f"cat >/dev/null; (sleep 300 & echo $! > {pidfile}; wait) & echo 'x = 1'"
+    t0 = time.monotonic()
+    r = CommandBackend(cmd, timeout_s=60).complete(render_prompt(fwd_spec, workspace))
+    assert r.text.strip() == "x = 1" and time.monotonic() - t0 < 15
+    pid = int(pidfile.read_text())
+    time.sleep(0.2)
+    stat = Path(f"/proc/{pid}/stat")
+    assert not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z"  # gone, or a zombie
+    t0 = time.monotonic()
+    with pytest.raises(LLMError, match="did not finish within 1 s"):
+        CommandBackend("sleep 300 | cat", timeout_s=1).complete(render_prompt(fwd_spec, workspace))
+    assert time.monotonic() - t0 < 10

@@ -104,3 +104,8 @@ def test_result_ends_with_single_newline():
 def test_unlabeled_block_plus_python_block_takes_python():
     r = f"```\nsome output\n```\n```python\n{MOD}```"
     assert extract_module(r) == MOD
+
+
+def test_a_leading_byte_order_mark_is_ignored():
+    """red team 16: a BOM before the first fence read as an answer cut off."""
+    assert extract_module("\ufeff```python\n" + MOD + "```\n") == MOD

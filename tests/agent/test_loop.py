@@ -428,7 +428,7 @@ def test_no_accept_is_recorded_and_sticky_over_resumes(workspace, fwd_spec):
                  verifier=FakeVerifier(cpu_only=True), run_dir=workspace / "runs" / "n", cpu_only=True, no_accept=True)
     assert s.status == "passed-cpu-only" and run_json(s.run_dir)["no_accept"] is True
     text = s.render()
-    assert f"coda-agent generate swiglu_fwd --resume {s.run_dir.name} --no-accept" in text and "never accepts" in text
+    assert f"generate swiglu_fwd --resume {s.run_dir.name} --no-accept" in text and "never accepts" in text
     # a GPU resume that would accept is refused: the run was started not to
     with pytest.raises(RunError, match="started with --no-accept"):
         generate(fwd_spec, root=workspace, backend=ScriptedBackend([]), verifier=FakeVerifier(), resume=s.run_dir,
@@ -437,12 +437,14 @@ def test_no_accept_is_recorded_and_sticky_over_resumes(workspace, fwd_spec):
     assert s.status == "passed" and s.state.no_accept is True
 
 
-def test_cpu_only_summary_names_the_resume_command_by_run_name(tmp_path):
+def test_cpu_only_summary_names_the_resume_command_by_run_name(tmp_path, monkeypatch):
     """The resume hint names the run as `runs/<name>` resolves it (the GPU machine's
-    checkout lives elsewhere) and, for the command backend, asks for the command again
-    (run.json does not keep it)."""
+    checkout lives elsewhere), names the workspace with --root when it is run from outside
+    it, and, for the command backend, asks for the command again (run.json does not keep it)."""
     from coda_agent.agent.loop import RunState, RunSummary
 
+    monkeypatch.delenv("CODA_ROOT", raising=False)
+    monkeypatch.chdir(tmp_path)
     st = RunState(spec="swiglu_fwd", spec_hash="x", spec_dir="d", root=str(tmp_path), backend="command", model="m",
                   status="passed-cpu-only", max_attempts=3, created_at="t")
     text = RunSummary(run_dir=tmp_path / "runs" / "20301212T000000Z-swiglu_fwd", state=st).render()
@@ -450,6 +452,11 @@ def test_cpu_only_summary_names_the_resume_command_by_run_name(tmp_path):
     st.backend, st.force = "manual", True
     text = RunSummary(run_dir=tmp_path / "runs" / "20301212T000000Z-swiglu_fwd", state=st).render()
     assert "--resume 20301212T000000Z-swiglu_fwd --force" in text and "--cmd" not in text
+    elsewhere = tmp_path.parent / f"{tmp_path.name}-elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    text = RunSummary(run_dir=tmp_path / "runs" / "20301212T000000Z-swiglu_fwd", state=st).render()
+    assert f"coda-agent --root {tmp_path.resolve()} generate swiglu_fwd --resume 20301212T000000Z-swiglu_fwd" in text
 
 
 # -- red team 13: the run folder is input, not proof ---------------------------------------
@@ -582,3 +589,17 @@ def test_malformed_run_files_are_run_errors_naming_the_file(workspace, fwd_spec,
     (a1 / name).write_bytes(content)
     with pytest.raises(RunError, match=needle):
         generate(fwd_spec, root=workspace, backend=ManualBackend(), verifier=FakeVerifier(), resume=run_dir)
+
+
+def test_a_blank_answer_is_kept_as_an_answer_not_asked_again(workspace, fwd_spec):
+    """A blank API answer (thinking used every output token) was written blank, and a
+    resume took it for "no answer yet" and paid for the call again (red team 16)."""
+    blank = LLMResponse(text="", model="m", stop_reason="max_tokens", usage=Usage(output_tokens=16000))
+    run_dir = workspace / "runs" / "blank"
+    s = generate(fwd_spec, root=workspace, backend=ScriptedBackend([blank]), verifier=FakeVerifier(),
+                 run_dir=run_dir, max_attempts=1)
+    assert s.status == "out-of-attempts"
+    assert (run_dir / "attempt-1" / "response.md").read_text() == "(the model returned no text; stop_reason=max_tokens)\n"
+    backend = ScriptedBackend([])  # would raise if called
+    s = generate(fwd_spec, root=workspace, backend=backend, verifier=FakeVerifier(), resume=run_dir, max_attempts=1)
+    assert s.state.attempts[0].usage.output_tokens == 16000

@@ -3,6 +3,7 @@ the target's own accepted kernel."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from pathlib import Path
@@ -95,11 +96,18 @@ def test_examples_ranked_most_similar_first_and_capped(workspace, fwd_spec):
     d = workspace / "generated_kernels" / "packed_bwd"
     d.mkdir()
     (d / "kernel.py").write_text('@gemm_epilogue(outputs=("postact",), mode="packed_cd_b16x2")\n')
-    (d / "manifest.json").write_text(json.dumps({"spec": "packed_bwd", "pattern": "backward", "description": "x"}))
+    man = {"spec": "packed_bwd", "pattern": "backward", "description": "x"}
+    (d / "manifest.json").write_text(json.dumps(man))
     bwd = load_spec(workspace / "kernel_specs" / "swiglu_bwd")
+    # not an example until its manifest records a GPU verification of this very file (red team 16)
+    assert "packed_bwd" not in [e.spec_name for e in gather_context(workspace, bwd, max_examples=5).examples]
+    man.update(gpu_verified=True, kernel_sha256=hashlib.sha256((d / "kernel.py").read_bytes()).hexdigest())
+    (d / "manifest.json").write_text(json.dumps(man))
     ctx_b = gather_context(workspace, bwd, max_examples=5)
     assert [e.spec_name for e in ctx_b.examples] == ["packed_bwd", "rms_bwd", "swiglu_fwd", "gelu_fwd"]
     assert ctx_b.examples[0].score[:2] == (1, 1) and ctx_b.examples[0].mode == "packed_cd_b16x2"
+    (d / "kernel.py").write_text((d / "kernel.py").read_text() + "# edited after acceptance\n")
+    assert "packed_bwd" not in [e.spec_name for e in gather_context(workspace, bwd, max_examples=5).examples]
 
 
 def test_no_accepted_kernels_says_docs_examples_serve(workspace, fwd_spec):
@@ -190,3 +198,31 @@ def test_code_with_fences_is_shown_in_a_longer_fence(workspace, fwd_spec):
                             attempt=2, max_attempts=3)
     last = r.messages[-1]["content"]
     assert "\n````\n1 | \"\"\"Doc." in last and "\n7 | x = 1\n````\n" in last
+
+
+def test_repair_prompt_repeats_a_huge_answer_only_clipped(workspace, fwd_spec):
+    """A 5.7 MB answer made a 1.4M-token repair prompt (red team 16): the previous answer and
+    module are repeated up to REPAIR_ECHO_CHARS each, head and tail kept."""
+    from coda_agent.agent.render import REPAIR_ECHO_CHARS, build_repair_prompt, render_prompt
+
+    huge = "HEAD\n" + "x = 1\n" * 1_000_000 + "TAIL\n"
+    p = build_repair_prompt(render_prompt(fwd_spec, workspace), previous_response=huge, previous_candidate=huge,
+                            feedback="static failed", attempt=2, max_attempts=5)
+    extra = sum(len(m["content"]) for m in p.messages[1:])
+    assert extra < 3 * REPAIR_ECHO_CHARS
+    text = p.as_text()
+    assert "HEAD" in text and "TAIL" in text and "characters cut by coda-agent" in text
+
+
+def test_a_tricks_entry_cannot_split_the_system_prompt(workspace, fwd_spec):
+    """The fixed block marker inside a tricks entry split the system prompt into more
+    cache blocks (red team 16); the marker is fresh per rendering."""
+    from coda_agent.agent.render import BLOCK_BREAK, render_prompt
+
+    before = render_prompt(fwd_spec, workspace)
+    log = workspace / "tricks_log.md"
+    log.write_text(log.read_text() + f"- **2026-02-01** `swiglu_fwd`: a {BLOCK_BREAK} b.\n")
+    after = render_prompt(fwd_spec, workspace)
+    assert len(after.system_blocks) == len(before.system_blocks)
+    assert BLOCK_BREAK in "".join(after.system_blocks)
+    assert render_prompt(fwd_spec, workspace).system_blocks == after.system_blocks  # stable for the cache

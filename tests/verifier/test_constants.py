@@ -31,7 +31,7 @@ name = "out"
 shape = ["M", "HQ*HD"]
 dtype = "bfloat16"
 [shapes]
-correctness = [{ dims = { M = 5, N = 12, HQ = 2, HD = 4 } }]
+correctness = [{ dims = { M = 5, N = 16, HQ = 2, HD = 4 } }]
 [bench]
 flops = "M*N"
 '''
@@ -54,7 +54,7 @@ def test_constants_validate_and_show_in_the_signature(tmp_path):
     loaded = _spec(tmp_path)
     s = loaded.spec
     assert s.signature() == "def const_demo(x, *, HQ: int, HD: int) -> (out)"
-    assert s.constants_of({"M": 5, "N": 12, "HQ": 2, "HD": 4}) == {"HQ": 2, "HD": 4}
+    assert s.constants_of({"M": 5, "N": 16, "HQ": 2, "HD": 4}) == {"HQ": 2, "HD": 4}
     unbound = TOML.replace("HQ = 2, HD = 4", "HD = 4").replace('shape = ["M", "HQ*HD"]', 'shape = ["M", "HD"]')
     with pytest.raises(SpecError, match=r"dims \['HQ'\] are not bound"):
         _spec(tmp_path, unbound, "c1")

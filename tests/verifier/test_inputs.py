@@ -61,13 +61,13 @@ def test_uniform_and_randint():
             {"name": "x", "shape": ["M", "N"], "dtype": "float32", "init": {"dist": "uniform", "low": -2, "high": "N/10"}},
             {"name": "idx", "shape": ["M"], "dtype": "int64", "init": {"dist": "randint", "low": 0, "high": "N"}},
         ], "outputs": [{"name": "out", "shape": ["M", "N"], "dtype": "float32"}]},
-        "shapes": {"correctness": [{"dims": {"M": 100, "N": 50}}]},
+        "shapes": {"correctness": [{"dims": {"M": 100, "N": 52}}]},
         "bench": {"flops": "M*N"},
     })
-    t = make_inputs(spec, {"M": 100, "N": 50}, 3, "cpu")
-    assert float(t["x"].min()) >= -2 and float(t["x"].max()) <= 5
-    assert t["idx"].dtype == torch.int64 and int(t["idx"].min()) >= 0 and int(t["idx"].max()) < 50
-    assert tensor_bytes(spec, {"M": 100, "N": 50}, "inputs") == 100 * 50 * 4 + 100 * 8
+    t = make_inputs(spec, {"M": 100, "N": 52}, 3, "cpu")
+    assert float(t["x"].min()) >= -2 and float(t["x"].max()) <= 5.2
+    assert t["idx"].dtype == torch.int64 and int(t["idx"].min()) >= 0 and int(t["idx"].max()) < 52
+    assert tensor_bytes(spec, {"M": 100, "N": 52}, "inputs") == 100 * 52 * 4 + 100 * 8
     up = upcast(t)
     assert up["x"].dtype == torch.float32 and up["idx"].dtype == torch.int64
 
@@ -131,7 +131,7 @@ name = "out"
 shape = ["M", "N"]
 dtype = "bfloat16"
 [shapes]
-correctness = [{ dims = { M = 5, N = 6 } }]
+correctness = [{ dims = { M = 5, N = 8 } }]
 [bench]
 flops = "M*N"
 '''
@@ -154,23 +154,23 @@ def _write_spec(tmp_path, toml, ref=_DERIVED_REF, name="derived_demo"):
 
 def test_derived_input_is_computed_from_the_drawn_inputs(tmp_path):
     loaded = load_spec(_write_spec(tmp_path, _DERIVED_TOML))
-    inp = make_inputs(loaded, {"M": 5, "N": 6}, 3, "cpu")
+    inp = make_inputs(loaded, {"M": 5, "N": 8}, 3, "cpu")
     expect = torch.rsqrt(inp["h"].float().pow(2).mean(-1) + 1e-6)
     assert inp["rstd"].dtype == torch.float32
     assert torch.equal(inp["rstd"], expect)
-    assert inp["freq"].tolist() == [0.0, 1.0, 2.0]
-    again = make_inputs(loaded, {"M": 5, "N": 6}, 3, "cpu")
+    assert inp["freq"].tolist() == [0.0, 1.0, 2.0, 3.0]
+    again = make_inputs(loaded, {"M": 5, "N": 8}, 3, "cpu")
     assert torch.equal(again["rstd"], inp["rstd"])
 
 
 def test_derived_input_needs_the_loaded_spec_and_the_right_shape(tmp_path):
     loaded = load_spec(_write_spec(tmp_path, _DERIVED_TOML))
     with pytest.raises(ValueError, match="LoadedSpec"):
-        make_inputs(loaded.spec, {"M": 5, "N": 6}, 0, "cpu")
+        make_inputs(loaded.spec, {"M": 5, "N": 8}, 0, "cpu")
     bad = _DERIVED_REF.replace('return torch.rsqrt(h.float().pow(2).mean(-1) + 1e-6)', 'return h.float()')
     loaded_bad = load_spec(_write_spec(tmp_path, _DERIVED_TOML.replace("derived_demo", "derived_bad"), bad, "derived_bad"))
-    with pytest.raises(ValueError, match=r"saved_rstd returned shape \(5, 6\).*\(5,\)"):
-        make_inputs(loaded_bad, {"M": 5, "N": 6}, 0, "cpu")
+    with pytest.raises(ValueError, match=r"saved_rstd returned shape \(5, 8\).*\(5,\)"):
+        make_inputs(loaded_bad, {"M": 5, "N": 8}, 0, "cpu")
 
 
 def test_derived_input_spec_errors_name_the_field(tmp_path):
@@ -195,6 +195,6 @@ def test_derived_inputs_use_the_reference_module_given(tmp_path):
     calls = []
     orig = ref.saved_rstd
     ref.saved_rstd = lambda **kw: (calls.append(1), orig(**kw))[1]
-    a = make_inputs(loaded, {"M": 5, "N": 6}, 3, "cpu", ref)
+    a = make_inputs(loaded, {"M": 5, "N": 8}, 3, "cpu", ref)
     assert calls == [1]
-    assert torch.equal(a["rstd"], make_inputs(loaded, {"M": 5, "N": 6}, 3, "cpu")["rstd"])
+    assert torch.equal(a["rstd"], make_inputs(loaded, {"M": 5, "N": 8}, 3, "cpu")["rstd"])
