@@ -10,7 +10,7 @@ Design
 * **Retries, two layers.** The SDK client retries quickly (``max_retries``, honouring
   ``retry-after``) on 408/409/429/5xx, connection errors and timeouts. Above it, a
   bounded loop with exponential backoff + jitter (``attempts`` = 6, ``backoff_base_s`` =
-  5 s doubling, capped at ``backoff_max_s`` = 60 s: about two and a half minutes in all)
+  5 s doubling, capped at ``backoff_max_s`` = 60 s, jittered down to half: at most 135 s of waiting)
   rides out rate limiting and ``overloaded`` (529) spells without failing a generation
   run that may already have spent GPU time. A timeout is not retried by that loop: the
   client already retried it and every try may be billed.
