@@ -109,3 +109,14 @@ def test_unlabeled_block_plus_python_block_takes_python():
 def test_a_leading_byte_order_mark_is_ignored():
     """red team 16: a BOM before the first fence read as an answer cut off."""
     assert extract_module("\ufeff```python\n" + MOD + "```\n") == MOD
+
+
+def test_a_degenerate_answer_of_many_broken_blocks_is_fast():
+    """Every broken block tried every later closing fence (cubic: 800 blocks took 35 s,
+    red team 16); only a block cut inside a docstring is extended, at most MAX_EXTENSIONS."""
+    import time
+
+    t0 = time.monotonic()
+    with pytest.raises(ExtractError):
+        extract_module("```python\ndef f(:\n```\n" * 800)
+    assert time.monotonic() - t0 < 5
