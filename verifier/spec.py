@@ -509,21 +509,21 @@ class KernelSpec(_Strict):
                 raise ValueError(f"{where}: {field} = {expr!r}: {e}") from None
             return v
 
-        tensor_bytes = 0
+        shapes: list[tuple[str, TensorSpec, list[int]]] = []  # every dim evaluated once
         for kind, tensors in (("inputs", self.entry.inputs), ("outputs", self.entry.outputs)):
             for t in tensors:
-                n = _DTYPE_BYTES[t.dtype]
+                dims_t = []
                 for j, s in enumerate(t.shape):
                     v = value(f"entry.{kind}[{t.name}].shape[{j}]", s)
                     if v <= 0 or v != int(v):
                         raise ValueError(f"{where}: entry.{kind}[{t.name}].shape[{j}] = {s!r} is {v}; "
                                          "a dim must be a positive integer")
-                    n *= int(v)
-                tensor_bytes += n
-        for kind, tensors in (("inputs", self.entry.inputs), ("outputs", self.entry.outputs)):
-            for t in tensors:
-                row = _DTYPE_BYTES[t.dtype] * int(value("", t.shape[-1]))
-                if len(t.shape) >= 2 and row % 16:
+                    dims_t.append(int(v))
+                shapes.append((kind, t, dims_t))
+        tensor_bytes = sum(_DTYPE_BYTES[t.dtype] * math.prod(d) for _, t, d in shapes)
+        for kind, t, d in shapes:  # after every dim is known positive: the more basic error first
+            row = _DTYPE_BYTES[t.dtype] * d[-1] if d else 0
+            if len(d) >= 2 and row % 16:
                     # TMA needs 16-byte row strides; the CPU compile cannot see it, the GPU
                     # launch fails, and that would read as the candidate's fault (new-user pass)
                     raise ValueError(f"{where}: entry.{kind}[{t.name}]: rows of {row} bytes (last dim "
