@@ -326,24 +326,30 @@ def cpu_stages_many(items: list[tuple[LoadedSpec, Path]], *, jobs: int = 1,
     ``coda-agent bench``/``regress`` over many kernels keep a GPU machine from idling
     through every kernel's compile in turn: all CPU stages first, then the GPU stages one
     kernel at a time (timings never overlap a compile)."""
-    from concurrent.futures import ThreadPoolExecutor
-
     with tempfile.TemporaryDirectory(prefix="coda-snapshots-") as tmp:
         snaps = []
         for i, (_, cand) in enumerate(items):  # each file read once; every stage judges these bytes
             folder = Path(tmp) / str(i)
             folder.mkdir()
             snaps.append(take(cand, folder))
-        statics = [_guarded("static", lambda i=i: run_static(items[i][0], snaps[i])) for i in range(len(items))]
+        return _cpu_stages_of([(loaded, snap) for (loaded, _), snap in zip(items, snaps)], jobs, timeout_s)
 
-        def one(i: int) -> CpuStages:
-            if not statics[i].ok:
-                return CpuStages(candidate_hash=snaps[i].sha256, stages=(statics[i],))
-            comp = _guarded("compile", lambda: run_compile(items[i][0], snaps[i], timeout_s=timeout_s or 300))
-            return CpuStages(candidate_hash=snaps[i].sha256, stages=(statics[i], comp))
 
-        with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-            return list(pool.map(one, range(len(items))))
+def _cpu_stages_of(items: list[tuple[LoadedSpec, Snapshot]], jobs: int, timeout_s: float | None) -> list[CpuStages]:
+    """static -> compile of snapshots already taken (:func:`cpu_stages_many`, :func:`verify`)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    statics = [_guarded("static", lambda lc=lc: run_static(*lc)) for lc in items]
+
+    def one(i: int) -> CpuStages:
+        loaded, snap = items[i]
+        if not statics[i].ok:
+            return CpuStages(candidate_hash=snap.sha256, stages=(statics[i],))
+        comp = _guarded("compile", lambda: run_compile(loaded, snap, timeout_s=timeout_s or 300))
+        return CpuStages(candidate_hash=snap.sha256, stages=(statics[i], comp))
+
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        return list(pool.map(one, range(len(items))))
 
 
 def verify(
@@ -401,7 +407,7 @@ def _verify_snapshot(loaded: LoadedSpec, snap: Snapshot, *, cpu_only: bool, benc
         return verdict
 
     if cpu_done is None or cpu_done.candidate_hash != verdict.candidate_hash:
-        cpu_done = cpu_stages(loaded, snap.path, timeout_s=timeout_s)
+        cpu_done = _cpu_stages_of([(loaded, snap)], 1, timeout_s)[0]
     verdict.stages += list(cpu_done.stages)
     if not all(s.ok for s in cpu_done.stages):
         return finish()
