@@ -279,7 +279,8 @@ def _reap_group(pgid: int, wait_s: float = 2.0) -> None:
             time.sleep(0.01)
 
 
-def _kill_group(pgid: int) -> None:
+def kill_group(pgid: int) -> None:
+    """SIGTERM the process group, then SIGKILL it half a second later (an empty group: nothing to do)."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
             os.killpg(pgid, sig)
@@ -289,7 +290,7 @@ def _kill_group(pgid: int) -> None:
             time.sleep(0.5)
 
 
-def _feed(pipe: Any, data: bytes) -> None:
+def feed(pipe: Any, data: bytes) -> None:
     """Write ``data`` into a worker's stdin and close it (a worker that exits early or never
     reads only makes the write fail: nothing to report)."""
     try:
@@ -379,7 +380,7 @@ def run_worker(
                 os.close(w)
                 pipes[i] = (r, -1, *rest)
         if stdin_data is not None:  # a thread: the worker may not read before the pipe fills
-            threading.Thread(target=_feed, args=(proc.stdin, stdin_data), daemon=True).start()
+            threading.Thread(target=feed, args=(proc.stdin, stdin_data), daemon=True).start()
         while pipes:  # each read end belongs to its drain thread from here on
             r, _, path, head, tail_ = pipes.pop(0)
             d = _Drain(r, path, head, tail_)
@@ -393,7 +394,7 @@ def run_worker(
             proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             timed_out = True
-            _kill_group(proc.pid)
+            kill_group(proc.pid)
             proc.wait()
         else:
             # reap anything the worker left behind in its group (compilers, children)

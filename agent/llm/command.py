@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import os
 import shlex
-import signal
 import subprocess
 import tempfile
 import threading
@@ -31,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from coda_agent.agent.llm.base import LLMError, LLMResponse
+from coda_agent.verifier.sandbox import feed, kill_group  # the verifier's workers' own helpers
 
 DEFAULT_TIMEOUT_S = 1800.0
 MAX_OUTPUT = 8 << 20
@@ -46,13 +46,6 @@ def _drain(stream, cap: int, out: list[bytes], over: list[bool]) -> None:
             out.append(chunk[: cap - kept])
         kept += len(chunk)
     over.append(kept > cap)
-
-
-def _kill_group(pid: int) -> None:
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 class CommandBackend:
@@ -110,14 +103,7 @@ class CommandBackend:
         for t in drains:
             t.start()
 
-        def feed() -> None:
-            try:
-                proc.stdin.write(data)
-                proc.stdin.close()
-            except OSError:  # the command does not read its stdin: fine
-                pass
-
-        threading.Thread(target=feed, daemon=True).start()
+        threading.Thread(target=feed, args=(proc.stdin, data), daemon=True).start()
         rc: int | None
         try:
             rc = proc.wait(timeout=self.timeout_s)
@@ -126,7 +112,7 @@ class CommandBackend:
         deadline = time.monotonic() + EXIT_GRACE_S
         for t in drains:
             t.join(timeout=max(0.0, deadline - time.monotonic()) if rc is not None else 0)
-        _kill_group(proc.pid)  # whatever it left running, on a timeout or after it exited
+        kill_group(proc.pid)  # whatever it left running, on a timeout or after it exited
         proc.wait()
         for t in drains:
             t.join(timeout=EXIT_GRACE_S)
