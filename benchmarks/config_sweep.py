@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import sys
 import time
 from dataclasses import asdict
@@ -42,24 +43,35 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 from host_probe import load_kernel, pipelined_host_us  # noqa: E402  (sibling dev script)
 
 
-def _cfg(tile_m: int, tile_n: int, pingpong: bool, cluster_m: int = 2, cluster_n: int = 1):
+def load_reference(name: str):
+    """Import ``kernel_specs/<name>/reference.py`` as a standalone module (the spec's baselines)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(f"ref_{name}", REPO / "kernel_specs" / name / "reference.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+_CFG_NAME = re.compile(r"^(\d+)x(\d+)(pp|co)(?:-c(\d)x(\d))?(?:-sw(\d+))?(-dyn)?$")
+
+
+def _cfg(name: str):
+    """``GemmConfig`` from a variant name ``<tile_m>x<tile_n><pp|co>[-c<cm>x<cn>][-sw<s>][-dyn]``.
+
+    pp = pingpong, co = cooperative; cluster defaults to 2x1 (quack's SM90 default),
+    ``-sw`` sets ``max_swizzle_size`` (default 8), ``-dyn`` the dynamic persistent scheduler.
+    Raises ValueError on any other name."""
     from quack.gemm_config import GemmConfig
-    return GemmConfig(tile_m=tile_m, tile_n=tile_n, pingpong=pingpong, cluster_m=cluster_m,
-                      cluster_n=cluster_n, is_dynamic_persistent=False)
+    m = _CFG_NAME.match(name)
+    if not m:
+        raise ValueError(f"config name {name!r}: expected <tile_m>x<tile_n><pp|co>[-c<cm>x<cn>][-sw<s>][-dyn]")
+    tm, tn, kind, cm, cn, sw, dyn = m.groups()
+    return GemmConfig(tile_m=int(tm), tile_n=int(tn), pingpong=kind == "pp", cluster_m=int(cm or 2),
+                      cluster_n=int(cn or 1), max_swizzle_size=int(sw or 8), is_dynamic_persistent=bool(dyn))
 
 
 def _configs(names: list[str]):
-    table = {
-        "128x192pp": (128, 192, True),          # quack's SM90 default
-        "128x160pp": (128, 160, True),
-        "128x128pp": (128, 128, True),
-        "128x256co": (128, 256, False),
-        "256x128co": (256, 128, False),
-        "256x160co": (256, 160, False),
-        "128x256co-c1x2": (128, 256, False, 1, 2),
-        "128x192pp-c1x2": (128, 192, True, 1, 2),
-    }
-    return {n: _cfg(*table[n]) for n in names}
+    return {n: _cfg(n) for n in names}
 
 
 def _randn(*shape, std=1.0):
@@ -94,13 +106,18 @@ def _ce_case(m, v, k):
 
 
 def _swiglu_bwd_case(m, k, i):
+    """swiglu_bwd's dgrad GEMM with its epilogue; also times torch.compile of the spec's
+    ``baseline`` (the unfused code the catalogue's 1.3x backward target is judged against)."""
     def build(cfgs):
         kern = load_kernel("swiglu_bwd")
         dout, w_down = _randn(m, k), _randn(k, i, std=i ** -0.5)
         preact = _randn(m, 2 * i)
         calls = {c: (lambda cfg=cfg: kern.dswiglu_epi(dout, w_down, preact, tuned=False, config=cfg))
                  for c, cfg in cfgs.items()}
-        return (dout, w_down), calls
+        ref = load_reference("swiglu_bwd")
+        compiled = torch.compile(ref.baseline, dynamic=False)  # as the verifier's baseline
+        extras = {"torch_compile": lambda: compiled(dout=dout, w_down=w_down, preact=preact)}
+        return (dout, w_down), calls, extras
     return build
 
 
@@ -121,6 +138,11 @@ def _rms_bwd_case(m, n, d):
     return build
 
 
+_GATED = ["128x192pp", "128x160pp", "128x128pp", "192x128pp", "256x128co", "256x160co", "256x192co",
+          "128x224co", "128x256co"]
+GATED_SPACE = _GATED + [f"{c}-c1x2" for c in _GATED]
+
+
 CASES = {
     "gemm_rmsnorm/llama3-70b-qkv/M16384": (
         case_gemm_rmsnorm_70b, ["128x192pp", "128x256co", "256x128co", "128x128pp", "128x256co-c1x2"]),
@@ -128,10 +150,10 @@ CASES = {
         _ce_case(8192, 128256, 8192), ["128x256co", "128x192pp", "256x128co", "128x256co-c1x2"]),
     "gemm_cross_entropy/llama3-8b/M8192": (
         _ce_case(8192, 128256, 4096), ["128x256co", "128x192pp", "256x128co"]),
-    "swiglu_bwd/llama3-8b/M8192": (
-        _swiglu_bwd_case(8192, 4096, 14336), ["128x192pp", "128x160pp", "128x128pp", "128x256co"]),
-    "swiglu_bwd/llama3-8b/M16384": (
-        _swiglu_bwd_case(16384, 4096, 14336), ["128x192pp", "128x160pp", "128x128pp", "128x256co"]),
+    "swiglu_bwd/llama3-8b/M8192": (_swiglu_bwd_case(8192, 4096, 14336), GATED_SPACE),
+    "swiglu_bwd/llama3-8b/M16384": (_swiglu_bwd_case(16384, 4096, 14336), GATED_SPACE),
+    "swiglu_bwd/llama3-1b/M8192": (_swiglu_bwd_case(8192, 2048, 8192), GATED_SPACE),
+    "swiglu_bwd/llama3-70b/M8192": (_swiglu_bwd_case(8192, 8192, 28672), GATED_SPACE),
     # session 7: rms_bwd reads 0.92x torch.compile at 8B, with quack_gemm/bare_gemm 1.06 there
     "rms_bwd/llama3-8b/M8192": (
         _rms_bwd_case(8192, 28672, 4096), ["128x192pp", "128x256co", "256x128co", "128x128pp"]),
@@ -143,23 +165,36 @@ def _bench(fn) -> float:
     return float(do_bench(fn, warmup=25, rep=150, return_mode="median"))
 
 
-def run_case(name: str, rounds: int) -> dict:
+def run_case(name: str, rounds: int, only: list[str] | None = None, identity: str = "first") -> dict:
+    """Time one case's variants in ``rounds`` interleaved rounds; returns its JSON record.
+
+    ``only``: config names to time instead of the case's list; ``identity``: time quack's
+    identity-epilogue GEMM under the ``first`` config only, under ``all``, or ``none``.
+    A variant that fails to compile or run is recorded under ``failed`` and skipped."""
     from quack.epilogue.library import identity_epi
     build, cfg_names = CASES[name]
-    cfgs = _configs(cfg_names)
-    (a, b), calls = build(cfgs)
-    ident = {c: (lambda cfg=cfg: identity_epi(a, b, tuned=False, config=cfg)) for c, cfg in cfgs.items()}
-    out = {"case": name, "configs": {c: asdict(cfg) for c, cfg in cfgs.items()}, "rounds": []}
+    cfgs = _configs(only or cfg_names)
+    built = build(cfgs)
+    (a, b), calls = built[0], built[1]
+    extras = built[2] if len(built) > 2 else {}
+    id_names = {"first": list(cfgs)[:1], "all": list(cfgs), "none": []}[identity]
+    ident = {c: (lambda cfg=cfgs[c]: identity_epi(a, b, tuned=False, config=cfg)) for c in id_names}
+    out = {"case": name, "configs": {c: asdict(cfg) for c, cfg in cfgs.items()}, "rounds": [], "failed": {}}
+    variants = {**{f"epi:{c}": f for c, f in calls.items()}, **{f"identity:{c}": f for c, f in ident.items()},
+                **extras}
     t0 = time.time()
-    for fn in [*calls.values(), *ident.values()]:      # compile + warm every variant first
-        fn()
-    torch.cuda.synchronize()
+    for key, fn in list(variants.items()):      # compile + warm every variant first
+        try:
+            fn()
+            torch.cuda.synchronize()
+        except Exception as e:  # an invalid tile for this epilogue must not lose the others
+            out["failed"][key] = f"{type(e).__name__}: {str(e)[:300]}"
+            del variants[key]
     out["compile_s"] = round(time.time() - t0, 1)
     for _ in range(rounds):
         r = {"cublas": _bench(lambda: torch.mm(a, b))}
-        for c in cfgs:
-            r[f"epi:{c}"] = _bench(calls[c])
-            r[f"identity:{c}"] = _bench(ident[c])
+        for key, fn in variants.items():
+            r[key] = _bench(fn)
         out["rounds"].append(r)
         print(name, json.dumps({k: round(v, 4) for k, v in r.items()}), flush=True)
     return out
@@ -195,14 +230,20 @@ def rope_host(n_calls: int = 200) -> dict:
 def _markdown(results: list[dict], rope: dict | None, env: str) -> str:
     lines = ["# Mainloop config sweep", "", env, "",
              "Median ms (triton do_bench, L2 flushed); ratio = ms / cuBLAS ms of the same round; "
-             "`epi` = the accepted kernel's epilogue mod, `identity` = quack's identity-epilogue GEMM.", ""]
+             "`epi` = the accepted kernel's epilogue mod, `identity` = quack's identity-epilogue GEMM; "
+             "`N.NNNx tc` (where timed) = torch.compile of the spec's baseline ms / this ms, same round.", ""]
     for r in results:
         lines += [f"## {r['case']}", "", f"compile + first call of all variants: {r['compile_s']} s", "",
                   "| variant | " + " | ".join(f"round {i + 1} ms (ratio)" for i in range(len(r["rounds"]))) + " |",
                   "|---|" + "---|" * len(r["rounds"])]
+        tc = "torch_compile" in r["rounds"][0]
         for key in r["rounds"][0]:
-            cells = [f"{rd[key]:.4f} ({rd[key] / rd['cublas']:.3f})" for rd in r["rounds"]]
+            cells = [f"{rd[key]:.4f} ({rd[key] / rd['cublas']:.3f})"
+                     + (f" {rd['torch_compile'] / rd[key]:.3f}x tc" if tc and key.startswith("epi:") else "")
+                     for rd in r["rounds"]]
             lines.append(f"| {key} | " + " | ".join(cells) + " |")
+        for key, why in r.get("failed", {}).items():
+            lines.append(f"| {key} | failed: {why[:120]} |" + " |" * (len(r["rounds"]) - 1))
         lines.append("")
     if rope:
         lines += ["## gemm_rope host cost at llama3-1b-qkv/M8192 (us per call, no sync in the loop)", "",
@@ -215,6 +256,9 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--case", action="append", choices=sorted(CASES), help="default: every case")
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--config", action="append", help="config names to time instead of each case's list")
+    ap.add_argument("--identity", choices=["first", "all", "none"], default="first",
+                    help="quack identity-epilogue GEMM under which configs (default: the first)")
     ap.add_argument("--rope-host", action="store_true")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -227,7 +271,7 @@ def main(argv=None) -> int:
     results = []
     for name in args.case or list(CASES):
         try:
-            results.append(run_case(name, args.rounds))
+            results.append(run_case(name, args.rounds, args.config, args.identity))
         except Exception as e:  # one failing variant must not lose the other cases
             print(f"{name}: FAILED {type(e).__name__}: {e}", file=sys.stderr, flush=True)
         (args.out / "sweep.json").write_text(json.dumps({"env": env, "cases": results}, indent=1))
