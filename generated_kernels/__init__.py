@@ -19,17 +19,22 @@ function, so a stable import name lets compiled kernels be found again. Importin
 ``coda_agent.kernels.<kernel>`` to the kernel's folder (a namespace package), so no Python
 name in this package may equal a kernel folder's name: the kernel wrappers are ``<kernel>_op``.
 
-Layout: ``_registry.py`` (``load``, ``accepted``, ``_check_device``, ``run_kernel``),
+Layout: ``_registry.py`` (``load``, ``accepted``, the argument checks, ``run_kernel``),
 ``_swiglu.py``, ``_rmsnorm.py``, ``_rope.py``, ``_cross_entropy.py``. The family modules look
-``load`` / ``_check_device`` up through this package at call time, so
+``load``, ``_check_device`` and ``_check_layout`` up through this package at call time, so
 ``monkeypatch.setattr(coda_agent.kernels, "load", ...)`` reaches every op (the CPU tests run
 the specs' PyTorch baselines as stand-ins for the kernels that way).
 
-All ops take bf16 contiguous 2-D activations / nn.Linear-layout weights on one CUDA
-(Hopper, sm_90) device and raise ``ValueError`` otherwise (``ModuleNotFoundError`` naming
-the kernel when one is not accepted yet). Every contiguous row a kernel reads or writes
-must be 16 bytes aligned (TMA): in bf16 K, N and the SwiGLU width I multiples of 8 (M is
-free). CODA catalogue item numbers in brackets.
+All ops take bf16 contiguous 2-D activations / nn.Linear-layout weights (fp32 ``rstd`` and
+``inv_freq``, int64 ``positions`` and ``target``) on one CUDA device and raise ``ValueError``
+otherwise, naming the op and the argument (``ModuleNotFoundError`` naming the kernel when
+one is not accepted yet); the kernel custom ops also refuse a GPU that is not sm_90
+(compute capability 9.0). Every contiguous row a kernel reads or writes must be 16 bytes
+aligned (TMA): in bf16 K, N, V, the SwiGLU width I and the QKV width multiples of 8 (M is
+free): the domain the verifier checked the kernels on. The checks build their messages
+only on failure, so under ``torch.compile`` they add guards but never specialize on M.
+Backward passes skip the dgrad / wgrad GEMMs of inputs that do not require grad (frozen
+weights, LoRA). CODA catalogue item numbers in brackets.
 
 SwiGLU MLP -- ``swiglu(x, w1, w_down)`` [1 + 7]
     ``(silu(gate) * up) @ w_down^T`` with ``preact = x @ w1^T`` (M, 2I), gate/up interleaved
@@ -69,8 +74,9 @@ QKV + RoPE -- ``qkv_rope(x, w_qkv, positions, inv_freq, *, n_q_heads, n_kv_heads
     gradient (an attention backward).
 
 LM head + cross-entropy -- ``linear_cross_entropy(h, w_vocab, target)`` [6 + 9]
-    per-row fp32 ``loss = logsumexp(h @ w_vocab^T) - logit[target]`` (reduction none), logits
-    never materialized. Forward: ``gemm_cross_entropy`` (saves lse). Backward:
+    per-row fp32 ``loss = logsumexp(h @ w_vocab^T) - logit[target]`` (reduction none; rows
+    with ``target == ignore_index``, default -100, get 0 and no gradient), logits never
+    materialized. Forward: ``gemm_cross_entropy`` (saves lse). Backward:
     ``cross_entropy_bwd`` (logits recomputed, softmax from lse, dh and dw_vocab GEMMs).
 
 Why some backwards are plain torch: the catalogue's backward kernels fuse into the GEMM
@@ -82,7 +88,7 @@ op itself contains it (swiglu, rmsnorm_linear, linear_cross_entropy).
 
 from __future__ import annotations
 
-from ._registry import KERNELS_DIR, _check_device, accepted, load, run_kernel  # noqa: F401  (first)
+from ._registry import KERNELS_DIR, _check_device, _check_layout, accepted, load, run_kernel  # noqa: F401  (first)
 from ._swiglu import swiglu, swiglu_bwd_op, swiglu_fwd_op
 from ._rmsnorm import (
     deferred_rmsnorm_linear,

@@ -41,7 +41,7 @@ def cross_entropy_bwd_op(
 
 @cross_entropy_bwd_op.register_fake
 def _(h, w_vocab, target, lse, dloss):
-    return torch.empty_like(h), torch.empty_like(w_vocab)
+    return h.new_empty(h.shape), w_vocab.new_empty(w_vocab.shape)
 
 
 @torch.library.custom_op("coda_agent::linear_cross_entropy", mutates_args=())
@@ -73,33 +73,50 @@ def _lce_backward(ctx, dloss, _dlse_unused):
 _linear_cross_entropy.register_autograd(_lce_backward, setup_context=_lce_setup)
 
 
-def linear_cross_entropy(h: torch.Tensor, w_vocab: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+def linear_cross_entropy(
+    h: torch.Tensor, w_vocab: torch.Tensor, target: torch.Tensor, *, ignore_index: int = -100
+) -> torch.Tensor:
     """LM head + cross-entropy without materializing the logits (CODA items 6 and 9).
 
     ``loss[m] = logsumexp(logits[m]) - logits[m, target[m]]`` with ``logits = h @ w_vocab^T``
-    in fp32, i.e. ``F.cross_entropy((h @ w_vocab.T).float(), target, reduction="none")``.
-    Reduce it yourself (e.g. ``.mean()``); there is no ignore_index: every target must be
-    a class in [0, V) (not checked on the device, that would need a sync).
+    in fp32, i.e. ``F.cross_entropy((h @ w_vocab.T).float(), target, reduction="none",
+    ignore_index=ignore_index)``: rows whose target is ``ignore_index`` (padding, prompt
+    tokens) get loss 0 and no gradient. Reduce it yourself, e.g.
+    ``loss.sum() / (target != ignore_index).sum()`` for F.cross_entropy's "mean".
 
     Args:
-        h: (M, K) bf16 final hidden states, contiguous.
-        w_vocab: (V, K) bf16 LM-head weight, nn.Linear layout.
-        target: (M,) int64 class indices (no gradient).
+        h: (M, K) bf16 final hidden states, contiguous, K a multiple of 8.
+        w_vocab: (V, K) bf16 LM-head weight, nn.Linear layout, V a multiple of 8 (pad the
+            vocabulary, as Llama's 128256 is).
+        target: (M,) int64 class indices in [0, V) or ``ignore_index`` (no gradient).
+        ignore_index: keyword-only, default -100 (PyTorch's).
     Returns:
         loss (M,) fp32.
     Raises:
-        ValueError: tensors not on one CUDA device, inconsistent shapes, or a non-int64 target.
+        ValueError: inconsistent shapes, a wrong dtype, a non-contiguous tensor, K or V not a
+            multiple of 8, or tensors not on one CUDA device.
+        RuntimeError: (asynchronously, as a CUDA device-side assert, like F.cross_entropy)
+            a target outside [0, V) that is not ``ignore_index``; checked without a host sync.
         ModuleNotFoundError: when gemm_cross_entropy (forward) or cross_entropy_bwd
             (backward) is not accepted yet.
     Forward: the ``gemm_cross_entropy`` kernel (online log-sum-exp in the GEMM epilogue; only
     the per-row loss and lse leave it, lse is saved). Backward: the ``cross_entropy_bwd``
     kernel with the incoming per-row gradient as dloss (logits recomputed by a GEMM, softmax
-    from the saved lse, then dh and dw_vocab GEMMs). Works under ``torch.compile``.
+    from the saved lse, then dh and dw_vocab GEMMs). Ignored rows reach the kernels with
+    target 0 and leave them masked (loss 0, dloss 0). Works under ``torch.compile``.
     """
-    _pkg._check_device("linear_cross_entropy", h, w_vocab, target)
-    _expect(h.dim() == 2 and w_vocab.dim() == 2 and h.shape[1] == w_vocab.shape[1], "linear_cross_entropy",
-            f"h (M, K) and w_vocab (V, K) must share K, got {tuple(h.shape)} and {tuple(w_vocab.shape)}")
-    _expect(tuple(target.shape) == (h.shape[0],) and target.dtype == torch.int64, "linear_cross_entropy",
-            f"target must be an (M,) int64 tensor, got {tuple(target.shape)} {target.dtype}")
-    loss, _ = _linear_cross_entropy(h, w_vocab, target)
-    return loss
+    op = "linear_cross_entropy"
+    _expect(h.dim() == 2 and w_vocab.dim() == 2 and h.shape[1] == w_vocab.shape[1], op,
+            lambda: f"h (M, K) and w_vocab (V, K) must share K, got {tuple(h.shape)} and {tuple(w_vocab.shape)}")
+    _expect(tuple(target.shape) == (h.shape[0],), op,
+            lambda: f"target must be (M,) = ({h.shape[0]},), got {tuple(target.shape)}")
+    _pkg._check_device(op, h, w_vocab, target)
+    # V: cross_entropy_bwd materializes bf16 (M, V) dlogits as its GEMMs' operand (16-byte rows)
+    _pkg._check_layout(op, {"V (w_vocab's rows)": w_vocab.shape[0]}, h=(h, torch.bfloat16),
+                       w_vocab=(w_vocab, torch.bfloat16), target=(target, torch.int64))
+    keep = target != ignore_index
+    safe_target = torch.where(keep, target, torch.zeros_like(target))
+    torch._assert_async(((safe_target >= 0) & (safe_target < w_vocab.shape[0])).all(),
+                        f"{op}: a target is outside [0, V) and is not ignore_index")
+    loss, _ = _linear_cross_entropy(h, w_vocab, safe_target)
+    return torch.where(keep, loss, torch.zeros_like(loss))

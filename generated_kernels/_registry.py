@@ -1,6 +1,7 @@
 """Shared glue helpers of ``coda_agent.kernels``: finding, importing and calling kernels.
 
-Everything that a test may monkeypatch (``load``, ``_check_device``, ``KERNELS_DIR``) is
+Everything that a test may monkeypatch (``load``, ``_check_device``, ``_check_layout``,
+``KERNELS_DIR``) is
 re-exported by the package and always looked up *through the package* at call time
 (``_pkg.load(...)``), never bound at import: ``monkeypatch.setattr(coda_agent.kernels,
 "load", ...)`` then reaches every op, whichever module defines it.
@@ -8,6 +9,8 @@ re-exported by the package and always looked up *through the package* at call ti
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import importlib
 import inspect
 from pathlib import Path
@@ -45,25 +48,85 @@ def _check_device(op: str, *tensors: torch.Tensor) -> None:
                          f"{', '.join(str(t.device) for t in tensors)}")
 
 
-def _expect(cond: bool, op: str, msg: str) -> None:
-    """Argument check of a public op: ValueError naming the op."""
+@functools.lru_cache(maxsize=None)
+def _device_info(index: int) -> tuple[str, tuple[int, int]]:
+    """(name, compute capability) of CUDA device ``index``, asked once per device."""
+    return torch.cuda.get_device_name(index), torch.cuda.get_device_capability(index)
+
+
+def _check_arch(op: str, device: torch.device) -> None:
+    """ValueError unless ``device`` is a CUDA device of compute capability 9.0 (H100/H200):
+    the kernels are compiled for sm_90a only. CPU devices (the tests' stand-ins) pass.
+    Called inside the kernel custom ops (never traced by torch.compile)."""
+    if device.type != "cuda":
+        return
+    name, cap = _device_info(device.index if device.index is not None else torch.cuda.current_device())
+    if tuple(cap) != (9, 0):
+        raise ValueError(f"{op}: the fused kernels are built for Hopper (sm_90a, compute capability 9.0); "
+                         f"{device} is {name} with capability {cap[0]}.{cap[1]}")
+
+
+def _expect(cond: bool, op: str, msg) -> None:
+    """Argument check of a public op: ValueError naming the op.
+
+    ``msg`` is a str or a zero-argument callable returning one, called only when the check
+    fails: under ``torch.compile`` formatting a tensor size into a message would make
+    dynamo specialize the graph on that size (one recompile per new M)."""
     if not cond:
-        raise ValueError(f"{op}: {msg}")
+        raise ValueError(f"{op}: {msg() if callable(msg) else msg}")
+
+
+ROW_ALIGN_BYTES = 16
+"""TMA needs every contiguous row a kernel reads or writes to start 16-byte aligned."""
+
+
+def _check_layout(op: str, widths: dict | None = None, **args: tuple[torch.Tensor, torch.dtype]) -> None:
+    """``name=(tensor, dtype)`` pairs: each tensor non-empty, of that dtype, contiguous, and
+    (2-D) with rows a multiple of 16 bytes (8 bf16 elements); ``widths``: ``{what: n}``,
+    bf16 output row widths that must be multiples of 8 too. That is the domain the verifier
+    checked the kernels on. ValueError naming the op, the argument and what was expected.
+    Looked up through the package (the CPU tests' float64 stand-ins switch it off)."""
+    for name, (t, dtype) in args.items():
+        _expect(t.dtype == dtype, op, lambda: f"{name} must be {dtype}, got {t.dtype}")
+        _expect(t.numel() > 0, op, lambda: f"{name} is empty, shape {tuple(t.shape)}")
+        _expect(t.is_contiguous(), op,
+                lambda: f"{name} must be contiguous (shape {tuple(t.shape)}, strides {t.stride()}); "
+                        f"pass {name}.contiguous()")
+        if t.dim() == 2:
+            _expect(t.shape[1] * t.element_size() % ROW_ALIGN_BYTES == 0, op,
+                    lambda: f"{name}'s rows must be a multiple of {ROW_ALIGN_BYTES} bytes "
+                            f"({ROW_ALIGN_BYTES // t.element_size()} {dtype} elements) for TMA, got "
+                            f"{t.shape[1]} columns")
+    for what, n in (widths or {}).items():
+        _expect(n % (ROW_ALIGN_BYTES // 2) == 0, op,
+                lambda: f"{what} = {n} must be a multiple of {ROW_ALIGN_BYTES // 2} "
+                        f"(16-byte bf16 output rows for TMA)")
 
 
 def run_kernel(name: str, *args, **constants):
     """Call the entry ``<name>`` of the accepted kernel ``<name>`` (through ``_pkg.load``),
-    after ``_pkg._check_device`` on its tensor arguments (ValueError off CUDA).
+    after ``_pkg._check_device`` on its tensor arguments (ValueError off CUDA), the
+    architecture check (ValueError on a GPU other than sm_90) and a contiguity check of
+    every tensor argument (ValueError), with the tensors' CUDA device made current.
 
     ``constants`` are the spec's keyword-only ints; only those the entry declares are
     passed (an entry with ``**kwargs`` gets them all), so the glue may offer a superset
     (e.g. HQ, HKV and HD where a spec lists only HQ and HKV). Returns the entry's result as
     a tuple (a single output returned bare becomes a 1-tuple)."""
-    _pkg._check_device(name, *(a for a in args if isinstance(a, torch.Tensor)))
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    _pkg._check_device(name, *tensors)
+    device = tensors[0].device if tensors else torch.device("cpu")
+    _check_arch(name, device)
+    for i, t in enumerate(tensors):
+        if not t.is_contiguous():
+            raise ValueError(f"{name}: tensor argument {i} must be contiguous, got shape {tuple(t.shape)} "
+                             f"strides {t.stride()}")
     fn = getattr(_pkg.load(name), name)
     if constants:
         params = inspect.signature(fn).parameters
         if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
             constants = {k: v for k, v in constants.items() if k in params}
-    out = fn(*args, **constants)
+    # quack launches on the current device: make it the tensors' (they may be on cuda:1)
+    with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
+        out = fn(*args, **constants)
     return tuple(out) if isinstance(out, (tuple, list)) else (out,)

@@ -14,8 +14,13 @@ import torch.nn.functional as F
 
 from ._registry import _expect, _pkg, run_kernel
 
+BF16, FP32 = torch.bfloat16, torch.float32
+
 EPS = 1e-6
-"""RMSNorm epsilon of every spec in this family (nn.RMSNorm(eps=1e-6), Llama)."""
+"""RMSNorm epsilon of every spec in this family (``nn.RMSNorm(eps=1e-6)``). Fixed: the
+gemm_residual_partial_rms kernel finalizes rstd with it. Hugging Face Llama-3 configs say
+``rms_norm_eps = 1e-5``; the difference is below bf16 resolution unless a row's mean
+square is below ~1e-4."""
 
 
 def _stat_dtype(t: torch.Tensor) -> torch.dtype:
@@ -87,21 +92,27 @@ def rms_bwd_op(
 
 @rms_bwd_op.register_fake
 def _(dy, w, h, gamma, rstd, zdz, dresid):
-    return torch.empty_like(h), h.new_empty((h.shape[1],), dtype=_stat_dtype(h))
+    return h.new_empty(h.shape), h.new_empty((h.shape[1],), dtype=_stat_dtype(h))
 
 
 # --------------------------------------------------------------------------- shared backward math
 
-def deferred_linear_grads(dy, a, rstd, w):
+def deferred_linear_grads(dy, a, rstd, w, need=(True, True, True)):
     """Gradients of out = (a * rstd[:, None]) @ w^T (the deferred-rstd GEMM) for the upstream
-    dy (M, N) in a's dtype: (da (M, K), drstd (M,), dw (N, K)). The GEMMs run in the
+    dy (M, N) in a's dtype: (da (M, K), drstd (M,), dw (N, K)); ``need`` (three bools, e.g.
+    ``ctx.needs_input_grad[:3]``) says which to compute, the others are None (no dgrad GEMM
+    when neither da nor drstd is needed, no wgrad GEMM without dw). The GEMMs run in the
     activation dtype; the row scale and the drstd reduction in fp32 (or wider)."""
+    need_a, need_rstd, need_w = need[:3]
     sd = _stat_dtype(a)
-    dz = (dy @ w).to(sd)                                 # d out / d (a * rstd), (M, K)
     r = rstd.to(sd)[:, None]
-    da = (dz * r).to(a.dtype)
-    drstd = (dz * a.to(sd)).sum(dim=-1).to(rstd.dtype)
-    dw = dy.T @ (a.to(sd) * r).to(a.dtype)
+    da = drstd = dw = None
+    if need_a or need_rstd:
+        dz = (dy @ w).to(sd)                             # d out / d (a * rstd), (M, K)
+        da = (dz * r).to(a.dtype) if need_a else None
+        drstd = (dz * a.to(sd)).sum(dim=-1).to(rstd.dtype) if need_rstd else None
+    if need_w:
+        dw = dy.T @ (a.to(sd) * r).to(a.dtype)
     return da, drstd, dw
 
 
@@ -136,9 +147,10 @@ def _residual_rmsnorm_backward(ctx, d_resid_out, d_normed_w, d_rstd):
     # y feeds all three outputs: resid_out = y, normed_w = y * gamma,
     # rstd = (mean(y^2) + eps)^(-1/2)  =>  d rstd / d y = -rstd^3 * y / N
     gy = d_resid_out + d_normed_w * gamma.to(sd) + (d_rstd * r.pow(3) * (-1.0 / y.shape[1]))[:, None] * yf
-    dgamma = (d_normed_w * yf).sum(dim=0).to(gamma.dtype)
+    need_x, need_w_o, _need_residual, need_gamma = ctx.needs_input_grad
+    dgamma = (d_normed_w * yf).sum(dim=0).to(gamma.dtype) if need_gamma else None
     g = gy.to(x.dtype)
-    return g @ w_o, g.T @ x, g, dgamma
+    return g @ w_o if need_x else None, g.T @ x if need_w_o else None, g, dgamma
 
 
 _residual_rmsnorm.register_autograd(_residual_rmsnorm_backward, setup_context=_residual_rmsnorm_setup)
@@ -163,18 +175,20 @@ def residual_rmsnorm(
     Returns:
         resid_out (M, N) bf16, normed_w (M, N) bf16, rstd (M,) fp32.
     Raises:
-        ValueError: tensors not on one CUDA device, or inconsistent shapes.
+        ValueError: inconsistent shapes, a wrong dtype (bf16; rstd fp32), a non-contiguous
+            tensor, rows not a multiple of 16 bytes, or tensors not on one CUDA device.
         ModuleNotFoundError: when gemm_residual_partial_rms is not accepted yet.
     Forward: the fused ``gemm_residual_partial_rms`` kernel. Backward (plain torch, no fused
     kernel for it in the catalogue): gradients reach x, w_o, residual and gamma through all
     three outputs (incl. rstd: d rstd / d y = -rstd^3 y / N). Works under ``torch.compile``.
     """
-    _pkg._check_device("residual_rmsnorm", x, w_o, residual, gamma)
-    _expect(x.dim() == 2 and w_o.dim() == 2 and x.shape[1] == w_o.shape[1], "residual_rmsnorm",
-            f"x (M, K) and w_o (N, K) must share K, got {tuple(x.shape)} and {tuple(w_o.shape)}")
-    _expect(tuple(residual.shape) == (x.shape[0], w_o.shape[0]) and tuple(gamma.shape) == (w_o.shape[0],),
-            "residual_rmsnorm", f"residual must be (M, N) and gamma (N,), got {tuple(residual.shape)} "
-            f"and {tuple(gamma.shape)}")
+    op = "residual_rmsnorm"
+    _expect(x.dim() == 2 and w_o.dim() == 2 and x.shape[1] == w_o.shape[1], op,
+            lambda: f"x (M, K) and w_o (N, K) must share K, got {tuple(x.shape)} and {tuple(w_o.shape)}")
+    _expect(tuple(residual.shape) == (x.shape[0], w_o.shape[0]) and tuple(gamma.shape) == (w_o.shape[0],), op,
+            lambda: f"residual must be (M, N) and gamma (N,), got {tuple(residual.shape)} and {tuple(gamma.shape)}")
+    _pkg._check_device(op, x, w_o, residual, gamma)
+    _pkg._check_layout(op, x=(x, BF16), w_o=(w_o, BF16), residual=(residual, BF16), gamma=(gamma, BF16))
     return _residual_rmsnorm(x, w_o, residual, gamma)
 
 
@@ -206,8 +220,11 @@ def _rmsnorm_linear_backward(ctx, dy, _drstd_unused):
     # zdz[m] = (1/D) sum_d (dy @ w)[m, d] * z[m, d] = (1/D) sum_n dy[m, n] * out[m, n]
     zdz = (dy.to(sd) * out.to(sd)).sum(dim=-1) / h.shape[1]
     dh, dgamma = rms_bwd_op(dy, w, h, gamma, rstd, zdz, torch.zeros_like(h))
-    z = (h.to(sd) * rstd.to(sd)[:, None]).to(h.dtype) * gamma      # RMSNorm(h), recomputed
-    return dh, dgamma.to(gamma.dtype), dy.T @ z
+    dw = None
+    if ctx.needs_input_grad[2]:
+        z = (h.to(sd) * rstd.to(sd)[:, None]).to(h.dtype) * gamma  # RMSNorm(h), recomputed
+        dw = dy.T @ z
+    return dh, dgamma.to(gamma.dtype), dw
 
 
 _rmsnorm_linear.register_autograd(_rmsnorm_linear_backward, setup_context=_rmsnorm_linear_setup)
@@ -226,7 +243,8 @@ def rmsnorm_linear(h: torch.Tensor, gamma: torch.Tensor, w: torch.Tensor) -> tor
     Returns:
         (M, N) bf16.
     Raises:
-        ValueError: tensors not on one CUDA device, or inconsistent shapes.
+        ValueError: inconsistent shapes, a wrong dtype (bf16; rstd fp32), a non-contiguous
+            tensor, rows not a multiple of 16 bytes, or tensors not on one CUDA device.
         ModuleNotFoundError: when gemm_rmsnorm (forward) or rms_bwd (backward) is not accepted.
     Forward: rstd and ``h * gamma`` in torch, then the ``gemm_rmsnorm`` kernel applies rstd in
     its epilogue. Backward: the per-row correction ``zdz = sum_n dy * out / D`` (torch, from
@@ -234,10 +252,13 @@ def rmsnorm_linear(h: torch.Tensor, gamma: torch.Tensor, w: torch.Tensor) -> tor
     dh and dgamma; the wgrad ``dy^T @ RMSNorm(h)`` is a plain GEMM. Gradients reach h, gamma
     and w; works under ``torch.compile``.
     """
-    _pkg._check_device("rmsnorm_linear", h, gamma, w)
+    op = "rmsnorm_linear"
     _expect(h.dim() == 2 and w.dim() == 2 and h.shape[1] == w.shape[1] and tuple(gamma.shape) == (h.shape[1],),
-            "rmsnorm_linear", f"need h (M, D), gamma (D,), w (N, D), got {tuple(h.shape)}, "
-            f"{tuple(gamma.shape)}, {tuple(w.shape)}")
+            op, lambda: f"need h (M, D), gamma (D,), w (N, D), got {tuple(h.shape)}, {tuple(gamma.shape)}, "
+                        f"{tuple(w.shape)}")
+    _pkg._check_device(op, h, gamma, w)
+    _pkg._check_layout(op, {"N (w's rows, the output's columns)": w.shape[0]}, h=(h, BF16), gamma=(gamma, BF16),
+                       w=(w, BF16))
     out, _ = _rmsnorm_linear(h, gamma, w)
     return out
 
@@ -260,17 +281,18 @@ def _deferred_setup(ctx, inputs, output):
 
 def _deferred_rmsnorm_linear_backward(ctx, dy):
     a, rstd, w = ctx.saved_tensors
-    return deferred_linear_grads(dy, a, rstd, w)
+    return deferred_linear_grads(dy, a, rstd, w, ctx.needs_input_grad)
 
 
 _deferred_rmsnorm_linear.register_autograd(_deferred_rmsnorm_linear_backward, setup_context=_deferred_setup)
 
 
-def _check_deferred(op, a, rstd, w):
-    _pkg._check_device(op, a, rstd, w)
+def _check_deferred(op, a, rstd, w, widths, a_name="a", w_name="w"):
     _expect(a.dim() == 2 and w.dim() == 2 and a.shape[1] == w.shape[1] and tuple(rstd.shape) == (a.shape[0],),
-            op, f"need a (M, K), rstd (M,), w (N, K), got {tuple(a.shape)}, {tuple(rstd.shape)}, "
-            f"{tuple(w.shape)}")
+            op, lambda: f"need {a_name} (M, K), rstd (M,), {w_name} (N, K), got {tuple(a.shape)}, "
+                        f"{tuple(rstd.shape)}, {tuple(w.shape)}")
+    _pkg._check_device(op, a, rstd, w)
+    _pkg._check_layout(op, widths, **{a_name: (a, BF16), "rstd": (rstd, FP32), w_name: (w, BF16)})
 
 
 def deferred_rmsnorm_linear(a: torch.Tensor, rstd: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -286,13 +308,14 @@ def deferred_rmsnorm_linear(a: torch.Tensor, rstd: torch.Tensor, w: torch.Tensor
     Returns:
         (M, N) bf16.
     Raises:
-        ValueError: tensors not on one CUDA device, or inconsistent shapes.
+        ValueError: inconsistent shapes, a wrong dtype (bf16; rstd fp32), a non-contiguous
+            tensor, rows not a multiple of 16 bytes, or tensors not on one CUDA device.
         ModuleNotFoundError: when gemm_rmsnorm is not accepted yet.
     Forward: the ``gemm_rmsnorm`` kernel. Backward (plain torch: a dgrad GEMM, the row scale,
     a row reduction and a wgrad GEMM): ``da = (dy @ w) * rstd``,
     ``drstd = sum((dy @ w) * a, -1)``, ``dw = dy^T @ (a * rstd)``. Works under ``torch.compile``.
     """
-    _check_deferred("deferred_rmsnorm_linear", a, rstd, w)
+    _check_deferred("deferred_rmsnorm_linear", a, rstd, w, {"N (w's rows, the output's columns)": w.shape[0]})
     return _deferred_rmsnorm_linear(a, rstd, w)
 
 
@@ -329,7 +352,7 @@ def _deferred_rmsnorm_swiglu_backward(ctx, d_preact, d_postact):
     dpre = torch.stack((dgate, dup), dim=-1).flatten(1)       # interleaved like preact
     if d_preact is not None:
         dpre = dpre + d_preact.to(sd)
-    return deferred_linear_grads(dpre.to(normed_w.dtype), normed_w, rstd, w1)
+    return deferred_linear_grads(dpre.to(normed_w.dtype), normed_w, rstd, w1, ctx.needs_input_grad)
 
 
 _deferred_rmsnorm_swiglu.register_autograd(_deferred_rmsnorm_swiglu_backward, setup_context=_deferred_swiglu_setup)
@@ -351,13 +374,16 @@ def deferred_rmsnorm_swiglu(
     Returns:
         preact (M, 2I) bf16, postact (M, I) bf16.
     Raises:
-        ValueError: tensors not on one CUDA device, or inconsistent shapes (odd 2I).
+        ValueError: inconsistent shapes (odd 2I, I not a multiple of 8), a wrong dtype (bf16;
+            rstd fp32), a non-contiguous tensor, or tensors not on one CUDA device.
         ModuleNotFoundError: when gemm_rmsnorm_swiglu is not accepted yet.
     Forward: the ``gemm_rmsnorm_swiglu`` kernel. Backward (plain torch): SwiGLU backward from
     the saved preact plus the preact gradient, then the deferred-rstd GEMM grads as in
     :func:`deferred_rmsnorm_linear`. Gradients flow through both outputs to normed_w, rstd
     and w1; works under ``torch.compile``.
     """
-    _check_deferred("deferred_rmsnorm_swiglu", normed_w, rstd, w1)
-    _expect(w1.shape[0] % 2 == 0, "deferred_rmsnorm_swiglu", f"w1 needs an even row count 2I, got {w1.shape[0]}")
+    _expect(w1.dim() == 2 and w1.shape[0] % 2 == 0, "deferred_rmsnorm_swiglu",
+            lambda: f"w1 needs an even row count 2I, got shape {tuple(w1.shape)}")
+    _check_deferred("deferred_rmsnorm_swiglu", normed_w, rstd, w1,
+                    {"I (half of w1's rows, postact's columns)": w1.shape[0] // 2}, "normed_w", "w1")
     return _deferred_rmsnorm_swiglu(normed_w, rstd, w1)

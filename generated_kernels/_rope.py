@@ -43,19 +43,31 @@ def _consts(n_q_heads: int, n_kv_heads: int, head_dim: int) -> dict[str, int]:
     return {"HQ": n_q_heads, "HKV": n_kv_heads, "HD": head_dim}
 
 
-def _check_rope(op, x, w, positions, inv_freq, n_q_heads, n_kv_heads, head_dim, *more):
-    _pkg._check_device(op, x, w, positions, inv_freq, *more)
+def _check_rope(op, x, w, positions, inv_freq, n_q_heads, n_kv_heads, head_dim, rstd=None, names=("x", "w_qkv")):
+    """Shapes, head counts, dtypes (bf16 x / w, int64 positions, fp32 inv_freq and rstd),
+    layout and device of a RoPE op's arguments; ValueError naming ``op`` (messages are
+    built only on failure: see ``_expect``)."""
     _expect(head_dim > 0 and head_dim % 2 == 0 and n_q_heads > 0 and n_kv_heads > 0, op,
-            f"need positive head counts and an even head_dim, got n_q_heads={n_q_heads}, "
-            f"n_kv_heads={n_kv_heads}, head_dim={head_dim}")
+            lambda: f"need positive head counts and an even head_dim, got n_q_heads={n_q_heads}, "
+                    f"n_kv_heads={n_kv_heads}, head_dim={head_dim}")
     n = (n_q_heads + 2 * n_kv_heads) * head_dim
     _expect(x.dim() == 2 and w.dim() == 2 and x.shape[1] == w.shape[1] and w.shape[0] == n, op,
-            f"need (M, K) activations and a ((n_q_heads + 2 * n_kv_heads) * head_dim = {n}, K) weight, "
-            f"got {tuple(x.shape)} and {tuple(w.shape)}")
-    _expect(tuple(positions.shape) == (x.shape[0],) and not positions.is_floating_point(), op,
-            f"positions must be an (M,) integer tensor, got {tuple(positions.shape)} {positions.dtype}")
+            lambda: f"need {names[0]} (M, K) and {names[1]} ((n_q_heads + 2 * n_kv_heads) * head_dim = {n}, K), "
+                    f"got {tuple(x.shape)} and {tuple(w.shape)}")
+    _expect(tuple(positions.shape) == (x.shape[0],), op,
+            lambda: f"positions must be (M,) = ({x.shape[0]},), got {tuple(positions.shape)}")
     _expect(tuple(inv_freq.shape) == (head_dim // 2,), op,
-            f"inv_freq must be (head_dim / 2,) = ({head_dim // 2},), got {tuple(inv_freq.shape)}")
+            lambda: f"inv_freq must be (head_dim / 2,) = ({head_dim // 2},), got {tuple(inv_freq.shape)}")
+    # inv_freq fp32: a model cast with .to(torch.bfloat16) turns an inv_freq buffer into bf16,
+    # whose 8-bit mantissa puts angles at position ~8k off by whole turns
+    tensors = {names[0]: (x, torch.bfloat16), names[1]: (w, torch.bfloat16), "positions": (positions, torch.int64),
+               "inv_freq": (inv_freq, torch.float32)}
+    if rstd is not None:
+        _expect(tuple(rstd.shape) == (x.shape[0],), op,
+                lambda: f"rstd must be (M,) = ({x.shape[0]},), got {tuple(rstd.shape)}")
+        tensors["rstd"] = (rstd, torch.float32)
+    _pkg._check_device(op, *(t for t, _ in tensors.values()))
+    _pkg._check_layout(op, {"(n_q_heads + 2 * n_kv_heads) * head_dim (the output's columns)": n}, **tensors)
 
 
 # --------------------------------------------------------------------------- kernel ops
@@ -115,11 +127,13 @@ def rope_bwd_op(
     Returns:
         dqkv (M, (n_q_heads + 2 * n_kv_heads) * head_dim) bf16.
     Raises:
-        ValueError: tensors not on one CUDA device, or inconsistent shapes / head counts.
+        ValueError: inconsistent shapes / head counts, a wrong dtype (bf16; positions int64;
+            inv_freq and rstd fp32), a non-contiguous tensor, rows not a multiple of 16 bytes,
+            or tensors not on one CUDA device.
         ModuleNotFoundError: when rope_bwd is not accepted yet.
     A ``torch.library`` custom op (``coda_agent::rope_bwd``): one node under ``torch.compile``.
     """
-    _check_rope("rope_bwd_op", g, w, positions, inv_freq, n_q_heads, n_kv_heads, head_dim)
+    _check_rope("rope_bwd_op", g, w, positions, inv_freq, n_q_heads, n_kv_heads, head_dim, names=("g", "w"))
     (dqkv,) = run_kernel("rope_bwd", g, w, positions, inv_freq, **_consts(n_q_heads, n_kv_heads, head_dim))
     return dqkv
 
@@ -154,7 +168,8 @@ def _qkv_rope_setup(ctx, inputs, output):
 def _qkv_rope_backward(ctx, dqkv):
     x, w_qkv, positions, inv_freq = ctx.saved_tensors
     dpre = rope_rotate(dqkv, positions, inv_freq, ctx.n_rot, inverse=True).to(x.dtype)
-    return dpre @ w_qkv, dpre.T @ x, None, None, None, None, None
+    need_x, need_w = ctx.needs_input_grad[:2]
+    return dpre @ w_qkv if need_x else None, dpre.T @ x if need_w else None, None, None, None, None, None
 
 
 _qkv_rope.register_autograd(_qkv_rope_backward, setup_context=_qkv_rope_setup)
@@ -183,7 +198,9 @@ def qkv_rope(
     Returns:
         qkv (M, (n_q_heads + 2 * n_kv_heads) * head_dim) bf16.
     Raises:
-        ValueError: tensors not on one CUDA device, or inconsistent shapes / head counts.
+        ValueError: inconsistent shapes / head counts, a wrong dtype (bf16; positions int64;
+            inv_freq and rstd fp32), a non-contiguous tensor, rows not a multiple of 16 bytes,
+            or tensors not on one CUDA device.
         ModuleNotFoundError: when gemm_rope is not accepted yet.
     Forward: the ``gemm_rope`` kernel. Backward (plain torch): the inverse rotation R^T of the
     incoming gradient (fp32 math, float64 angles), then the dgrad / wgrad GEMMs. Gradients
@@ -218,7 +235,7 @@ def _deferred_qkv_rope_setup(ctx, inputs, output):
 def _deferred_qkv_rope_backward(ctx, dqkv):
     a, rstd, w_qkv, positions, inv_freq = ctx.saved_tensors
     dpre = rope_rotate(dqkv, positions, inv_freq, ctx.n_rot, inverse=True).to(a.dtype)
-    da, drstd, dw = deferred_linear_grads(dpre, a, rstd, w_qkv)
+    da, drstd, dw = deferred_linear_grads(dpre, a, rstd, w_qkv, ctx.needs_input_grad)
     return da, drstd, dw, None, None, None, None, None
 
 
@@ -242,13 +259,14 @@ def deferred_rmsnorm_qkv_rope(
     Returns:
         qkv (M, (n_q_heads + 2 * n_kv_heads) * head_dim) bf16.
     Raises:
-        ValueError: tensors not on one CUDA device, or inconsistent shapes / head counts.
+        ValueError: inconsistent shapes / head counts, a wrong dtype (bf16; positions int64;
+            inv_freq and rstd fp32), a non-contiguous tensor, rows not a multiple of 16 bytes,
+            or tensors not on one CUDA device.
         ModuleNotFoundError: when gemm_rmsnorm_rope is not accepted yet.
     Forward: the ``gemm_rmsnorm_rope`` kernel. Backward (plain torch): R^T of the incoming
     gradient, then ``da = (dq @ w) * rstd``, ``drstd = sum((dq @ w) * a, -1)``,
     ``dw = dq^T @ (a * rstd)``. Gradients reach a, rstd and w_qkv; works under ``torch.compile``.
     """
-    _check_rope("deferred_rmsnorm_qkv_rope", a, w_qkv, positions, inv_freq, n_q_heads, n_kv_heads, head_dim, rstd)
-    _expect(tuple(rstd.shape) == (a.shape[0],), "deferred_rmsnorm_qkv_rope",
-            f"rstd must be (M,) = ({a.shape[0]},), got {tuple(rstd.shape)}")
+    _check_rope("deferred_rmsnorm_qkv_rope", a, w_qkv, positions, inv_freq, n_q_heads, n_kv_heads, head_dim,
+                rstd=rstd, names=("a", "w_qkv"))
     return _deferred_qkv_rope(a, rstd, w_qkv, positions, inv_freq, n_q_heads, n_kv_heads, head_dim)

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import torch
 
-from ._registry import _pkg
+from ._registry import _expect, _pkg, run_kernel
 
 
 @torch.library.custom_op("coda_agent::swiglu_fwd", mutates_args=())
 def swiglu_fwd_op(x: torch.Tensor, w1: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Fused GEMM + SwiGLU. x (M, K) bf16, w1 (2I, K) bf16 gate/up interleaved ->
     (preact (M, 2I), postact (M, I)) bf16."""
-    preact, postact = _pkg.load("swiglu_fwd").swiglu_fwd(x, w1)
+    preact, postact = run_kernel("swiglu_fwd", x, w1)
     return preact, postact
 
 
@@ -31,13 +31,13 @@ def swiglu_bwd_op(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Fused down-projection dgrad + SwiGLU backward. dout (M, K), w_down (K, I),
     preact (M, 2I), all bf16 -> (dpreact (M, 2I), postact (M, I)) bf16."""
-    dpreact, postact = _pkg.load("swiglu_bwd").swiglu_bwd(dout, w_down, preact)
+    dpreact, postact = run_kernel("swiglu_bwd", dout, w_down, preact)
     return dpreact, postact
 
 
 @swiglu_bwd_op.register_fake
 def _(dout, w_down, preact):
-    return torch.empty_like(preact), preact.new_empty((preact.shape[0], preact.shape[1] // 2))
+    return preact.new_empty(preact.shape), preact.new_empty((preact.shape[0], preact.shape[1] // 2))
 
 
 @torch.library.custom_op("coda_agent::swiglu_mlp", mutates_args=())
@@ -60,10 +60,11 @@ def _mlp_setup_context(ctx, inputs, output):
 
 def _mlp_backward(ctx, dout, _dpreact_unused):
     x, w1, w_down, preact = ctx.saved_tensors
+    need_x, need_w1, need_w_down = ctx.needs_input_grad
     dpreact, postact = swiglu_bwd_op(dout.contiguous(), w_down, preact)
-    dw_down = dout.T @ postact          # wgrad of the down projection (K, I)
-    dx = dpreact @ w1                   # dgrad of the gate/up projection (M, K)
-    dw1 = dpreact.T @ x                 # wgrad of the gate/up projection (2I, K)
+    dw_down = dout.T @ postact if need_w_down else None     # wgrad of the down projection (K, I)
+    dx = dpreact @ w1 if need_x else None                  # dgrad of the gate/up projection (M, K)
+    dw1 = dpreact.T @ x if need_w1 else None               # wgrad of the gate/up projection (2I, K)
     return dx, dw1, dw_down
 
 
@@ -81,10 +82,20 @@ def swiglu(x: torch.Tensor, w1: torch.Tensor, w_down: torch.Tensor) -> torch.Ten
     Returns:
         (M, K) bf16: ``(silu(x @ gate^T) * (x @ up^T)) @ w_down^T``.
     Raises:
-        ValueError: when the tensors are not on one CUDA device (the kernels need sm_90).
+        ValueError: tensors not 2-D bf16 contiguous with 16-byte rows (K and I multiples
+            of 8), inconsistent shapes, or not on one CUDA device (the kernels need sm_90).
         ModuleNotFoundError: when swiglu_fwd / swiglu_bwd are not accepted yet.
-    Gradients flow to x, w1 and w_down; works under ``torch.compile``.
+    Gradients flow to x, w1 and w_down (the weight-gradient GEMMs run only for inputs that
+    require grad); works under ``torch.compile``.
     """
-    _pkg._check_device("swiglu", x, w1, w_down)
+    op = "swiglu"
+    _expect(x.dim() == 2 and w1.dim() == 2 and w_down.dim() == 2, op,
+            lambda: f"need 2-D x (M, K), w1 (2I, K), w_down (K, I); got {x.dim()}-D, {w1.dim()}-D, "
+                    f"{w_down.dim()}-D (flatten batch and sequence into M: x.reshape(-1, K))")
+    _expect(w1.shape[1] == x.shape[1] and w_down.shape[0] == x.shape[1] and w1.shape[0] == 2 * w_down.shape[1],
+            op, lambda: f"need x (M, K), w1 (2I, K), w_down (K, I), got {tuple(x.shape)}, {tuple(w1.shape)}, "
+                        f"{tuple(w_down.shape)}")
+    _pkg._check_device(op, x, w1, w_down)
+    _pkg._check_layout(op, x=(x, torch.bfloat16), w1=(w1, torch.bfloat16), w_down=(w_down, torch.bfloat16))
     out, _ = _swiglu_mlp(x, w1, w_down)
     return out

@@ -3,7 +3,8 @@
 * ``reference_module(name)``: a spec's reference.py, imported straight from its file (the
   specs' ``baseline`` / ``reference`` functions are the CPU stand-ins for the kernels);
 * ``use_standins(monkeypatch, entries)``: make ``coda_agent.kernels.load`` return the
-  stand-ins and switch ``_check_device`` off (the stand-ins run on the CPU);
+  stand-ins and switch ``_check_device`` (the stand-ins run on the CPU) and, unless asked,
+  ``_check_layout`` off;
 * ``check_against_torch``: an op's outputs and gradients (random upstream gradients for
   every output) against autograd through a plain torch implementation in float64;
 * ``check_on_gpu``: the real kernels in bf16 against an fp32 torch reference, with the
@@ -42,9 +43,11 @@ def entry(fn, inputs: list[str], outputs: list[str]):
     return call
 
 
-def use_standins(monkeypatch, entries: dict) -> dict:
-    """``K.load(name)`` -> a namespace with ``name = entries[name]``; ``_check_device`` off.
-    Returns a dict counting the calls of each stand-in."""
+def use_standins(monkeypatch, entries: dict, *, check_layout: bool = False) -> dict:
+    """``K.load(name)`` -> a namespace with ``name = entries[name]``; ``_check_device`` off,
+    and ``_check_layout`` (bf16 / fp32 / int64 dtypes, contiguity, 16-byte rows) off unless
+    ``check_layout`` (the float64 gradchecks need it off). Returns a dict counting the calls
+    of each stand-in."""
     calls = {name: 0 for name in entries}
 
     def counted(name):
@@ -65,6 +68,8 @@ def use_standins(monkeypatch, entries: dict) -> dict:
 
     monkeypatch.setattr(K, "load", load)
     monkeypatch.setattr(K, "_check_device", lambda *a: None)
+    if not check_layout:
+        monkeypatch.setattr(K, "_check_layout", lambda *a, **kw: None)
     return calls
 
 
