@@ -48,6 +48,7 @@ def load_reference(name: str):
     import importlib.util
     spec = importlib.util.spec_from_file_location(f"ref_{name}", REPO / "kernel_specs" / name / "reference.py")
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod      # torch.compile looks the function's globals up by module name
     spec.loader.exec_module(mod)
     return mod
 

@@ -49,11 +49,14 @@ Residual + RMSNorm statistics -- ``residual_rmsnorm(x, w_o, residual, gamma)`` [
     ``gemm_residual_partial_rms``. Backward: plain torch through all three outputs
     (``d rstd / d y = -rstd^3 y / N``), then the dgrad / wgrad GEMMs.
 
-RMSNorm -> linear -- ``rmsnorm_linear(h, gamma, w)`` [4 + 8]
+RMSNorm -> linear -- ``rmsnorm_linear(h, gamma, w)`` [4]
     ``RMSNorm(h) @ w^T``, ``RMSNorm(h) = (h * rstd).to(h.dtype) * gamma``, eps 1e-6, stats
     fp32. Forward: rstd and ``h * gamma`` in torch, ``gemm_rmsnorm`` (rstd in the epilogue).
-    Backward: ``zdz = sum_n dy * out / D`` (torch), then ``rms_bwd`` (dgrad GEMM + RMSNorm
-    backward: dh, dgamma); wgrad ``dy^T @ RMSNorm(h)`` plain.
+    Backward: plain torch (that of ``deferred_rmsnorm_linear``, then autograd through rstd).
+    ``rms_bwd_op(dy, w, h, gamma, rstd, zdz, dresid)`` [8]: the ``rms_bwd`` kernel (dgrad
+    GEMM + RMSNorm backward: dh, dgamma) as a plain custom op, for a caller whose producing
+    backward emits ``zdz = sum_n dy * out / D``; with zdz computed in torch it is slower
+    than the plain backward (measured: see ``rmsnorm_linear``'s docstring).
 
 Deferred-RMSNorm consumers (inputs ``a = normed_w``, ``rstd`` of residual_rmsnorm)
     ``deferred_rmsnorm_linear(a, rstd, w) = (a * rstd) @ w^T`` [4]: forward ``gemm_rmsnorm``.
@@ -83,7 +86,8 @@ Why some backwards are plain torch: the catalogue's backward kernels fuse into t
 that *produces* the gradient (swiglu_bwd: the down projection's dgrad; rms_bwd: the
 consumer's dgrad; rope_bwd: the attention backward's GEMM). Inside an op whose incoming
 gradient is already materialized there is no such GEMM to fuse into, except where the
-op itself contains it (swiglu, rmsnorm_linear, linear_cross_entropy).
+op itself contains it (swiglu, linear_cross_entropy; rmsnorm_linear contains it too, but
+rms_bwd also needs a per-row input that only a producing kernel gives for free).
 """
 
 from __future__ import annotations

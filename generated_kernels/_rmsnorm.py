@@ -85,7 +85,12 @@ def rms_bwd_op(
     rstd: torch.Tensor, zdz: torch.Tensor, dresid: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Fused dgrad GEMM + RMSNorm backward (item 8). dy (M, N), w (N, D), h (M, D),
-    gamma (D,), dresid (M, D) bf16; rstd, zdz (M,) fp32 -> (dh (M, D) bf16, dgamma (D,) fp32)."""
+    gamma (D,), dresid (M, D) bf16; rstd, zdz (M,) fp32 -> (dh (M, D) bf16, dgamma (D,) fp32).
+
+    A plain custom op (no autograd: it is a backward), for callers whose producing backward
+    kernel emits ``zdz[m] = sum_n dy[m, n] * out[m, n] / D`` (the RMSNorm correction; see
+    the rms_bwd spec). :func:`rmsnorm_linear` does not use it: computing zdz in torch costs
+    more than the fusion saves (measured, see there)."""
     dh, dgamma = run_kernel("rms_bwd", dy, w, h, gamma, rstd, zdz, dresid)
     return dh, dgamma
 
@@ -194,47 +199,13 @@ def residual_rmsnorm(
 
 # --------------------------------------------------------------------------- rmsnorm_linear
 
-@torch.library.custom_op("coda_agent::rmsnorm_linear", mutates_args=())
-def _rmsnorm_linear(h: torch.Tensor, gamma: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    rstd = torch.rsqrt(h.to(_stat_dtype(h)).pow(2).mean(dim=-1) + EPS)
-    out = gemm_rmsnorm_op(h * gamma, rstd, w)
-    return out, rstd
-
-
-@_rmsnorm_linear.register_fake
-def _(h, gamma, w):
-    return h.new_empty((h.shape[0], w.shape[0])), h.new_empty((h.shape[0],), dtype=_stat_dtype(h))
-
-
-def _rmsnorm_linear_setup(ctx, inputs, output):
-    h, gamma, w = inputs
-    out, rstd = output
-    ctx.mark_non_differentiable(rstd)
-    ctx.save_for_backward(h, gamma, w, out, rstd)
-
-
-def _rmsnorm_linear_backward(ctx, dy, _drstd_unused):
-    h, gamma, w, out, rstd = ctx.saved_tensors
-    sd = _stat_dtype(h)
-    dy = dy.contiguous()
-    # zdz[m] = (1/D) sum_d (dy @ w)[m, d] * z[m, d] = (1/D) sum_n dy[m, n] * out[m, n]
-    zdz = (dy.to(sd) * out.to(sd)).sum(dim=-1) / h.shape[1]
-    dh, dgamma = rms_bwd_op(dy, w, h, gamma, rstd, zdz, torch.zeros_like(h))
-    dw = None
-    if ctx.needs_input_grad[2]:
-        z = (h.to(sd) * rstd.to(sd)[:, None]).to(h.dtype) * gamma  # RMSNorm(h), recomputed
-        dw = dy.T @ z
-    return dh, dgamma.to(gamma.dtype), dw
-
-
-_rmsnorm_linear.register_autograd(_rmsnorm_linear_backward, setup_context=_rmsnorm_linear_setup)
-
-
 def rmsnorm_linear(h: torch.Tensor, gamma: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """RMSNorm followed by a linear layer (CODA items 4 and 8): ``RMSNorm(h) @ w^T``.
+    """RMSNorm followed by a linear layer (CODA item 4): ``RMSNorm(h) @ w^T``.
 
     ``RMSNorm(h) = (h * rstd[:, None]).to(h.dtype) * gamma`` with
-    ``rstd = rsqrt(mean(h.float()^2, -1) + 1e-6)`` (nn.RMSNorm, eps 1e-6, statistics in fp32).
+    ``rstd = rsqrt(mean(h.float()^2, -1) + 1e-6)`` (nn.RMSNorm, eps 1e-6, statistics in fp32),
+    computed in the reparameterized form ``rstd[:, None] * ((h * gamma) @ w^T)`` (the row
+    scale commutes with the GEMM and is applied to its fp32 accumulator).
 
     Args:
         h: (M, D) bf16 pre-norm activations (the residual stream), contiguous.
@@ -245,12 +216,22 @@ def rmsnorm_linear(h: torch.Tensor, gamma: torch.Tensor, w: torch.Tensor) -> tor
     Raises:
         ValueError: inconsistent shapes, a wrong dtype (bf16; rstd fp32), a non-contiguous
             tensor, rows not a multiple of 16 bytes, or tensors not on one CUDA device.
-        ModuleNotFoundError: when gemm_rmsnorm (forward) or rms_bwd (backward) is not accepted.
-    Forward: rstd and ``h * gamma`` in torch, then the ``gemm_rmsnorm`` kernel applies rstd in
-    its epilogue. Backward: the per-row correction ``zdz = sum_n dy * out / D`` (torch, from
-    the saved output), then the fused ``rms_bwd`` kernel (dgrad GEMM + RMSNorm backward) gives
-    dh and dgamma; the wgrad ``dy^T @ RMSNorm(h)`` is a plain GEMM. Gradients reach h, gamma
-    and w; works under ``torch.compile``.
+        ModuleNotFoundError: when gemm_rmsnorm is not accepted yet.
+    Forward: rstd and ``h * gamma`` in torch (one fused pass under ``torch.compile``), then
+    :func:`deferred_rmsnorm_linear` (the ``gemm_rmsnorm`` kernel applies rstd in its
+    epilogue). Backward: that op's (dgrad GEMM, row scale, drstd row sum, wgrad GEMM), then
+    autograd through rstd and ``h * gamma``. Gradients reach h, gamma and w; works under
+    ``torch.compile``, which traces the torch parts and fuses them.
+
+    The fused ``rms_bwd`` kernel is not used here, by measurement
+    (``benchmarks/op_training_probe.py``, H200, 2026-12-01, one training step under
+    ``torch.compile``): it needs the per-row correction ``zdz = sum_n dy * out / D``, which
+    only comes for free from a producing backward kernel (catalogue item 7's variant, not in
+    the library); computed in torch it is a pass over two (M, N) tensors, and N >= D for
+    every RMSNorm consumer of a Llama block. With it the step took 9.16 / 2.26 / 2.81 ms
+    (llama3-8b gate/up, 8b QKV, 1b gate/up; the standard definition compiled: 8.63 / 1.92 /
+    2.52 ms in the same run); this way it takes 8.65 / 1.90 / 2.45 ms (standard compiled:
+    8.46 / 1.90 / 2.45 ms in that run). ``rms_bwd_op`` stays for callers that have zdz.
     """
     op = "rmsnorm_linear"
     _expect(h.dim() == 2 and w.dim() == 2 and h.shape[1] == w.shape[1] and tuple(gamma.shape) == (h.shape[1],),
@@ -259,8 +240,8 @@ def rmsnorm_linear(h: torch.Tensor, gamma: torch.Tensor, w: torch.Tensor) -> tor
     _pkg._check_device(op, h, gamma, w)
     _pkg._check_layout(op, {"N (w's rows, the output's columns)": w.shape[0]}, h=(h, BF16), gamma=(gamma, BF16),
                        w=(w, BF16))
-    out, _ = _rmsnorm_linear(h, gamma, w)
-    return out
+    rstd = torch.rsqrt(h.to(_stat_dtype(h)).pow(2).mean(dim=-1) + EPS)
+    return _deferred_rmsnorm_linear(h * gamma, rstd, w)
 
 
 # --------------------------------------------------------------------------- deferred_rmsnorm_linear

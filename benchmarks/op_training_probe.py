@@ -1,0 +1,144 @@
+"""One training step through the coda_agent.kernels ops vs the same math in PyTorch (dev tool; H200 only).
+
+Why: the results page scores kernels one at a time against their specs' baselines. A user
+calls the ops, whose backward may add glue around the kernel. Until 2026-12-01
+``rmsnorm_linear``'s backward computed the RMSNorm correction ``zdz = sum_n dy * out / D``
+with one torch pass over dy and the saved out, both (M, N), before the fused ``rms_bwd``
+kernel; for every consumer of a Llama RMSNorm (QKV, gate/up) N >= D, so that pass costs
+more than the unfused backward's extra traffic (dz written and read back, (M, D)). This
+probe measured it (``benchmarks/results/dev/2026-12-01-h200-op-training-probe.json``:
+that glue's ``step:ops (compile)`` 6-16 % over ``step:compile``; its ``deferred
+composition`` rows are the glue that replaced it) and keeps measuring the ops.
+
+Per case, median ms of ``triton.testing.do_bench`` (L2 flushed), all in one process:
+
+* ``step:<impl>``: forward + backward (``torch.autograd.grad`` w.r.t. every input, one
+  random upstream gradient) through ``ops`` (coda_agent.kernels, eager), ``ops (compile)``
+  (the op under ``torch.compile(dynamic=False)``: the glue's torch code around the kernels
+  is then traced and fused by Inductor), ``eager`` (the standard definition in PyTorch),
+  ``compile`` (the same, ``torch.compile(dynamic=False)``);
+* for rmsnorm_linear also the backward's pieces: ``zdz pass`` (the glue's torch code),
+  ``rms_bwd kernel`` (``rms_bwd_op``), and ``unfused dgrad + RMSNorm bwd (compile)``
+  (``torch.compile`` of the rms_bwd spec's baseline: dgrad GEMM then the standard backward).
+
+Usage (device, after ``source .device-bundle/p2/install.sh && source benchmarks/device_env.sh``)::
+
+    python3 benchmarks/op_training_probe.py --out $OUT/ops
+
+Writes ``op_training.json`` and prints one line per case. Raises SystemExit without CUDA.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _ref(name: str):
+    spec = importlib.util.spec_from_file_location(f"ref_{name}", REPO / "kernel_specs" / name / "reference.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod      # torch.compile looks the function's globals up by module name
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _bench(fn) -> float:
+    from triton.testing import do_bench
+    return float(do_bench(fn, warmup=25, rep=200, return_mode="median"))
+
+
+def _randn(*shape, std=1.0):
+    return (torch.randn(*shape, device="cuda") * std).to(torch.bfloat16)
+
+
+def _step(fn, args, dy):
+    """forward + backward w.r.t. every floating input (fresh leaves each call)."""
+    xs = [a.detach().requires_grad_() for a in args]
+
+    def run():
+        out = fn(*xs)
+        return torch.autograd.grad(out, xs, dy)
+    return run
+
+
+def rmsnorm_linear_case(m, d, n):
+    import coda_agent.kernels as K
+    ref = _ref("rms_bwd")
+    h, gamma, w = _randn(m, d, std=2.0), (torch.rand(d, device="cuda") + 0.5).to(torch.bfloat16), _randn(n, d, std=d ** -0.5)
+    dy = _randn(m, n)
+    standard = lambda h, gamma, w: ref.forward(w=w, h=h, gamma=gamma)          # noqa: E731
+    compiled = torch.compile(standard, dynamic=False)
+    ops_compiled = torch.compile(K.rmsnorm_linear, dynamic=False)
+    res = {f"step:{k}": _bench(_step(f, (h, gamma, w), dy))
+           for k, f in (("ops", K.rmsnorm_linear), ("ops (compile)", ops_compiled), ("eager", standard),
+                        ("compile", compiled))}
+    out = K.rmsnorm_linear(h, gamma, w)
+    rstd = ref.saved_rstd(h=h)
+    zdz = (dy.float() * out.float()).sum(dim=-1) / d
+    dresid = torch.zeros_like(h)
+    res["zdz pass (glue, eager)"] = _bench(lambda: (dy.float() * out.float()).sum(dim=-1) / d)
+    res["rms_bwd kernel"] = _bench(lambda: K.rms_bwd_op(dy, w, h, gamma, rstd, zdz, dresid))
+    unfused = torch.compile(ref.baseline, dynamic=False)
+    res["unfused dgrad + RMSNorm bwd (compile)"] = _bench(
+        lambda: unfused(dy=dy, w=w, h=h, gamma=gamma, rstd=rstd, zdz=zdz, dresid=dresid))
+    res["dgrad GEMM (cuBLAS)"] = _bench(lambda: dy @ w)
+    return res
+
+
+def swiglu_case(m, k, i):
+    import coda_agent.kernels as K
+    x, w1, w_down = _randn(m, k), _randn(2 * i, k, std=k ** -0.5), _randn(k, i, std=i ** -0.5)
+    dy = _randn(m, k)
+
+    def standard(x, w1, w_down):
+        pre = x @ w1.T
+        return (F.silu(pre[:, 0::2]) * pre[:, 1::2]) @ w_down.T
+    compiled = torch.compile(standard, dynamic=False)
+    ops_compiled = torch.compile(K.swiglu, dynamic=False)
+    return {f"step:{k_}": _bench(_step(f, (x, w1, w_down), dy))
+            for k_, f in (("ops", K.swiglu), ("ops (compile)", ops_compiled), ("eager", standard),
+                          ("compile", compiled))}
+
+
+CASES = {
+    "rmsnorm_linear llama3-8b gate/up (M=8192, D=4096, N=28672)": lambda: rmsnorm_linear_case(8192, 4096, 28672),
+    "rmsnorm_linear llama3-8b qkv (M=8192, D=4096, N=6144)": lambda: rmsnorm_linear_case(8192, 4096, 6144),
+    "swiglu llama3-8b (M=8192, K=4096, I=14336)": lambda: swiglu_case(8192, 4096, 14336),
+    "rmsnorm_linear llama3-1b gate/up (M=8192, D=2048, N=16384)": lambda: rmsnorm_linear_case(8192, 2048, 16384),
+}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("op_training_probe: needs a CUDA (Hopper) device")
+    import importlib.metadata as md
+    env = (f"GPU: {torch.cuda.get_device_name(0)}; torch {torch.__version__}, CUDA {torch.version.cuda}, "
+           f"nvidia-cutlass-dsl {md.version('nvidia-cutlass-dsl')}, quack-kernels {md.version('quack-kernels')}; "
+           f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    results = {"env": env, "cases": {}}
+    for name, case in CASES.items():
+        try:
+            results["cases"][name] = case()
+        except Exception as e:  # one failing case must not lose the others
+            results["cases"][name] = {"failed": f"{type(e).__name__}: {e}"}
+        print(name, json.dumps({k: (round(v, 4) if isinstance(v, float) else v)
+                                for k, v in results["cases"][name].items()}), flush=True)
+        (args.out / "op_training.json").write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
