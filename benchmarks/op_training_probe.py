@@ -61,12 +61,14 @@ def _randn(*shape, std=1.0):
 
 
 def _step(fn, args, dy):
-    """forward + backward w.r.t. every floating input (fresh leaves each call)."""
-    xs = [a.detach().requires_grad_() for a in args]
+    """forward + backward w.r.t. every floating input (leaves made once; grads returned, not
+    accumulated)."""
+    xs = [a.detach().requires_grad_() if a.is_floating_point() else a for a in args]
+    leaves = [x for x in xs if x.requires_grad]
 
     def run():
         out = fn(*xs)
-        return torch.autograd.grad(out, xs, dy)
+        return torch.autograd.grad(out, leaves, dy)
     return run
 
 
@@ -109,17 +111,59 @@ def swiglu_case(m, k, i):
                           ("compile", compiled))}
 
 
+def qkv_rope_case(m, k, hq, hkv, hd):
+    import coda_agent.kernels as K
+    n = (hq + 2 * hkv) * hd
+    x, w = _randn(m, k), _randn(n, k, std=k ** -0.5)
+    positions = torch.arange(m, device="cuda") % 8192
+    inv_freq = 1.0 / (500000.0 ** (torch.arange(0, hd, 2, device="cuda", dtype=torch.float32) / hd))
+    dy = _randn(m, n)
+    n_rot = (hq + hkv) * hd
+
+    def standard(x, w):           # Meta's interleaved RoPE on Q and K heads, V passes through
+        qkv = x @ w.T
+        theta = positions.float()[:, None] * inv_freq[None, :]
+        cos, sin = theta.cos()[:, None, :], theta.sin()[:, None, :]
+        pairs = qkv[:, :n_rot].float().unflatten(1, (hq + hkv, hd // 2, 2))
+        a, b = pairs[..., 0], pairs[..., 1]
+        rot = torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1).flatten(1).to(qkv.dtype)
+        return torch.cat((rot, qkv[:, n_rot:]), dim=1)
+
+    def ops(x, w):
+        return K.qkv_rope(x, w, positions, inv_freq, n_q_heads=hq, n_kv_heads=hkv, head_dim=hd)
+    return {f"step:{k_}": _bench(_step(f, (x, w), dy))
+            for k_, f in (("ops", ops), ("ops (compile)", torch.compile(ops, dynamic=False)), ("eager", standard),
+                          ("compile", torch.compile(standard, dynamic=False)))}
+
+
+def linear_cross_entropy_case(m, k, v):
+    import coda_agent.kernels as K
+    h, w = _randn(m, k), _randn(v, k, std=k ** -0.5)
+    target = torch.randint(0, v, (m,), device="cuda")
+    dloss = torch.rand(m, device="cuda")
+
+    def standard(h, w, target):
+        return F.cross_entropy((h @ w.T).float(), target, reduction="none")
+    return {f"step:{k_}": _bench(_step(f, (h, w, target), dloss))
+            for k_, f in (("ops", K.linear_cross_entropy),
+                          ("ops (compile)", torch.compile(K.linear_cross_entropy, dynamic=False)),
+                          ("eager", standard), ("compile", torch.compile(standard, dynamic=False)))}
+
+
 CASES = {
     "rmsnorm_linear llama3-8b gate/up (M=8192, D=4096, N=28672)": lambda: rmsnorm_linear_case(8192, 4096, 28672),
     "rmsnorm_linear llama3-8b qkv (M=8192, D=4096, N=6144)": lambda: rmsnorm_linear_case(8192, 4096, 6144),
     "swiglu llama3-8b (M=8192, K=4096, I=14336)": lambda: swiglu_case(8192, 4096, 14336),
     "rmsnorm_linear llama3-1b gate/up (M=8192, D=2048, N=16384)": lambda: rmsnorm_linear_case(8192, 2048, 16384),
+    "qkv_rope llama3-8b (M=8192, K=4096, 32 q / 8 kv heads of 128)": lambda: qkv_rope_case(8192, 4096, 32, 8, 128),
+    "linear_cross_entropy llama3-8b (M=8192, K=4096, V=128256)": lambda: linear_cross_entropy_case(8192, 4096, 128256),
 }
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--case", action="append", choices=sorted(CASES), help="default: every case")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("op_training_probe: needs a CUDA (Hopper) device")
@@ -129,9 +173,9 @@ def main(argv=None) -> int:
            f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}")
     args.out.mkdir(parents=True, exist_ok=True)
     results = {"env": env, "cases": {}}
-    for name, case in CASES.items():
+    for name in args.case or list(CASES):
         try:
-            results["cases"][name] = case()
+            results["cases"][name] = CASES[name]()
         except Exception as e:  # one failing case must not lose the others
             results["cases"][name] = {"failed": f"{type(e).__name__}: {e}"}
         print(name, json.dumps({k: (round(v, 4) if isinstance(v, float) else v)
