@@ -40,17 +40,7 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
-from host_probe import load_kernel, pipelined_host_us  # noqa: E402  (sibling dev script)
-
-
-def load_reference(name: str):
-    """Import ``kernel_specs/<name>/reference.py`` as a standalone module (the spec's baselines)."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location(f"ref_{name}", REPO / "kernel_specs" / name / "reference.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod      # torch.compile looks the function's globals up by module name
-    spec.loader.exec_module(mod)
-    return mod
+from host_probe import env_line, load_kernel, load_reference, pipelined_host_us  # noqa: E402  (sibling dev script)
 
 
 _CFG_NAME = re.compile(r"^(\d+)x(\d+)(pp|co)(?:-c(\d)x(\d))?(?:-sw(\d+))?(-dyn)?$")
@@ -264,10 +254,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("config_sweep: needs a CUDA (Hopper) device")
-    import importlib.metadata as md
-    env = (f"GPU: {torch.cuda.get_device_name(0)}; torch {torch.__version__}, CUDA {torch.version.cuda}, "
-           f"nvidia-cutlass-dsl {md.version('nvidia-cutlass-dsl')}, quack-kernels {md.version('quack-kernels')}; "
-           f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}")
+    env = env_line()
     args.out.mkdir(parents=True, exist_ok=True)
     results = []
     for name in args.case or list(CASES):

@@ -29,6 +29,7 @@ import importlib.util
 import json
 import random
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -36,6 +37,24 @@ from pathlib import Path
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def load_reference(name: str):
+    """Import ``kernel_specs/<name>/reference.py`` as a standalone module (the spec's baselines),
+    registered in ``sys.modules``: torch.compile looks a function's globals up by module name."""
+    spec = importlib.util.spec_from_file_location(f"ref_{name}", REPO / "kernel_specs" / name / "reference.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def env_line() -> str:
+    """GPU, torch, CUDA, cutlass-dsl and quack versions and the UTC time, for a results header."""
+    import importlib.metadata as md
+    return (f"GPU: {torch.cuda.get_device_name(0)}; torch {torch.__version__}, CUDA {torch.version.cuda}, "
+            f"nvidia-cutlass-dsl {md.version('nvidia-cutlass-dsl')}, quack-kernels {md.version('quack-kernels')}; "
+            f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}")
 
 
 def load_kernel(name: str):

@@ -31,24 +31,16 @@ Writes ``op_training.json`` and prints one line per case. Raises SystemExit with
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import sys
-import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def _ref(name: str):
-    spec = importlib.util.spec_from_file_location(f"ref_{name}", REPO / "kernel_specs" / name / "reference.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod      # torch.compile looks the function's globals up by module name
-    spec.loader.exec_module(mod)
-    return mod
+sys.path.insert(0, str(REPO / "benchmarks"))
+from host_probe import env_line, load_reference  # noqa: E402  (sibling dev script)
 
 
 def _bench(fn) -> float:
@@ -74,7 +66,7 @@ def _step(fn, args, dy):
 
 def rmsnorm_linear_case(m, d, n):
     import coda_agent.kernels as K
-    ref = _ref("rms_bwd")
+    ref = load_reference("rms_bwd")
     h, gamma, w = _randn(m, d, std=2.0), (torch.rand(d, device="cuda") + 0.5).to(torch.bfloat16), _randn(n, d, std=d ** -0.5)
     dy = _randn(m, n)
     standard = lambda h, gamma, w: ref.forward(w=w, h=h, gamma=gamma)          # noqa: E731
@@ -167,10 +159,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("op_training_probe: needs a CUDA (Hopper) device")
-    import importlib.metadata as md
-    env = (f"GPU: {torch.cuda.get_device_name(0)}; torch {torch.__version__}, CUDA {torch.version.cuda}, "
-           f"nvidia-cutlass-dsl {md.version('nvidia-cutlass-dsl')}, quack-kernels {md.version('quack-kernels')}; "
-           f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}")
+    env = env_line()
     args.out.mkdir(parents=True, exist_ok=True)
     results = {"env": env, "cases": {}}
     for name in args.case or list(CASES):
