@@ -10,7 +10,13 @@ autograd-capable, ``torch.compile``-compatible ops:
   CuTeDSL;
 * every training op below is a composite custom op (``coda_agent::<op>``, one node under
   torch.compile) with ``register_autograd``: its backward runs the fused backward kernel
-  where the catalogue has one, plain torch otherwise.
+  where the catalogue has one, plain torch otherwise. The exception is ``rmsnorm_linear``:
+  torch code (rstd, ``h * gamma``, which torch.compile traces and fuses) around the
+  ``deferred_rmsnorm_linear`` custom op.
+
+The kernel wrappers (``<kernel>_op``) check device, architecture, contiguity and 16-byte
+base pointers of what they pass on; the training ops and ``rope_bwd_op`` / ``rms_bwd_op``
+also check shapes and dtypes.
 
 Kernel modules are imported lazily (first call), so ``import coda_agent.kernels`` works on
 machines without a GPU, triton or quack. They are imported under their package path
@@ -34,7 +40,8 @@ aligned (TMA): in bf16 K, N, V, the SwiGLU width I and the QKV width multiples o
 free): the domain the verifier checked the kernels on. The checks build their messages
 only on failure, so under ``torch.compile`` they add guards but never specialize on M.
 Backward passes skip the dgrad / wgrad GEMMs of inputs that do not require grad (frozen
-weights, LoRA). CODA catalogue item numbers in brackets.
+weights, LoRA), except ``linear_cross_entropy``'s: its ``cross_entropy_bwd`` kernel computes
+dh and dw_vocab in one call. CODA catalogue item numbers in brackets.
 
 SwiGLU MLP -- ``swiglu(x, w1, w_down)`` [1 + 7]
     ``(silu(gate) * up) @ w_down^T`` with ``preact = x @ w1^T`` (M, 2I), gate/up interleaved

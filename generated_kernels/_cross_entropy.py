@@ -22,10 +22,15 @@ def gemm_cross_entropy_op(
     return loss, lse
 
 
+def _stat_dtype(t: torch.Tensor) -> torch.dtype:
+    """fp32, or wider for wider inputs (the tests' float64 stand-ins): loss and lse dtype."""
+    return torch.promote_types(t.dtype, torch.float32)
+
+
 @gemm_cross_entropy_op.register_fake
 def _(h, w_vocab, target):
     m = h.shape[0]
-    return h.new_empty((m,), dtype=torch.float32), h.new_empty((m,), dtype=torch.float32)
+    return h.new_empty((m,), dtype=_stat_dtype(h)), h.new_empty((m,), dtype=_stat_dtype(h))
 
 
 @torch.library.custom_op("coda_agent::cross_entropy_bwd", mutates_args=())
@@ -54,7 +59,7 @@ def _linear_cross_entropy(
 @_linear_cross_entropy.register_fake
 def _(h, w_vocab, target):
     m = h.shape[0]
-    return h.new_empty((m,), dtype=torch.float32), h.new_empty((m,), dtype=torch.float32)
+    return h.new_empty((m,), dtype=_stat_dtype(h)), h.new_empty((m,), dtype=_stat_dtype(h))
 
 
 def _lce_setup(ctx, inputs, output):
@@ -104,6 +109,9 @@ def linear_cross_entropy(
     kernel with the incoming per-row gradient as dloss (logits recomputed by a GEMM, softmax
     from the saved lse, then dh and dw_vocab GEMMs). Ignored rows reach the kernels with
     target 0 and leave them masked (loss 0, dloss 0). Works under ``torch.compile``.
+
+    Both gradients are computed whenever one is needed (one kernel gives dh and dw_vocab),
+    so a frozen LM head saves nothing here.
 
     Memory, not speed: the logits never exist in memory (the standard code keeps (M, V)
     fp32 logits for its backward: 4.2 GB at M = 8192, V = 128256), at the price of a fourth

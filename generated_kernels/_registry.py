@@ -106,8 +106,9 @@ def _check_layout(op: str, widths: dict | None = None, **args: tuple[torch.Tenso
 def run_kernel(name: str, *args, **constants):
     """Call the entry ``<name>`` of the accepted kernel ``<name>`` (through ``_pkg.load``),
     after ``_pkg._check_device`` on its tensor arguments (ValueError off CUDA), the
-    architecture check (ValueError on a GPU other than sm_90) and a contiguity check of
-    every tensor argument (ValueError), with the tensors' CUDA device made current.
+    architecture check (ValueError on a GPU other than sm_90) and a check that every tensor
+    argument is contiguous and every floating one starts 16-byte aligned (ValueError), with
+    the tensors' CUDA device made current.
 
     ``constants`` are the spec's keyword-only ints; only those the entry declares are
     passed (an entry with ``**kwargs`` gets them all), so the glue may offer a superset
@@ -121,6 +122,12 @@ def run_kernel(name: str, *args, **constants):
         if not t.is_contiguous():
             raise ValueError(f"{name}: tensor argument {i} must be contiguous, got shape {tuple(t.shape)} "
                              f"strides {t.stride()}")
+        # floating operands go to TMA as they are; index tensors (positions, target) are
+        # converted by the kernels' host code, so a shifted slice of them is fine
+        if t.is_floating_point() and t.data_ptr() % ROW_ALIGN_BYTES:
+            raise ValueError(f"{name}: tensor argument {i} (shape {tuple(t.shape)}) starts {t.data_ptr() % 16} "
+                             f"bytes past a {ROW_ALIGN_BYTES}-byte boundary (storage offset "
+                             f"{t.storage_offset()}): TMA needs aligned operands; pass a .clone()")
     fn = getattr(_pkg.load(name), name)
     if constants:
         params = inspect.signature(fn).parameters

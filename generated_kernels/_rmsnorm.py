@@ -1,5 +1,5 @@
 """RMSNorm family (CODA catalogue items 2, 3, 4, 8): residual + RMSNorm statistics, the
-deferred-rstd consumers, and RMSNorm -> linear with the fused RMSNorm backward.
+deferred-rstd consumers, RMSNorm -> linear, and the fused RMSNorm backward kernel as an op.
 
 Public ops: ``residual_rmsnorm``, ``rmsnorm_linear``, ``deferred_rmsnorm_linear``,
 ``deferred_rmsnorm_swiglu``; kernel wrappers ``gemm_residual_partial_rms_op``,
@@ -90,7 +90,19 @@ def rms_bwd_op(
     A plain custom op (no autograd: it is a backward), for callers whose producing backward
     kernel emits ``zdz[m] = sum_n dy[m, n] * out[m, n] / D`` (the RMSNorm correction; see
     the rms_bwd spec). :func:`rmsnorm_linear` does not use it: computing zdz in torch costs
-    more than the fusion saves (measured, see there)."""
+    more than the fusion saves (measured, see there).
+
+    Raises ValueError on inconsistent shapes, a wrong dtype, a non-contiguous tensor, rows
+    not a multiple of 16 bytes or tensors not on one CUDA device."""
+    op = "rms_bwd_op"
+    _expect(dy.dim() == 2 and w.dim() == 2 and h.dim() == 2 and dy.shape[1] == w.shape[0]
+            and tuple(h.shape) == (dy.shape[0], w.shape[1]) and tuple(dresid.shape) == tuple(h.shape)
+            and tuple(gamma.shape) == (h.shape[1],) and tuple(rstd.shape) == tuple(zdz.shape) == (h.shape[0],),
+            op, lambda: f"need dy (M, N), w (N, D), h (M, D), gamma (D,), rstd (M,), zdz (M,), dresid (M, D); got "
+                        f"{', '.join(str(tuple(t.shape)) for t in (dy, w, h, gamma, rstd, zdz, dresid))}")
+    _pkg._check_device(op, dy, w, h, gamma, rstd, zdz, dresid)
+    _pkg._check_layout(op, dy=(dy, BF16), w=(w, BF16), h=(h, BF16), gamma=(gamma, BF16), rstd=(rstd, FP32),
+                       zdz=(zdz, FP32), dresid=(dresid, BF16))
     dh, dgamma = run_kernel("rms_bwd", dy, w, h, gamma, rstd, zdz, dresid)
     return dh, dgamma
 
@@ -214,8 +226,8 @@ def rmsnorm_linear(h: torch.Tensor, gamma: torch.Tensor, w: torch.Tensor) -> tor
     Returns:
         (M, N) bf16.
     Raises:
-        ValueError: inconsistent shapes, a wrong dtype (bf16; rstd fp32), a non-contiguous
-            tensor, rows not a multiple of 16 bytes, or tensors not on one CUDA device.
+        ValueError: inconsistent shapes, a dtype other than bf16, a non-contiguous tensor,
+            rows not a multiple of 16 bytes, or tensors not on one CUDA device.
         ModuleNotFoundError: when gemm_rmsnorm is not accepted yet.
     Forward: rstd and ``h * gamma`` in torch (one fused pass under ``torch.compile``), then
     :func:`deferred_rmsnorm_linear` (the ``gemm_rmsnorm`` kernel applies rstd in its

@@ -166,12 +166,39 @@ def test_a_gpu_that_is_not_sm90_is_refused(monkeypatch):
     _registry._check_arch("gemm_rmsnorm", torch.device("cpu"))         # the stand-ins' device
 
 
-def test_kernel_ops_refuse_strided_tensors(monkeypatch):
-    use_standins(monkeypatch, all_standins())
+def test_kernel_ops_refuse_strided_and_misaligned_tensors(monkeypatch):
+    calls = use_standins(monkeypatch, all_standins())
     dout, w_down = torch.randn(8, 16), torch.randn(16, 8)
     preact = torch.randn(8, 16)
     with pytest.raises(ValueError, match=r"swiglu_bwd: tensor argument 1 must be contiguous"):
         K.swiglu_bwd_op(dout, w_down.t().contiguous().t(), preact)
+    shifted = torch.randn(8 * 16 + 1)[1:].view(8, 16)          # contiguous, 4 bytes past 16-byte alignment
+    with pytest.raises(ValueError, match=r"swiglu_bwd: tensor argument 0 \(shape \(8, 16\)\) starts 4 bytes past "
+                                         r"a 16-byte boundary \(storage offset 1\).*pass a .clone\(\)"):
+        K.swiglu_bwd_op(shifted, w_down, preact)
+    assert calls["swiglu_bwd"] == 0
+    K.swiglu_bwd_op(shifted.clone(), w_down, preact)
+    assert calls["swiglu_bwd"] == 1
+
+
+def test_rms_bwd_op_checks_its_arguments(checked):
+    from test_rmsnorm_ops import rms_bwd_inputs
+    args = rms_bwd_inputs("cpu", BF16)
+    K.rms_bwd_op(*args)                                          # valid: reaches the stand-in
+    assert checked["rms_bwd"] == 1
+    bad = list(args)
+    bad[0] = args[0].float()
+    with pytest.raises(ValueError, match="^rms_bwd_op: dy must be torch.bfloat16, got torch.float32$"):
+        K.rms_bwd_op(*bad)
+    bad = list(args)
+    bad[5] = args[5][:-1]
+    with pytest.raises(ValueError, match=r"^rms_bwd_op: need dy \(M, N\), w \(N, D\).*\(23,\)"):
+        K.rms_bwd_op(*bad)
+    bad = list(args)
+    bad[4] = args[4].to(BF16)
+    with pytest.raises(ValueError, match="^rms_bwd_op: rstd must be torch.float32, got torch.bfloat16$"):
+        K.rms_bwd_op(*bad)
+    assert checked["rms_bwd"] == 1
 
 
 # --------------------------------------------------------------------------- cross-entropy ignore_index
