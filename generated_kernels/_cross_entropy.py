@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ._registry import _expect, _pkg, run_kernel
+from ._registry import _expect, _pkg, _stat_dtype, run_kernel
 
 
 @torch.library.custom_op("coda_agent::gemm_cross_entropy", mutates_args=())
@@ -20,11 +20,6 @@ def gemm_cross_entropy_op(
     h (M, K) bf16, w_vocab (V, K) bf16, target (M,) int64 -> (loss (M,), lse (M,)) fp32."""
     loss, lse = run_kernel("gemm_cross_entropy", h, w_vocab, target)
     return loss, lse
-
-
-def _stat_dtype(t: torch.Tensor) -> torch.dtype:
-    """fp32, or wider for wider inputs (the tests' float64 stand-ins): loss and lse dtype."""
-    return torch.promote_types(t.dtype, torch.float32)
 
 
 @gemm_cross_entropy_op.register_fake

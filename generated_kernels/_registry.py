@@ -76,6 +76,12 @@ def _expect(cond: bool, op: str, msg) -> None:
         raise ValueError(f"{op}: {msg() if callable(msg) else msg}")
 
 
+def _stat_dtype(t: torch.Tensor) -> torch.dtype:
+    """fp32, or wider for wider inputs (the tests' float64 stand-ins): norm statistics, loss
+    and lse never run in 16 bits."""
+    return torch.promote_types(t.dtype, torch.float32)
+
+
 ROW_ALIGN_BYTES = 16
 """TMA needs every contiguous row a kernel reads or writes to start 16-byte aligned."""
 

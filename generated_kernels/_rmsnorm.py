@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ._registry import _expect, _pkg, run_kernel
+from ._registry import _expect, _pkg, _stat_dtype, run_kernel
 
 BF16, FP32 = torch.bfloat16, torch.float32
 
@@ -21,11 +21,6 @@ EPS = 1e-6
 gemm_residual_partial_rms kernel finalizes rstd with it. Hugging Face Llama-3 configs say
 ``rms_norm_eps = 1e-5``; the difference is below bf16 resolution unless a row's mean
 square is below ~1e-4."""
-
-
-def _stat_dtype(t: torch.Tensor) -> torch.dtype:
-    """fp32, or wider for wider inputs: norm statistics never run in 16 bits."""
-    return torch.promote_types(t.dtype, torch.float32)
 
 
 def _zeros_if_none(g, like: torch.Tensor) -> torch.Tensor:

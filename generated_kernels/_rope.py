@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from ._registry import _expect, _pkg, run_kernel
+from ._registry import _expect, _pkg, _stat_dtype, run_kernel
 from ._rmsnorm import deferred_linear_grads
 
 
@@ -27,7 +27,7 @@ def rope_rotate(t: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor
     Pair (2j, 2j+1) of every head at row m turns by theta = positions[m] * inv_freq[j]
     (``inverse``: by -theta, i.e. R^T, the backward). Angles in float64, the rotation in
     fp32 (or wider), one rounding to ``t``'s dtype -- as the specs' references."""
-    acc = torch.promote_types(t.dtype, torch.float32)
+    acc = _stat_dtype(t)
     half = inv_freq.shape[0]
     theta = positions.double()[:, None] * inv_freq.double()[None, :]          # (M, HD/2)
     cos, sin = theta.cos().to(acc)[:, None, :], theta.sin().to(acc)[:, None, :]
