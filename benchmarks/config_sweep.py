@@ -41,6 +41,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 from host_probe import env_line, load_kernel, load_reference, pipelined_host_us  # noqa: E402  (sibling dev script)
+from host_probe import randn_bf16 as _randn  # noqa: E402
 
 
 _CFG_NAME = re.compile(r"^(\d+)x(\d+)(pp|co)(?:-c(\d)x(\d))?(?:-sw(\d+))?(-dyn)?$")
@@ -63,10 +64,6 @@ def _cfg(name: str):
 
 def _configs(names: list[str]):
     return {n: _cfg(n) for n in names}
-
-
-def _randn(*shape, std=1.0):
-    return (torch.randn(*shape, device="cuda", dtype=torch.float32) * std).to(torch.bfloat16)
 
 
 # Each case: build(configs) -> (a, b) of the GEMM plus {config name: call}.

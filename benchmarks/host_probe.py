@@ -49,6 +49,11 @@ def load_reference(name: str):
     return mod
 
 
+def randn_bf16(*shape, std=1.0):
+    """A CUDA bf16 tensor of N(0, std^2) values (drawn in fp32, then rounded)."""
+    return (torch.randn(*shape, device="cuda", dtype=torch.float32) * std).to(torch.bfloat16)
+
+
 def env_line() -> str:
     """GPU, torch, CUDA, cutlass-dsl and quack versions and the UTC time, for a results header."""
     import importlib.metadata as md

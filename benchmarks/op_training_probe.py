@@ -41,15 +41,12 @@ import torch.nn.functional as F
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 from host_probe import env_line, load_reference  # noqa: E402  (sibling dev script)
+from host_probe import randn_bf16 as _randn  # noqa: E402
 
 
 def _bench(fn) -> float:
     from triton.testing import do_bench
     return float(do_bench(fn, warmup=25, rep=200, return_mode="median"))
-
-
-def _randn(*shape, std=1.0):
-    return (torch.randn(*shape, device="cuda") * std).to(torch.bfloat16)
 
 
 def _step(fn, args, dy):
@@ -64,22 +61,27 @@ def _step(fn, args, dy):
     return run
 
 
+def _steps(op, standard, args, dy) -> dict:
+    """``step:ops``, ``step:ops (compile)``, ``step:eager``, ``step:compile`` ms for the op and
+    the standard definition, eager and under ``torch.compile(dynamic=False)``."""
+    impls = (("ops", op), ("ops (compile)", torch.compile(op, dynamic=False)), ("eager", standard),
+             ("compile", torch.compile(standard, dynamic=False)))
+    return {f"step:{k}": _bench(_step(f, args, dy)) for k, f in impls}
+
+
 def rmsnorm_linear_case(m, d, n):
     import coda_agent.kernels as K
     ref = load_reference("rms_bwd")
     h, gamma, w = _randn(m, d, std=2.0), (torch.rand(d, device="cuda") + 0.5).to(torch.bfloat16), _randn(n, d, std=d ** -0.5)
     dy = _randn(m, n)
     standard = lambda h, gamma, w: ref.forward(w=w, h=h, gamma=gamma)          # noqa: E731
-    compiled = torch.compile(standard, dynamic=False)
-    ops_compiled = torch.compile(K.rmsnorm_linear, dynamic=False)
-    res = {f"step:{k}": _bench(_step(f, (h, gamma, w), dy))
-           for k, f in (("ops", K.rmsnorm_linear), ("ops (compile)", ops_compiled), ("eager", standard),
-                        ("compile", compiled))}
+    res = _steps(K.rmsnorm_linear, standard, (h, gamma, w), dy)
     out = K.rmsnorm_linear(h, gamma, w)
     rstd = ref.saved_rstd(h=h)
-    zdz = (dy.float() * out.float()).sum(dim=-1) / d
+    zdz_pass = lambda: (dy.float() * out.float()).sum(dim=-1) / d               # noqa: E731
+    zdz = zdz_pass()
     dresid = torch.zeros_like(h)
-    res["zdz pass (glue, eager)"] = _bench(lambda: (dy.float() * out.float()).sum(dim=-1) / d)
+    res["zdz pass (glue, eager)"] = _bench(zdz_pass)
     res["rms_bwd kernel"] = _bench(lambda: K.rms_bwd_op(dy, w, h, gamma, rstd, zdz, dresid))
     unfused = torch.compile(ref.baseline, dynamic=False)
     res["unfused dgrad + RMSNorm bwd (compile)"] = _bench(
@@ -96,11 +98,7 @@ def swiglu_case(m, k, i):
     def standard(x, w1, w_down):
         pre = x @ w1.T
         return (F.silu(pre[:, 0::2]) * pre[:, 1::2]) @ w_down.T
-    compiled = torch.compile(standard, dynamic=False)
-    ops_compiled = torch.compile(K.swiglu, dynamic=False)
-    return {f"step:{k_}": _bench(_step(f, (x, w1, w_down), dy))
-            for k_, f in (("ops", K.swiglu), ("ops (compile)", ops_compiled), ("eager", standard),
-                          ("compile", compiled))}
+    return _steps(K.swiglu, standard, (x, w1, w_down), dy)
 
 
 def qkv_rope_case(m, k, hq, hkv, hd):
@@ -123,9 +121,7 @@ def qkv_rope_case(m, k, hq, hkv, hd):
 
     def ops(x, w):
         return K.qkv_rope(x, w, positions, inv_freq, n_q_heads=hq, n_kv_heads=hkv, head_dim=hd)
-    return {f"step:{k_}": _bench(_step(f, (x, w), dy))
-            for k_, f in (("ops", ops), ("ops (compile)", torch.compile(ops, dynamic=False)), ("eager", standard),
-                          ("compile", torch.compile(standard, dynamic=False)))}
+    return _steps(ops, standard, (x, w), dy)
 
 
 def linear_cross_entropy_case(m, k, v):
@@ -136,10 +132,7 @@ def linear_cross_entropy_case(m, k, v):
 
     def standard(h, w, target):
         return F.cross_entropy((h @ w.T).float(), target, reduction="none")
-    return {f"step:{k_}": _bench(_step(f, (h, w, target), dloss))
-            for k_, f in (("ops", K.linear_cross_entropy),
-                          ("ops (compile)", torch.compile(K.linear_cross_entropy, dynamic=False)),
-                          ("eager", standard), ("compile", torch.compile(standard, dynamic=False)))}
+    return _steps(K.linear_cross_entropy, standard, (h, w, target), dloss)
 
 
 CASES = {
