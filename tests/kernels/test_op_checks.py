@@ -21,7 +21,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import coda_agent.kernels as K
 from coda_agent.kernels import _registry
-from glue_helpers import entry, reference_module, use_standins
+from glue_helpers import use_standins
 from test_cross_entropy_ops import ce_inputs
 from test_cross_entropy_ops import standins as ce_standins
 from test_rmsnorm_ops import deferred_inputs as rms_deferred_inputs
@@ -30,14 +30,9 @@ from test_rmsnorm_ops import standins as rms_standins
 from test_rope_ops import CONSTS, qkv_inputs
 from test_rope_ops import deferred_inputs as rope_deferred_inputs
 from test_rope_ops import standins as rope_standins
+from test_swiglu_op import standins as swiglu_standins
 
 BF16 = torch.bfloat16
-
-
-def swiglu_standins() -> dict:
-    fwd, bwd = reference_module("swiglu_fwd"), reference_module("swiglu_bwd")
-    return {"swiglu_fwd": entry(fwd.baseline, ["x", "w1"], ["preact", "postact"]),
-            "swiglu_bwd": entry(bwd.baseline, ["dout", "w_down", "preact"], ["dpreact", "postact"])}
 
 
 def all_standins() -> dict:

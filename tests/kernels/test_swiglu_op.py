@@ -5,17 +5,12 @@ the kernels (this checks the op's wiring: saved tensors, wgrad/dgrad GEMMs, fake
 torch.compile); on an H200 the real accepted kernels run (``gpu`` marker).
 """
 
-import types
-from pathlib import Path
-
 import pytest
 import torch
 import torch.nn.functional as F
 
 import coda_agent.kernels as K
-from coda_agent.verifier.spec import load_spec
-
-ROOT = Path(__file__).resolve().parents[2]
+from glue_helpers import entry, reference_module, use_standins
 
 
 def _torch_mlp(x, w1, w_down):
@@ -23,23 +18,16 @@ def _torch_mlp(x, w1, w_down):
     return (F.silu(pre[:, 0::2]) * pre[:, 1::2]) @ w_down.T
 
 
+def standins() -> dict:
+    """The specs' baselines as the swiglu_fwd / swiglu_bwd kernel entries."""
+    fwd, bwd = reference_module("swiglu_fwd"), reference_module("swiglu_bwd")
+    return {"swiglu_fwd": entry(fwd.baseline, ["x", "w1"], ["preact", "postact"]),
+            "swiglu_bwd": entry(bwd.baseline, ["dout", "w_down", "preact"], ["dpreact", "postact"])}
+
+
 @pytest.fixture
 def baseline_kernels(monkeypatch):
-    fwd_ref = load_spec(ROOT / "kernel_specs" / "swiglu_fwd").load_reference()
-    bwd_ref = load_spec(ROOT / "kernel_specs" / "swiglu_bwd").load_reference()
-    mods = {
-        "swiglu_fwd": types.SimpleNamespace(
-            swiglu_fwd=lambda x, w1: tuple(fwd_ref.baseline(x=x, w1=w1).values())
-        ),
-        "swiglu_bwd": types.SimpleNamespace(
-            swiglu_bwd=lambda dout, w_down, preact: tuple(
-                bwd_ref.baseline(dout=dout, w_down=w_down, preact=preact).values()
-            )
-        ),
-    }
-    monkeypatch.setattr(K, "load", lambda name: mods[name])
-    monkeypatch.setattr(K, "_check_device", lambda *a: None)  # the stand-ins run on the CPU
-    monkeypatch.setattr(K, "_check_layout", lambda *a, **kw: None)  # and in float64 too
+    return use_standins(monkeypatch, standins())   # device and layout checks off: CPU, float64 too
 
 
 def _inputs(device, dtype, M=64, Kd=48, I=40, seed=0):
