@@ -50,15 +50,15 @@ SwiGLU MLP -- ``swiglu(x, w1, w_down)`` [1 + 7]
     ``swiglu_bwd`` fuses the down projection's dgrad GEMM with the SwiGLU backward and
     recomputes ``postact`` (for the down projection's wgrad); the other GEMMs are plain.
 
-Residual + RMSNorm statistics -- ``residual_rmsnorm(x, w_o, residual, gamma)`` [3]
+Residual + RMSNorm statistics -- ``residual_rmsnorm(x, w_o, residual, gamma, *, eps=1e-6)`` [3]
     ``y = x @ w_o^T + residual`` -> ``(resid_out = y, normed_w = y * gamma,
-    rstd = rsqrt(mean(y^2) + 1e-6))``, rstd fp32, deferred to the next GEMM. Forward:
-    ``gemm_residual_partial_rms``. Backward: plain torch through all three outputs
+    rstd = rsqrt(mean(y^2) + eps))``, rstd fp32, deferred to the next GEMM. Forward:
+    ``gemm_residual_partial_rms`` (it finalizes rstd with 1e-6; another eps re-finalizes
+    it exactly in one (M,) torch pass). Backward: plain torch through all three outputs
     (``d rstd / d y = -rstd^3 y / N``), then the dgrad / wgrad GEMMs.
 
-RMSNorm -> linear -- ``rmsnorm_linear(h, gamma, w)`` [4]
-    ``RMSNorm(h) @ w^T``, ``RMSNorm(h) = (h * rstd).to(h.dtype) * gamma``, eps 1e-6, stats
-    fp32. Forward: rstd and ``h * gamma`` in torch, ``gemm_rmsnorm`` (rstd in the epilogue).
+RMSNorm -> linear -- ``rmsnorm_linear(h, gamma, w, *, eps=1e-6)`` [4]
+    ``RMSNorm(h) @ w^T``, ``RMSNorm(h) = (h * rstd).to(h.dtype) * gamma``, stats fp32. Forward: rstd and ``h * gamma`` in torch, ``gemm_rmsnorm`` (rstd in the epilogue).
     Backward: plain torch (that of ``deferred_rmsnorm_linear``, then autograd through rstd).
     ``rms_bwd_op(dy, w, h, gamma, rstd, zdz, dresid)`` [8]: the ``rms_bwd`` kernel (dgrad
     GEMM + RMSNorm backward: dh, dgamma) as a plain custom op, for a caller whose producing

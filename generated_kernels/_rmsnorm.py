@@ -17,10 +17,31 @@ from ._registry import _expect, _pkg, _stat_dtype, run_kernel
 BF16, FP32 = torch.bfloat16, torch.float32
 
 EPS = 1e-6
-"""RMSNorm epsilon of every spec in this family (``nn.RMSNorm(eps=1e-6)``). Fixed: the
-gemm_residual_partial_rms kernel finalizes rstd with it. Hugging Face Llama-3 configs say
-``rms_norm_eps = 1e-5``; the difference is below bf16 resolution unless a row's mean
-square is below ~1e-4."""
+"""RMSNorm epsilon of every spec in this family (``nn.RMSNorm(eps=1e-6)``) and the ops'
+default. The gemm_residual_partial_rms kernel finalizes rstd with it; :func:`residual_rmsnorm`
+re-finalizes for another ``eps`` (:func:`_with_eps`). Hugging Face Llama-3 configs say
+``rms_norm_eps = 1e-5``: pass ``eps=1e-5`` to match them."""
+
+
+def _check_eps(op: str, eps) -> float:
+    """``eps`` as a float, or ValueError naming ``op``: a finite number >= 0 (a Python number,
+    so torch.compile treats it as a constant)."""
+    ok = isinstance(eps, (int, float)) and not isinstance(eps, bool) and 0.0 <= float(eps) < float("inf")
+    _expect(ok, op, lambda: f"eps must be a finite Python number >= 0, got {eps!r}")
+    return float(eps)
+
+
+def _with_eps(rstd: torch.Tensor, eps: float) -> torch.Tensor:
+    """rstd finalized with :data:`EPS` -> finalized with ``eps``: (M,) fp32 -> (M,) fp32.
+
+    ``rstd = (ms + EPS)^(-1/2)``, so ``rstd^-2 + (eps - EPS) = ms + eps`` and the result is
+    ``(ms + eps)^(-1/2)``. In fp32 the recovered ``ms + EPS`` carries a relative error of
+    ~1e-7, so the result's relative error is ~1e-7 * (ms + EPS) / (ms + eps): ~1e-7 for any
+    ``eps >= EPS``. Below EPS it grows for rows with ``ms << EPS``; an all-zero row at
+    ``eps = 0`` gets a rstd >= ~1e6 (the clamp stops rounding from making it NaN) where the
+    direct formula gives inf. Plain torch, so autograd gives d/d rstd (one (M,) pass, fused
+    under torch.compile)."""
+    return rstd if eps == EPS else torch.rsqrt((rstd.pow(-2) + (eps - EPS)).clamp_min(0.0))
 
 
 def _zeros_if_none(g, like: torch.Tensor) -> torch.Tensor:
@@ -169,13 +190,13 @@ _residual_rmsnorm.register_autograd(_residual_rmsnorm_backward, setup_context=_r
 
 
 def residual_rmsnorm(
-    x: torch.Tensor, w_o: torch.Tensor, residual: torch.Tensor, gamma: torch.Tensor
+    x: torch.Tensor, w_o: torch.Tensor, residual: torch.Tensor, gamma: torch.Tensor, *, eps: float = EPS
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Producing GEMM + residual add + RMSNorm statistics (CODA item 3), rstd deferred.
 
     ``y = x @ w_o^T + residual``; returns ``(resid_out, normed_w, rstd)`` with
     ``resid_out = y`` (the new residual stream), ``normed_w = y * gamma`` (the next GEMM's
-    input, row scale not applied) and ``rstd = rsqrt(mean(y^2, -1) + 1e-6)``, so that
+    input, row scale not applied) and ``rstd = rsqrt(mean(y^2, -1) + eps)`` (fp32 statistics), so that
     ``normed_w * rstd[:, None] = RMSNorm(y)`` (feed it to :func:`deferred_rmsnorm_linear`,
     :func:`deferred_rmsnorm_swiglu` or :func:`deferred_rmsnorm_qkv_rope`).
 
@@ -184,11 +205,14 @@ def residual_rmsnorm(
         w_o: (N, K) bf16 weight, nn.Linear layout.
         residual: (M, N) bf16 incoming residual stream.
         gamma: (N,) bf16 RMSNorm weight.
+        eps: RMSNorm epsilon (keyword), default 1e-6 (the spec's); Llama-3 uses 1e-5. The
+            kernel finalizes rstd with 1e-6; another eps re-finalizes it in one (M,) pass.
     Returns:
         resid_out (M, N) bf16, normed_w (M, N) bf16, rstd (M,) fp32.
     Raises:
         ValueError: inconsistent shapes, a wrong dtype (bf16; rstd fp32), a non-contiguous
-            tensor, rows not a multiple of 16 bytes, or tensors not on one CUDA device.
+            tensor, rows not a multiple of 16 bytes, tensors not on one CUDA device, or an
+            eps that is not a finite number >= 0.
         ModuleNotFoundError: when gemm_residual_partial_rms is not accepted yet.
     Forward: the fused ``gemm_residual_partial_rms`` kernel. Backward (plain torch, no fused
     kernel for it in the catalogue): gradients reach x, w_o, residual and gamma through all
@@ -201,16 +225,18 @@ def residual_rmsnorm(
             lambda: f"residual must be (M, N) and gamma (N,), got {tuple(residual.shape)} and {tuple(gamma.shape)}")
     _pkg._check_device(op, x, w_o, residual, gamma)
     _pkg._check_layout(op, x=(x, BF16), w_o=(w_o, BF16), residual=(residual, BF16), gamma=(gamma, BF16))
-    return _residual_rmsnorm(x, w_o, residual, gamma)
+    eps = _check_eps(op, eps)
+    resid_out, normed_w, rstd = _residual_rmsnorm(x, w_o, residual, gamma)
+    return resid_out, normed_w, _with_eps(rstd, eps)
 
 
 # --------------------------------------------------------------------------- rmsnorm_linear
 
-def rmsnorm_linear(h: torch.Tensor, gamma: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+def rmsnorm_linear(h: torch.Tensor, gamma: torch.Tensor, w: torch.Tensor, *, eps: float = EPS) -> torch.Tensor:
     """RMSNorm followed by a linear layer (CODA item 4): ``RMSNorm(h) @ w^T``.
 
     ``RMSNorm(h) = (h * rstd[:, None]).to(h.dtype) * gamma`` with
-    ``rstd = rsqrt(mean(h.float()^2, -1) + 1e-6)`` (nn.RMSNorm, eps 1e-6, statistics in fp32),
+    ``rstd = rsqrt(mean(h.float()^2, -1) + eps)`` (nn.RMSNorm, statistics in fp32),
     computed in the reparameterized form ``rstd[:, None] * ((h * gamma) @ w^T)`` (the row
     scale commutes with the GEMM and is applied to its fp32 accumulator).
 
@@ -218,11 +244,13 @@ def rmsnorm_linear(h: torch.Tensor, gamma: torch.Tensor, w: torch.Tensor) -> tor
         h: (M, D) bf16 pre-norm activations (the residual stream), contiguous.
         gamma: (D,) bf16 RMSNorm weight.
         w: (N, D) bf16 weight, nn.Linear layout.
+        eps: RMSNorm epsilon (keyword), default 1e-6 (the spec's); Llama-3 uses 1e-5.
     Returns:
         (M, N) bf16.
     Raises:
         ValueError: inconsistent shapes, a dtype other than bf16, a non-contiguous tensor,
-            rows not a multiple of 16 bytes, or tensors not on one CUDA device.
+            rows not a multiple of 16 bytes, tensors not on one CUDA device, or an eps that
+            is not a finite number >= 0.
         ModuleNotFoundError: when gemm_rmsnorm is not accepted yet.
     Forward: rstd and ``h * gamma`` in torch (one fused pass under ``torch.compile``), then
     :func:`deferred_rmsnorm_linear` (the ``gemm_rmsnorm`` kernel applies rstd in its
@@ -247,7 +275,8 @@ def rmsnorm_linear(h: torch.Tensor, gamma: torch.Tensor, w: torch.Tensor) -> tor
     _pkg._check_device(op, h, gamma, w)
     _pkg._check_layout(op, {"N (w's rows, the output's columns)": w.shape[0]}, h=(h, BF16), gamma=(gamma, BF16),
                        w=(w, BF16))
-    rstd = torch.rsqrt(h.to(_stat_dtype(h)).pow(2).mean(dim=-1) + EPS)
+    eps = _check_eps(op, eps)
+    rstd = torch.rsqrt(h.to(_stat_dtype(h)).pow(2).mean(dim=-1) + eps)
     return _deferred_rmsnorm_linear(h * gamma, rstd, w)
 
 

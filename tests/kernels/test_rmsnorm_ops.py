@@ -11,6 +11,7 @@ torch.compile. On an H200 the real accepted kernels run (``gpu`` marker).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Callable
 
 import pytest
@@ -18,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 import coda_agent.kernels as K
+from coda_agent.kernels import _rmsnorm
 from glue_helpers import check_against_torch, check_on_gpu, entry, reference_module, use_standins
 
 EPS = 1e-6
@@ -29,13 +31,13 @@ def _sd(t):
 
 # --------------------------------------------------------------------------- plain torch implementations
 
-def torch_residual_rmsnorm(x, w_o, residual, gamma):
+def torch_residual_rmsnorm(x, w_o, residual, gamma, eps=EPS):
     y = x @ w_o.T + residual
-    return y, y * gamma, torch.rsqrt(y.to(_sd(y)).pow(2).mean(dim=-1) + EPS)
+    return y, y * gamma, torch.rsqrt(y.to(_sd(y)).pow(2).mean(dim=-1) + eps)
 
 
-def torch_rmsnorm_linear(h, gamma, w):
-    rstd = torch.rsqrt(h.to(_sd(h)).pow(2).mean(dim=-1) + EPS)
+def torch_rmsnorm_linear(h, gamma, w, eps=EPS):
+    rstd = torch.rsqrt(h.to(_sd(h)).pow(2).mean(dim=-1) + eps)
     return ((h.to(rstd.dtype) * rstd[:, None]).to(h.dtype) * gamma) @ w.T
 
 
@@ -240,6 +242,58 @@ def test_bad_shapes_are_refused(baseline_kernels):
         K.deferred_rmsnorm_swiglu(a, rstd, w[:-1])
 
 
+# --------------------------------------------------------------------------- eps
+
+def small_rows(name, device, dtype, **kw):
+    """The case's inputs with the normalized rows' mean square near 1e-6, where eps = 1e-5
+    vs 1e-6 moves rstd by ~2x (with unit-scale rows the difference is below any tolerance)."""
+    args = CASES[name].make(device, dtype, **kw)
+    if name == "residual_rmsnorm":   # y = x @ w_o^T + residual
+        return [args[0] * 1e-3, args[1], args[2] * 1e-3, args[3]]
+    return [args[0] * 5e-4, *args[1:]]  # h
+
+
+@pytest.mark.parametrize("eps", [1e-5, 0.0, 3e-4])
+@pytest.mark.parametrize("name", ["residual_rmsnorm", "rmsnorm_linear"])
+def test_eps_cpu(name, eps, baseline_kernels):
+    """eps reaches the statistics: outputs and all gradients match the standard definition
+    with that eps (residual_rmsnorm: through the re-finalized rstd of a 1e-6 kernel), eager
+    and under torch.compile."""
+    case = CASES[name]
+    args = small_rows(name, "cpu", torch.float32)
+    rstd_of = (lambda o: o[2]) if name == "residual_rmsnorm" else (lambda o: o)
+    changed = rstd_of(case.torch_fn(*args, eps=eps)) / rstd_of(case.torch_fn(*args))
+    assert (changed - 1).abs().max() > 0.05          # the inputs make eps matter
+    torch._dynamo.reset()
+    compiled = torch.compile(partial(case.op, eps=eps), fullgraph=True, backend="aot_eager")
+    for fn in (partial(case.op, eps=eps), compiled):
+        check_against_torch(fn, partial(case.torch_fn, eps=eps), args, case.diff, rtol=1e-4, names=case.names)
+    assert baseline_kernels[case.kernels[0]] == 2
+
+
+def test_with_eps_is_exact_in_fp32():
+    """Re-finalizing a 1e-6 rstd for eps equals finalizing the mean square directly in fp32:
+    relative error ~1e-7 * (ms + 1e-6) / (ms + eps), so ~1e-7 for any eps >= 1e-6, from
+    mean squares of 0 up to 1e4; an all-zero row at eps = 0 gives a huge rstd, never NaN."""
+    ms = torch.cat([torch.zeros(1), torch.logspace(-9, 4, 200)])
+    for eps in (1e-5, 1e-6, 1e-3, 1e-7, 0.0):
+        got = _rmsnorm._with_eps(torch.rsqrt(ms + 1e-6), eps).double()
+        want = torch.rsqrt(ms.double() + eps)
+        rel = ((got - want) / want).abs()
+        bound = 3e-7 * torch.clamp((ms.double() + 1e-6) / (ms.double() + eps), min=1.0)
+        finite = want.isfinite()
+        assert (rel[finite] <= bound[finite]).all(), (eps, (rel / bound)[finite].max())
+        assert (got[~finite] >= 1e6).all(), (eps, got[~finite])   # inf directly; never NaN
+
+
+@pytest.mark.parametrize("eps", [-1e-6, float("nan"), float("inf"), "1e-5", True, torch.tensor(1e-5)])
+def test_bad_eps_is_refused(eps, baseline_kernels):
+    with pytest.raises(ValueError, match=r"residual_rmsnorm: eps must be a finite Python number >= 0"):
+        K.residual_rmsnorm(*residual_inputs("cpu", torch.float32), eps=eps)
+    with pytest.raises(ValueError, match=r"rmsnorm_linear: eps must be a finite Python number >= 0"):
+        K.rmsnorm_linear(*rmsnorm_linear_inputs("cpu", torch.float32), eps=eps)
+
+
 # --------------------------------------------------------------------------- GPU
 
 @pytest.mark.gpu
@@ -286,3 +340,19 @@ def test_rms_bwd_op_on_gpu(compiled):
         out = ref.reference(**dict(zip(("dy", "w", "h", "gamma", "rstd", "zdz", "dresid"), a)))
         return out["dh"], out["dgamma"]
     check_on_gpu(fn, torch_fn, rms_bwd_inputs("cuda", torch.bfloat16, M=333, D=264, N=656), (), ("dh", "dgamma"))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "torch.compile"])
+@pytest.mark.parametrize("name", ["residual_rmsnorm", "rmsnorm_linear"])
+def test_eps_on_gpu(name, compiled):
+    """eps = 1e-5 (Llama-3) through the real kernels, on rows whose mean square makes it
+    matter: outputs and gradients against the standard definition with that eps."""
+    case = CASES[name]
+    if case.kernels[0] not in K.accepted():
+        pytest.skip(f"{case.kernels[0]} not accepted yet")
+    torch._dynamo.reset()
+    op = partial(case.op, eps=1e-5)
+    fn = torch.compile(op, fullgraph=True) if compiled else op
+    check_on_gpu(fn, partial(case.torch_fn, eps=1e-5), small_rows(name, "cuda", torch.bfloat16, M=333, K=264, N=656),
+                 case.diff, case.names)
