@@ -18,8 +18,15 @@ Design
   key (401/403) is :class:`LLMAuthError` and is never retried.
 * **The key is a secret.** It is passed to the SDK client and never stored on this
   object, never logged and never written to run files; ``repr`` shows it redacted.
-* Non-streaming ``messages.create`` with an explicit ``timeout`` (default 600 s):
-  ``max_tokens`` 16000 of code is well inside that.
+* **Streaming** (``messages.stream``, then the accumulated final message): the
+  ``timeout`` (default 600 s) bounds each wait for the next event, not the whole answer,
+  so a large ``CODA_MAX_TOKENS`` or thinking budget that takes longer than 10 minutes
+  still completes (the SDK refuses such requests without streaming), and an idle
+  connection is never held open for the whole generation. A stream that breaks off
+  (a transport error, or an end without ``message_stop``'s stop reason) is retried by the
+  outer loop like a connection error; one that stalls for ``timeout`` is not (as a
+  timeout of the first byte). An ``error`` event inside the stream (``overloaded``)
+  raises the same status error as an HTTP error and is retried the same way.
 
 Configuration: ``model`` (``--model``) > ``$CODA_MODEL`` > :data:`DEFAULT_MODEL`;
 ``$CODA_MAX_TOKENS``; ``$CODA_THINKING`` (``adaptive`` or a budget in tokens) enables
@@ -119,7 +126,7 @@ class AnthropicBackend:
 
     # -- request ------------------------------------------------------------------
     def request_params(self, prompt: Any) -> dict[str, Any]:
-        """The ``messages.create`` keyword arguments for ``prompt`` (no secrets)."""
+        """The ``messages.stream`` keyword arguments for ``prompt`` (no secrets)."""
         system: list[dict[str, Any]] = []
         for i, text in enumerate(prompt.system_blocks):
             block: dict[str, Any] = {"type": "text", "text": text}
@@ -150,15 +157,20 @@ class AnthropicBackend:
         return base * (0.5 + random.random() / 2)  # jitter in [base/2, base]
 
     def complete(self, prompt: Any) -> LLMResponse:
-        """One completion, retried on rate limits / overload / connection errors."""
+        """One completion, streamed, retried on rate limits / overload / connection errors."""
         import anthropic
+        import httpx2  # the SDK's HTTP client (a dependency of anthropic 2.x): mid-stream errors
 
         params = self.request_params(prompt)
         last: Exception | None = None
         what = ""
         for attempt in range(1, self.attempts + 1):
             try:
-                return to_response(self._client.messages.create(**params))
+                with self._client.messages.stream(**params) as stream:
+                    msg = stream.get_final_message()
+                if msg.stop_reason is None:  # the events ended before message_delta's stop reason
+                    raise _BrokenStream("the stream ended before the message was complete")
+                return to_response(msg)
             except (anthropic.AuthenticationError, anthropic.PermissionDeniedError) as e:
                 raise LLMAuthError(
                     f"ANTHROPIC_API_KEY rejected by the Anthropic API (HTTP {e.status_code}): check that "
@@ -174,14 +186,15 @@ class AnthropicBackend:
                     raise LLMError(f"Anthropic API error (HTTP {e.status_code}): {_short(e)}") from None
                 last = e
                 what = f"HTTP {e.status_code}" + (" overloaded" if overloaded or e.status_code == 529 else "")
-            except anthropic.APITimeoutError:
+            except (anthropic.APITimeoutError, httpx2.TimeoutException):
                 # Not retried here: the SDK already retried it (max_retries), each try may
                 # have been billed, and 4 x 3 tries of a 600 s timeout is two hours (red team 16).
                 raise LLMError(
-                    f"Anthropic API: no answer within {self.timeout_s:.0f} s (after the client's own retries); "
-                    "a large CODA_MAX_TOKENS or thinking budget can need longer: lower it, or resume the run "
-                    "later with --resume RUN_DIR") from None
-            except anthropic.APIConnectionError as e:
+                    f"Anthropic API: nothing received for {self.timeout_s:.0f} s (after the client's own "
+                    "retries); resume the run later with --resume RUN_DIR") from None
+            except (anthropic.APIConnectionError, httpx2.TransportError, _BrokenStream) as e:
+                # APIConnectionError: before the first byte (the SDK retried it already);
+                # a transport error or _BrokenStream: the stream broke off part-way.
                 last = e
                 what = f"connection error ({type(e).__name__})"
             if attempt < self.attempts:
@@ -192,6 +205,10 @@ class AnthropicBackend:
             f"Anthropic API still failing after {self.attempts} attempts ({what}): {_short(last)}; "
             "resume the run later with --resume RUN_DIR"
         )
+
+
+class _BrokenStream(Exception):
+    """The event stream ended without a complete message (retried as a connection error)."""
 
 
 def _short(e: BaseException | None, n: int = 300) -> str:

@@ -43,8 +43,52 @@ def error_body(kind: str, msg: str) -> dict:
     return {"type": "error", "error": {"type": kind, "message": msg}}
 
 
+def sse_events(body: dict, *, thinking: str | None = None, chunk: int = 7) -> list[tuple[str, dict]]:
+    """``body`` (a complete Message) as the Messages API streams it: message_start (input
+    and cache usage), content blocks in deltas of ``chunk`` characters (an optional thinking
+    block first), message_delta (stop reason, output tokens), message_stop."""
+    u = body["usage"]
+    start = dict(body, content=[], stop_reason=None, stop_sequence=None, usage=dict(u, output_tokens=1))
+    ev: list[tuple[str, dict]] = [("message_start", {"type": "message_start", "message": start})]
+    blocks = ([("thinking", thinking)] if thinking is not None else []) + [("text", b["text"]) for b in body["content"]]
+    for i, (kind, text) in enumerate(blocks):
+        first = {"type": "thinking", "thinking": "", "signature": ""} if kind == "thinking" else {"type": "text", "text": ""}
+        ev.append(("content_block_start", {"type": "content_block_start", "index": i, "content_block": first}))
+        for j in range(0, len(text), chunk):
+            delta = ({"type": "thinking_delta", "thinking": text[j:j + chunk]} if kind == "thinking"
+                     else {"type": "text_delta", "text": text[j:j + chunk]})
+            ev.append(("content_block_delta", {"type": "content_block_delta", "index": i, "delta": delta}))
+        if kind == "thinking":
+            ev.append(("content_block_delta", {"type": "content_block_delta", "index": i,
+                                               "delta": {"type": "signature_delta", "signature": "sig"}}))
+        ev.append(("content_block_stop", {"type": "content_block_stop", "index": i}))
+    ev.append(("message_delta", {"type": "message_delta", "delta": {"stop_reason": body["stop_reason"],
+                                                                     "stop_sequence": None},
+                                 "usage": {"output_tokens": u["output_tokens"]}}))
+    ev.append(("message_stop", {"type": "message_stop"}))
+    return ev
+
+
+def sse_bytes(events: list[tuple[str, dict]]) -> bytes:
+    return "".join(f"event: {e}\ndata: {json.dumps(d)}\n\n" for e, d in events).encode()
+
+
+class _Stream(httpx2.SyncByteStream):
+    """A response body that sends ``data`` and then raises ``error`` (a connection lost mid-stream)."""
+
+    def __init__(self, data: bytes, error: Exception):
+        self.data, self.error = data, error
+
+    def __iter__(self):
+        yield self.data
+        raise self.error
+
+
 class Server:
-    """A scripted Messages API: each request pops the next (status, body[, headers])."""
+    """A scripted Messages API: each request pops the next reply. A reply is an exception
+    (raised by the transport), ``(status, body[, headers])`` (a 200 with a Message body is
+    sent as its event stream when the request asked to stream), ``("sse", events)`` or
+    ``("sse", events, exception)`` (the events, then the exception mid-stream)."""
 
     def __init__(self, *replies):
         self.replies = list(replies)
@@ -55,7 +99,15 @@ class Server:
         item = self.replies.pop(0)
         if isinstance(item, Exception):
             raise item
+        sse = {"content-type": "text/event-stream"}
+        if item[0] == "sse":
+            data = sse_bytes(item[1])
+            if len(item) > 2:
+                return httpx2.Response(200, headers=sse, stream=_Stream(data, item[2]))
+            return httpx2.Response(200, headers=sse, content=data)
         status, body, *headers = item
+        if status == 200 and json.loads(request.content).get("stream"):
+            return httpx2.Response(200, headers=sse, content=sse_bytes(sse_events(body)))
         return httpx2.Response(status, json=body, headers=headers[0] if headers else {})
 
     def body(self, i: int = 0) -> dict:
@@ -89,7 +141,7 @@ def test_request_shape_and_usage(workspace, fwd_spec, monkeypatch):
     assert req.url.path == "/v1/messages" and SECRET in (req.headers.get("x-api-key", "") + req.headers.get("authorization", ""))
     body = server.body()
     assert body["model"] == DEFAULT_MODEL == "claude-opus-5-5"
-    assert body["max_tokens"] == 16000
+    assert body["max_tokens"] == 16000 and body["stream"] is True
     assert "thinking" not in body
     system = body["system"]
     assert [blk["text"] for blk in system] == prompt.system_blocks
@@ -230,6 +282,61 @@ def test_a_timeout_is_not_retried_by_the_outer_loop(workspace, fwd_spec):
     tries of up to 600 s each (red team 16)."""
     server = Server(httpx2.ReadTimeout("read timed out"), (200, message_body()))
     b, sleeps = backend(server, attempts=4)
-    with pytest.raises(LLMError, match=r"no answer within 600 s"):
+    with pytest.raises(LLMError, match=r"nothing received for 600 s"):
+        b.complete(render_prompt(fwd_spec, workspace))
+    assert len(server.requests) == 1 and sleeps == []
+
+
+def test_streamed_answer_is_accumulated(workspace, fwd_spec):
+    """Thinking blocks are dropped, text deltas joined, usage taken from message_start
+    (input, cache) and message_delta (output tokens); a max_tokens stop is reported."""
+    text = "```python\n" + "x = 1\n" * 300 + "```\n"
+    body = message_body(text, cache_read=5, cache_write=6)
+    body["stop_reason"] = "max_tokens"
+    server = Server(("sse", sse_events(body, thinking="Let me think. " * 50)))
+    b, _ = backend(server)
+    r = b.complete(render_prompt(fwd_spec, workspace))
+    assert r.text == text and r.stop_reason == "max_tokens" and r.model == "claude-opus-5-5"
+    assert (r.usage.input_tokens, r.usage.output_tokens) == (1234, 567)
+    assert (r.usage.cache_read_input_tokens, r.usage.cache_creation_input_tokens) == (5, 6)
+
+
+def test_a_large_max_tokens_is_sent_streamed(workspace, fwd_spec):
+    """64k output tokens: the SDK refuses that without streaming (expected > 10 min)."""
+    server = Server((200, message_body()))
+    b, _ = backend(server, max_tokens=64000, thinking="adaptive")
+    assert b.complete(render_prompt(fwd_spec, workspace)).text.startswith("```python")
+    assert server.body()["max_tokens"] == 64000 and server.body()["stream"] is True
+
+
+def test_an_error_event_mid_stream_is_retried(workspace, fwd_spec):
+    """An ``overloaded_error`` event after some text is a 529 like an HTTP one: retried."""
+    events = sse_events(message_body())[:3] + [("error", error_body("overloaded_error", "Overloaded"))]
+    server = Server(("sse", events), (200, message_body()))
+    b, sleeps = backend(server, attempts=3, backoff_base_s=2.0)
+    assert b.complete(render_prompt(fwd_spec, workspace)).text == "```python\nx = 1\n```\n"
+    assert len(server.requests) == 2 and len(sleeps) == 1
+
+
+@pytest.mark.parametrize("cut", ["connection lost", "ended early"])
+def test_a_broken_stream_is_retried(workspace, fwd_spec, cut):
+    """A stream that breaks off part-way (the connection drops, or the events stop before
+    the stop reason) is retried, never returned as a (truncated) answer."""
+    part = sse_events(message_body())[:4]
+    first = ("sse", part, httpx2.RemoteProtocolError("peer closed connection")) if cut == "connection lost" \
+        else ("sse", part)
+    server = Server(first, (200, message_body()))
+    b, sleeps = backend(server, attempts=3, backoff_base_s=2.0)
+    r = b.complete(render_prompt(fwd_spec, workspace))
+    assert r.text == "```python\nx = 1\n```\n" and r.stop_reason == "end_turn"
+    assert len(server.requests) == 2 and len(sleeps) == 1
+
+
+def test_a_stream_that_stalls_is_not_retried(workspace, fwd_spec):
+    """A read timeout part-way through the stream: an error telling the user to resume, no
+    outer retry (as for a timeout before the first byte)."""
+    server = Server(("sse", sse_events(message_body())[:4], httpx2.ReadTimeout("timed out")), (200, message_body()))
+    b, sleeps = backend(server, attempts=4)
+    with pytest.raises(LLMError, match=r"nothing received for 600 s.*--resume RUN_DIR"):
         b.complete(render_prompt(fwd_spec, workspace))
     assert len(server.requests) == 1 and sleeps == []
