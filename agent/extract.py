@@ -107,11 +107,17 @@ def _scan(text: str) -> list[_Block]:
     return blocks
 
 
-def extract_module(response: str) -> str:
+def extract_module(response: str, *, stopped_at_limit: bool = False) -> str:
     """The single Python module in ``response`` (ends with a newline).
 
+    ``stopped_at_limit``: the backend reported that the response stopped at the output
+    token limit (``stop_reason == "max_tokens"``). A module that then does not parse is
+    reported as cut off, not left to fail as a syntax error: a cut inside a docstring that
+    holds a fenced snippet leaves a *closed* block (the snippet's fence closes it).
+
     Raises :class:`ExtractError` when there is no Python block, several, an empty one,
-    or one that is never closed; the message tells the model what to send instead.
+    one that is never closed, or (``stopped_at_limit``) one that does not parse; the
+    message tells the model what to send instead.
     """
     # a leading byte-order mark (a Windows editor, --llm manual) hid the first fence
     text = response.removeprefix("\ufeff").replace("\r\n", "\n").replace("\r", "\n")
@@ -153,4 +159,11 @@ def extract_module(response: str) -> str:
     body = chosen.body.strip("\n")
     if not body.strip():
         raise ExtractError(f"The ```python block at line {chosen.start} of your response is empty. {FORMAT_REMINDER}")
+    err = _parse_error(body) if stopped_at_limit else None
+    if err is not None:
+        raise ExtractError(
+            f"Your response stopped at the output token limit and the code block at line {chosen.start} "
+            f"does not parse ({err}): it was cut off. Nothing was verified. Send the complete module "
+            f"again, as compactly as you can. {FORMAT_REMINDER}"
+        )
     return body.rstrip() + "\n"

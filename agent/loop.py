@@ -562,10 +562,10 @@ class _Run:
 
         cand = d / "candidate.py"
         try:
-            source = extract_module(text)
+            source = extract_module(text, stopped_at_limit=rec.stop_reason == "max_tokens")
         except ExtractError as e:
             msg = str(e)
-            if rec.stop_reason == "max_tokens":
+            if rec.stop_reason == "max_tokens" and "output token limit" not in msg:
                 msg += " (Your response stopped at the output token limit.)"
             cand.unlink(missing_ok=True)
             atomic_write_text(d / "feedback.md", "Your response could not be used.\n\n" + msg + "\n")

@@ -120,3 +120,20 @@ def test_a_degenerate_answer_of_many_broken_blocks_is_fast():
     with pytest.raises(ExtractError):
         extract_module("```python\ndef f(:\n```\n" * 800)
     assert time.monotonic() - t0 < 5
+
+
+# A module whose docstring holds a fenced snippet, cut off (max_tokens) after the snippet:
+# the snippet's closing fence closes the ```python block, so the block is "closed" but
+# holds an unterminated docstring.
+CUT_IN_DOCSTRING = '```python\n"""Epilogue.\n\nExample:\n```python\nout = f(x)\n```\nThe row scale is applied'
+
+
+def test_a_cut_inside_a_docstring_snippet_is_reported_as_cut_off():
+    with pytest.raises(ExtractError, match=r"stopped at the output token limit and the code block at line 1 "
+                                           r"does not parse \(unterminated triple-quoted string.*cut off"):
+        extract_module(CUT_IN_DOCSTRING, stopped_at_limit=True)
+    # Without the backend's word that it stopped at the limit this is an ordinary broken
+    # module: returned, and the verifier's static stage reports the syntax error.
+    assert extract_module(CUT_IN_DOCSTRING).startswith('"""Epilogue.')
+    # A complete module in an answer that ran on past its block into the limit is fine.
+    assert extract_module(f"```python\n{MOD}```\nAnd a long explanation that was cut", stopped_at_limit=True) == MOD

@@ -603,3 +603,19 @@ def test_a_blank_answer_is_kept_as_an_answer_not_asked_again(workspace, fwd_spec
     backend = ScriptedBackend([])  # would raise if called
     s = generate(fwd_spec, root=workspace, backend=backend, verifier=FakeVerifier(), resume=run_dir, max_attempts=1)
     assert s.state.attempts[0].usage.output_tokens == 16000
+
+
+def test_a_response_cut_inside_a_docstring_is_fed_back_as_cut_off(workspace, fwd_spec):
+    """stop_reason max_tokens + a block closed by a docstring's snippet fence: the attempt
+    fails at extraction with the cut-off message (no verification), not as a syntax error."""
+    cut = '```python\n"""Epilogue.\n\nExample:\n```python\nout = f(x)\n```\nThe row scale'
+    resp = LLMResponse(text=cut, model="m", stop_reason="max_tokens", usage=Usage(output_tokens=16000))
+    run_dir = workspace / "runs" / "cut"
+    verifier = FakeVerifier()
+    s = generate(fwd_spec, root=workspace, backend=ScriptedBackend([resp]), verifier=verifier,
+                 run_dir=run_dir, max_attempts=1)
+    a = s.state.attempts[0]
+    assert s.status == "out-of-attempts" and a.failed_stage == "extract"
+    assert "stopped at the output token limit" in a.extract_error and "(Your response stopped" not in a.extract_error
+    assert "output token limit" in (run_dir / "attempt-1" / "feedback.md").read_text()
+    assert not (run_dir / "attempt-1" / "candidate.py").exists() and verifier.calls == []
