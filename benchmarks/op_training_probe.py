@@ -23,7 +23,7 @@ Per case, median ms of ``triton.testing.do_bench`` (L2 flushed), all in one proc
 
 Usage (device, after ``source .device-bundle/p2/install.sh && source benchmarks/device_env.sh``)::
 
-    python3 benchmarks/op_training_probe.py --out $OUT/ops
+    python3 benchmarks/op_training_probe.py --out $OUT/ops [--cudagraphs] [--case NAME ...]
 
 Writes ``op_training.json`` and prints one line per case. Raises SystemExit without CUDA.
 """
@@ -61,12 +61,37 @@ def _step(fn, args, dy):
     return run
 
 
+CUDAGRAPHS = False
+"""``--cudagraphs``: also time both under ``torch.compile(mode="reduce-overhead")``."""
+
+
 def _steps(op, standard, args, dy) -> dict:
     """``step:ops``, ``step:ops (compile)``, ``step:eager``, ``step:compile`` ms for the op and
-    the standard definition, eager and under ``torch.compile(dynamic=False)``."""
-    impls = (("ops", op), ("ops (compile)", torch.compile(op, dynamic=False)), ("eager", standard),
-             ("compile", torch.compile(standard, dynamic=False)))
-    return {f"step:{k}": _bench(_step(f, args, dy)) for k, f in impls}
+    the standard definition, eager and under ``torch.compile(dynamic=False)``; with
+    :data:`CUDAGRAPHS` also ``... (cudagraphs)`` (``mode="reduce-overhead"``: CUDA graph
+    trees replay forward and backward, so host launch time drops out), the number of graph
+    skips Inductor counted for each (0: the step really ran as graphs) and the largest
+    gradient difference of the graphed op from the eager op (relative to the eager max)."""
+    impls = [("ops", op), ("ops (compile)", torch.compile(op, dynamic=False)), ("eager", standard),
+             ("compile", torch.compile(standard, dynamic=False))]
+    if CUDAGRAPHS:
+        impls += [("ops (cudagraphs)", torch.compile(op, dynamic=False, mode="reduce-overhead")),
+                  ("compile (cudagraphs)", torch.compile(standard, dynamic=False, mode="reduce-overhead"))]
+    res = {}
+    for k, f in impls:
+        from torch._dynamo.utils import counters
+        skips = counters["inductor"]["cudagraph_skips"]
+        run = _step(f, args, dy)
+        res[f"step:{k}"] = _bench(run)
+        if "cudagraphs" in k:
+            res[f"cudagraph skips:{k}"] = counters["inductor"]["cudagraph_skips"] - skips
+        if k == "ops (cudagraphs)":
+            want = _step(op, args, dy)()
+            got = [g.clone() for g in run()]
+            res["grad max rel diff:ops (cudagraphs) vs ops"] = max(
+                float((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-30))
+                for a, b in zip(got, want))
+    return res
 
 
 def rmsnorm_linear_case(m, d, n):
@@ -142,6 +167,8 @@ CASES = {
     "rmsnorm_linear llama3-1b gate/up (M=8192, D=2048, N=16384)": lambda: rmsnorm_linear_case(8192, 2048, 16384),
     "qkv_rope llama3-8b (M=8192, K=4096, 32 q / 8 kv heads of 128)": lambda: qkv_rope_case(8192, 4096, 32, 8, 128),
     "linear_cross_entropy llama3-8b (M=8192, K=4096, V=128256)": lambda: linear_cross_entropy_case(8192, 4096, 128256),
+    "qkv_rope llama3-1b (M=8192, K=2048, 32 q / 8 kv heads of 64)": lambda: qkv_rope_case(8192, 2048, 32, 8, 64),
+    "swiglu llama3-1b (M=8192, K=2048, I=8192)": lambda: swiglu_case(8192, 2048, 8192),
 }
 
 
@@ -149,7 +176,11 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--case", action="append", choices=sorted(CASES), help="default: every case")
+    ap.add_argument("--cudagraphs", action="store_true",
+                    help='also time op and standard under torch.compile(mode="reduce-overhead")')
     args = ap.parse_args(argv)
+    global CUDAGRAPHS
+    CUDAGRAPHS = args.cudagraphs
     if not torch.cuda.is_available():
         raise SystemExit("op_training_probe: needs a CUDA (Hopper) device")
     env = env_line()
