@@ -127,3 +127,34 @@ def check_on_gpu(fn, torch_fn, args, diff, names, *, seed=0):
         err = (a.float() - r.float()).abs().max().item()
         budget = 2 * (b.float() - r.float()).abs().max().item() + 1e-6
         assert err <= budget, f"{name}: max err {err:.3e} > allowed {budget:.3e}"
+
+
+MODES = ("eager", "torch.compile", "cudagraphs")
+"""How a GPU test runs an op: as is, under ``torch.compile(fullgraph=True)``, or under
+``torch.compile(fullgraph=True, mode="reduce-overhead")`` (CUDA graph trees)."""
+
+
+def compiled_for(mode: str, op, args, diff):
+    """``op`` prepared for ``mode`` (one of :data:`MODES`). For ``cudagraphs`` it runs the
+    training step (forward, then gradients w.r.t. ``args[i]`` for i in ``diff``) twice on
+    ``args`` -- Inductor's warm-up run, then the recording run -- and asserts that Inductor
+    recorded graphs and skipped none, so the caller's next call is a graph replay."""
+    if mode == "eager":
+        return op
+    if mode == "torch.compile":
+        return torch.compile(op, fullgraph=True)
+    assert mode == "cudagraphs", mode
+    from torch._dynamo.utils import counters
+
+    fn = torch.compile(op, fullgraph=True, mode="reduce-overhead")
+    skips = counters["inductor"]["cudagraph_skips"]
+    recorded = counters["inductor"]["cudagraph_recorded_non_static_inputs"]
+    for _ in range(2):
+        xs = [a.detach().clone().requires_grad_() if i in diff else a for i, a in enumerate(args)]
+        outs = _tuple(fn(*xs))
+        if diff:
+            torch.autograd.grad(outs, [xs[i] for i in diff], [torch.ones_like(o) for o in outs])
+    torch.cuda.synchronize()
+    assert counters["inductor"]["cudagraph_skips"] == skips, "Inductor skipped CUDA graphs for this op"
+    assert counters["inductor"]["cudagraph_recorded_non_static_inputs"] > recorded, "no CUDA graph was recorded"
+    return fn

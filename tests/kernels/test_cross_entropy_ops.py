@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 import coda_agent.kernels as K
-from glue_helpers import check_against_torch, check_on_gpu, entry, reference_module, use_standins
+from glue_helpers import MODES, check_against_torch, check_on_gpu, compiled_for, entry, reference_module, use_standins
 
 NAMES = ("loss", "dh", "dw_vocab")
 
@@ -124,16 +124,16 @@ def test_bad_arguments_are_refused(baseline_kernels):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "torch.compile"])
-def test_matches_pytorch_on_gpu(compiled):
+@pytest.mark.parametrize("mode", MODES)
+def test_matches_pytorch_on_gpu(mode):
     """The accepted kernels in training: loss and gradients match PyTorch (bf16 budget)."""
     missing = {"gemm_cross_entropy", "cross_entropy_bwd"} - set(K.accepted())
     if missing:
         pytest.skip(f"kernels not accepted yet: {sorted(missing)}")
     torch._dynamo.reset()
-    fn = torch.compile(K.linear_cross_entropy, fullgraph=True) if compiled else K.linear_cross_entropy
-    check_on_gpu(fn, torch_linear_cross_entropy, ce_inputs("cuda", torch.bfloat16, M=333, K=264, V=1336),
-                 (0, 1), NAMES)
+    args = ce_inputs("cuda", torch.bfloat16, M=333, K=264, V=1336)
+    fn = compiled_for(mode, K.linear_cross_entropy, args, (0, 1))
+    check_on_gpu(fn, torch_linear_cross_entropy, args, (0, 1), NAMES)
 
 
 @pytest.mark.gpu

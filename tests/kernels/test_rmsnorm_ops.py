@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 import coda_agent.kernels as K
 from coda_agent.kernels import _rmsnorm
-from glue_helpers import check_against_torch, check_on_gpu, entry, reference_module, use_standins
+from glue_helpers import MODES, check_against_torch, check_on_gpu, compiled_for, entry, reference_module, use_standins
 
 EPS = 1e-6
 
@@ -297,17 +297,17 @@ def test_bad_eps_is_refused(eps, baseline_kernels):
 # --------------------------------------------------------------------------- GPU
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "torch.compile"])
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("name", list(CASES))
-def test_matches_pytorch_on_gpu(name, compiled):
+def test_matches_pytorch_on_gpu(name, mode):
     """The accepted kernels in training: outputs and gradients match PyTorch (bf16 budget)."""
     case = CASES[name]
     missing = set(case.kernels) - set(K.accepted())
     if missing:
         pytest.skip(f"kernels not accepted yet: {sorted(missing)}")
     torch._dynamo.reset()
-    fn = torch.compile(case.op, fullgraph=True) if compiled else case.op
     args = case.make("cuda", torch.bfloat16, M=333, K=264, N=656)  # N = 2I: I too keeps 16-byte rows
+    fn = compiled_for(mode, case.op, args, case.diff)
     check_on_gpu(fn, case.torch_fn, args, case.diff, case.names)
 
 

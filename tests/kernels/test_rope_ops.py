@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import coda_agent.kernels as K
-from glue_helpers import check_against_torch, check_on_gpu, reference_module, use_standins
+from glue_helpers import MODES, check_against_torch, check_on_gpu, compiled_for, reference_module, use_standins
 
 HQ, HKV, HD = 2, 1, 8            # CPU shapes: 2 query heads, 1 key/value head of 8 columns
 CONSTS = {"n_q_heads": HQ, "n_kv_heads": HKV, "head_dim": HD}
@@ -261,17 +261,17 @@ def test_bad_arguments_are_refused(name, baseline_kernels):
 # --------------------------------------------------------------------------- GPU
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "torch.compile"])
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("name", list(CASES))
-def test_matches_pytorch_on_gpu(name, compiled):
+def test_matches_pytorch_on_gpu(name, mode):
     """The accepted kernels in training: outputs and gradients match PyTorch (bf16 budget)."""
     case = CASES[name]
     if case.kernel not in K.accepted():
         pytest.skip(f"{case.kernel} not accepted yet")
     torch._dynamo.reset()
     op = functools.partial(case.op, **GPU_CONSTS)
-    fn = torch.compile(op, fullgraph=True) if compiled else op
     args = case.make("cuda", torch.bfloat16, GPU_CONSTS, M=333, K=264, S=8192)
+    fn = compiled_for(mode, op, args, case.diff)
     check_on_gpu(fn, functools.partial(case.torch_fn, **GPU_CONSTS), args, case.diff, case.names)
 
 

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 import coda_agent.kernels as K
-from glue_helpers import entry, reference_module, use_standins
+from glue_helpers import MODES, compiled_for, entry, reference_module, use_standins
 
 
 def _torch_mlp(x, w1, w_down):
@@ -95,13 +95,14 @@ def test_missing_kernel_is_named(tmp_path, monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "torch.compile"])
-def test_swiglu_matches_pytorch_on_gpu(compiled):
+@pytest.mark.parametrize("mode", MODES)
+def test_swiglu_matches_pytorch_on_gpu(mode):
     """The accepted kernels in training: gradients match PyTorch (bf16 tolerance)."""
     if not {"swiglu_fwd", "swiglu_bwd"} <= set(K.accepted()):
         pytest.skip("swiglu kernels not accepted yet")
-    fn = torch.compile(K.swiglu, fullgraph=True) if compiled else K.swiglu
+    torch._dynamo.reset()
     x, w1, wd = _inputs("cuda", torch.bfloat16, M=1000, Kd=512, I=704)
+    fn = compiled_for(mode, K.swiglu, (x, w1, wd), (0, 1, 2))
     out = fn(x, w1, wd)
     dout = torch.randn_like(out)
     grads = torch.autograd.grad(out, (x, w1, wd), dout)
