@@ -58,11 +58,23 @@ def _parses(src: str) -> bool:
 
 
 def _parse_error(src: str) -> str | None:
+    e = _syntax_error(src)
+    return None if e is None else str(getattr(e, "msg", e))
+
+
+def _syntax_error(src: str) -> SyntaxError | ValueError | None:
     try:
         ast.parse(src)
     except (SyntaxError, ValueError) as e:
-        return str(getattr(e, "msg", e))
+        return e
     return None
+
+
+CUT_TAIL_LINES = 20
+"""A module that stopped at the output token limit and does not parse is called cut off
+when its error is an unterminated triple-quoted string (a cut inside a docstring) or lies
+in its last this many lines (an unfinished statement or bracket); an error further up is
+a real syntax error, left for the verifier's static stage to report with its line."""
 
 
 MAX_EXTENSIONS = 64
@@ -111,12 +123,14 @@ def extract_module(response: str, *, stopped_at_limit: bool = False) -> str:
     """The single Python module in ``response`` (ends with a newline).
 
     ``stopped_at_limit``: the backend reported that the response stopped at the output
-    token limit (``stop_reason == "max_tokens"``). A module that then does not parse is
-    reported as cut off, not left to fail as a syntax error: a cut inside a docstring that
-    holds a fenced snippet leaves a *closed* block (the snippet's fence closes it).
+    token limit (``stop_reason`` ``max_tokens`` or ``model_context_window_exceeded``). A
+    module that then does not parse near its end (:data:`CUT_TAIL_LINES`) or inside a
+    docstring is reported as cut off, not left to fail as a syntax error: a cut inside a
+    docstring that holds a fenced snippet leaves a *closed* block (the snippet's fence
+    closes it).
 
     Raises :class:`ExtractError` when there is no Python block, several, an empty one,
-    one that is never closed, or (``stopped_at_limit``) one that does not parse; the
+    one that is never closed, or (``stopped_at_limit``) one cut off as above; the
     message tells the model what to send instead.
     """
     # a leading byte-order mark (a Windows editor, --llm manual) hid the first fence
@@ -159,11 +173,15 @@ def extract_module(response: str, *, stopped_at_limit: bool = False) -> str:
     body = chosen.body.strip("\n")
     if not body.strip():
         raise ExtractError(f"The ```python block at line {chosen.start} of your response is empty. {FORMAT_REMINDER}")
-    err = _parse_error(body) if stopped_at_limit else None
+    err = _syntax_error(body) if stopped_at_limit else None
     if err is not None:
-        raise ExtractError(
-            f"Your response stopped at the output token limit and the code block at line {chosen.start} "
-            f"does not parse ({err}): it was cut off. Nothing was verified. Send the complete module "
-            f"again, as compactly as you can. {FORMAT_REMINDER}"
-        )
+        line = getattr(err, "lineno", None) or 0
+        msg = str(getattr(err, "msg", err))
+        n_lines = body.count("\n") + 1
+        if "unterminated triple-quoted string" in msg or line > n_lines - CUT_TAIL_LINES:
+            raise ExtractError(
+                f"Your response stopped at the output token limit and the code block at line {chosen.start} "
+                f"does not parse (line {line} of its {n_lines}: {msg}): it was cut off. Nothing was verified. "
+                f"Send the complete module again, as compactly as you can. {FORMAT_REMINDER}"
+            )
     return body.rstrip() + "\n"

@@ -82,6 +82,8 @@ from coda_agent.verifier.workspace import atomic_write_text, remove_tree
 RUN_FILE = "run.json"
 PROPOSED_TRICK = "proposed_trick.md"
 TERMINAL = ("accepted", "passed", "passed-cpu-only", "out-of-attempts")
+CUT_STOP_REASONS = frozenset({"max_tokens", "model_context_window_exceeded"})
+"""API stop reasons that mean the answer was cut off at a token limit."""
 
 Verifier = Callable[[Any, Path, Path], Verdict]
 
@@ -562,10 +564,10 @@ class _Run:
 
         cand = d / "candidate.py"
         try:
-            source = extract_module(text, stopped_at_limit=rec.stop_reason == "max_tokens")
+            source = extract_module(text, stopped_at_limit=rec.stop_reason in CUT_STOP_REASONS)
         except ExtractError as e:
             msg = str(e)
-            if rec.stop_reason == "max_tokens" and "output token limit" not in msg:
+            if rec.stop_reason in CUT_STOP_REASONS and "output token limit" not in msg:
                 msg += " (Your response stopped at the output token limit.)"
             cand.unlink(missing_ok=True)
             atomic_write_text(d / "feedback.md", "Your response could not be used.\n\n" + msg + "\n")

@@ -9,6 +9,8 @@ for the math. ``load`` / ``_check_device`` are looked up through the package at 
 
 from __future__ import annotations
 
+import numbers
+
 import torch
 import torch.nn.functional as F
 
@@ -24,10 +26,14 @@ re-finalizes for another ``eps`` (:func:`_with_eps`). Hugging Face Llama-3 confi
 
 
 def _check_eps(op: str, eps) -> float:
-    """``eps`` as a float, or ValueError naming ``op``: a finite number >= 0 (a Python number,
-    so torch.compile treats it as a constant)."""
-    ok = isinstance(eps, (int, float)) and not isinstance(eps, bool) and 0.0 <= float(eps) < float("inf")
-    _expect(ok, op, lambda: f"eps must be a finite Python number >= 0, got {eps!r}")
+    """``eps`` as a float, or ValueError naming ``op``: a real number (Python or NumPy
+    scalar; not a bool, not a tensor), finite and >= 0. Under torch.compile a float
+    argument is a graph input: the first value is specialized, later ones share one graph."""
+    try:
+        ok = isinstance(eps, numbers.Real) and not isinstance(eps, bool) and 0.0 <= float(eps) < float("inf")
+    except OverflowError:  # an int beyond float range
+        ok = False
+    _expect(ok, op, lambda: f"eps must be a finite real number >= 0 (a float), got {eps!r}")
     return float(eps)
 
 

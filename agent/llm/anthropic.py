@@ -23,10 +23,13 @@ Design
   so a large ``CODA_MAX_TOKENS`` or thinking budget that takes longer than 10 minutes
   still completes (the SDK refuses such requests without streaming), and an idle
   connection is never held open for the whole generation. A stream that breaks off
-  (a transport error, or an end without ``message_stop``'s stop reason) is retried by the
-  outer loop like a connection error; one that stalls for ``timeout`` is not (as a
-  timeout of the first byte). An ``error`` event inside the stream (``overloaded``)
-  raises the same status error as an HTTP error and is retried the same way.
+  (a transport or decoding error, an event that is not JSON, an end before the stop
+  reason) is retried by the outer loop like a connection error; one that stalls for
+  ``timeout`` is not (as a timeout of the first byte). An ``error`` event inside the
+  stream arrives on a 200 response; it is judged by its error type
+  (:data:`ERROR_TYPE_STATUS`: ``overloaded_error`` as 529, ``api_error`` as 500 ...), so
+  it is retried exactly when the same HTTP error would be. A 200 that is not an event
+  stream (a proxy that ignores ``stream``) is an error, not retried.
 
 Configuration: ``model`` (``--model``) > ``$CODA_MODEL`` > :data:`DEFAULT_MODEL`;
 ``$CODA_MAX_TOKENS``; ``$CODA_THINKING`` (``adaptive`` or a budget in tokens) enables
@@ -35,6 +38,7 @@ extended thinking when set.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import random
@@ -167,9 +171,14 @@ class AnthropicBackend:
         for attempt in range(1, self.attempts + 1):
             try:
                 with self._client.messages.stream(**params) as stream:
-                    msg = stream.get_final_message()
-                if msg.stop_reason is None:  # the events ended before message_delta's stop reason
-                    raise _BrokenStream("the stream ended before the message was complete")
+                    kind = stream.response.headers.get("content-type", "")
+                    if not kind.startswith("text/event-stream"):
+                        # Not retried: a proxy that answers this way will on every billed try.
+                        raise LLMError(
+                            "Anthropic API: asked for an event stream, got "
+                            + (f"content type {kind!r}" if kind else "no content type") + " "
+                            "(a proxy at ANTHROPIC_BASE_URL that does not pass streaming through?)")
+                    msg = _final_message(stream)
                 return to_response(msg)
             except (anthropic.AuthenticationError, anthropic.PermissionDeniedError) as e:
                 raise LLMAuthError(
@@ -181,20 +190,28 @@ class AnthropicBackend:
                 raise LLMError(f"Anthropic API: model {self.model!r} not found (HTTP {e.status_code}); "
                                "choose another with --model / CODA_MODEL") from None
             except anthropic.APIStatusError as e:
-                overloaded = "overloaded" in str(e).lower()
-                if e.status_code not in RETRYABLE_STATUS and not overloaded:
-                    raise LLMError(f"Anthropic API error (HTTP {e.status_code}): {_short(e)}") from None
+                status, label = _status(e)
+                overloaded = status == 529 or "overloaded" in str(e).lower()
+                if status not in RETRYABLE_STATUS and not overloaded:
+                    raise LLMError(f"Anthropic API error ({label}): {_short(e)}") from None
                 last = e
-                what = f"HTTP {e.status_code}" + (" overloaded" if overloaded or e.status_code == 529 else "")
-            except (anthropic.APITimeoutError, httpx2.TimeoutException):
+                what = label + (" overloaded" if overloaded and "overloaded" not in label else "")
+            except anthropic.APITimeoutError:
                 # Not retried here: the SDK already retried it (max_retries), each try may
                 # have been billed, and 4 x 3 tries of a 600 s timeout is two hours (red team 16).
                 raise LLMError(
-                    f"Anthropic API: nothing received for {self.timeout_s:.0f} s (after the client's own "
+                    f"Anthropic API: no answer within {self.timeout_s:.0f} s (after the client's own "
                     "retries); resume the run later with --resume RUN_DIR") from None
-            except (anthropic.APIConnectionError, httpx2.TransportError, _BrokenStream) as e:
+            except httpx2.TimeoutException:
+                # The stream started, then stalled: the SDK does not retry a started body, and
+                # neither does this loop (the tokens so far were billed).
+                raise LLMError(
+                    f"Anthropic API: the answer stalled (no event for {self.timeout_s:.0f} s) part-way "
+                    "through; resume the run later with --resume RUN_DIR") from None
+            except (anthropic.APIConnectionError, httpx2.RequestError, json.JSONDecodeError, _BrokenStream) as e:
                 # APIConnectionError: before the first byte (the SDK retried it already);
-                # a transport error or _BrokenStream: the stream broke off part-way.
+                # the others: the stream broke off part-way (a transport or decoding error,
+                # an event that is not JSON, no complete message).
                 last = e
                 what = f"connection error ({type(e).__name__})"
             if attempt < self.attempts:
@@ -209,6 +226,42 @@ class AnthropicBackend:
 
 class _BrokenStream(Exception):
     """The event stream ended without a complete message (retried as a connection error)."""
+
+
+ERROR_TYPE_STATUS = {
+    "invalid_request_error": 400, "authentication_error": 401, "permission_error": 403,
+    "not_found_error": 404, "request_too_large": 413, "rate_limit_error": 429,
+    "api_error": 500, "timeout_error": 504, "overloaded_error": 529,
+}
+"""The HTTP status each documented API error type stands for. An ``error`` event inside a
+stream arrives on a 200 response, so the SDK's exception carries status 200; its type
+says what it is."""
+
+
+def _status(e: Any) -> tuple[int, str]:
+    """(status to act on, label) of an SDK ``APIStatusError``: its HTTP status, or for an
+    ``error`` event inside a stream the status of the event's error type (unknown: 500)."""
+    if e.status_code >= 400:
+        return e.status_code, f"HTTP {e.status_code}"
+    body = e.body if isinstance(e.body, dict) else {}
+    err = body.get("error") if isinstance(body.get("error"), dict) else {}
+    kind = str(err.get("type", "unknown"))
+    return ERROR_TYPE_STATUS.get(kind, 500), f"{kind} event in the stream"
+
+
+def _final_message(stream: Any) -> Any:
+    """The stream's accumulated message, or :class:`_BrokenStream` when it is incomplete:
+    no ``message_start`` (the SDK asserts on that; under ``python -O`` it returns None)
+    or no stop reason (the events ended before ``message_delta``)."""
+    try:
+        msg = stream.get_final_message()
+    except AssertionError:
+        msg = None
+    if msg is None:
+        raise _BrokenStream("the stream ended before the message began")
+    if msg.stop_reason is None:
+        raise _BrokenStream("the stream ended before the message was complete")
+    return msg
 
 
 def _short(e: BaseException | None, n: int = 300) -> str:

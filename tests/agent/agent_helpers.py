@@ -12,7 +12,6 @@ import json
 import shutil
 from pathlib import Path
 
-from coda_agent.verifier.spec import load_spec
 from coda_agent.verifier.verdict import Environment, Finding, StageResult, Verdict
 
 REPO = Path(__file__).resolve().parents[2]

@@ -88,7 +88,9 @@ class Server:
     """A scripted Messages API: each request pops the next reply. A reply is an exception
     (raised by the transport), ``(status, body[, headers])`` (a 200 with a Message body is
     sent as its event stream when the request asked to stream), ``("sse", events)`` or
-    ``("sse", events, exception)`` (the events, then the exception mid-stream)."""
+    ``("sse", events, exception)`` (the events, then the exception mid-stream),
+    ``("raw", bytes)`` (an event-stream body as is) or ``("json200",)`` (a whole Message
+    as JSON, what a proxy that ignores ``stream`` sends)."""
 
     def __init__(self, *replies):
         self.replies = list(replies)
@@ -100,6 +102,10 @@ class Server:
         if isinstance(item, Exception):
             raise item
         sse = {"content-type": "text/event-stream"}
+        if item[0] == "json200":
+            return httpx2.Response(200, json=message_body())
+        if item[0] == "raw":
+            return httpx2.Response(200, headers=sse, content=item[1])
         if item[0] == "sse":
             data = sse_bytes(item[1])
             if len(item) > 2:
@@ -282,7 +288,7 @@ def test_a_timeout_is_not_retried_by_the_outer_loop(workspace, fwd_spec):
     tries of up to 600 s each (red team 16)."""
     server = Server(httpx2.ReadTimeout("read timed out"), (200, message_body()))
     b, sleeps = backend(server, attempts=4)
-    with pytest.raises(LLMError, match=r"nothing received for 600 s"):
+    with pytest.raises(LLMError, match=r"no answer within 600 s"):
         b.complete(render_prompt(fwd_spec, workspace))
     assert len(server.requests) == 1 and sleeps == []
 
@@ -309,22 +315,52 @@ def test_a_large_max_tokens_is_sent_streamed(workspace, fwd_spec):
     assert server.body()["max_tokens"] == 64000 and server.body()["stream"] is True
 
 
-def test_an_error_event_mid_stream_is_retried(workspace, fwd_spec):
-    """An ``overloaded_error`` event after some text is a 529 like an HTTP one: retried."""
-    events = sse_events(message_body())[:3] + [("error", error_body("overloaded_error", "Overloaded"))]
+@pytest.mark.parametrize("kind", ["overloaded_error", "api_error", "rate_limit_error"])
+def test_an_error_event_mid_stream_is_retried(workspace, fwd_spec, kind):
+    """An error event after some text arrives on a 200 response; judged by its type (529,
+    500, 429) it is retried as the same HTTP error would be (red team, session 13: only
+    "overloaded" was, by a substring, and the rest failed the run as "HTTP 200")."""
+    events = sse_events(message_body())[:3] + [("error", error_body(kind, "something"))]
     server = Server(("sse", events), (200, message_body()))
     b, sleeps = backend(server, attempts=3, backoff_base_s=2.0)
     assert b.complete(render_prompt(fwd_spec, workspace)).text == "```python\nx = 1\n```\n"
     assert len(server.requests) == 2 and len(sleeps) == 1
 
 
-@pytest.mark.parametrize("cut", ["connection lost", "ended early"])
+def test_a_request_error_event_mid_stream_is_not_retried(workspace, fwd_spec):
+    events = sse_events(message_body())[:3] + [("error", error_body("invalid_request_error", "bad thing"))]
+    server = Server(("sse", events), (200, message_body()))
+    b, sleeps = backend(server, attempts=3)
+    with pytest.raises(LLMError, match=r"Anthropic API error \(invalid_request_error event in the stream\).*bad thing"):
+        b.complete(render_prompt(fwd_spec, workspace))
+    assert len(server.requests) == 1 and sleeps == []
+
+
+def test_a_200_that_is_not_an_event_stream_is_an_error(workspace, fwd_spec):
+    """A proxy that ignores ``stream`` answers every billed try the same way: not retried."""
+    server = Server(("json200",), (200, message_body()))
+    b, sleeps = backend(server, attempts=3)
+    with pytest.raises(LLMError, match=r"asked for an event stream, got content type 'application/json'"):
+        b.complete(render_prompt(fwd_spec, workspace))
+    assert len(server.requests) == 1 and sleeps == []
+
+
+BROKEN = {
+    "connection lost": ("sse", sse_events(message_body())[:4], httpx2.RemoteProtocolError("peer closed connection")),
+    "ended early": ("sse", sse_events(message_body())[:4]),
+    "empty stream": ("sse", []),
+    "pings only": ("sse", [("ping", {"type": "ping"})]),
+    "decoding error": ("sse", sse_events(message_body())[:4], httpx2.DecodingError("bad gzip")),
+    "event not JSON": ("raw", sse_bytes(sse_events(message_body())[:3]) + b"event: content_block_delta\ndata: {no\n\n"),
+}
+
+
+@pytest.mark.parametrize("cut", list(BROKEN))
 def test_a_broken_stream_is_retried(workspace, fwd_spec, cut):
-    """A stream that breaks off part-way (the connection drops, or the events stop before
-    the stop reason) is retried, never returned as a (truncated) answer."""
-    part = sse_events(message_body())[:4]
-    first = ("sse", part, httpx2.RemoteProtocolError("peer closed connection")) if cut == "connection lost" \
-        else ("sse", part)
+    """A stream that breaks off part-way (the connection drops, the events stop before the
+    stop reason or never start, a decoding error, an event that is not JSON) is retried,
+    never returned as a (truncated) answer nor raised as a raw SDK/parser exception."""
+    first = BROKEN[cut]
     server = Server(first, (200, message_body()))
     b, sleeps = backend(server, attempts=3, backoff_base_s=2.0)
     r = b.complete(render_prompt(fwd_spec, workspace))
@@ -337,6 +373,6 @@ def test_a_stream_that_stalls_is_not_retried(workspace, fwd_spec):
     outer retry (as for a timeout before the first byte)."""
     server = Server(("sse", sse_events(message_body())[:4], httpx2.ReadTimeout("timed out")), (200, message_body()))
     b, sleeps = backend(server, attempts=4)
-    with pytest.raises(LLMError, match=r"nothing received for 600 s.*--resume RUN_DIR"):
+    with pytest.raises(LLMError, match=r"stalled \(no event for 600 s\) part-way.*--resume RUN_DIR"):
         b.complete(render_prompt(fwd_spec, workspace))
     assert len(server.requests) == 1 and sleeps == []

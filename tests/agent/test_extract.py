@@ -130,10 +130,25 @@ CUT_IN_DOCSTRING = '```python\n"""Epilogue.\n\nExample:\n```python\nout = f(x)\n
 
 def test_a_cut_inside_a_docstring_snippet_is_reported_as_cut_off():
     with pytest.raises(ExtractError, match=r"stopped at the output token limit and the code block at line 1 "
-                                           r"does not parse \(unterminated triple-quoted string.*cut off"):
+                                           r"does not parse \(line 1 of its 5: unterminated triple-quoted string.*cut off"):
         extract_module(CUT_IN_DOCSTRING, stopped_at_limit=True)
     # Without the backend's word that it stopped at the limit this is an ordinary broken
     # module: returned, and the verifier's static stage reports the syntax error.
     assert extract_module(CUT_IN_DOCSTRING).startswith('"""Epilogue.')
     # A complete module in an answer that ran on past its block into the limit is fine.
     assert extract_module(f"```python\n{MOD}```\nAnd a long explanation that was cut", stopped_at_limit=True) == MOD
+
+
+def test_a_cut_in_an_unfinished_tail_statement_is_cut_off():
+    body = "import torch\n" + "x = 1\n" * 40 + "y = torch.cat((x,\n    x,"
+    with pytest.raises(ExtractError, match=r"line 42 of its 43: '\(' was never closed\): it was cut off"):
+        extract_module("```python\n" + body + "\n```\nmore", stopped_at_limit=True)
+
+
+def test_a_real_syntax_error_far_from_the_end_is_left_to_the_verifier():
+    """A complete module with ``def f(x:`` near its top, then prose that ran into the limit:
+    a real syntax error (red team, session 13: it was called a cut-off and its line lost),
+    returned so the static stage reports it with its line."""
+    body = "import torch\n\ndef f(x:\n    return x\n" + "y = 2\n" * 50
+    got = extract_module("```python\n" + body + "```\nThe kernel works because", stopped_at_limit=True)
+    assert got == body

@@ -605,11 +605,12 @@ def test_a_blank_answer_is_kept_as_an_answer_not_asked_again(workspace, fwd_spec
     assert s.state.attempts[0].usage.output_tokens == 16000
 
 
-def test_a_response_cut_inside_a_docstring_is_fed_back_as_cut_off(workspace, fwd_spec):
-    """stop_reason max_tokens + a block closed by a docstring's snippet fence: the attempt
+@pytest.mark.parametrize("stop_reason", ["max_tokens", "model_context_window_exceeded"])
+def test_a_response_cut_inside_a_docstring_is_fed_back_as_cut_off(workspace, fwd_spec, stop_reason):
+    """A token-limit stop + a block closed by a docstring's snippet fence: the attempt
     fails at extraction with the cut-off message (no verification), not as a syntax error."""
     cut = '```python\n"""Epilogue.\n\nExample:\n```python\nout = f(x)\n```\nThe row scale'
-    resp = LLMResponse(text=cut, model="m", stop_reason="max_tokens", usage=Usage(output_tokens=16000))
+    resp = LLMResponse(text=cut, model="m", stop_reason=stop_reason, usage=Usage(output_tokens=16000))
     run_dir = workspace / "runs" / "cut"
     verifier = FakeVerifier()
     s = generate(fwd_spec, root=workspace, backend=ScriptedBackend([resp]), verifier=verifier,

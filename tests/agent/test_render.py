@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from pathlib import Path
 
 import jinja2
 import pytest

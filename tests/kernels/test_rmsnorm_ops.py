@@ -286,12 +286,22 @@ def test_with_eps_is_exact_in_fp32():
         assert (got[~finite] >= 1e6).all(), (eps, got[~finite])   # inf directly; never NaN
 
 
-@pytest.mark.parametrize("eps", [-1e-6, float("nan"), float("inf"), "1e-5", True, torch.tensor(1e-5)])
+@pytest.mark.parametrize("eps", [-1e-6, float("nan"), float("inf"), "1e-5", True, torch.tensor(1e-5), 10**400])
 def test_bad_eps_is_refused(eps, baseline_kernels):
-    with pytest.raises(ValueError, match=r"residual_rmsnorm: eps must be a finite Python number >= 0"):
+    with pytest.raises(ValueError, match=r"residual_rmsnorm: eps must be a finite real number >= 0"):
         K.residual_rmsnorm(*residual_inputs("cpu", torch.float32), eps=eps)
-    with pytest.raises(ValueError, match=r"rmsnorm_linear: eps must be a finite Python number >= 0"):
+    with pytest.raises(ValueError, match=r"rmsnorm_linear: eps must be a finite real number >= 0"):
         K.rmsnorm_linear(*rmsnorm_linear_inputs("cpu", torch.float32), eps=eps)
+
+
+def test_numpy_and_int_eps_are_accepted(baseline_kernels):
+    """A config's eps may be a NumPy scalar or 0 (red team, session 13: np.float32 was refused
+    as "not a finite Python number")."""
+    np = pytest.importorskip("numpy")
+    args = small_rows("rmsnorm_linear", "cpu", torch.float32)
+    want = K.rmsnorm_linear(*args, eps=1e-5)
+    assert torch.allclose(K.rmsnorm_linear(*args, eps=np.float32(1e-5)), want, rtol=1e-6)
+    assert torch.equal(K.rmsnorm_linear(*args, eps=0), K.rmsnorm_linear(*args, eps=0.0))
 
 
 # --------------------------------------------------------------------------- GPU
