@@ -249,7 +249,8 @@ def cmd_verify(args) -> int:
         _write_out(json_out, verdict.to_json(outcome=True))
     if not verdict.passed:
         return FAILED
-    if not verdict.gpu_verified and not (args.cpu_only or args.no_bench):
+    checked = (s := verdict.stage("correctness")) is not None and s.status == "pass"
+    if not verdict.gpu_verified and not args.cpu_only and not (args.no_bench and checked):
         err.print("not verified: the GPU stages did not run (no sm_90 GPU here); use --cpu-only for static + compile only")
         return FAILED
     if args.accept:
@@ -552,7 +553,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--cmd", metavar="CMD",
                    help="for --llm command: shell command that reads the prompt on stdin and writes the answer")
     g.add_argument("--model", help="model id for --llm anthropic (default: $CODA_MODEL or the built-in default)")
-    g.add_argument("--max-attempts", type=int, default=5, help="attempts before giving up (default 5)")
+    g.add_argument("--max-attempts", type=int, default=None,
+                   help="attempts before giving up (default 5; a resumed run keeps its own unless given)")
     g.add_argument("--resume", metavar="RUN", help="continue a run: its folder, or its name under runs/ (e.g. after --llm manual)")
     g.add_argument("--cpu-only", action="store_true", help="static + compile only (never accepts)")
     g.add_argument("--no-accept", action="store_true", help="verify but do not write generated_kernels/")

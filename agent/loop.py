@@ -82,6 +82,8 @@ from coda_agent.verifier.workspace import atomic_write_text, remove_tree
 RUN_FILE = "run.json"
 PROPOSED_TRICK = "proposed_trick.md"
 TERMINAL = ("accepted", "passed", "passed-cpu-only", "out-of-attempts")
+DEFAULT_MAX_ATTEMPTS = 5
+"""Attempts of a new run unless ``--max-attempts`` says otherwise."""
 CUT_STOP_REASONS = frozenset({"max_tokens", "model_context_window_exceeded"})
 """API stop reasons that mean the answer was cut off at a token limit."""
 
@@ -240,7 +242,8 @@ class RunSummary(BaseModel):
         return p if p.is_file() else None
 
     def resume_command(self) -> str:
-        """The command that continues this run, flags included: ``--force`` and ``--cmd`` are
+        """The command that continues this run, flags included (``--cpu-only`` while an
+        answer asked for under it is awaited): ``--force`` and ``--cmd`` are
         not taken from run.json on a resume (``--force`` by design, the command backend's
         CMD is not kept), so the hint repeats them."""
         s = self.state
@@ -255,6 +258,8 @@ class RunSummary(BaseModel):
         return (f"coda-agent{where} generate {s.spec} --resume {ref}"
                 + (' --cmd "CMD"' if s.backend == "command" else "")
                 + (" --force" if s.force else "") + (" --no-accept" if s.no_accept else "")
+                # the answer awaited is checked where it was asked for: as this call did
+                + (" --cpu-only" if s.cpu_only and s.status == "waiting-for-answer" else "")
                 + (" (the command backend's CMD is not kept in run.json: give it again)"
                    if s.backend == "command" else ""))
 
@@ -729,7 +734,7 @@ def generate(
     root: str | Path,
     backend: Any,
     verifier: Verifier | None = None,
-    max_attempts: int = 5,
+    max_attempts: int | None = None,
     run_dir: str | Path | None = None,
     resume: str | Path | None = None,
     accept_fn: Callable[..., Any] | None = None,
@@ -749,8 +754,9 @@ def generate(
       ``accept_fn(loaded, candidate, verdict, root=root, provenance={...}, force=force)``
       (``verifier.accept.accept`` fits); its return value is recorded as
       ``accepted_path``.
-    * ``max_attempts``: attempts in total (on resume, raising it continues an
-      ``out-of-attempts`` run).
+    * ``max_attempts``: attempts in total; None: :data:`DEFAULT_MAX_ATTEMPTS` for a new
+      run, the run's own on resume (given on resume, it replaces that: raising it
+      continues an ``out-of-attempts`` run).
     * ``no_accept``: recorded in ``run.json`` and sticky over resumes: the caller must not
       pass ``accept_fn`` for such a run (raises RunError if it does).
 
@@ -762,7 +768,7 @@ def generate(
     root = Path(root)
     if verifier is None:
         verifier = default_verifier(cpu_only=cpu_only)
-    if max_attempts < 1:
+    if max_attempts is not None and max_attempts < 1:
         raise RunError("max_attempts must be >= 1")
     backend_name = getattr(backend, "name", type(backend).__name__)
     backend_model = getattr(backend, "model", "?")
@@ -776,7 +782,8 @@ def generate(
                 f"{run_dir}: spec {state.spec!r} changed since the run started "
                 f"(hash {state.spec_hash[:12]} -> {loaded_spec.spec_hash[:12]}); start a new run"
             )
-        state.max_attempts = max_attempts
+        if max_attempts is not None:
+            state.max_attempts = max_attempts
         state.backend, state.model = backend_name, backend_model
         state.cpu_only, state.force = cpu_only, force
         state.no_accept = state.no_accept or no_accept
@@ -787,7 +794,8 @@ def generate(
         run_dir.mkdir(parents=True, exist_ok=True)
         state = RunState(
             spec=loaded_spec.name, spec_hash=loaded_spec.spec_hash, spec_dir=str(loaded_spec.directory),
-            root=str(root), backend=backend_name, model=backend_model, max_attempts=max_attempts,
+            root=str(root), backend=backend_name, model=backend_model,
+            max_attempts=DEFAULT_MAX_ATTEMPTS if max_attempts is None else max_attempts,
             cpu_only=cpu_only, force=force, no_accept=no_accept, created_at=_now(),
         )
     if state.accepted_path is not None and not accepted_by(root, loaded_spec.name, run_dir):
@@ -836,7 +844,7 @@ def generate(
                 if verdict is not None and verdict.passed:
                     run.finish(k, verdict, force)
                     break
-                if k >= max_attempts:
+                if k >= state.max_attempts:
                     state.status = "out-of-attempts"
                     run.save()
                     break

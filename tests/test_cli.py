@@ -288,6 +288,19 @@ def test_flags_that_would_be_ignored_are_refused(ws, capsys):
     assert "--allow-unconfined only applies with --accept" in capsys.readouterr().err
 
 
+def test_verify_no_bench_without_a_gpu_is_not_verified(ws, capsys):
+    """--no-bench skips the benchmark, not the GPU: without a GPU the correctness stage is
+    skipped, so nothing was verified and the exit status is 1 (new-user pass, session 13:
+    it was 0, with passed: true in the JSON)."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("on a GPU the correctness stage runs")
+    good = ws / "generated_kernels" / "swiglu_fwd" / "kernel.py"
+    assert main(["verify", "swiglu_fwd", str(good), "--no-bench"]) == 1
+    assert "not verified: the GPU stages did not run" in capsys.readouterr().err
+
+
 def test_verify_prints_notes_of_a_passing_stage(ws, capsys):
     """A mod called without tuned=False passes compile with a tuned-default note that was
     only in the JSON (new-user pass): it is printed."""

@@ -145,6 +145,26 @@ def test_out_of_attempts(workspace, fwd_spec, fake_verifier):
     assert backend2.calls == 2 and len(fake_verifier.calls) == 4
 
 
+def test_a_resume_keeps_the_runs_max_attempts(workspace, fwd_spec, fake_verifier):
+    """With --llm manual every step is a resume: a run started with max_attempts=1 went on
+    to attempt 2 (and recorded 5) when the resume did not repeat the flag (new-user pass,
+    session 13). None keeps the run's own limit; a number given on resume replaces it."""
+    run_dir = workspace / "runs" / "m1"
+    s = generate(fwd_spec, root=workspace, backend=ManualBackend(), verifier=fake_verifier, run_dir=run_dir,
+                 max_attempts=1)
+    assert s.status == "waiting-for-answer" and s.state.max_attempts == 1
+    (run_dir / "attempt-1" / "response.md").write_text(reply(BAD_MODULE))
+    s = generate(fwd_spec, root=workspace, backend=ManualBackend(), verifier=fake_verifier, resume=run_dir)
+    assert s.status == "out-of-attempts" and s.state.max_attempts == 1 and len(s.attempts) == 1
+    assert run_json(run_dir)["max_attempts"] == 1
+    s = generate(fwd_spec, root=workspace, backend=ManualBackend(), verifier=fake_verifier, resume=run_dir,
+                 max_attempts=2)
+    assert s.status == "waiting-for-answer" and s.state.answer_path.endswith("attempt-2/response.md")
+    new = generate(fwd_spec, root=workspace, backend=ManualBackend(), verifier=fake_verifier,
+                   run_dir=workspace / "runs" / "m2")
+    assert new.state.max_attempts == 5
+
+
 def test_extraction_error_is_fed_back(workspace, fwd_spec, fake_verifier):
     backend = ScriptedBackend(["I would use acc_pair mode here, no code yet.", reply(GOOD_MODULE)])
     s = generate(fwd_spec, root=workspace, backend=backend, verifier=fake_verifier, run_dir=workspace / "runs" / "r",
@@ -452,6 +472,13 @@ def test_cpu_only_summary_names_the_resume_command_by_run_name(tmp_path, monkeyp
     st.backend, st.force = "manual", True
     text = RunSummary(run_dir=tmp_path / "runs" / "20301212T000000Z-swiglu_fwd", state=st).render()
     assert "--resume 20301212T000000Z-swiglu_fwd --force" in text and "--cmd" not in text
+    # an answer awaited under --cpu-only is checked as the call that asked for it was; a
+    # passed-cpu-only run's hint (resume on a GPU to verify) goes without it
+    st.cpu_only = True
+    assert "--cpu-only" not in RunSummary(run_dir=tmp_path / "runs" / "r", state=st).render()
+    st.status, st.answer_path = "waiting-for-answer", str(tmp_path / "runs" / "r" / "attempt-1" / "response.md")
+    assert "--resume r --force --cpu-only" in RunSummary(run_dir=tmp_path / "runs" / "r", state=st).render()
+    st.status, st.answer_path, st.cpu_only = "passed-cpu-only", None, False
     elsewhere = tmp_path.parent / f"{tmp_path.name}-elsewhere"
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)
