@@ -267,16 +267,22 @@ def cmd_verify(args) -> int:
     return OK
 
 
+COMMITTED_RUNS = Path("benchmarks") / "results" / "runs"
+"""Where the runs behind the accepted kernels are committed: records, never resumed."""
+
+
 def _run_dir(root: Path, value: str) -> Path:
     """``--resume RUN``: a run folder given as a path (from the current folder), or by its
-    name under the workspace's ``runs/``."""
+    name under the workspace's ``runs/``. A committed run record (``benchmarks/results/runs/``)
+    is refused: a resume rewrites run.json and the attempt folders, tracked files there."""
     p = Path(value)
-    if (p / "run.json").is_file():
-        return p
-    for cand in (root / "runs" / value, root / value):
-        if (cand / "run.json").is_file():
-            return cand
-    return p  # load_run names what is missing
+    found = p if (p / "run.json").is_file() else next(
+        (c for c in (root / "runs" / value, root / value) if (c / "run.json").is_file()), p)
+    where = found.resolve()
+    if any(d.parts[-3:] == COMMITTED_RUNS.parts for d in (where, *where.parents)):  # this checkout's or another's
+        raise UsageError(f"--resume {value}: {found} is a committed run record ({COMMITTED_RUNS}/), kept as it "
+                         f"was; to continue it, copy it into runs/ first (cp -r {found} {root / 'runs'}/)")
+    return found  # load_run names what is missing
 
 
 def _has_gpu() -> bool:

@@ -798,10 +798,12 @@ def generate(
             max_attempts=DEFAULT_MAX_ATTEMPTS if max_attempts is None else max_attempts,
             cpu_only=cpu_only, force=force, no_accept=no_accept, created_at=_now(),
         )
-    if state.accepted_path is not None and not accepted_by(root, loaded_spec.name, run_dir):
-        # run.json says this run was accepted but the library's manifest names another run
-        # (or none): the record is not trusted, the run continues as not accepted
-        state.accepted_path = None
+    if state.accepted_path is not None:
+        # run.json says this run was accepted: believed only when the library's manifest
+        # names this run, and then shown where this workspace keeps it (a run record copied
+        # from another checkout names that checkout's path)
+        ours = accepted_by(root, loaded_spec.name, run_dir)
+        state.accepted_path = str(Path(root) / "generated_kernels" / loaded_spec.name) if ours else None
     if state.no_accept and accept_fn is not None:
         raise RunError(f"{run_dir} was started with --no-accept and never accepts; resume it with --no-accept, "
                        "or start a new run to accept a kernel")

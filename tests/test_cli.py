@@ -311,3 +311,18 @@ def test_verify_prints_notes_of_a_passing_stage(ws, capsys):
     assert main(["verify", "swiglu_fwd", str(cand), "--cpu-only"]) == 0
     out = " ".join(capsys.readouterr().out.split())
     assert "compile note [tuned-default]" in out and "tuned=False" in out
+
+
+def test_a_committed_run_record_is_not_resumed(ws, capsys, monkeypatch):
+    """Resuming a run under benchmarks/results/runs/ rewrote its tracked run.json and named
+    the other checkout's path as the accepted kernel (new-user pass, session 13)."""
+    rec = sorted((ROOT / "benchmarks" / "results" / "runs").glob("*-swiglu_fwd"))[-1]
+    dest = ws / "benchmarks" / "results" / "runs" / rec.name
+    shutil.copytree(rec, dest)
+    before = (dest / "run.json").read_bytes()
+    monkeypatch.chdir(ws)
+    for ref in (str(dest), str(dest.relative_to(ws))):
+        assert main(["--root", str(ws), "generate", "swiglu_fwd", "--resume", ref, "--llm", "manual",
+                     "--cpu-only"]) == 2
+        assert "is a committed run record" in capsys.readouterr().err
+    assert (dest / "run.json").read_bytes() == before and not (dest / ".lock").exists()

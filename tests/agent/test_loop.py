@@ -566,6 +566,25 @@ def test_a_forged_accepted_path_is_not_believed(workspace, fwd_spec):
     assert len(verifier.calls) == 1 and s.status == "out-of-attempts" and s.state.accepted_path is None
 
 
+def test_an_accepted_run_from_another_checkout_shows_this_workspaces_kernel(workspace, fwd_spec):
+    """A run record copied from another checkout keeps that checkout's accepted_path; when
+    this library's manifest names the run, the path shown is this workspace's (new-user
+    pass, session 13: the summary pointed into the other checkout)."""
+    run_dir = workspace / "runs" / "copied"
+    s = generate(fwd_spec, root=workspace, backend=ScriptedBackend([reply(GOOD_MODULE), LESSON]),
+                 verifier=FakeVerifier(), run_dir=run_dir, accept_fn=Acceptor())
+    assert s.status == "accepted"
+    rj = run_json(run_dir)
+    rj["accepted_path"] = "/elsewhere/checkout/generated_kernels/swiglu_fwd"
+    (run_dir / "run.json").write_text(json.dumps(rj))
+    acc = Acceptor()
+    s = generate(fwd_spec, root=workspace, backend=ScriptedBackend([]), verifier=FakeVerifier(), resume=run_dir,
+                 accept_fn=acc)
+    assert s.status == "accepted" and acc.calls == []
+    assert s.state.accepted_path == str(workspace / "generated_kernels" / "swiglu_fwd")
+    assert "/elsewhere" not in s.render()
+
+
 def test_a_planted_pycache_is_refused_and_verify_is_emptied_first(workspace, fwd_spec):
     """Red team 14: a ``__pycache__/`` beside candidate.py held bytecode that the workers'
     import ran in the candidate's place, and symlinks planted in ``attempt-k/verify/logs``
