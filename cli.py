@@ -271,13 +271,21 @@ COMMITTED_RUNS = Path("benchmarks") / "results" / "runs"
 """Where the runs behind the accepted kernels are committed: records, never resumed."""
 
 
-def _run_dir(root: Path, value: str) -> Path:
-    """``--resume RUN``: a run folder given as a path (from the current folder), or by its
-    name under the workspace's ``runs/``. A committed run record (``benchmarks/results/runs/``)
-    is refused: a resume rewrites run.json and the attempt folders, tracked files there."""
+def _find_run(root: Path, value: str) -> Path:
+    """A run folder given as a path (from the current folder), or by its name under the
+    workspace's ``runs/`` (``--resume RUN``, ``tricks add --from-run RUN``); ``value`` as a
+    path when none holds a run.json (the caller names what is missing)."""
     p = Path(value)
-    found = p if (p / "run.json").is_file() else next(
-        (c for c in (root / "runs" / value, root / value) if (c / "run.json").is_file()), p)
+    if (p / "run.json").is_file():
+        return p
+    return next((c for c in (root / "runs" / value, root / value) if (c / "run.json").is_file()), p)
+
+
+def _run_dir(root: Path, value: str) -> Path:
+    """``--resume RUN`` (:func:`_find_run`). A committed run record
+    (``benchmarks/results/runs/``) is refused: a resume rewrites run.json and the attempt
+    folders, tracked files there."""
+    found = _find_run(root, value)
     where = found.resolve()
     if any(d.parts[-3:] == COMMITTED_RUNS.parts for d in (where, *where.parents)):  # this checkout's or another's
         raise UsageError(f"--resume {value}: {found} is a committed run record ({COMMITTED_RUNS}/), kept as it "
@@ -502,9 +510,10 @@ def _tricks_add(root, args, add_from_run, add_trick) -> int:
     if args.from_run and args.text:
         raise UsageError("tricks add: give TEXT or --from-run RUN, not both")
     if args.from_run:
-        if not Path(args.from_run).is_dir():
-            raise UsageError(f"--from-run {args.from_run}: no such run folder (runs/<RUN>)")
-        entry = add_from_run(root, Path(args.from_run))
+        run = _find_run(root, args.from_run)
+        if not run.is_dir():
+            raise UsageError(f"--from-run {args.from_run}: no such run folder (a path, or a name under {root / 'runs'})")
+        entry = add_from_run(root, run)
     elif args.text:
         if "\n" in args.text.strip():
             raise UsageError("a trick is one line (symptom -> fix); edit tricks_log.md by hand for longer notes")

@@ -154,6 +154,22 @@ def test_tricks_add_appends_dated_entry(ws, capsys):
     assert main(["tricks", "add", "pin tile_n=128 for the rotary table op", "--kernel", "swiglu_fwd"]) == 2  # duplicate
 
 
+def test_tricks_add_from_run_takes_a_run_name(ws, capsys, monkeypatch, tmp_path):
+    """--from-run takes a run's name under runs/, as --resume does (new-user pass, session 13:
+    only a path worked)."""
+    import json
+
+    run = ws / "runs" / "20260101T000000Z-swiglu_fwd"
+    run.mkdir(parents=True)
+    (run / "run.json").write_text(json.dumps({"spec": "swiglu_fwd", "status": "accepted", "lesson": {"status": "proposed"}}))
+    (run / "proposed_trick.md").write_text("Name the run, not its path.\n")
+    monkeypatch.chdir(tmp_path.parent)  # outside the workspace: the name resolves through CODA_ROOT
+    assert main(["tricks", "add", "--from-run", run.name]) == 0
+    assert "Name the run, not its path." in (ws / "tricks_log.md").read_text()
+    assert main(["tricks", "add", "--from-run", "20990101T000000Z-nope"]) == 2
+    assert "no such run folder (a path, or a name under" in capsys.readouterr().err
+
+
 def test_review_of_a_spec_without_accepted_kernel_is_a_clean_usage_error(ws, capsys):
     """`review` on a spec that has no accepted kernel: one error line, exit 2, no traceback."""
     import shutil
