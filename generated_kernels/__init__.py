@@ -8,8 +8,8 @@ autograd-capable, ``torch.compile``-compatible ops:
   (``coda_agent::<kernel>``, Python name ``<kernel>_op``) with a fake (meta)
   implementation, so torch.compile treats it as one opaque node instead of tracing into
   CuTeDSL;
-* every training op below is a composite custom op (``coda_agent::<op>``, one node under
-  torch.compile) with ``register_autograd``: its backward runs the fused backward kernel
+* every training op below is a composite custom op (``coda_agent::<op>``; ``swiglu``'s
+  is ``coda_agent::swiglu_mlp``; one node under torch.compile) with ``register_autograd``: its backward runs the fused backward kernel
   where the catalogue has one, plain torch otherwise. The exception is ``rmsnorm_linear``:
   torch code (rstd, ``h * gamma``, which torch.compile traces and fuses) around the
   ``deferred_rmsnorm_linear`` custom op.

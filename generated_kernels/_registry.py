@@ -40,12 +40,14 @@ def load(name: str):
     return importlib.import_module(f"{_pkg.__name__}.{name}.kernel")
 
 
-def _check_device(op: str, *tensors: torch.Tensor) -> None:
-    """The accepted kernels are sm_90 CUDA kernels: fail clearly on CPU or mixed devices."""
-    devices = {t.device for t in tensors}
+def _check_device(op: str, *tensors: torch.Tensor, **named: torch.Tensor) -> None:
+    """The accepted kernels are sm_90 CUDA kernels: ValueError naming ``op`` on CPU or mixed
+    devices; the message names each keyword argument's device (``x=cpu, w1=cuda:0``)."""
+    devices = {t.device for t in (*tensors, *named.values())}
     if len(devices) != 1 or next(iter(devices)).type != "cuda":
+        got = [str(t.device) for t in tensors] + [f"{k}={t.device}" for k, t in named.items()]
         raise ValueError(f"{op}: the fused kernels need all tensors on one CUDA (Hopper) device, got "
-                         f"{', '.join(str(t.device) for t in tensors)}")
+                         f"{', '.join(got)}")
 
 
 @functools.lru_cache(maxsize=None)

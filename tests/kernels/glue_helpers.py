@@ -67,7 +67,7 @@ def use_standins(monkeypatch, entries: dict, *, check_layout: bool = False) -> d
         return mods[name]
 
     monkeypatch.setattr(K, "load", load)
-    monkeypatch.setattr(K, "_check_device", lambda *a: None)
+    monkeypatch.setattr(K, "_check_device", lambda *a, **kw: None)
     if not check_layout:
         monkeypatch.setattr(K, "_check_layout", lambda *a, **kw: None)
     return calls

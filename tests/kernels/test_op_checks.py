@@ -230,6 +230,16 @@ def test_a_custom_ignore_index_and_an_out_of_range_target(monkeypatch):
         K.linear_cross_entropy(h, w, t, ignore_index=7)
 
 
+@pytest.mark.parametrize("bad", [0.5, "x", True, torch.tensor(-100)])
+def test_ignore_index_must_be_an_int(monkeypatch, bad):
+    """A float or tensor ignore_index compared against int64 targets silently (new-user pass,
+    session 13)."""
+    use_standins(monkeypatch, ce_standins())
+    h, w, t = _ce_case()
+    with pytest.raises(ValueError, match=r"linear_cross_entropy: ignore_index must be an int"):
+        K.linear_cross_entropy(h, w, t, ignore_index=bad)
+
+
 # --------------------------------------------------------------------------- frozen inputs
 
 def _backward_flops(op, args, consts, diff, trainable) -> int:

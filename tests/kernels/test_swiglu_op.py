@@ -84,8 +84,12 @@ def test_loading_a_kernel_does_not_shadow_the_ops():
 
 def test_cpu_tensors_are_refused_clearly():
     x, w1, wd = _inputs("cpu", torch.float32)
-    with pytest.raises(ValueError, match="need all tensors on one CUDA"):
+    with pytest.raises(ValueError, match=r"need all tensors on one CUDA \(Hopper\) device, got x=cpu, w1=cpu, "
+                                         r"w_down=cpu$"):
         K.swiglu(x, w1, wd)
+    if torch.cuda.is_available():  # mixed devices: the message says which argument is where
+        with pytest.raises(ValueError, match=r"got x=cpu, w1=cuda:0, w_down=cpu$"):
+            K.swiglu(x, w1.cuda(), wd)
 
 
 def test_missing_kernel_is_named(tmp_path, monkeypatch):
