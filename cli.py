@@ -341,6 +341,10 @@ def cmd_generate(args) -> int:
     if name == "command" and not command:
         again = " (run.json does not keep it: give the resumed run its command again)" if args.resume else ""
         raise UsageError(f'--llm command needs the command: --llm command --cmd "CMD"{again}')
+    try:  # first: a missing API key is the first thing to fix
+        backend = make_backend(name, model=args.model, command=command)
+    except LLMError as e:
+        raise UsageError(str(e)) from None
     gpu = args.cpu_only or _has_gpu()  # (cpu_only: never asked)
     if not gpu:
         if name == "anthropic":
@@ -362,10 +366,6 @@ def cmd_generate(args) -> int:
             f"{loaded.name} is already accepted ({accepted_dir}); a new accepted kernel would not replace it. "
             f"Use --force to replace it (the old one moves to history/) or --no-accept to only verify{again}."
         )
-    try:
-        backend = make_backend(name, model=args.model, command=command)
-    except LLMError as e:
-        raise UsageError(str(e)) from None
     accept_fn = None
     if not no_accept:
         import functools

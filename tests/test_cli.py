@@ -99,7 +99,8 @@ def test_usage_errors_exit_2(ws, capsys, monkeypatch):
     assert main(["--root", str(ws / "nowhere"), "list"]) == 2
     assert "no such folder" in capsys.readouterr().err
     assert main(["bench", "swiglu_fwdd"]) == 2  # named before "no GPU"
-    assert "not accepted kernels: ['swiglu_fwdd']" in " ".join(capsys.readouterr().err.split())
+    assert "not accepted kernels: ['swiglu_fwdd'] (did you mean 'swiglu_fwd' for 'swiglu_fwdd'?)" in " ".join(
+        capsys.readouterr().err.split())
 
 
 def test_generate_manual_writes_prompt_and_waits(ws, capsys, monkeypatch):
@@ -207,6 +208,10 @@ def test_gpu_commands_stop_early_without_a_gpu(ws, capsys, monkeypatch):
     assert main(["generate", "swiglu_fwd", "--no-accept"]) == 2
     assert "spends API tokens" in capsys.readouterr().err
     monkeypatch.delenv("ANTHROPIC_API_KEY")
+    # no key and no GPU: the missing key is named first (new-user pass,
+    # session 13: one round-trip each)
+    assert main(["generate", "--llm", "anthropic", "swiglu_fwd", "--no-accept"]) == 2
+    assert "ANTHROPIC_API_KEY is not set" in capsys.readouterr().err
     assert main(["generate", "--llm", "manual", "swiglu_fwd", "--no-accept"]) == 0
     cap = capsys.readouterr()
     assert "cannot be accepted" in cap.err and "waiting-for-answer" in cap.out

@@ -217,7 +217,11 @@ def accepted_names(root: Path, names: list[str] | None = None) -> list[str]:
         return accepted
     unknown = sorted(set(names) - set(accepted))
     if unknown:
-        raise ValueError(f"not accepted kernels: {unknown} (accepted: {accepted})")
+        import difflib
+
+        close = {n: c[0] for n in unknown if (c := difflib.get_close_matches(n, accepted, n=1))}
+        hint = "".join(f" (did you mean {c!r} for {n!r}?)" for n, c in close.items())
+        raise ValueError(f"not accepted kernels: {unknown}{hint} (accepted: {accepted})")
     return list(names)
 
 

@@ -88,7 +88,9 @@ class CommandBackend:
         if over:
             raise LLMError(f"--llm command {self.command!r} printed more than {MAX_OUTPUT >> 20} MiB on stdout")
         if not stdout.strip():
-            raise LLMError(f"--llm command {self.command!r} printed nothing on stdout")
+            tail = stderr.strip()[-800:]  # a script whose last line failed exits 0 with the error here
+            raise LLMError(f"--llm command {self.command!r} printed nothing on stdout (exit status 0)"
+                           + (f"; stderr:\n{tail}" if tail else " and nothing on stderr"))
         return LLMResponse(text=stdout, model=self.model)
 
     def _run(self, data: bytes, env: dict[str, str]) -> tuple[int | None, str, str, bool]:

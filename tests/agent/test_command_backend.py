@@ -46,8 +46,12 @@ def test_nonzero_exit_is_a_clear_error(workspace, fwd_spec):
 def test_timeout_and_empty_output(workspace, fwd_spec):
     with pytest.raises(LLMError, match=r"did not finish within 0.5 s"):
         CommandBackend("sleep 5", timeout_s=0.5).complete(render_prompt(fwd_spec, workspace))
-    with pytest.raises(LLMError, match=r"printed nothing on stdout"):
+    with pytest.raises(LLMError, match=r"printed nothing on stdout \(exit status 0\) and nothing on stderr"):
         CommandBackend("cat > /dev/null").complete(render_prompt(fwd_spec, workspace))
+    # a script whose last command failed exits 0 with the reason on stderr: it is shown
+    # (new-user pass, session 13: "python: not found" was hidden)
+    with pytest.raises(LLMError, match=r"printed nothing on stdout \(exit status 0\); stderr:\n.*nosuchtool.*not found"):
+        CommandBackend("cat > /dev/null; nosuchtool || true").complete(render_prompt(fwd_spec, workspace))
 
 
 def test_factory_and_loop_with_a_command(workspace, fwd_spec, tmp_path):
