@@ -106,6 +106,9 @@ def print_verdict(verdict, recorded: bool = False) -> None:
     if verdict.gpu_verified:
         console.print(f"[green]verified on the GPU[/] at acceptance ({escape(verdict.started_at or 'time not recorded')}); "
                       "numbers from its manifest, nothing measured now" if recorded else "[green]verified on the GPU[/]")
+    elif verdict.passed and (c := verdict.stage("correctness")) is not None and c.status == "pass":
+        console.print("[yellow]correct on the GPU, but not verified: the benchmark did not run (--no-bench), "
+                      "so it cannot be accepted[/]")
     elif verdict.passed:
         console.print("[yellow]passed the stages that ran, but NOT verified on a GPU[/]")
 
