@@ -155,6 +155,7 @@ def cmd_list(args) -> int:
             ls = load_spec(d)
         except SpecError as e:
             problems += 1
+            err.print(f"error: {escape(str(e))}")  # whole, on stderr; the table shows its start
             lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
             t.add_row(d.name, "[red]invalid[/]", escape(" ".join(lines[:3])), "", "", "")
             continue

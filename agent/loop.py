@@ -297,6 +297,10 @@ class RunSummary(BaseModel):
             goal = "verify it" if s.no_accept else "verify (and accept) it"
             lines.append(f"passed the CPU stages only; to {goal}, resume the run on a Hopper GPU: "
                          f"{self.resume_command()}")
+            taken = (Path(s.root) / "generated_kernels" / s.spec / "manifest.json").is_file()
+            if taken and not (s.no_accept or s.force or accepted_by(Path(s.root), s.spec, self.run_dir)):
+                lines.append(f"({s.spec} already has an accepted kernel: that resume also needs --force to replace "
+                             "it, or --no-accept to only verify)")
         if s.no_accept:
             lines.append("this run was started with --no-accept: it verifies but never accepts")
         if s.error:

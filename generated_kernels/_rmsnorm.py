@@ -248,7 +248,7 @@ def rmsnorm_linear(h: torch.Tensor, gamma: torch.Tensor, w: torch.Tensor, *, eps
 
     Args:
         h: (M, D) bf16 pre-norm activations (the residual stream), contiguous.
-        gamma: (D,) bf16 RMSNorm weight.
+        gamma: (D,) bf16 RMSNorm weight (any strides: it meets torch code only).
         w: (N, D) bf16 weight, nn.Linear layout.
         eps: RMSNorm epsilon (keyword), default 1e-6 (the spec's); Llama-3 uses 1e-5.
     Returns:
@@ -279,6 +279,8 @@ def rmsnorm_linear(h: torch.Tensor, gamma: torch.Tensor, w: torch.Tensor, *, eps
             op, lambda: f"need h (M, D), gamma (D,), w (N, D), got {tuple(h.shape)}, {tuple(gamma.shape)}, "
                         f"{tuple(w.shape)}")
     _pkg._check_device(op, h=h, gamma=gamma, w=w)
+    # gamma meets torch code only (h * gamma): a strided one (an expanded scalar) is copied, D elements
+    gamma = gamma if gamma.is_contiguous() else gamma.contiguous()
     _pkg._check_layout(op, {"N (w's rows, the output's columns)": w.shape[0]}, h=(h, BF16), gamma=(gamma, BF16),
                        w=(w, BF16))
     eps = _check_eps(op, eps)

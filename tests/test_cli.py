@@ -40,7 +40,10 @@ def test_list_flags_invalid_spec(ws, capsys):
     p = ws / "kernel_specs" / "broken" / "spec.toml"
     p.write_text(p.read_text().replace('name = "swiglu_fwd"', 'name = "broken"').replace('pattern = "forward"', 'pattern = "up"'))
     assert main(["list"]) == 2
-    assert "invalid" in capsys.readouterr().out
+    cap = capsys.readouterr()
+    assert "invalid" in cap.out
+    err = " ".join(cap.err.split())  # the whole error on stderr, naming the file and the field
+    assert err.startswith("error: ") and "broken/spec.toml" in err and "pattern" in err
 
 
 def test_prompt_prints_spec_docs_and_tricks(ws, capsys):

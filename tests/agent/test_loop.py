@@ -479,6 +479,14 @@ def test_cpu_only_summary_names_the_resume_command_by_run_name(tmp_path, monkeyp
     st.status, st.answer_path = "waiting-for-answer", str(tmp_path / "runs" / "r" / "attempt-1" / "response.md")
     assert "--resume r --force --cpu-only" in RunSummary(run_dir=tmp_path / "runs" / "r", state=st).render()
     st.status, st.answer_path, st.cpu_only = "passed-cpu-only", None, False
+    # a spec that already has an accepted kernel: the resume on a GPU needs --force or --no-accept
+    st.force = False
+    (tmp_path / "generated_kernels" / "swiglu_fwd").mkdir(parents=True)
+    (tmp_path / "generated_kernels" / "swiglu_fwd" / "manifest.json").write_text('{"provenance": {"run_dir": "other"}}')
+    assert "already has an accepted kernel: that resume also needs --force" in RunSummary(
+        run_dir=tmp_path / "runs" / "r", state=st).render()
+    st.force = True
+    assert "already has an accepted kernel" not in RunSummary(run_dir=tmp_path / "runs" / "r", state=st).render()
     elsewhere = tmp_path.parent / f"{tmp_path.name}-elsewhere"
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)

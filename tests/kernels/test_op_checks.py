@@ -100,6 +100,20 @@ def test_a_float32_or_strided_bf16_tensor_is_refused_by_name(name, checked):
     assert sum(checked.values()) == 0               # nothing reached a kernel
 
 
+def test_rmsnorm_linear_takes_a_strided_gamma(checked):
+    """gamma meets torch code only in rmsnorm_linear (h * gamma): an expanded scalar or a
+    strided slice is fine, and its gradient reaches the base tensor."""
+    op, (h, gamma, w), _ = _ops()["rmsnorm_linear"]
+    want = op(h, gamma.contiguous(), w)
+    scalar = torch.ones((), dtype=BF16, requires_grad=True)
+    got = op(h, scalar.expand(gamma.shape[0]), w)
+    torch.testing.assert_close(got, op(h, torch.ones_like(gamma), w))
+    got.float().sum().backward()
+    assert scalar.grad is not None and torch.isfinite(scalar.grad)
+    wide = torch.stack((gamma, gamma), dim=1)          # (D, 2): column 0 has stride 2
+    torch.testing.assert_close(op(h, wide[:, 0], w), want)
+
+
 @pytest.mark.parametrize("name, arg, bad_dtype, want", [
     ("deferred_rmsnorm_linear", "rstd", BF16, torch.float32),
     ("deferred_rmsnorm_swiglu", "rstd", BF16, torch.float32),
