@@ -106,9 +106,10 @@ def print_verdict(verdict, recorded: bool = False) -> None:
     if verdict.gpu_verified:
         console.print(f"[green]verified on the GPU[/] at acceptance ({escape(verdict.started_at or 'time not recorded')}); "
                       "numbers from its manifest, nothing measured now" if recorded else "[green]verified on the GPU[/]")
-    elif verdict.passed and (c := verdict.stage("correctness")) is not None and c.status == "pass":
-        console.print("[yellow]correct on the GPU, but not verified: the benchmark did not run (--no-bench), "
-                      "so it cannot be accepted[/]")
+    elif verdict.gpu_correct:
+        b = verdict.stage("bench")
+        why = escape(b.summary) if b is not None else "no benchmark stage"
+        console.print(f"[yellow]correct on the GPU, but not verified for speed ({why}), so it cannot be accepted[/]")
     elif verdict.passed:
         console.print("[yellow]passed the stages that ran, but NOT verified on a GPU[/]")
 
@@ -155,7 +156,7 @@ def cmd_list(args) -> int:
             ls = load_spec(d)
         except SpecError as e:
             problems += 1
-            err.print(f"error: {escape(str(e))}")  # whole, on stderr; the table shows its start
+            err.print(f"error: {e}", markup=False, emoji=False, highlight=False)  # whole; the table shows its start
             lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
             t.add_row(d.name, "[red]invalid[/]", escape(" ".join(lines[:3])), "", "", "")
             continue
@@ -253,9 +254,9 @@ def cmd_verify(args) -> int:
         _write_out(json_out, verdict.to_json(outcome=True))
     if not verdict.passed:
         return FAILED
-    checked = (s := verdict.stage("correctness")) is not None and s.status == "pass"
-    if not verdict.gpu_verified and not args.cpu_only and not (args.no_bench and checked):
-        err.print("not verified: the GPU stages did not run (no sm_90 GPU here); use --cpu-only for static + compile only")
+    if not verdict.done_as_asked(cpu_only=args.cpu_only, bench=not args.no_bench):
+        err.print("not verified: the benchmark stage did not pass (see its row above)" if verdict.gpu_correct else
+                  "not verified: the GPU stages did not run (no sm_90 GPU here); use --cpu-only for static + compile only")
         return FAILED
     if args.accept:
         from coda_agent.verifier.accept import AcceptError, accept
@@ -280,9 +281,18 @@ def _find_run(root: Path, value: str) -> Path:
     workspace's ``runs/`` (``--resume RUN``, ``tricks add --from-run RUN``); ``value`` as a
     path when none holds a run.json (the caller names what is missing)."""
     p = Path(value)
-    if (p / "run.json").is_file():
+    if _holds_run(p):
         return p
-    return next((c for c in (root / "runs" / value, root / value) if (c / "run.json").is_file()), p)
+    return next((c for c in (root / "runs" / value, root / value) if _holds_run(c)), p)
+
+
+def _holds_run(d: Path) -> bool:
+    """Whether ``d/run.json`` is a file; False also where the path cannot be looked at (a
+    name too long for the file system raised OSError)."""
+    try:
+        return (d / "run.json").is_file()
+    except OSError:
+        return False
 
 
 def _run_dir(root: Path, value: str) -> Path:
@@ -291,9 +301,13 @@ def _run_dir(root: Path, value: str) -> Path:
     folders, tracked files there."""
     found = _find_run(root, value)
     where = found.resolve()
-    if any(d.parts[-3:] == COMMITTED_RUNS.parts for d in (where, *where.parents)):  # this checkout's or another's
+    # a run folder sits right in runs/: only its parent is looked at (a workspace that itself
+    # lives under some benchmarks/results/runs/ folder is not a record)
+    if where.parent.parts[-3:] == COMMITTED_RUNS.parts and _holds_run(found):
+        dest = root / "runs" / where.name
         raise UsageError(f"--resume {value}: {found} is a committed run record ({COMMITTED_RUNS}/), kept as it "
-                         f"was; to continue it, copy it into runs/ first (cp -r {found} {root / 'runs'}/)")
+                         f"was; to continue it, copy it into runs/ first: mkdir -p {root / 'runs'} && "
+                         f"cp -r {where} {dest}")
     return found  # load_run names what is missing
 
 
@@ -477,6 +491,13 @@ def cmd_regress(args) -> int:
     if args.shape and (args.cpu_only or args.verdicts):
         raise UsageError("regress --shape picks the benchmark shapes to measure; "
                          + ("--cpu-only measures none" if args.cpu_only else "--verdicts judges what was measured"))
+    if args.kernels:  # a misspelt name first, as bench does (before the no-GPU refusal)
+        from coda_agent.verifier.accept import accepted_names
+
+        try:
+            accepted_names(root, args.kernels)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
     if not (args.cpu_only or args.verdicts) and not _has_gpu():
         raise UsageError("regress checks correctness and speed on a Hopper GPU and there is no CUDA GPU here; "
                          "use --cpu-only (integrity, static, sm_90a compile) or --verdicts DIR (what bench measured)")
@@ -515,7 +536,7 @@ def _tricks_add(root, args, add_from_run, add_trick) -> int:
         raise UsageError("tricks add: give TEXT or --from-run RUN, not both")
     if args.from_run:
         run = _find_run(root, args.from_run)
-        if not run.is_dir():
+        if not _holds_run(run):
             raise UsageError(f"--from-run {args.from_run}: no such run folder (a path, or a name under {root / 'runs'})")
         entry = add_from_run(root, run)
     elif args.text:

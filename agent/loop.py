@@ -334,7 +334,11 @@ def load_run(run_dir: str | Path) -> RunSummary:
     :func:`check_run_files` refuses one of its files)."""
     run_dir = Path(run_dir)
     p = run_dir / RUN_FILE
-    if not p.is_file():
+    try:
+        found = p.is_file()
+    except OSError as e:  # a name too long for the file system, ...
+        raise RunError(f"{str(run_dir)[:200]}: cannot be looked at ({e.strerror})") from None
+    if not found:
         raise RunError(f"{run_dir}: not a run directory (no {RUN_FILE})")
     check_run_files(run_dir)
     return RunSummary(run_dir=run_dir, state=_parsed(p, RunState.model_validate_json))
@@ -788,6 +792,7 @@ def generate(
             )
         if max_attempts is not None:
             state.max_attempts = max_attempts
+        state.root = str(root)  # where it runs now (a run folder copied from another checkout)
         state.backend, state.model = backend_name, backend_model
         state.cpu_only, state.force = cpu_only, force
         state.no_accept = state.no_accept or no_accept

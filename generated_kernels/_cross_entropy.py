@@ -7,9 +7,23 @@ looked up through the package at call time.
 
 from __future__ import annotations
 
+import operator
+
 import torch
 
 from ._registry import _expect, _pkg, _stat_dtype, run_kernel
+
+
+def _as_index(op: str, value) -> int:
+    """``ignore_index`` as a Python int: an int or an integer scalar (``np.int64``), not a
+    bool, float or tensor; ValueError naming ``op`` otherwise."""
+    try:
+        ok = not isinstance(value, (bool, torch.Tensor))
+        index = operator.index(value) if ok else 0
+    except TypeError:
+        ok = False
+    _expect(ok, op, lambda: f"ignore_index must be an int (a class index or -100), got {value!r}")
+    return index
 
 
 @torch.library.custom_op("coda_agent::gemm_cross_entropy", mutates_args=())
@@ -125,8 +139,7 @@ def linear_cross_entropy(
     # V: cross_entropy_bwd materializes bf16 (M, V) dlogits as its GEMMs' operand (16-byte rows)
     _pkg._check_layout(op, {"V (w_vocab's rows)": w_vocab.shape[0]}, h=(h, torch.bfloat16),
                        w_vocab=(w_vocab, torch.bfloat16), target=(target, torch.int64))
-    _expect(isinstance(ignore_index, int) and not isinstance(ignore_index, bool), op,
-            lambda: f"ignore_index must be an int (a class index or -100), got {ignore_index!r}")
+    ignore_index = _as_index(op, ignore_index)
     keep = target != ignore_index
     safe_target = torch.where(keep, target, torch.zeros_like(target))
     torch._assert_async(((safe_target >= 0) & (safe_target < w_vocab.shape[0])).all(),

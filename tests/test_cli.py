@@ -44,6 +44,10 @@ def test_list_flags_invalid_spec(ws, capsys):
     assert "invalid" in cap.out
     err = " ".join(cap.err.split())  # the whole error on stderr, naming the file and the field
     assert err.startswith("error: ") and "broken/spec.toml" in err and "pattern" in err
+    # printed as text: no rich markup or emoji codes from the spec's content
+    p.write_text(p.read_text().replace('pattern = "up"', 'pattern = "forward"\n"x:smile:[bold]y" = 1'))
+    assert main(["list"]) == 2
+    assert "x:smile:[bold]y" in capsys.readouterr().err
 
 
 def test_prompt_prints_spec_docs_and_tricks(ws, capsys):
@@ -101,6 +105,8 @@ def test_usage_errors_exit_2(ws, capsys, monkeypatch):
     assert "give one of them" in capsys.readouterr().err
     assert main(["--root", str(ws / "nowhere"), "list"]) == 2
     assert "no such folder" in capsys.readouterr().err
+    assert main(["regress", "swiglu_fwdd"]) == 2  # named before "no GPU", as bench does
+    assert "did you mean 'swiglu_fwd'" in " ".join(capsys.readouterr().err.split())
     assert main(["bench", "swiglu_fwdd"]) == 2  # named before "no GPU"
     assert "not accepted kernels: ['swiglu_fwdd'] (did you mean 'swiglu_fwd' for 'swiglu_fwdd'?)" in " ".join(
         capsys.readouterr().err.split())
@@ -172,6 +178,10 @@ def test_tricks_add_from_run_takes_a_run_name(ws, capsys, monkeypatch, tmp_path)
     assert "Name the run, not its path." in (ws / "tricks_log.md").read_text()
     assert main(["tricks", "add", "--from-run", "20990101T000000Z-nope"]) == 2
     assert "no such run folder (a path, or a name under" in capsys.readouterr().err
+    # a name too long for the file system: a usage error, not an OSError traceback
+    assert main(["tricks", "add", "--from-run", "x" * 300]) == 2
+    assert main(["generate", "swiglu_fwd", "--llm", "manual", "--cpu-only", "--resume", "x" * 300]) == 2
+    assert "cannot be looked at" in capsys.readouterr().err
 
 
 def test_review_of_a_spec_without_accepted_kernel_is_a_clean_usage_error(ws, capsys):
@@ -350,3 +360,28 @@ def test_a_committed_run_record_is_not_resumed(ws, capsys, monkeypatch):
                      "--cpu-only"]) == 2
         assert "is a committed run record" in capsys.readouterr().err
     assert (dest / "run.json").read_bytes() == before and not (dest / ".lock").exists()
+    # the suggested copy works in a checkout without runs/ (it is git-ignored)
+    assert main(["--root", str(ws), "generate", "swiglu_fwd", "--resume", str(dest), "--llm", "manual"]) == 2
+    msg = " ".join(capsys.readouterr().err.split())
+    cmd = msg.split("copy it into runs/ first: ", 1)[1].strip()
+    assert cmd == f"mkdir -p {ws / 'runs'} && cp -r {dest.resolve()} {ws / 'runs' / rec.name}"
+    import subprocess
+
+    assert not (ws / "runs").exists()
+    subprocess.run(cmd, shell=True, check=True)
+    assert (ws / "runs" / rec.name / "run.json").read_bytes() == before
+
+
+def test_a_workspace_under_a_folder_named_like_the_records_can_resume(tmp_path, monkeypatch, capsys):
+    """Only a run folder directly in benchmarks/results/runs/ is a record: a checkout that
+    itself lives below such a path resumed nothing (red team, session 13)."""
+    ws = tmp_path / "benchmarks" / "results" / "runs" / "ws"
+    for d in ("kernel_specs", "primitives_docs", "generated_kernels"):
+        shutil.copytree(ROOT / d, ws / d, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "tricks_log.md", ws / "tricks_log.md")
+    monkeypatch.chdir(ws)
+    assert main(["--root", str(ws), "generate", "swiglu_fwd", "--llm", "manual", "--cpu-only", "--no-accept"]) == 0
+    run = next((ws / "runs").iterdir())
+    assert main(["--root", str(ws), "generate", "swiglu_fwd", "--resume", run.name, "--llm", "manual",
+                 "--cpu-only", "--no-accept"]) == 0
+    assert "committed run record" not in capsys.readouterr().err

@@ -467,8 +467,9 @@ def _print(verdict: Verdict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Exit status 0 when the candidate is GPU-verified (with --cpu-only / --no-bench: when
-    every stage that ran passed), 1 otherwise (also: no GPU to verify on), 2 on bad arguments."""
+    """Exit status 0 when the candidate is GPU-verified (with --cpu-only: when every stage
+    that ran passed; with --no-bench: when it was correct on a GPU), 1 otherwise (also: no
+    GPU to verify on), 2 on bad arguments (``Verdict.done_as_asked``)."""
     ap = argparse.ArgumentParser(prog="python -m coda_agent.verifier.pipeline", description=__doc__.splitlines()[0])
     ap.add_argument("spec_dir", type=Path)
     ap.add_argument("candidate", type=Path)
@@ -494,8 +495,7 @@ def main(argv: list[str] | None = None) -> int:
     _print(verdict)
     if a.json:
         atomic_write_text(a.json, verdict.to_json(outcome=True))
-    ok = verdict.passed if (a.cpu_only or a.no_bench) else verdict.gpu_verified
-    return 0 if ok else 1
+    return 0 if verdict.done_as_asked(cpu_only=a.cpu_only, bench=not a.no_bench) else 1
 
 
 if __name__ == "__main__":

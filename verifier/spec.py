@@ -704,9 +704,11 @@ def load_spec(path: str | Path) -> LoadedSpec:
     if not toml_path.is_file():
         raise SpecError(f"{toml_path}: no spec file (expected kernel_specs/<name>/{SPEC_FILE})")
     try:
-        raw = tomllib.loads(toml_path.read_text())
+        raw = tomllib.loads(toml_path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as e:
         raise SpecError(f"{toml_path}: not valid TOML: {e}") from None
+    except UnicodeDecodeError as e:
+        raise SpecError(f"{toml_path}: not UTF-8 text (byte {e.start}: {e.reason}); TOML files are UTF-8") from None
     try:
         spec = KernelSpec.model_validate(raw)
     except ValidationError as e:
@@ -719,9 +721,11 @@ def load_spec(path: str | Path) -> LoadedSpec:
     if not ref.is_file():
         raise SpecError(f"{ref}: missing (every spec needs a PyTorch reference module)")
     try:
-        tree = ast.parse(ref.read_text(), filename=str(ref))
+        tree = ast.parse(ref.read_text(encoding="utf-8"), filename=str(ref))
     except SyntaxError as e:
         raise SpecError(f"{ref}:{e.lineno}: syntax error: {e.msg}") from None
+    except UnicodeDecodeError as e:
+        raise SpecError(f"{ref}: not UTF-8 text (byte {e.start}: {e.reason})") from None
     defined = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
     needed = set(REQUIRED_REFERENCE_FUNCS) | {o.gradient.of for o in spec.gradient_outputs}
     needed |= {t.init.fn for t in spec.entry.inputs if t.init.fn}

@@ -94,6 +94,21 @@ class Verdict(BaseModel):
         done = {s.stage for s in self.stages if s.status == "pass"}
         return self.passed and not self.cpu_only and {"correctness", "bench"} <= done
 
+    @property
+    def gpu_correct(self) -> bool:
+        """Passed, with the correctness stage run and passed on a GPU (the benchmark may be
+        skipped: ``--no-bench``)."""
+        c = self.stage("correctness")
+        return self.passed and not self.cpu_only and c is not None and c.status == "pass"
+
+    def done_as_asked(self, *, cpu_only: bool, bench: bool) -> bool:
+        """Whether the run did what was asked of it: GPU-verified; or, under ``cpu_only``,
+        every stage that ran passed; or, without ``bench``, correct on a GPU. The exit
+        status 0 of ``verify`` (CLI and ``python -m coda_agent.verifier.pipeline``)."""
+        if cpu_only:
+            return self.passed
+        return self.gpu_verified or (not bench and self.gpu_correct)
+
     def stage(self, name: str) -> StageResult | None:
         return next((s for s in self.stages if s.stage == name), None)
 

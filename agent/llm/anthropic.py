@@ -99,7 +99,13 @@ class AnthropicBackend:
         sleep: Callable[[float], None] = time.sleep,
     ):
         self.model = model or os.environ.get("CODA_MODEL") or DEFAULT_MODEL
-        self.max_tokens = int(max_tokens or os.environ.get("CODA_MAX_TOKENS") or DEFAULT_MAX_TOKENS)
+        raw = max_tokens or os.environ.get("CODA_MAX_TOKENS") or DEFAULT_MAX_TOKENS
+        try:
+            self.max_tokens = int(raw)
+        except ValueError:
+            raise LLMError(f"max_tokens (CODA_MAX_TOKENS) must be a whole number of tokens, got {raw!r}") from None
+        if self.max_tokens < 1:
+            raise LLMError(f"max_tokens (CODA_MAX_TOKENS) must be >= 1, got {self.max_tokens}")
         self.timeout_s = timeout_s
         self.attempts = max(1, attempts)
         self.backoff_base_s = backoff_base_s

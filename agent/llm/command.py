@@ -20,6 +20,7 @@ to this backend and reported as zeros.
 
 from __future__ import annotations
 
+import collections
 import os
 import shlex
 import subprocess
@@ -40,12 +41,26 @@ EXIT_GRACE_S = 2.0
 
 
 def _drain(stream, cap: int, out: list[bytes], over: list[bool]) -> None:
+    """Read ``stream`` to its end, keeping its first ``cap`` bytes in ``out``."""
     kept = 0
     while chunk := stream.read(65536):
         if kept < cap:
             out.append(chunk[: cap - kept])
         kept += len(chunk)
     over.append(kept > cap)
+
+
+def _drain_tail(stream, cap: int, out: list[bytes]) -> None:
+    """Read ``stream`` to its end, keeping its last ``cap`` bytes in ``out`` (stderr: the
+    reason a command failed comes last, after any warnings)."""
+    tail = collections.deque()
+    size = 0
+    while chunk := stream.read(65536):
+        tail.append(chunk)
+        size += len(chunk)
+        while size - len(tail[0]) >= cap:
+            size -= len(tail.popleft())
+    out[:] = [b"".join(tail)[-cap:]]
 
 
 class CommandBackend:
@@ -101,7 +116,7 @@ class CommandBackend:
         err: list[bytes] = []
         over: list[bool] = []
         drains = [threading.Thread(target=_drain, args=(proc.stdout, MAX_OUTPUT + 1, out, over), daemon=True),
-                  threading.Thread(target=_drain, args=(proc.stderr, 1 << 20, err, []), daemon=True)]
+                  threading.Thread(target=_drain_tail, args=(proc.stderr, 1 << 20, err), daemon=True)]
         for t in drains:
             t.start()
 

@@ -249,6 +249,14 @@ def test_missing_key_explains_choices(monkeypatch):
     assert isinstance(b, AnthropicBackend) and b.max_tokens == 8000
 
 
+@pytest.mark.parametrize("value", ["abc", "0", "-5"])
+def test_a_bad_max_tokens_is_an_llm_error(monkeypatch, value):
+    """CODA_MAX_TOKENS=abc was a ValueError traceback (red team, session 13)."""
+    monkeypatch.setenv("CODA_MAX_TOKENS", value)
+    with pytest.raises(LLMError, match=r"CODA_MAX_TOKENS\) must be"):
+        AnthropicBackend(api_key=SECRET, http_client=httpx2.Client(transport=httpx2.MockTransport(Server())))
+
+
 def test_thinking_option(workspace, fwd_spec):
     server = Server((200, message_body()), (200, message_body()))
     b, _ = backend(server, thinking="adaptive")

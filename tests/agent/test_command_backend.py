@@ -52,6 +52,10 @@ def test_timeout_and_empty_output(workspace, fwd_spec):
     # (new-user pass, session 13: "python: not found" was hidden)
     with pytest.raises(LLMError, match=r"printed nothing on stdout \(exit status 0\); stderr:\n.*nosuchtool.*not found"):
         CommandBackend("cat > /dev/null; nosuchtool || true").complete(render_prompt(fwd_spec, workspace))
+    # ... also after 1.2 MB of warnings: stderr's tail is kept, not its head
+    noisy = "cat > /dev/null; head -c 1200000 /dev/zero | tr '\\0' w >&2; echo; nosuchtool || true"
+    with pytest.raises(LLMError, match=r"stderr:\n.*nosuchtool.*not found"):
+        CommandBackend(noisy).complete(render_prompt(fwd_spec, workspace))
 
 
 def test_factory_and_loop_with_a_command(workspace, fwd_spec, tmp_path):

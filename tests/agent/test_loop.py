@@ -584,12 +584,14 @@ def test_an_accepted_run_from_another_checkout_shows_this_workspaces_kernel(work
     assert s.status == "accepted"
     rj = run_json(run_dir)
     rj["accepted_path"] = "/elsewhere/checkout/generated_kernels/swiglu_fwd"
+    rj["root"] = "/elsewhere/checkout"
     (run_dir / "run.json").write_text(json.dumps(rj))
     acc = Acceptor()
     s = generate(fwd_spec, root=workspace, backend=ScriptedBackend([]), verifier=FakeVerifier(), resume=run_dir,
                  accept_fn=acc)
     assert s.status == "accepted" and acc.calls == []
     assert s.state.accepted_path == str(workspace / "generated_kernels" / "swiglu_fwd")
+    assert run_json(run_dir)["root"] == str(workspace)
     assert "/elsewhere" not in s.render()
 
 

@@ -254,6 +254,15 @@ def test_ignore_index_must_be_an_int(monkeypatch, bad):
         K.linear_cross_entropy(h, w, t, ignore_index=bad)
 
 
+def test_a_numpy_integer_ignore_index_is_accepted(monkeypatch):
+    """As F.cross_entropy accepts it (red team, session 13: np.int64 was refused)."""
+    np = pytest.importorskip("numpy")
+    use_standins(monkeypatch, ce_standins())
+    h, w, t = _ce_case()
+    torch.testing.assert_close(K.linear_cross_entropy(h, w, t, ignore_index=np.int64(-100)),
+                               K.linear_cross_entropy(h, w, t))
+
+
 # --------------------------------------------------------------------------- frozen inputs
 
 def _backward_flops(op, args, consts, diff, trainable) -> int:

@@ -146,6 +146,20 @@ def test_bad_toml_and_missing_files(tmp_path):
         load_spec(tmp_path / "kernel_specs" / "nope")
 
 
+def test_a_file_that_is_not_utf8_is_a_spec_error(tmp_path):
+    """A Latin-1 spec.toml (or reference.py) was a UnicodeDecodeError traceback in list and
+    every command (red team, session 13)."""
+    d = _copy_spec(tmp_path)
+    good = (d / "spec.toml").read_bytes()
+    (d / "spec.toml").write_bytes(good.replace(b'"""', b'"""caf\xe9 ', 1))
+    with pytest.raises(SpecError, match=r"spec\.toml: not UTF-8 text \(byte \d+: invalid"):
+        load_spec(d)
+    (d / "spec.toml").write_bytes(good)
+    (d / "reference.py").write_bytes(b"# caf\xe9\n" + (d / "reference.py").read_bytes())
+    with pytest.raises(SpecError, match=r"reference\.py: not UTF-8 text"):
+        load_spec(d)
+
+
 def test_reference_must_define_what_spec_names(tmp_path):
     d = _copy_spec(tmp_path)
     _edit(d / "reference.py", "def forward(", "def forward_renamed(")

@@ -619,3 +619,39 @@ def swiglu_fwd(x, w1):
     assert v.candidate_hash == hashlib.sha256(cand.read_bytes()).hexdigest()
     plan = json.loads((tmp_path / "work" / "cand" / "plan.json").read_text())
     assert plan["candidate_sha256"] == v.candidate_hash and Path(plan["candidate"]).parent != tmp_path
+
+
+@pytest.mark.parametrize("correctness, bench, cpu_only, want", [
+    # (correctness stage, bench stage, verdict cpu_only) -> done as asked for (cpu_only, bench) of
+    # the call: (F,T) full verification, (F,F) --no-bench, (T,T) --cpu-only
+    ("pass", "pass", False, {(False, True): True, (False, False): True, (True, True): True}),
+    ("pass", "skip", False, {(False, True): False, (False, False): True, (True, True): True}),
+    ("skip", "skip", False, {(False, True): False, (False, False): False, (True, True): True}),
+    ("skip", "skip", True, {(False, True): False, (False, False): False, (True, True): True}),
+    ("fail", None, False, {(False, True): False, (False, False): False, (True, True): False}),
+])
+def test_done_as_asked(correctness, bench, cpu_only, want):
+    """verify's exit status: --no-bench without a GPU (correctness skipped) is not done as
+    asked (new-user pass, session 13: the CLI and pipeline CLI exited 0 there)."""
+    stages = [StageResult(stage="static", status="pass", summary="ok"),
+              StageResult(stage="correctness", status=correctness, summary="x")]
+    if bench:
+        stages.append(StageResult(stage="bench", status=bench, summary="y"))
+    v = Verdict(spec="s", spec_hash="h", candidate_hash="c", stages=stages, cpu_only=cpu_only)
+    got = {(c, b): v.done_as_asked(cpu_only=c, bench=b) for c, b in want}
+    assert got == want
+    assert v.gpu_correct == (correctness == "pass" and not cpu_only)
+
+
+def test_pipeline_cli_no_bench_without_a_gpu_exits_1(tmp_path, monkeypatch):
+    """python -m coda_agent.verifier.pipeline --no-bench had the bug the CLI had: exit 0
+    though the correctness stage was skipped."""
+    v = Verdict(spec="s", spec_hash="h", candidate_hash="c", cpu_only=False,
+                stages=[StageResult(stage="static", status="pass", summary="ok"),
+                        StageResult(stage="correctness", status="skip", summary="no CUDA GPU: not verified")])
+    monkeypatch.setattr(pipeline, "verify", lambda *a, **kw: v)
+    cand = tmp_path / "k.py"
+    cand.write_text("x = 1\n")
+    spec_dir = Path(__file__).resolve().parents[2] / "kernel_specs" / "swiglu_fwd"
+    assert pipeline.main([str(spec_dir), str(cand), "--no-bench"]) == 1
+    assert pipeline.main([str(spec_dir), str(cand), "--cpu-only"]) == 0
