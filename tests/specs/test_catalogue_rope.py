@@ -209,7 +209,7 @@ def test_value_columns_pass_through_bit_exactly(name, case):
 
 def test_rope_bwd_is_the_adjoint_of_gemm_rope():
     """<R u, v> = <u, R^T v>: the backward's rotation is the transpose of the forward's."""
-    (fwd, rf), (bwd, rb) = _load("gemm_rope"), _load("rope_bwd")
+    (_, rf), (bwd, rb) = _load("gemm_rope"), _load("rope_bwd")
     dims, inp = _inputs(bwd, 2)
     x = _f64(inp)
     gen = torch.Generator().manual_seed(5)

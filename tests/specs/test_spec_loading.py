@@ -1,7 +1,6 @@
 """Spec loading: the shipped specs validate; malformed specs fail naming file, field, expectation."""
 
 import shutil
-import textwrap
 from pathlib import Path
 
 import pytest
