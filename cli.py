@@ -347,6 +347,8 @@ def cmd_generate(args) -> int:
             resumed = load_run(resume).state
         except Exception as e:  # noqa: BLE001 - reported as a usage error below
             raise UsageError(f"--resume {args.resume}: {e}") from None
+        if resumed.spec != loaded.name:  # before any warning about this machine
+            raise UsageError(f"--resume {args.resume}: a run of spec {resumed.spec!r}, not {loaded.name!r}")
         name = name or resumed.backend
         # the run's summary says so; run.json could have it cleared, but a resume that accepts
         # still verifies in this process and never replaces an accepted kernel without --force

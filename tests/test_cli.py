@@ -372,6 +372,20 @@ def test_a_committed_run_record_is_not_resumed(ws, capsys, monkeypatch):
     assert (ws / "runs" / rec.name / "run.json").read_bytes() == before
 
 
+def test_resuming_a_run_of_another_spec_is_refused_before_any_warning(ws, capsys, monkeypatch):
+    """The no-GPU warning printed before this unrelated usage error (new-user pass, session 13)."""
+    from coda_agent.verifier import environment
+
+    monkeypatch.setattr(environment, "cuda_available", lambda: False)
+    assert main(["generate", "swiglu_fwd", "--llm", "manual", "--no-accept"]) == 0
+    run = next((ws / "runs").iterdir())
+    capsys.readouterr()
+    assert main(["generate", "swiglu_bwd", "--resume", run.name]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert err.startswith(f"error: --resume {run.name}: a run of spec 'swiglu_fwd', not 'swiglu_bwd'")
+    assert "no CUDA GPU" not in err
+
+
 def test_a_workspace_under_a_folder_named_like_the_records_can_resume(tmp_path, monkeypatch, capsys):
     """Only a run folder directly in benchmarks/results/runs/ is a record: a checkout that
     itself lives below such a path resumed nothing (red team, session 13)."""
