@@ -255,8 +255,9 @@ def cmd_verify(args) -> int:
     if not verdict.passed:
         return FAILED
     if not verdict.done_as_asked(cpu_only=args.cpu_only, bench=not args.no_bench):
-        err.print("not verified: the benchmark stage did not pass (see its row above)" if verdict.gpu_correct else
-                  "not verified: the GPU stages did not run (no sm_90 GPU here); use --cpu-only for static + compile only")
+        err.print("not verified: the benchmark stage did not pass (see its row above)" if verdict.gpu_correct
+                  else "not verified: the GPU stages did not run (no sm_90 GPU here); "
+                       "use --cpu-only for static + compile only")
         return FAILED
     if args.accept:
         from coda_agent.verifier.accept import AcceptError, accept

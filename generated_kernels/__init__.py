@@ -9,7 +9,8 @@ autograd-capable, ``torch.compile``-compatible ops:
   implementation, so torch.compile treats it as one opaque node instead of tracing into
   CuTeDSL;
 * every training op below is a composite custom op (``coda_agent::<op>``; ``swiglu``'s
-  is ``coda_agent::swiglu_mlp``; one node under torch.compile) with ``register_autograd``: its backward runs the fused backward kernel
+  is ``coda_agent::swiglu_mlp``; one node under torch.compile) with
+  ``register_autograd``: its backward runs the fused backward kernel
   where the catalogue has one, plain torch otherwise. The exception is ``rmsnorm_linear``:
   torch code (rstd, ``h * gamma``, which torch.compile traces and fuses) around the
   ``deferred_rmsnorm_linear`` custom op.
@@ -58,7 +59,8 @@ Residual + RMSNorm statistics -- ``residual_rmsnorm(x, w_o, residual, gamma, *, 
     (``d rstd / d y = -rstd^3 y / N``), then the dgrad / wgrad GEMMs.
 
 RMSNorm -> linear -- ``rmsnorm_linear(h, gamma, w, *, eps=1e-6)`` [4]
-    ``RMSNorm(h) @ w^T``, ``RMSNorm(h) = (h * rstd).to(h.dtype) * gamma``, stats fp32. Forward: rstd and ``h * gamma`` in torch, ``gemm_rmsnorm`` (rstd in the epilogue).
+    ``RMSNorm(h) @ w^T``, ``RMSNorm(h) = (h * rstd).to(h.dtype) * gamma``, stats fp32.
+    Forward: rstd and ``h * gamma`` in torch, ``gemm_rmsnorm`` (rstd in the epilogue).
     Backward: plain torch (that of ``deferred_rmsnorm_linear``, then autograd through rstd).
     ``rms_bwd_op(dy, w, h, gamma, rstd, zdz, dresid)`` [8]: the ``rms_bwd`` kernel (dgrad
     GEMM + RMSNorm backward: dh, dgamma) as a plain custom op, for a caller whose producing
