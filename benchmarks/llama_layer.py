@@ -1,0 +1,229 @@
+"""A whole Llama-3 decoder layer from the coda_agent.kernels ops, against the standard layer.
+
+Why: the ops are judged one at a time (``op_training_probe.py``); a user wires them into a
+layer, where the deferred-RMSNorm ops hand ``normed_w`` / ``rstd`` from one GEMM to the
+next (CODA's rewrite of a Transformer block as GEMM-epilogue programs, paper section 3).
+This file is that wiring, written once, checked against the standard definition and
+timed. It is the worked example the README points to.
+
+The layer (pre-norm, Meta's interleaved RoPE, grouped-query attention, SwiGLU MLP with
+gate/up rows interleaved in ``w1``), for a residual stream ``x`` (M, D) bf16, M = B * S:
+
+* standard (:func:`standard_layer`): ``h = RMSNorm(x) * g1``; ``qkv = RoPE(h W_qkv^T)``;
+  ``x2 = x + SDPA(qkv) W_o^T``; ``h2 = RMSNorm(x2) * g2``; ``x3 = x2 + SwiGLU(h2 W1^T) W_down^T``.
+* CODA (:func:`coda_layer`): rstd of x in torch, ``deferred_rmsnorm_qkv_rope(x * g1, rstd,
+  ...)`` (gemm_rmsnorm_rope: rstd and RoPE in the QKV GEMM's epilogue); attention is
+  PyTorch's SDPA (not a GEMM epilogue); ``residual_rmsnorm(attn, W_o, x, g2)``
+  (gemm_residual_partial_rms: residual add + RMSNorm statistics in the out-projection's
+  epilogue); then the MLP, two ways (``mlp=``):
+  ``"swiglu"``: ``h2 = normed_w * rstd`` in torch, then ``swiglu`` (swiglu_fwd forward,
+  swiglu_bwd backward); ``"deferred"``: ``deferred_rmsnorm_swiglu`` (gemm_rmsnorm_swiglu:
+  rstd + SwiGLU in the gate/up epilogue, plain torch backward), down projection in torch.
+
+:func:`check` compares both with the standard layer in fp32 from the same bf16 inputs
+(outputs and the gradients of x and every weight; error budget 2 x the standard bf16
+layer's error, as the verifier's). :func:`main` times one training step (forward +
+gradients), eager, ``torch.compile`` and CUDA graphs (``mode="reduce-overhead"``).
+
+Usage (device, after ``source .device-bundle/p2/install.sh && source benchmarks/device_env.sh``)::
+
+    python3 benchmarks/llama_layer.py --out $OUT/layer [--check-only | --time-only] [--shape llama3-8b]
+
+Writes ``llama_layer.json``. Raises SystemExit without CUDA.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+EPS = 1e-5  # Llama-3's rms_norm_eps
+
+
+@dataclass(frozen=True)
+class LayerShape:
+    """Llama-3 layer dims: D model width, I MLP width, heads of HD columns; S tokens per sequence."""
+
+    name: str
+    D: int
+    I: int  # noqa: E741 (the field's name for the MLP width)
+    HQ: int
+    HKV: int
+    HD: int
+
+
+LLAMA3_1B = LayerShape("llama3-1b", D=2048, I=8192, HQ=32, HKV=8, HD=64)
+LLAMA3_8B = LayerShape("llama3-8b", D=4096, I=14336, HQ=32, HKV=8, HD=128)
+SHAPES = {s.name: s for s in (LLAMA3_1B, LLAMA3_8B)}
+PARAMS = ("g1", "w_qkv", "w_o", "g2", "w1", "w_down")
+"""The layer's weights, in the order the layer functions take them after x."""
+
+
+def make_inputs(shape: LayerShape, M: int, *, device: str, dtype=torch.bfloat16, seed: int = 0) -> list:
+    """[x, g1, w_qkv, w_o, g2, w1, w_down] with nn.Linear-like scales (x (M, D) N(0, 1),
+    weights N(0, 1/fan_in), RMSNorm gammas in [0.5, 1.5])."""
+    g = torch.Generator(device=device).manual_seed(seed)
+
+    def randn(*s, std=1.0):
+        return (torch.randn(*s, generator=g, device=device) * std).to(dtype)
+
+    def gamma(n):
+        return (torch.rand(n, generator=g, device=device) + 0.5).to(dtype)
+
+    D, n_qkv = shape.D, (shape.HQ + 2 * shape.HKV) * shape.HD
+    return [randn(M, D), gamma(D), randn(n_qkv, D, std=D ** -0.5), randn(D, shape.HQ * shape.HD, std=D ** -0.5),
+            gamma(D), randn(2 * shape.I, D, std=D ** -0.5), randn(D, shape.I, std=shape.I ** -0.5)]
+
+
+def rope_tables(M: int, S: int, head_dim: int, device: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """positions (M,) int64 (0..S-1 per sequence) and Llama-3's inv_freq (HD/2,) fp32 (theta 500000)."""
+    positions = torch.arange(M, device=device) % S
+    inv_freq = 1.0 / 500000.0 ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float64) / head_dim)
+    return positions, inv_freq.float()
+
+
+def _rmsnorm(x, gamma):
+    rstd = torch.rsqrt(x.to(torch.promote_types(x.dtype, torch.float32)).pow(2).mean(-1, keepdim=True) + EPS)
+    return (x * rstd).to(x.dtype) * gamma
+
+
+def _rope(qkv, positions, inv_freq, s: LayerShape):
+    """Meta's interleaved RoPE on the query and key heads; value heads pass through."""
+    n_rot = (s.HQ + s.HKV) * s.HD
+    theta = positions.to(torch.float64 if qkv.dtype == torch.float64 else torch.float32)[:, None] * inv_freq[None, :]
+    cos, sin = theta.cos()[:, None, :], theta.sin()[:, None, :]
+    pairs = qkv[:, :n_rot].to(cos.dtype).unflatten(1, (s.HQ + s.HKV, s.HD // 2, 2))
+    a, b = pairs[..., 0], pairs[..., 1]
+    rot = torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1).flatten(1).to(qkv.dtype)
+    return torch.cat((rot, qkv[:, n_rot:]), dim=1)
+
+
+def _attention(qkv, S: int, s: LayerShape):
+    """Causal grouped-query SDPA over sequences of S tokens: qkv (M, (HQ + 2 HKV) HD) -> (M, HQ HD)."""
+    M = qkv.shape[0]
+    q, k, v = qkv.split((s.HQ * s.HD, s.HKV * s.HD, s.HKV * s.HD), dim=1)
+    heads = lambda t, h: t.reshape(M // S, S, h, s.HD).transpose(1, 2)  # noqa: E731
+    o = F.scaled_dot_product_attention(heads(q, s.HQ), heads(k, s.HKV), heads(v, s.HKV), is_causal=True,
+                                       enable_gqa=True)
+    return o.transpose(1, 2).reshape(M, s.HQ * s.HD)
+
+
+def standard_layer(x, g1, w_qkv, w_o, g2, w1, w_down, *, positions, inv_freq, S: int, shape: LayerShape):
+    """The Llama-3 decoder layer in plain PyTorch (the definition the CODA layer is checked against)."""
+    qkv = _rope(_rmsnorm(x, g1) @ w_qkv.T, positions, inv_freq, shape)
+    x2 = x + _attention(qkv, S, shape) @ w_o.T
+    pre = _rmsnorm(x2, g2) @ w1.T
+    return x2 + (F.silu(pre[:, 0::2]) * pre[:, 1::2]) @ w_down.T
+
+
+def coda_layer(x, g1, w_qkv, w_o, g2, w1, w_down, *, positions, inv_freq, S: int, shape: LayerShape,
+               mlp: str = "swiglu"):
+    """The same layer through coda_agent.kernels (see the module docstring for the wiring)."""
+    import coda_agent.kernels as K
+
+    heads = {"n_q_heads": shape.HQ, "n_kv_heads": shape.HKV, "head_dim": shape.HD}
+    rstd = torch.rsqrt(x.to(torch.promote_types(x.dtype, torch.float32)).pow(2).mean(-1) + EPS)
+    qkv = K.deferred_rmsnorm_qkv_rope(x * g1, rstd, w_qkv, positions, inv_freq, **heads)
+    x2, normed_w, rstd2 = K.residual_rmsnorm(_attention(qkv, S, shape), w_o, x, g2, eps=EPS)
+    if mlp == "swiglu":
+        h2 = (normed_w.to(rstd2.dtype) * rstd2[:, None]).to(x.dtype)
+        return x2 + K.swiglu(h2, w1, w_down)
+    if mlp == "deferred":
+        _, postact = K.deferred_rmsnorm_swiglu(normed_w, rstd2, w1)
+        return x2 + postact @ w_down.T
+    raise ValueError(f"mlp must be 'swiglu' or 'deferred', got {mlp!r}")
+
+
+def _grads(fn, args, dy):
+    xs = [a.detach().requires_grad_() for a in args]
+    out = fn(*xs)
+    return (out, *torch.autograd.grad(out, xs, dy))
+
+
+def check(shape: LayerShape, M: int, S: int, *, device: str = "cuda", mlp: str = "swiglu", seed: int = 0) -> dict:
+    """Max abs error of the CODA layer's output and gradients (x, then :data:`PARAMS`) against
+    the standard layer in fp32 from the same bf16 inputs, next to the standard bf16 layer's
+    error (the budget is twice that). Returns ``{name: {"coda": err, "standard_bf16": err}}``."""
+    args = make_inputs(shape, M, device=device, seed=seed)
+    positions, inv_freq = rope_tables(M, S, shape.HD, device)
+    kw = dict(positions=positions, inv_freq=inv_freq, S=S, shape=shape)
+    dy = make_inputs(shape, M, device=device, seed=seed + 1)[0]
+    ref = _grads(lambda *a: standard_layer(*a, **kw), [a.float() for a in args], dy.float())
+    low = _grads(lambda *a: standard_layer(*a, **kw), args, dy)
+    got = _grads(lambda *a: coda_layer(*a, mlp=mlp, **kw), args, dy)
+    names = ("out", "dx", *(f"d{p}" for p in PARAMS))
+    return {n: {"coda": (g.float() - r).abs().max().item(), "standard_bf16": (b.float() - r).abs().max().item()}
+            for n, g, r, b in zip(names, got, ref, low)}
+
+
+def _bench(fn) -> float:
+    from triton.testing import do_bench
+    return float(do_bench(fn, warmup=10, rep=100, return_mode="median"))
+
+
+def time_step(shape: LayerShape, M: int, S: int) -> dict:
+    """Median ms of one training step (forward + gradients of x and every weight) per
+    implementation: standard / coda (both MLP wirings) x eager / compile / cudagraphs."""
+    args = [a.detach().requires_grad_() for a in make_inputs(shape, M, device="cuda")]
+    positions, inv_freq = rope_tables(M, S, shape.HD, "cuda")
+    kw = dict(positions=positions, inv_freq=inv_freq, S=S, shape=shape)
+    dy = torch.randn_like(args[0])
+    layers = {"standard": lambda *a: standard_layer(*a, **kw),
+              "coda (swiglu op)": lambda *a: coda_layer(*a, mlp="swiglu", **kw),
+              "coda (deferred swiglu)": lambda *a: coda_layer(*a, mlp="deferred", **kw)}
+    res = {}
+    for name, fn in layers.items():
+        for mode, f in (("eager", fn), ("compile", torch.compile(fn, dynamic=False)),
+                        ("cudagraphs", torch.compile(fn, dynamic=False, mode="reduce-overhead"))):
+            step = lambda: torch.autograd.grad(f(*args), args, dy)  # noqa: E731
+            try:
+                res[f"{name} ({mode})"] = _bench(step)
+            except Exception as e:  # one failing variant must not lose the others
+                res[f"{name} ({mode})"] = f"failed: {type(e).__name__}: {str(e)[:300]}"
+    return res
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--check-only", action="store_true", help="numerics only, no timing")
+    ap.add_argument("--time-only", action="store_true", help="timing only, no numerics")
+    ap.add_argument("--shape", action="append", choices=sorted(SHAPES), help="default: both")
+    args = ap.parse_args(argv)
+    shapes = [SHAPES[n] for n in (args.shape or sorted(SHAPES))]
+    if not torch.cuda.is_available():
+        raise SystemExit("llama_layer: needs a CUDA (Hopper) device")
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from host_probe import env_line
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    results: dict = {"env": env_line(), "eps": EPS, "check": {}, "step_ms": {}}
+
+    def save():
+        (args.out / "llama_layer.json").write_text(json.dumps(results, indent=1))
+
+    for shape in ([] if args.time_only else shapes):
+        for mlp in ("swiglu", "deferred"):
+            key = f"{shape.name} M=1024 (2 x 512) mlp={mlp}"
+            results["check"][key] = check(shape, 1024, 512, mlp=mlp)
+            worst = max(v["coda"] / (2 * v["standard_bf16"] + 1e-6) for v in results["check"][key].values())
+            print(key, f"worst error / budget {worst:.3f}", flush=True)
+            save()
+    if not args.check_only:
+        for shape in shapes:
+            key = f"{shape.name} M=8192 (1 x 8192)"
+            results["step_ms"][key] = time_step(shape, 8192, 8192)
+            print(key, json.dumps({k: round(v, 3) if isinstance(v, float) else v
+                                   for k, v in results["step_ms"][key].items()}), flush=True)
+            save()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
