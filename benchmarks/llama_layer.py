@@ -15,10 +15,12 @@ gate/up rows interleaved in ``w1``), for a residual stream ``x`` (M, D) bf16, M 
   ...)`` (gemm_rmsnorm_rope: rstd and RoPE in the QKV GEMM's epilogue); attention is
   PyTorch's SDPA (not a GEMM epilogue); ``residual_rmsnorm(attn, W_o, x, g2)``
   (gemm_residual_partial_rms: residual add + RMSNorm statistics in the out-projection's
-  epilogue); then the MLP, two ways (``mlp=``):
+  epilogue); then the MLP, three ways (``mlp=``):
   ``"swiglu"``: ``h2 = normed_w * rstd`` in torch, then ``swiglu`` (swiglu_fwd forward,
   swiglu_bwd backward); ``"deferred"``: ``deferred_rmsnorm_swiglu`` (gemm_rmsnorm_swiglu:
-  rstd + SwiGLU in the gate/up epilogue, plain torch backward), down projection in torch.
+  rstd + SwiGLU in the gate/up epilogue, plain torch backward), down projection in torch;
+  ``"deferred_mlp"``: ``deferred_rmsnorm_swiglu_mlp`` (gemm_rmsnorm_swiglu forward,
+  swiglu_bwd backward: neither h2 nor a torch SwiGLU backward).
 
 :func:`check` compares both with the standard layer in fp32 from the same bf16 inputs
 (outputs and the gradients of x and every weight; error budget 2 x the standard bf16
@@ -61,6 +63,8 @@ class LayerShape:
 LLAMA3_1B = LayerShape("llama3-1b", D=2048, I=8192, HQ=32, HKV=8, HD=64)
 LLAMA3_8B = LayerShape("llama3-8b", D=4096, I=14336, HQ=32, HKV=8, HD=128)
 SHAPES = {s.name: s for s in (LLAMA3_1B, LLAMA3_8B)}
+MLPS = ("swiglu", "deferred", "deferred_mlp")
+"""The MLP wirings of :func:`coda_layer` (module docstring)."""
 PARAMS = ("g1", "w_qkv", "w_o", "g2", "w1", "w_down")
 """The layer's weights, in the order the layer functions take them after x."""
 
@@ -137,7 +141,9 @@ def coda_layer(x, g1, w_qkv, w_o, g2, w1, w_down, *, positions, inv_freq, S: int
     if mlp == "deferred":
         _, postact = K.deferred_rmsnorm_swiglu(normed_w, rstd2, w1)
         return x2 + postact @ w_down.T
-    raise ValueError(f"mlp must be 'swiglu' or 'deferred', got {mlp!r}")
+    if mlp == "deferred_mlp":
+        return x2 + K.deferred_rmsnorm_swiglu_mlp(normed_w, rstd2, w1, w_down)
+    raise ValueError(f"mlp must be one of {MLPS}, got {mlp!r}")
 
 
 def _grads(fn, args, dy):
@@ -169,14 +175,15 @@ def _bench(fn) -> float:
 
 def time_step(shape: LayerShape, M: int, S: int) -> dict:
     """Median ms of one training step (forward + gradients of x and every weight) per
-    implementation: standard / coda (both MLP wirings) x eager / compile / cudagraphs."""
+    implementation: standard / coda (each MLP wiring) x eager / compile / cudagraphs."""
     args = [a.detach().requires_grad_() for a in make_inputs(shape, M, device="cuda")]
     positions, inv_freq = rope_tables(M, S, shape.HD, "cuda")
     kw = dict(positions=positions, inv_freq=inv_freq, S=S, shape=shape)
     dy = torch.randn_like(args[0])
     layers = {"standard": lambda *a: standard_layer(*a, **kw),
               "coda (swiglu op)": lambda *a: coda_layer(*a, mlp="swiglu", **kw),
-              "coda (deferred swiglu)": lambda *a: coda_layer(*a, mlp="deferred", **kw)}
+              "coda (deferred swiglu)": lambda *a: coda_layer(*a, mlp="deferred", **kw),
+              "coda (deferred swiglu mlp)": lambda *a: coda_layer(*a, mlp="deferred_mlp", **kw)}
     res = {}
     for name, fn in layers.items():
         for mode, f in (("eager", fn), ("compile", torch.compile(fn, dynamic=False)),
@@ -209,7 +216,7 @@ def main(argv=None) -> int:
         (args.out / "llama_layer.json").write_text(json.dumps(results, indent=1))
 
     for shape in ([] if args.time_only else shapes):
-        for mlp in ("swiglu", "deferred"):
+        for mlp in MLPS:
             key = f"{shape.name} M=1024 (2 x 512) mlp={mlp}"
             results["check"][key] = check(shape, 1024, 512, mlp=mlp)
             worst = max(v["coda"] / (2 * v["standard_bf16"] + 1e-6) for v in results["check"][key].values())

@@ -72,6 +72,9 @@ Deferred-RMSNorm consumers (inputs ``a = normed_w``, ``rstd`` of residual_rmsnor
     ``deferred_rmsnorm_swiglu(normed_w, rstd, w1) -> (preact, postact)`` [2]: forward
     ``gemm_rmsnorm_swiglu``. Backward of both: plain torch (SwiGLU backward; ``da = (dy @ w) *
     rstd``, ``drstd = sum((dy @ w) * a, -1)``, ``dw = dy^T @ (a * rstd)``).
+    ``deferred_rmsnorm_swiglu_mlp(normed_w, rstd, w1, w_down)`` [2 + 7]: the whole MLP,
+    forward ``gemm_rmsnorm_swiglu`` then the down projection, backward ``swiglu_bwd`` (the
+    down projection's dgrad + SwiGLU backward), then those deferred-rstd grads.
 
 QKV + RoPE -- ``qkv_rope(x, w_qkv, positions, inv_freq, *, n_q_heads, n_kv_heads, head_dim)``,
 ``deferred_rmsnorm_qkv_rope(a, rstd, w_qkv, positions, inv_freq, *, ...)`` [5]
@@ -106,6 +109,7 @@ from ._swiglu import swiglu, swiglu_bwd_op, swiglu_fwd_op
 from ._rmsnorm import (
     deferred_rmsnorm_linear,
     deferred_rmsnorm_swiglu,
+    deferred_rmsnorm_swiglu_mlp,
     gemm_residual_partial_rms_op,
     gemm_rmsnorm_op,
     gemm_rmsnorm_swiglu_op,
@@ -122,6 +126,7 @@ __all__ = [
     "deferred_rmsnorm_linear",
     "deferred_rmsnorm_qkv_rope",
     "deferred_rmsnorm_swiglu",
+    "deferred_rmsnorm_swiglu_mlp",
     "gemm_cross_entropy_op",
     "gemm_residual_partial_rms_op",
     "gemm_rmsnorm_op",

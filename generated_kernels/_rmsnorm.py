@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from ._registry import _expect, _pkg, _stat_dtype, run_kernel
+from ._swiglu import swiglu_bwd_op
 
 BF16, FP32 = torch.bfloat16, torch.float32
 
@@ -412,3 +413,77 @@ def deferred_rmsnorm_swiglu(
     _check_deferred("deferred_rmsnorm_swiglu", normed_w, rstd, w1,
                     {"I (half of w1's rows, postact's columns)": w1.shape[0] // 2}, "normed_w", "w1")
     return _deferred_rmsnorm_swiglu(normed_w, rstd, w1)
+
+
+# --------------------------------------------------------------------------- deferred_rmsnorm_swiglu_mlp
+
+@torch.library.custom_op("coda_agent::deferred_rmsnorm_swiglu_mlp", mutates_args=())
+def _deferred_rmsnorm_swiglu_mlp(
+    normed_w: torch.Tensor, rstd: torch.Tensor, w1: torch.Tensor, w_down: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    preact, postact = gemm_rmsnorm_swiglu_op(normed_w, rstd, w1)
+    return postact @ w_down.T, preact
+
+
+@_deferred_rmsnorm_swiglu_mlp.register_fake
+def _(normed_w, rstd, w1, w_down):
+    m = normed_w.shape[0]
+    return normed_w.new_empty((m, w_down.shape[0])), normed_w.new_empty((m, w1.shape[0]))
+
+
+def _deferred_mlp_setup(ctx, inputs, output):
+    normed_w, rstd, w1, w_down = inputs
+    ctx.save_for_backward(normed_w, rstd, w1, w_down, output[1])
+
+
+def _deferred_mlp_backward(ctx, dout, _dpreact_unused):
+    normed_w, rstd, w1, w_down, preact = ctx.saved_tensors
+    need_a, need_rstd, need_w1, need_w_down = ctx.needs_input_grad
+    dpreact, postact = swiglu_bwd_op(dout.contiguous(), w_down, preact)   # dgrad of w_down + SwiGLU bwd
+    dw_down = dout.T @ postact if need_w_down else None                    # wgrad of the down projection
+    da, drstd, dw1 = deferred_linear_grads(dpreact, normed_w, rstd, w1, (need_a, need_rstd, need_w1))
+    return da, drstd, dw1, dw_down
+
+
+_deferred_rmsnorm_swiglu_mlp.register_autograd(_deferred_mlp_backward, setup_context=_deferred_mlp_setup)
+
+
+def deferred_rmsnorm_swiglu_mlp(
+    normed_w: torch.Tensor, rstd: torch.Tensor, w1: torch.Tensor, w_down: torch.Tensor
+) -> torch.Tensor:
+    """The SwiGLU MLP on a deferred RMSNorm (CODA items 2 + 7):
+    ``(silu(h @ gate^T) * (h @ up^T)) @ w_down^T`` with ``h = normed_w * rstd[:, None]``.
+
+    ``normed_w`` and ``rstd`` come from :func:`residual_rmsnorm`, so ``h = RMSNorm(y)``
+    without ever being stored: rstd is applied to the gate/up GEMM's fp32 accumulator.
+
+    Args:
+        normed_w: (M, D) bf16 (``normed_w`` of residual_rmsnorm), contiguous.
+        rstd: (M,) fp32 row scale.
+        w1: (2I, D) bf16 gate/up weight, nn.Linear layout, rows interleaved (row 2j = gate j,
+            row 2j+1 = up j); I a multiple of 8.
+        w_down: (D, I) bf16 down-projection weight, nn.Linear layout.
+    Returns:
+        (M, D) bf16.
+    Raises:
+        ValueError: inconsistent shapes, a wrong dtype (bf16; rstd fp32), a non-contiguous
+            tensor, rows not a multiple of 16 bytes, or tensors not on one CUDA device.
+        ModuleNotFoundError: when gemm_rmsnorm_swiglu or swiglu_bwd is not accepted yet.
+    Forward: the ``gemm_rmsnorm_swiglu`` kernel (rstd + SwiGLU in the gate/up epilogue), the
+    down projection in torch. Backward: the ``swiglu_bwd`` kernel (down projection's dgrad
+    with the SwiGLU backward in its epilogue, postact recomputed), the down projection's
+    wgrad, then the deferred-rstd GEMM grads of :func:`deferred_rmsnorm_linear`: the fused
+    forward of :func:`deferred_rmsnorm_swiglu` with the fused backward of
+    :func:`~coda_agent.kernels.swiglu`. Gradients reach normed_w, rstd, w1 and w_down (the
+    GEMMs of inputs that do not require grad are skipped); works under ``torch.compile``.
+    """
+    op = "deferred_rmsnorm_swiglu_mlp"
+    _expect(w1.dim() == 2 and w1.shape[0] % 2 == 0 and w_down.dim() == 2
+            and tuple(w_down.shape) == (normed_w.shape[1], w1.shape[0] // 2), op,
+            lambda: f"need w1 (2I, D) and w_down (D, I) for normed_w (M, D), got {tuple(w1.shape)}, "
+                    f"{tuple(w_down.shape)}, {tuple(normed_w.shape)}")
+    _check_deferred(op, normed_w, rstd, w1, {"I (half of w1's rows)": w1.shape[0] // 2}, "normed_w", "w1")
+    _pkg._check_device(op, normed_w=normed_w, w_down=w_down)
+    _pkg._check_layout(op, w_down=(w_down, BF16))
+    out, _ = _deferred_rmsnorm_swiglu_mlp(normed_w, rstd, w1, w_down)
+    return out

@@ -37,7 +37,7 @@ L = _layer_module()
 TINY = L.LayerShape("tiny", D=16, I=24, HQ=2, HKV=1, HD=8)
 
 
-@pytest.mark.parametrize("mlp", ["swiglu", "deferred"])
+@pytest.mark.parametrize("mlp", L.MLPS)
 def test_coda_layer_is_the_standard_layer_cpu(mlp, monkeypatch):
     calls = use_standins(monkeypatch, {**swiglu_standins(), **rms_standins("reference"), **rope_standins("reference")})
     M, S = 12, 6                                             # 2 sequences of 6 tokens
@@ -50,9 +50,9 @@ def test_coda_layer_is_the_standard_layer_cpu(mlp, monkeypatch):
     got = (out, *torch.autograd.grad(out, args, dy))
     for name, g, w in zip(("out", "dx", *(f"d{p}" for p in L.PARAMS)), got, want):
         torch.testing.assert_close(g, w, rtol=1e-9, atol=1e-11, msg=lambda m, n=name: f"{n}: {m}")
-    fwd = {"swiglu": "swiglu_fwd", "deferred": "gemm_rmsnorm_swiglu"}[mlp]
+    fwd = {"swiglu": "swiglu_fwd", "deferred": "gemm_rmsnorm_swiglu", "deferred_mlp": "gemm_rmsnorm_swiglu"}[mlp]
     assert calls["gemm_rmsnorm_rope"] == 1 and calls["gemm_residual_partial_rms"] == 1 and calls[fwd] == 1
-    assert calls["swiglu_bwd"] == (1 if mlp == "swiglu" else 0)
+    assert calls["swiglu_bwd"] == (0 if mlp == "deferred" else 1)
 
 
 def test_a_wrong_wiring_is_caught_cpu(monkeypatch):
@@ -68,14 +68,15 @@ def test_a_wrong_wiring_is_caught_cpu(monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("mlp", ["swiglu", "deferred"])
+@pytest.mark.parametrize("mlp", L.MLPS)
 def test_coda_layer_matches_the_standard_layer_on_gpu(mlp):
     """llama3-1b dims, 2 sequences of 264 tokens (M not a multiple of the tiles): every
     output and gradient within twice the standard bf16 layer's error against fp32."""
     import coda_agent.kernels as K
 
-    need = {"gemm_rmsnorm_rope", "rope_bwd", "gemm_residual_partial_rms"} | (
-        {"swiglu_fwd", "swiglu_bwd"} if mlp == "swiglu" else {"gemm_rmsnorm_swiglu"})
+    need = {"gemm_rmsnorm_rope", "gemm_residual_partial_rms"} | {
+        "swiglu": {"swiglu_fwd", "swiglu_bwd"}, "deferred": {"gemm_rmsnorm_swiglu"},
+        "deferred_mlp": {"gemm_rmsnorm_swiglu", "swiglu_bwd"}}[mlp]
     if need - set(K.accepted()):
         pytest.skip(f"kernels not accepted yet: {sorted(need - set(K.accepted()))}")
     errs = L.check(L.LLAMA3_1B, 528, 264, mlp=mlp)

@@ -25,6 +25,7 @@ from glue_helpers import use_standins
 from test_cross_entropy_ops import ce_inputs
 from test_cross_entropy_ops import standins as ce_standins
 from test_rmsnorm_ops import deferred_inputs as rms_deferred_inputs
+from test_rmsnorm_ops import deferred_mlp_inputs as rms_deferred_mlp_inputs
 from test_rmsnorm_ops import residual_inputs, rmsnorm_linear_inputs
 from test_rmsnorm_ops import standins as rms_standins
 from test_rope_ops import CONSTS, qkv_inputs
@@ -53,6 +54,8 @@ def _ops() -> dict:
         "rmsnorm_linear": (K.rmsnorm_linear, rmsnorm_linear_inputs("cpu", BF16, K=16, N=32), {}),
         "deferred_rmsnorm_linear": (K.deferred_rmsnorm_linear, rms_deferred_inputs("cpu", BF16, K=16, N=32), {}),
         "deferred_rmsnorm_swiglu": (K.deferred_rmsnorm_swiglu, rms_deferred_inputs("cpu", BF16, K=16, N=32), {}),
+        "deferred_rmsnorm_swiglu_mlp": (K.deferred_rmsnorm_swiglu_mlp, rms_deferred_mlp_inputs("cpu", BF16, K=16, N=32),
+                                        {}),
         "qkv_rope": (K.qkv_rope, qkv_inputs("cpu", BF16, K=16), CONSTS),
         "deferred_rmsnorm_qkv_rope": (K.deferred_rmsnorm_qkv_rope, rope_deferred_inputs("cpu", BF16, K=16), CONSTS),
         "rope_bwd_op": (K.rope_bwd_op, qkv_inputs("cpu", BF16, K=16), CONSTS),
@@ -288,6 +291,9 @@ def _backward_flops(op, args, consts, diff, trainable) -> int:
     ("deferred_rmsnorm_linear", {0, 1, 2}, {2}, 2 * 24 * 32 * 16),
     # qkv_rope (x, w_qkv, positions, inv_freq), N = 32, M=10, K=16: no wgrad (2 N M K)
     ("qkv_rope", {0, 1}, {0}, 2 * 32 * 10 * 16),
+    # deferred_rmsnorm_swiglu_mlp (normed_w, rstd, w1, w_down), M=24, K=16, 2I=32: frozen
+    # weights: no dw_down (2 K M I) and no dw1 (2 2I M K)
+    ("deferred_rmsnorm_swiglu_mlp", {0, 1, 2, 3}, {0, 1}, 2 * 16 * 24 * 16 + 2 * 32 * 24 * 16),
 ])
 def test_backward_skips_the_gemms_of_frozen_inputs(name, diff, trainable, skipped, monkeypatch):
     use_standins(monkeypatch, all_standins())

@@ -50,6 +50,10 @@ def torch_deferred_swiglu(normed_w, rstd, w1):
     return pre, F.silu(pre[:, 0::2]) * pre[:, 1::2]
 
 
+def torch_deferred_swiglu_mlp(normed_w, rstd, w1, w_down):
+    return torch_deferred_swiglu(normed_w, rstd, w1)[1] @ w_down.T
+
+
 # --------------------------------------------------------------------------- inputs
 
 def _gen(device, seed):
@@ -83,6 +87,13 @@ def deferred_inputs(device, dtype, M=24, K=20, N=28, seed=0):
             _randn(g, N, K, std=K**-0.5, device=device).to(dtype)]
 
 
+def deferred_mlp_inputs(device, dtype, M=24, K=20, N=28, seed=0):
+    """normed_w (M, K), rstd (M,), w1 (N = 2I, K), w_down (K, I)."""
+    a, rstd, w1 = deferred_inputs(device, dtype, M=M, K=K, N=N, seed=seed)
+    g = _gen(device, seed + 7)
+    return [a, rstd, w1, _randn(g, K, N // 2, std=(N // 2) ** -0.5, device=device).to(dtype)]
+
+
 @dataclass
 class Case:
     op: Callable
@@ -103,6 +114,9 @@ CASES = {
                                     ("out", "da", "drstd", "dw"), ("gemm_rmsnorm",)),
     "deferred_rmsnorm_swiglu": Case(K.deferred_rmsnorm_swiglu, torch_deferred_swiglu, deferred_inputs, (0, 1, 2),
                                     ("preact", "postact", "dnormed_w", "drstd", "dw1"), ("gemm_rmsnorm_swiglu",)),
+    "deferred_rmsnorm_swiglu_mlp": Case(K.deferred_rmsnorm_swiglu_mlp, torch_deferred_swiglu_mlp, deferred_mlp_inputs,
+                                        (0, 1, 2, 3), ("out", "dnormed_w", "drstd", "dw1", "dw_down"),
+                                        ("gemm_rmsnorm_swiglu", "swiglu_bwd")),
 }
 
 
@@ -127,7 +141,11 @@ def standins(kind: str, rms_bwd: str = "baseline") -> dict:
     rms = reference_module("gemm_rmsnorm")
     swi = reference_module("gemm_rmsnorm_swiglu")
     bwd = reference_module("rms_bwd")
+    sbw = reference_module("swiglu_bwd")
     return {
+        # the swiglu_bwd spec's reference gives postact only (its gradients come from autograd);
+        # its baseline computes dpreact by formula, exact to rounding in float64 too
+        "swiglu_bwd": entry(sbw.baseline, ["dout", "w_down", "preact"], ["dpreact", "postact"]),
         "gemm_residual_partial_rms": entry(getattr(res, kind), ["x", "w_o", "residual", "gamma"],
                                            ["resid_out", "normed_w", "rstd"]),
         "gemm_rmsnorm": entry(getattr(rms, kind), ["a", "rstd", "w"], ["out"]),
