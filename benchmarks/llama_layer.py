@@ -25,7 +25,8 @@ gate/up rows interleaved in ``w1``), for a residual stream ``x`` (M, D) bf16, M 
 :func:`check` compares both with the standard layer in fp32 from the same bf16 inputs
 (outputs and the gradients of x and every weight; error budget 2 x the standard bf16
 layer's error, as the verifier's). :func:`main` times one training step (forward +
-gradients), eager, ``torch.compile`` and CUDA graphs (``mode="reduce-overhead"``).
+gradients), eager, ``torch.compile`` and CUDA graphs (``mode="reduce-overhead"``), in
+rounds that each time every variant (:func:`time_step`).
 
 Usage (device, after ``source .device-bundle/p2/install.sh && source benchmarks/device_env.sh``)::
 
@@ -86,7 +87,9 @@ def make_inputs(shape: LayerShape, M: int, *, device: str, dtype=torch.bfloat16,
 
 
 def rope_tables(M: int, S: int, head_dim: int, device: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """positions (M,) int64 (0..S-1 per sequence) and Llama-3's inv_freq (HD/2,) fp32 (theta 500000)."""
+    """positions (M,) int64 (0..S-1 per sequence) and Llama-3's inv_freq (HD/2,) fp32 (theta
+    500000, unscaled: Llama-3.1/3.2 checkpoints rescale it, "llama3" rope scaling; the
+    rotation is the same op, only the table differs)."""
     positions = torch.arange(M, device=device) % S
     inv_freq = 1.0 / 500000.0 ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float64) / head_dim)
     return positions, inv_freq.float()
@@ -170,29 +173,60 @@ def check(shape: LayerShape, M: int, S: int, *, device: str = "cuda", mlp: str =
 
 def _bench(fn) -> float:
     from triton.testing import do_bench
-    return float(do_bench(fn, warmup=10, rep=100, return_mode="median"))
+    return float(do_bench(fn, warmup=50, rep=1000, return_mode="median"))
 
 
-def time_step(shape: LayerShape, M: int, S: int) -> dict:
+def time_step(shape: LayerShape, M: int, S: int, rounds: int = 3) -> dict:
     """Median ms of one training step (forward + gradients of x and every weight) per
-    implementation: standard / coda (each MLP wiring) x eager / compile / cudagraphs."""
-    args = [a.detach().requires_grad_() for a in make_inputs(shape, M, device="cuda")]
+    implementation: standard / coda (each MLP wiring) x eager / compile / cudagraphs.
+
+    The weights are ``nn.Parameter`` s, as in a model: CUDA graph trees keep them in place
+    (a plain tensor input is copied into the graph's memory on every replay). Every step
+    is compiled, recorded and run a few times first; then ``rounds`` rounds time every
+    variant in turn (each a ``do_bench`` median over about 1 s), so the variants of one
+    round share the machine's state. Returns ``{variant: {"median": ms, "rounds": [ms]}}``
+    and, per CUDA-graph variant, the cudagraph skips Inductor counted (0: it ran as graphs).
+    """
+    from torch._dynamo.utils import counters
+
+    x, *weights = make_inputs(shape, M, device="cuda")
+    x = x.requires_grad_()
+    params = [torch.nn.Parameter(w) for w in weights]
+    args = [x, *params]
     positions, inv_freq = rope_tables(M, S, shape.HD, "cuda")
     kw = dict(positions=positions, inv_freq=inv_freq, S=S, shape=shape)
-    dy = torch.randn_like(args[0])
+    dy = torch.randn_like(x)
     layers = {"standard": lambda *a: standard_layer(*a, **kw),
               "coda (swiglu op)": lambda *a: coda_layer(*a, mlp="swiglu", **kw),
               "coda (deferred swiglu)": lambda *a: coda_layer(*a, mlp="deferred", **kw),
               "coda (deferred swiglu mlp)": lambda *a: coda_layer(*a, mlp="deferred_mlp", **kw)}
-    res = {}
+    steps, res = {}, {}
     for name, fn in layers.items():
         for mode, f in (("eager", fn), ("compile", torch.compile(fn, dynamic=False)),
                         ("cudagraphs", torch.compile(fn, dynamic=False, mode="reduce-overhead"))):
-            step = lambda: torch.autograd.grad(f(*args), args, dy)  # noqa: E731
+            key = f"{name} ({mode})"
+            if mode == "cudagraphs":   # a new training step: earlier replays' outputs may be overwritten
+                step = (lambda f=f: (torch.compiler.cudagraph_mark_step_begin(),
+                                     torch.autograd.grad(f(*args), args, dy)))
+            else:
+                step = (lambda f=f: torch.autograd.grad(f(*args), args, dy))
+            skips = counters["inductor"]["cudagraph_skips"]
             try:
-                res[f"{name} ({mode})"] = _bench(step)
+                for _ in range(3):          # compile, warm up, record
+                    step()
+                torch.cuda.synchronize()
             except Exception as e:  # one failing variant must not lose the others
-                res[f"{name} ({mode})"] = f"failed: {type(e).__name__}: {str(e)[:300]}"
+                res[key] = f"failed: {type(e).__name__}: {str(e)[:300]}"
+                continue
+            if mode == "cudagraphs":
+                res[f"cudagraph skips: {key}"] = counters["inductor"]["cudagraph_skips"] - skips
+            steps[key] = step
+    times: dict[str, list[float]] = {k: [] for k in steps}
+    for _ in range(rounds):
+        for key, step in steps.items():
+            times[key].append(round(_bench(step), 4))
+    for key, ts in times.items():
+        res[key] = {"median": sorted(ts)[len(ts) // 2], "rounds": ts}
     return res
 
 
@@ -202,6 +236,7 @@ def main(argv=None) -> int:
     ap.add_argument("--check-only", action="store_true", help="numerics only, no timing")
     ap.add_argument("--time-only", action="store_true", help="timing only, no numerics")
     ap.add_argument("--shape", action="append", choices=sorted(SHAPES), help="default: both")
+    ap.add_argument("--rounds", type=int, default=3, help="timing rounds (each times every variant once)")
     args = ap.parse_args(argv)
     shapes = [SHAPES[n] for n in (args.shape or sorted(SHAPES))]
     if not torch.cuda.is_available():
@@ -225,9 +260,8 @@ def main(argv=None) -> int:
     if not args.check_only:
         for shape in shapes:
             key = f"{shape.name} M=8192 (1 x 8192)"
-            results["step_ms"][key] = time_step(shape, 8192, 8192)
-            print(key, json.dumps({k: round(v, 3) if isinstance(v, float) else v
-                                   for k, v in results["step_ms"][key].items()}), flush=True)
+            results["step_ms"][key] = time_step(shape, 8192, 8192, rounds=args.rounds)
+            print(key, json.dumps(results["step_ms"][key]), flush=True)
             save()
     return 0
 

@@ -434,6 +434,7 @@ def _(normed_w, rstd, w1, w_down):
 def _deferred_mlp_setup(ctx, inputs, output):
     normed_w, rstd, w1, w_down = inputs
     ctx.save_for_backward(normed_w, rstd, w1, w_down, output[1])
+    ctx.mark_non_differentiable(output[1])   # preact is saved for the backward, not an output to train
 
 
 def _deferred_mlp_backward(ctx, dout, _dpreact_unused):
@@ -467,18 +468,23 @@ def deferred_rmsnorm_swiglu_mlp(
         (M, D) bf16.
     Raises:
         ValueError: inconsistent shapes, a wrong dtype (bf16; rstd fp32), a non-contiguous
-            tensor, rows not a multiple of 16 bytes, or tensors not on one CUDA device.
-        ModuleNotFoundError: when gemm_rmsnorm_swiglu or swiglu_bwd is not accepted yet.
+            tensor, rows not a multiple of 16 bytes, or tensors not on one CUDA device; in
+            the backward (w_down meets a kernel only there), a w_down whose data does not
+            start 16-byte aligned (a slice at an odd offset).
+        ModuleNotFoundError: when gemm_rmsnorm_swiglu (forward) or swiglu_bwd (backward) is
+            not accepted yet.
     Forward: the ``gemm_rmsnorm_swiglu`` kernel (rstd + SwiGLU in the gate/up epilogue), the
     down projection in torch. Backward: the ``swiglu_bwd`` kernel (down projection's dgrad
     with the SwiGLU backward in its epilogue, postact recomputed), the down projection's
     wgrad, then the deferred-rstd GEMM grads of :func:`deferred_rmsnorm_linear`: the fused
     forward of :func:`deferred_rmsnorm_swiglu` with the fused backward of
-    :func:`~coda_agent.kernels.swiglu`. Gradients reach normed_w, rstd, w1 and w_down (the
-    GEMMs of inputs that do not require grad are skipped); works under ``torch.compile``.
+    :func:`~coda_agent.kernels.swiglu`. Gradients reach normed_w, rstd, w1 and w_down; the
+    wgrad GEMMs of frozen weights and the gate/up dgrad when neither normed_w nor rstd
+    trains are skipped (swiglu_bwd always runs: it also recomputes postact for dw_down).
+    Works under ``torch.compile``.
     """
     op = "deferred_rmsnorm_swiglu_mlp"
-    _expect(w1.dim() == 2 and w1.shape[0] % 2 == 0 and w_down.dim() == 2
+    _expect(normed_w.dim() == 2 and w1.dim() == 2 and w1.shape[0] % 2 == 0 and w_down.dim() == 2
             and tuple(w_down.shape) == (normed_w.shape[1], w1.shape[0] // 2), op,
             lambda: f"need w1 (2I, D) and w_down (D, I) for normed_w (M, D), got {tuple(w1.shape)}, "
                     f"{tuple(w_down.shape)}, {tuple(normed_w.shape)}")

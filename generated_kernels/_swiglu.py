@@ -56,6 +56,7 @@ def _mlp_setup_context(ctx, inputs, output):
     x, w1, w_down = inputs
     _, preact = output
     ctx.save_for_backward(x, w1, w_down, preact)
+    ctx.mark_non_differentiable(preact)      # saved for the backward, not an output to train
 
 
 def _mlp_backward(ctx, dout, _dpreact_unused):

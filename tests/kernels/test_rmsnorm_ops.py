@@ -226,6 +226,8 @@ def test_opcheck_cpu(baseline_kernels):
     torch.library.opcheck(_rmsnorm._residual_rmsnorm, rg(x, w_o, residual, gamma))
     torch.library.opcheck(_rmsnorm._deferred_rmsnorm_linear, rg(a, rstd, w))
     torch.library.opcheck(_rmsnorm._deferred_rmsnorm_swiglu, rg(a, rstd, w))
+    a4, rstd4, w14, wd4 = deferred_mlp_inputs("cpu", torch.float32)
+    torch.library.opcheck(_rmsnorm._deferred_rmsnorm_swiglu_mlp, rg(a4, rstd4, w14, wd4))
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -258,6 +260,10 @@ def test_bad_shapes_are_refused(baseline_kernels):
         K.deferred_rmsnorm_linear(a, rstd[:-1], w)
     with pytest.raises(ValueError, match="deferred_rmsnorm_swiglu: w1 needs an even"):
         K.deferred_rmsnorm_swiglu(a, rstd, w[:-1])
+    a4, rstd4, w14, wd4 = deferred_mlp_inputs("cpu", torch.float32)
+    for bad in ((a4[0], rstd4, w14, wd4), (a4, rstd4, w14, wd4[:, :-1]), (a4, rstd4, w14[:-1], wd4)):
+        with pytest.raises(ValueError, match=r"deferred_rmsnorm_swiglu_mlp: need w1 \(2I, D\) and w_down"):
+            K.deferred_rmsnorm_swiglu_mlp(*bad)     # (a 1-D normed_w was an IndexError)
 
 
 # --------------------------------------------------------------------------- eps
