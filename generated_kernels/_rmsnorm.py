@@ -2,7 +2,8 @@
 deferred-rstd consumers, RMSNorm -> linear, and the fused RMSNorm backward kernel as an op.
 
 Public ops: ``residual_rmsnorm``, ``rmsnorm_linear``, ``deferred_rmsnorm_linear``,
-``deferred_rmsnorm_swiglu``; kernel wrappers ``gemm_residual_partial_rms_op``,
+``deferred_rmsnorm_swiglu``, ``deferred_rmsnorm_swiglu_mlp`` (which also runs the
+swiglu_bwd kernel of ``_swiglu``); kernel wrappers ``gemm_residual_partial_rms_op``,
 ``gemm_rmsnorm_op``, ``gemm_rmsnorm_swiglu_op``, ``rms_bwd_op``. See the package docstring
 for the math. ``load`` / ``_check_device`` are looked up through the package at call time.
 """
