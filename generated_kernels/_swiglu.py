@@ -84,8 +84,11 @@ def swiglu(x: torch.Tensor, w1: torch.Tensor, w_down: torch.Tensor) -> torch.Ten
         (M, K) bf16: ``(silu(x @ gate^T) * (x @ up^T)) @ w_down^T``.
     Raises:
         ValueError: tensors not 2-D bf16 contiguous with 16-byte rows (K and I multiples
-            of 8), inconsistent shapes, or not on one CUDA device (the kernels need sm_90).
-        ModuleNotFoundError: when swiglu_fwd / swiglu_bwd are not accepted yet.
+            of 8), inconsistent shapes, or not on one CUDA device (the kernels need sm_90);
+            in the backward (w_down meets a kernel only there), a w_down whose data does
+            not start 16-byte aligned (a slice at an odd offset).
+        ModuleNotFoundError: when swiglu_fwd (forward) / swiglu_bwd (backward) is not
+            accepted yet.
     Gradients flow to x, w1 and w_down (the weight-gradient GEMMs run only for inputs that
     require grad); works under ``torch.compile``.
     """
