@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from ._registry import _expect, _pkg, _stat_dtype, run_kernel
-from ._swiglu import swiglu_bwd_op
+from ._swiglu import down_proj_backward
 
 BF16, FP32 = torch.bfloat16, torch.float32
 
@@ -441,8 +441,7 @@ def _deferred_mlp_setup(ctx, inputs, output):
 def _deferred_mlp_backward(ctx, dout, _dpreact_unused):
     normed_w, rstd, w1, w_down, preact = ctx.saved_tensors
     need_a, need_rstd, need_w1, need_w_down = ctx.needs_input_grad
-    dpreact, postact = swiglu_bwd_op(dout.contiguous(), w_down, preact)   # dgrad of w_down + SwiGLU bwd
-    dw_down = dout.T @ postact if need_w_down else None                    # wgrad of the down projection
+    dpreact, dw_down = down_proj_backward(dout, w_down, preact, need_w_down)
     da, drstd, dw1 = deferred_linear_grads(dpreact, normed_w, rstd, w1, (need_a, need_rstd, need_w1))
     return da, drstd, dw1, dw_down
 

@@ -59,11 +59,19 @@ def _mlp_setup_context(ctx, inputs, output):
     ctx.mark_non_differentiable(preact)      # saved for the backward, not an output to train
 
 
+def down_proj_backward(dout, w_down, preact, need_w_down: bool):
+    """Backward of ``(silu(gate) * up) @ w_down^T`` from the saved ``preact`` (M, 2I):
+    ``(dpreact (M, 2I), dw_down (K, I) or None)``. The ``swiglu_bwd`` kernel gives dpreact
+    and the recomputed postact; the down projection's wgrad runs only when ``need_w_down``.
+    Shared by the two MLP ops (``swiglu`` and ``deferred_rmsnorm_swiglu_mlp``)."""
+    dpreact, postact = swiglu_bwd_op(dout.contiguous(), w_down, preact)
+    return dpreact, (dout.T @ postact if need_w_down else None)
+
+
 def _mlp_backward(ctx, dout, _dpreact_unused):
     x, w1, w_down, preact = ctx.saved_tensors
     need_x, need_w1, need_w_down = ctx.needs_input_grad
-    dpreact, postact = swiglu_bwd_op(dout.contiguous(), w_down, preact)
-    dw_down = dout.T @ postact if need_w_down else None     # wgrad of the down projection (K, I)
+    dpreact, dw_down = down_proj_backward(dout, w_down, preact, need_w_down)
     dx = dpreact @ w1 if need_x else None                  # dgrad of the gate/up projection (M, K)
     dw1 = dpreact.T @ x if need_w1 else None               # wgrad of the gate/up projection (2I, K)
     return dx, dw1, dw_down

@@ -94,8 +94,8 @@ class CommandBackend:
             rc, stdout, stderr, over = self._run(text.encode("utf-8"), env)
         if rc is None:
             raise LLMError(f"--llm command {self.command!r} did not finish within {self.timeout_s:g} s")
+        tail = stderr.strip()[-800:]  # what a failing command said last
         if rc != 0:
-            tail = stderr.strip()[-800:]
             raise LLMError(
                 f"--llm command {self.command!r} exited with status {rc}"
                 + (f"; stderr:\n{tail}" if tail else " (no stderr)")
@@ -103,7 +103,7 @@ class CommandBackend:
         if over:
             raise LLMError(f"--llm command {self.command!r} printed more than {MAX_OUTPUT >> 20} MiB on stdout")
         if not stdout.strip():
-            tail = stderr.strip()[-800:]  # a script whose last line failed exits 0 with the error here
+            # a script whose last line failed exits 0 with the error on stderr
             raise LLMError(f"--llm command {self.command!r} printed nothing on stdout (exit status 0)"
                            + (f"; stderr:\n{tail}" if tail else " and nothing on stderr"))
         return LLMResponse(text=stdout, model=self.model)
