@@ -314,12 +314,15 @@ def _deferred_rmsnorm_linear_backward(ctx, dy):
 _deferred_rmsnorm_linear.register_autograd(_deferred_rmsnorm_linear_backward, setup_context=_deferred_setup)
 
 
-def _check_deferred(op, a, rstd, w, widths, a_name="a", w_name="w"):
+def _check_deferred(op, a, rstd, w, widths, a_name="a", w_name="w", **more_bf16):
+    """Shapes of a deferred-rstd GEMM's operands, then device and layout of them and of
+    ``more_bf16`` (further bf16 weights, e.g. ``w_down``, whose shapes the caller checked)."""
     _expect(a.dim() == 2 and w.dim() == 2 and a.shape[1] == w.shape[1] and tuple(rstd.shape) == (a.shape[0],),
             op, lambda: f"need {a_name} (M, K), rstd (M,), {w_name} (N, K), got {tuple(a.shape)}, "
                         f"{tuple(rstd.shape)}, {tuple(w.shape)}")
-    _pkg._check_device(op, **{a_name: a, "rstd": rstd, w_name: w})
-    _pkg._check_layout(op, widths, **{a_name: (a, BF16), "rstd": (rstd, FP32), w_name: (w, BF16)})
+    _pkg._check_device(op, **{a_name: a, "rstd": rstd, w_name: w}, **more_bf16)
+    _pkg._check_layout(op, widths, **{a_name: (a, BF16), "rstd": (rstd, FP32), w_name: (w, BF16)},
+                       **{k: (t, BF16) for k, t in more_bf16.items()})
 
 
 def deferred_rmsnorm_linear(a: torch.Tensor, rstd: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -488,8 +491,7 @@ def deferred_rmsnorm_swiglu_mlp(
             and tuple(w_down.shape) == (normed_w.shape[1], w1.shape[0] // 2), op,
             lambda: f"need w1 (2I, D) and w_down (D, I) for normed_w (M, D), got {tuple(w1.shape)}, "
                     f"{tuple(w_down.shape)}, {tuple(normed_w.shape)}")
-    _check_deferred(op, normed_w, rstd, w1, {"I (half of w1's rows)": w1.shape[0] // 2}, "normed_w", "w1")
-    _pkg._check_device(op, normed_w=normed_w, w_down=w_down)
-    _pkg._check_layout(op, w_down=(w_down, BF16))
+    _check_deferred(op, normed_w, rstd, w1, {"I (half of w1's rows)": w1.shape[0] // 2}, "normed_w", "w1",
+                    w_down=w_down)
     out, _ = _deferred_rmsnorm_swiglu_mlp(normed_w, rstd, w1, w_down)
     return out
