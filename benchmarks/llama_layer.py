@@ -100,12 +100,15 @@ def _rmsnorm(x, gamma):
     return (x * rstd).to(x.dtype) * gamma
 
 
-def _rope(qkv, positions, inv_freq, s: LayerShape):
-    """Meta's interleaved RoPE on the query and key heads; value heads pass through."""
-    n_rot = (s.HQ + s.HKV) * s.HD
+def rope_interleaved(qkv, positions, inv_freq, n_q_heads: int, n_kv_heads: int, head_dim: int):
+    """Meta's interleaved RoPE, the standard definition: pair (2j, 2j+1) of every query and
+    key head of ``qkv`` (M, (n_q_heads + 2 n_kv_heads) head_dim) turns by positions[m] *
+    inv_freq[j] (angles and rotation in fp32, float64 for float64 input); value heads pass
+    through. Also ``op_training_probe.py``'s standard ``qkv_rope``."""
+    n_rot = (n_q_heads + n_kv_heads) * head_dim
     theta = positions.to(torch.float64 if qkv.dtype == torch.float64 else torch.float32)[:, None] * inv_freq[None, :]
     cos, sin = theta.cos()[:, None, :], theta.sin()[:, None, :]
-    pairs = qkv[:, :n_rot].to(cos.dtype).unflatten(1, (s.HQ + s.HKV, s.HD // 2, 2))
+    pairs = qkv[:, :n_rot].to(cos.dtype).unflatten(1, (n_q_heads + n_kv_heads, head_dim // 2, 2))
     a, b = pairs[..., 0], pairs[..., 1]
     rot = torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1).flatten(1).to(qkv.dtype)
     return torch.cat((rot, qkv[:, n_rot:]), dim=1)
@@ -123,7 +126,7 @@ def _attention(qkv, S: int, s: LayerShape):
 
 def standard_layer(x, g1, w_qkv, w_o, g2, w1, w_down, *, positions, inv_freq, S: int, shape: LayerShape):
     """The Llama-3 decoder layer in plain PyTorch (the definition the CODA layer is checked against)."""
-    qkv = _rope(_rmsnorm(x, g1) @ w_qkv.T, positions, inv_freq, shape)
+    qkv = rope_interleaved(_rmsnorm(x, g1) @ w_qkv.T, positions, inv_freq, shape.HQ, shape.HKV, shape.HD)
     x2 = x + _attention(qkv, S, shape) @ w_o.T
     pre = _rmsnorm(x2, g2) @ w1.T
     return x2 + (F.silu(pre[:, 0::2]) * pre[:, 1::2]) @ w_down.T

@@ -42,6 +42,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 from host_probe import env_line, load_reference  # noqa: E402  (sibling dev script)
 from host_probe import randn_bf16 as _randn  # noqa: E402
+from llama_layer import rope_interleaved  # noqa: E402  (the standard RoPE, written once)
 
 
 def _bench(fn) -> float:
@@ -133,16 +134,9 @@ def qkv_rope_case(m, k, hq, hkv, hd):
     positions = torch.arange(m, device="cuda") % 8192
     inv_freq = 1.0 / (500000.0 ** (torch.arange(0, hd, 2, device="cuda", dtype=torch.float32) / hd))
     dy = _randn(m, n)
-    n_rot = (hq + hkv) * hd
 
     def standard(x, w):           # Meta's interleaved RoPE on Q and K heads, V passes through
-        qkv = x @ w.T
-        theta = positions.float()[:, None] * inv_freq[None, :]
-        cos, sin = theta.cos()[:, None, :], theta.sin()[:, None, :]
-        pairs = qkv[:, :n_rot].float().unflatten(1, (hq + hkv, hd // 2, 2))
-        a, b = pairs[..., 0], pairs[..., 1]
-        rot = torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1).flatten(1).to(qkv.dtype)
-        return torch.cat((rot, qkv[:, n_rot:]), dim=1)
+        return rope_interleaved(x @ w.T, positions, inv_freq, hq, hkv, hd)
 
     def ops(x, w):
         return K.qkv_rope(x, w, positions, inv_freq, n_q_heads=hq, n_kv_heads=hkv, head_dim=hd)
