@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
+import sys
 import types
 from pathlib import Path
 
@@ -25,13 +26,19 @@ import coda_agent.kernels as K
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def reference_module(name: str):
-    """Import kernel_specs/<name>/reference.py as a fresh module."""
-    path = ROOT / "kernel_specs" / name / "reference.py"
-    spec = importlib.util.spec_from_file_location(f"coda_test_reference_{name}", path)
+def module_from_file(path: Path, name: str):
+    """Import the file ``path`` as a fresh module ``name``, registered in ``sys.modules``
+    (dataclasses and torch.compile look a module up by name)."""
+    spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
     spec.loader.exec_module(mod)
     return mod
+
+
+def reference_module(name: str):
+    """Import kernel_specs/<name>/reference.py as a fresh module."""
+    return module_from_file(ROOT / "kernel_specs" / name / "reference.py", f"coda_test_reference_{name}")
 
 
 def entry(fn, inputs: list[str], outputs: list[str]):

@@ -10,14 +10,12 @@ error against fp32.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from glue_helpers import use_standins
+from glue_helpers import module_from_file, use_standins
 from test_rmsnorm_ops import standins as rms_standins
 from test_rope_ops import standins as rope_standins
 from test_swiglu_op import standins as swiglu_standins
@@ -25,15 +23,7 @@ from test_swiglu_op import standins as swiglu_standins
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _layer_module():
-    spec = importlib.util.spec_from_file_location("coda_llama_layer", ROOT / "benchmarks" / "llama_layer.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-L = _layer_module()
+L = module_from_file(ROOT / "benchmarks" / "llama_layer.py", "coda_llama_layer")
 TINY = L.LayerShape("tiny", D=16, I=24, HQ=2, HKV=1, HD=8)
 
 
