@@ -23,9 +23,11 @@ Per case, median ms of ``triton.testing.do_bench`` (L2 flushed), all in one proc
 
 Usage (device, after ``source .device-bundle/p2/install.sh && source benchmarks/device_env.sh``)::
 
-    python3 benchmarks/op_training_probe.py --out $OUT/ops [--cudagraphs] [--case NAME ...]
+    python3 benchmarks/op_training_probe.py --out $OUT/ops [--cudagraphs] [--profile N] [--case NAME ...]
 
-Writes ``op_training.json`` and prints one line per case. Raises SystemExit without CUDA.
+``--profile N`` adds ``profile:<impl>`` per variant: GPU time per step by kernel (N steps
+under ``torch.profiler``). Writes ``op_training.json`` and prints one line per case
+(without the profiles). Raises SystemExit without CUDA.
 """
 
 from __future__ import annotations
@@ -65,6 +67,36 @@ def _step(fn, args, dy):
 CUDAGRAPHS = False
 """``--cudagraphs``: also time both under ``torch.compile(mode="reduce-overhead")``."""
 
+PROFILE_STEPS = 0
+"""``--profile N``: after timing, also run N steps of each variant under ``torch.profiler``
+and record where the GPU time goes (:func:`_kernel_profile`)."""
+
+
+def _kernel_profile(run, steps: int) -> dict:
+    """GPU time per step of ``run()`` by kernel, from ``torch.profiler`` (CUDA device events,
+    the launch rule of ``protocol.gpu_kernels``): ``gpu us/step`` (sum of kernel times: busy
+    time, not wall time), ``kernels/step`` and ``top``: the 10 costliest kernel names with
+    us/step and calls/step (names cut to 100 characters)."""
+    from coda_agent.verifier.protocol import gpu_kernels
+    run()
+    torch.cuda.synchronize()
+    acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=acts) as prof:
+        for _ in range(steps):
+            run()
+        torch.cuda.synchronize()
+    events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    kept = set(gpu_kernels([e.name for e in events]))
+    per: dict[str, list[float]] = {}
+    for e in events:
+        if e.name in kept:
+            per.setdefault(e.name, []).append(float(getattr(e, "device_time", 0.0) or e.cuda_time))
+    top = sorted(per.items(), key=lambda kv: -sum(kv[1]))[:10]
+    return {"gpu us/step": round(sum(map(sum, per.values())) / steps, 1),
+            "kernels/step": sum(map(len, per.values())) / steps,
+            "top": [{"kernel": k[:100], "us/step": round(sum(v) / steps, 1), "calls/step": len(v) / steps}
+                    for k, v in top]}
+
 
 def _steps(op, standard, args, dy) -> dict:
     """``step:ops``, ``step:ops (compile)``, ``step:eager``, ``step:compile`` ms for the op and
@@ -84,6 +116,8 @@ def _steps(op, standard, args, dy) -> dict:
         skips = counters["inductor"]["cudagraph_skips"]
         run = _step(f, args, dy)
         res[f"step:{k}"] = _bench(run)
+        if PROFILE_STEPS:
+            res[f"profile:{k}"] = _kernel_profile(run, PROFILE_STEPS)
         if "cudagraphs" in k:
             res[f"cudagraph skips:{k}"] = counters["inductor"]["cudagraph_skips"] - skips
         if k == "ops (cudagraphs)":
@@ -140,7 +174,16 @@ def qkv_rope_case(m, k, hq, hkv, hd):
 
     def ops(x, w):
         return K.qkv_rope(x, w, positions, inv_freq, n_q_heads=hq, n_kv_heads=hkv, head_dim=hd)
-    return _steps(ops, standard, (x, w), dy)
+    res = _steps(ops, standard, (x, w), dy)
+    # the backwards' rotation passes alone, each compiled: the op's glue (R^T, float64 angles)
+    # and the standard definition's forward rotation (fp32 angles; its backward is the same pass)
+    from coda_agent.kernels._rope import rope_rotate
+    n_rot = (hq + hkv) * hd
+    glue = torch.compile(lambda d: rope_rotate(d, positions, inv_freq, n_rot, inverse=True), dynamic=False)
+    std_rot = torch.compile(lambda d: rope_interleaved(d, positions, inv_freq, hq, hkv, hd), dynamic=False)
+    res["R^T glue pass (compile)"] = _bench(lambda: glue(dy))
+    res["standard rotation pass (compile)"] = _bench(lambda: std_rot(dy))
+    return res
 
 
 def linear_cross_entropy_case(m, k, v):
@@ -172,9 +215,11 @@ def main(argv=None) -> int:
     ap.add_argument("--case", action="append", choices=sorted(CASES), help="default: every case")
     ap.add_argument("--cudagraphs", action="store_true",
                     help='also time op and standard under torch.compile(mode="reduce-overhead")')
+    ap.add_argument("--profile", type=int, default=0, metavar="N",
+                    help="also profile N steps of every variant: GPU time by kernel")
     args = ap.parse_args(argv)
-    global CUDAGRAPHS
-    CUDAGRAPHS = args.cudagraphs
+    global CUDAGRAPHS, PROFILE_STEPS
+    CUDAGRAPHS, PROFILE_STEPS = args.cudagraphs, args.profile
     if not torch.cuda.is_available():
         raise SystemExit("op_training_probe: needs a CUDA (Hopper) device")
     env = env_line()
@@ -186,7 +231,8 @@ def main(argv=None) -> int:
         except Exception as e:  # one failing case must not lose the others
             results["cases"][name] = {"failed": f"{type(e).__name__}: {e}"}
         print(name, json.dumps({k: (round(v, 4) if isinstance(v, float) else v)
-                                for k, v in results["cases"][name].items()}), flush=True)
+                                for k, v in results["cases"][name].items() if not k.startswith("profile:")}),
+              flush=True)
         (args.out / "op_training.json").write_text(json.dumps(results, indent=1))
     return 0
 

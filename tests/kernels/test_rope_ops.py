@@ -176,6 +176,75 @@ def test_rope_bwd_is_the_adjoint_of_the_forward_rotation():
     torch.testing.assert_close(rope_rotate(u, pos, f, n_rot), torch_rope(u, pos, f, **CONSTS), rtol=1e-12, atol=1e-12)
 
 
+def _rope_rotate_by_cat(t, positions, inv_freq, n_rot, inverse=False):
+    """The glue's rotation as written before 2026-12-01 (rotated heads concatenated with the
+    value heads): the rewrite must not change a bit of it."""
+    acc = torch.promote_types(t.dtype, torch.float32)
+    half = inv_freq.shape[0]
+    theta = positions.double()[:, None] * inv_freq.double()[None, :]
+    cos, sin = theta.cos().to(acc)[:, None, :], theta.sin().to(acc)[:, None, :]
+    sin = -sin if inverse else sin
+    pairs = t[:, :n_rot].to(acc).unflatten(1, (n_rot // (2 * half), half, 2))
+    x, y = pairs[..., 0], pairs[..., 1]
+    rotated = torch.stack((x * cos - y * sin, x * sin + y * cos), dim=-1).flatten(1)
+    return torch.cat((rotated.to(t.dtype), t[:, n_rot:]), dim=1)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("inverse", [False, True])
+def test_rope_rotate_matches_the_concatenating_form_bitwise(dtype, inverse):
+    """One pointwise expression (value heads chosen by torch.where) instead of a cat: same
+    bits as before in bf16 and fp32, value heads passed through untouched."""
+    from coda_agent.kernels._rope import rope_rotate
+
+    n_rot = (HQ + HKV) * HD
+    t = torch.randn(9, _n(CONSTS)).to(dtype)
+    pos, f = torch.randint(0, 100000, (9,)), llama3_inv_freq(HD)
+    got = rope_rotate(t, pos, f, n_rot, inverse=inverse)
+    assert got.dtype == dtype and torch.equal(got, _rope_rotate_by_cat(t, pos, f, n_rot, inverse))
+    assert torch.equal(got[:, n_rot:], t[:, n_rot:])
+    assert not torch.equal(got[:, :n_rot], t[:, :n_rot])
+
+
+def test_rope_rotate_refuses_partial_heads():
+    from coda_agent.kernels._rope import rope_rotate
+
+    t, pos, f = torch.randn(3, _n(CONSTS)), torch.arange(3), llama3_inv_freq(HD)
+    with pytest.raises(ValueError, match=f"multiples of head_dim = 2 \\* len\\(inv_freq\\) = {HD}"):
+        rope_rotate(t, pos, f, HD + 2)
+    with pytest.raises(ValueError, match="multiples of head_dim"):
+        rope_rotate(t[:, :-2], pos, f, HD)
+
+
+def test_rope_cos_sin_is_an_opaque_custom_op_under_compile():
+    """The angle table is a custom op: opcheck passes, its values are float64 cos/sin, and the
+    graph torch.compile traces from the rotation calls it once and evaluates no cos/sin of its
+    own (traced, Inductor inlined float64 sin/cos into the per-element kernel: 2.6x slower)."""
+    from coda_agent.kernels._rope import rope_cos_sin, rope_rotate
+
+    pos, f = torch.randint(0, 100000, (5,)), llama3_inv_freq(HD)
+    for dtype in (torch.float32, torch.float64):
+        torch.library.opcheck(rope_cos_sin, (pos, f, dtype))
+    c, s = rope_cos_sin(pos, f, torch.float64)
+    theta = pos.double()[:, None] * f.double()[None, :]
+    assert c.shape == (5, HD // 2) and torch.equal(c, theta.cos()) and torch.equal(s, theta.sin())
+
+    graphs = []
+
+    def capture(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    t = torch.randn(5, _n(CONSTS))
+    out = torch.compile(lambda t: rope_rotate(t, pos, f, (HQ + HKV) * HD, inverse=True),
+                        backend=capture, fullgraph=True)(t)
+    torch.testing.assert_close(out, rope_rotate(t, pos, f, (HQ + HKV) * HD, inverse=True), rtol=0, atol=0)
+    targets = [str(n.target) for g in graphs for n in g.graph.nodes if n.op == "call_function"]
+    assert targets.count("coda_agent.rope_cos_sin.default") == 1, targets
+    assert not [x for x in targets if "cos" in x.split(".")[-1] or "sin" in x.split(".")[-1]
+                if "rope_cos_sin" not in x], targets
+
+
 @pytest.mark.parametrize("signature", ["HQ,HKV", "HQ,HKV,HD", "**kwargs", "bare-or-tuple"])
 def test_kernel_constants_are_passed_as_the_entry_declares(signature, monkeypatch):
     """The specs' keyword-only constants: run_kernel passes those the entry declares (the
