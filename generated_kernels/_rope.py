@@ -21,14 +21,14 @@ from ._rmsnorm import deferred_linear_grads
 
 @torch.library.custom_op("coda_agent::rope_cos_sin", mutates_args=())
 def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin of ``theta[m, j] = positions[m] * inv_freq[j]``, each (M, HD/2) in ``dtype``,
-    angles in float64 (exact enough at any position a model sees).
+    """cos and sin of ``theta[m, j] = positions[m] * inv_freq[j]``: positions (M,) int64,
+    inv_freq (HD/2,) fp32 -> cos, sin, each (M, HD/2) in ``dtype``, angles in float64.
 
     A custom op so that ``torch.compile`` keeps this table *materialized*: traced, Inductor
     inlines the float64 sin/cos into the rotation's pointwise kernel and evaluates them once
     per element, (M, N) instead of (M, HD/2) -- 2.6x the standard definition's rotation time
     at llama3-8b (0.50 vs 0.19-0.27 ms, ``op_training_probe.py --profile``, H200, 2026-12-01)."""
-    theta = positions.double()[:, None] * inv_freq.double()[None, :]
+    theta = positions[:, None] * inv_freq.double()[None, :]        # int64 * float64 -> float64
     return theta.cos().to(dtype), theta.sin().to(dtype)
 
 
@@ -47,8 +47,10 @@ def rope_rotate(t: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor
     of every rotated head at row m turns by theta = positions[m] * inv_freq[j] (``inverse``:
     by -theta, i.e. R^T, the backward). Angles in float64 (:func:`rope_cos_sin`), the
     rotation in fp32 (or wider), one rounding to ``t``'s dtype -- as the specs' references.
-    Written as one pointwise expression over (M, heads, HD/2, 2) (the value heads selected by
-    ``torch.where``, not concatenated), so Inductor emits a single bandwidth-bound kernel.
+    Under ``torch.compile`` it is one pointwise expression over (M, heads, HD/2, 2) (the value
+    heads selected by ``torch.where``, not concatenated), so Inductor emits a single
+    bandwidth-bound kernel; eager, it rotates only the Q/K heads and concatenates (fewer
+    full-width passes). Both give the same bits.
 
     Raises:
         ValueError: N or ``n_rot`` not a whole number of heads."""
@@ -60,6 +62,10 @@ def rope_rotate(t: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor
                          f"head_dim = 2 * len(inv_freq) = {hd}")
     cos, sin = rope_cos_sin(positions, inv_freq, acc)
     cos, sin = cos[:, None, :], (-sin if inverse else sin)[:, None, :]
+    if not torch.compiler.is_compiling():  # eager: rotate only the Q/K heads, then concatenate
+        x, y = t[:, :n_rot].to(acc).unflatten(1, (n_rot // hd, half, 2)).unbind(-1)
+        rotated = torch.stack((x * cos - y * sin, x * sin + y * cos), dim=-1).flatten(1)
+        return torch.cat((rotated.to(t.dtype), t[:, n_rot:]), dim=1)
     pairs = t.to(acc).unflatten(1, (t.shape[1] // hd, half, 2))               # (M, heads, HD/2, 2)
     x, y = pairs[..., 0], pairs[..., 1]
     rotated = torch.stack((x * cos - y * sin, x * sin + y * cos), dim=-1)

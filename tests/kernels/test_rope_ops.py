@@ -193,17 +193,26 @@ def _rope_rotate_by_cat(t, positions, inv_freq, n_rot, inverse=False):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("inverse", [False, True])
 def test_rope_rotate_matches_the_concatenating_form_bitwise(dtype, inverse):
-    """One pointwise expression (value heads chosen by torch.where) instead of a cat: same
-    bits as before in bf16 and fp32, value heads passed through untouched."""
+    """Both forms of the glue's rotation (eager: rotate Q/K and concatenate; traced: one
+    pointwise expression, value heads chosen by torch.where) give the bits of the form used
+    before 2026-12-01, in bf16 and fp32, value heads passed through untouched."""
     from coda_agent.kernels._rope import rope_rotate
 
     n_rot = (HQ + HKV) * HD
     t = torch.randn(9, _n(CONSTS)).to(dtype)
     pos, f = torch.randint(0, 100000, (9,)), llama3_inv_freq(HD)
+    want = _rope_rotate_by_cat(t, pos, f, n_rot, inverse)
     got = rope_rotate(t, pos, f, n_rot, inverse=inverse)
-    assert got.dtype == dtype and torch.equal(got, _rope_rotate_by_cat(t, pos, f, n_rot, inverse))
+    assert got.dtype == dtype and torch.equal(got, want)
     assert torch.equal(got[:, n_rot:], t[:, n_rot:])
     assert not torch.equal(got[:, :n_rot], t[:, :n_rot])
+    compiling = torch.compiler.is_compiling
+    torch.compiler.is_compiling = lambda: True   # the where-form that torch.compile traces
+    try:
+        traced_form = rope_rotate(t, pos, f, n_rot, inverse=inverse)
+    finally:
+        torch.compiler.is_compiling = compiling
+    assert torch.equal(traced_form, want)
 
 
 def test_rope_rotate_refuses_partial_heads():
