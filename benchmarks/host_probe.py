@@ -85,6 +85,32 @@ def _rope_entry():
     }
 
 
+def kernel_profile(run, steps: int, top: int = 10) -> dict:
+    """GPU time per step of ``run()`` by kernel, from ``torch.profiler`` (CUDA device events,
+    the launch rule of ``protocol.gpu_kernels``): ``gpu us/step`` (sum of kernel times: busy
+    time, not wall time), ``kernels/step`` and ``top``: the ``top`` costliest kernel names with
+    us/step and calls/step (names cut to 100 characters)."""
+    from coda_agent.verifier.protocol import gpu_kernels
+    run()
+    torch.cuda.synchronize()
+    acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=acts) as prof:
+        for _ in range(steps):
+            run()
+        torch.cuda.synchronize()
+    events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    kept = set(gpu_kernels([e.name for e in events]))
+    per: dict[str, list[float]] = {}
+    for e in events:
+        if e.name in kept:
+            per.setdefault(e.name, []).append(float(getattr(e, "device_time", 0.0) or e.cuda_time))
+    ranked = sorted(per.items(), key=lambda kv: -sum(kv[1]))[:top]
+    return {"gpu us/step": round(sum(map(sum, per.values())) / steps, 1),
+            "kernels/step": sum(map(len, per.values())) / steps,
+            "top": [{"kernel": k[:100], "us/step": round(sum(v) / steps, 1), "calls/step": len(v) / steps}
+                    for k, v in ranked]}
+
+
 def pipelined_host_us(call, per_round: int = 40, rounds: int = 5, warm: int = 10) -> float:
     """Median host us per ``call()`` over ``rounds`` back-to-back runs of ``per_round``
     calls (no synchronize inside a round: launches queue as in a training step)."""

@@ -30,7 +30,7 @@ rounds that each time every variant (:func:`time_step`).
 
 Usage (device, after ``source .device-bundle/p2/install.sh && source benchmarks/device_env.sh``)::
 
-    python3 benchmarks/llama_layer.py --out $OUT/layer [--check-only | --time-only] [--shape llama3-8b]
+    python3 benchmarks/llama_layer.py --out $OUT/layer [--check-only | --time-only] [--shape llama3-8b] [--profile N]
 
 Writes ``llama_layer.json``. Raises SystemExit without CUDA.
 """
@@ -179,7 +179,7 @@ def _bench(fn) -> float:
     return float(do_bench(fn, warmup=50, rep=1000, return_mode="median"))
 
 
-def time_step(shape: LayerShape, M: int, S: int, rounds: int = 3) -> dict:
+def time_step(shape: LayerShape, M: int, S: int, rounds: int = 3, profile: int = 0) -> dict:
     """Median ms of one training step (forward + gradients of x and every weight) per
     implementation: standard / coda (each MLP wiring) x eager / compile / cudagraphs.
 
@@ -189,6 +189,8 @@ def time_step(shape: LayerShape, M: int, S: int, rounds: int = 3) -> dict:
     variant in turn (each a ``do_bench`` median over about 1 s), so the variants of one
     round share the machine's state. Returns ``{variant: {"median": ms, "rounds": [ms]}}``
     and, per CUDA-graph variant, the cudagraph skips Inductor counted (0: it ran as graphs).
+    ``profile`` > 0: afterwards, ``profile:<variant>`` for the compiled variants, GPU time per
+    step by kernel over that many steps (``host_probe.kernel_profile``, top 30 kernels).
     """
     from torch._dynamo.utils import counters
 
@@ -230,6 +232,11 @@ def time_step(shape: LayerShape, M: int, S: int, rounds: int = 3) -> dict:
             times[key].append(round(_bench(step), 4))
     for key, ts in times.items():
         res[key] = {"median": sorted(ts)[len(ts) // 2], "rounds": ts}
+    if profile:
+        from host_probe import kernel_profile
+        for key, step in steps.items():
+            if key.endswith("(compile)"):
+                res[f"profile:{key}"] = kernel_profile(step, profile, top=30)
     return res
 
 
@@ -240,6 +247,8 @@ def main(argv=None) -> int:
     ap.add_argument("--time-only", action="store_true", help="timing only, no numerics")
     ap.add_argument("--shape", action="append", choices=sorted(SHAPES), help="default: both")
     ap.add_argument("--rounds", type=int, default=3, help="timing rounds (each times every variant once)")
+    ap.add_argument("--profile", type=int, default=0, metavar="N",
+                    help="also profile N steps of every compiled variant: GPU time by kernel")
     args = ap.parse_args(argv)
     shapes = [SHAPES[n] for n in (args.shape or sorted(SHAPES))]
     if not torch.cuda.is_available():
@@ -263,8 +272,9 @@ def main(argv=None) -> int:
     if not args.check_only:
         for shape in shapes:
             key = f"{shape.name} M=8192 (1 x 8192)"
-            results["step_ms"][key] = time_step(shape, 8192, 8192, rounds=args.rounds)
-            print(key, json.dumps(results["step_ms"][key]), flush=True)
+            results["step_ms"][key] = time_step(shape, 8192, 8192, rounds=args.rounds, profile=args.profile)
+            print(key, json.dumps({k: v for k, v in results["step_ms"][key].items() if not k.startswith("profile:")}),
+                  flush=True)
             save()
     return 0
 

@@ -42,7 +42,7 @@ import torch.nn.functional as F
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
-from host_probe import env_line, load_reference  # noqa: E402  (sibling dev script)
+from host_probe import env_line, kernel_profile, load_reference  # noqa: E402  (sibling dev script)
 from host_probe import randn_bf16 as _randn  # noqa: E402
 from llama_layer import rope_interleaved  # noqa: E402  (the standard RoPE, written once)
 
@@ -69,33 +69,7 @@ CUDAGRAPHS = False
 
 PROFILE_STEPS = 0
 """``--profile N``: after timing, also run N steps of each variant under ``torch.profiler``
-and record where the GPU time goes (:func:`_kernel_profile`)."""
-
-
-def _kernel_profile(run, steps: int) -> dict:
-    """GPU time per step of ``run()`` by kernel, from ``torch.profiler`` (CUDA device events,
-    the launch rule of ``protocol.gpu_kernels``): ``gpu us/step`` (sum of kernel times: busy
-    time, not wall time), ``kernels/step`` and ``top``: the 10 costliest kernel names with
-    us/step and calls/step (names cut to 100 characters)."""
-    from coda_agent.verifier.protocol import gpu_kernels
-    run()
-    torch.cuda.synchronize()
-    acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
-    with torch.profiler.profile(activities=acts) as prof:
-        for _ in range(steps):
-            run()
-        torch.cuda.synchronize()
-    events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    kept = set(gpu_kernels([e.name for e in events]))
-    per: dict[str, list[float]] = {}
-    for e in events:
-        if e.name in kept:
-            per.setdefault(e.name, []).append(float(getattr(e, "device_time", 0.0) or e.cuda_time))
-    top = sorted(per.items(), key=lambda kv: -sum(kv[1]))[:10]
-    return {"gpu us/step": round(sum(map(sum, per.values())) / steps, 1),
-            "kernels/step": sum(map(len, per.values())) / steps,
-            "top": [{"kernel": k[:100], "us/step": round(sum(v) / steps, 1), "calls/step": len(v) / steps}
-                    for k, v in top]}
+and record where the GPU time goes (``host_probe.kernel_profile``)."""
 
 
 def _steps(op, standard, args, dy) -> dict:
@@ -117,7 +91,7 @@ def _steps(op, standard, args, dy) -> dict:
         run = _step(f, args, dy)
         res[f"step:{k}"] = _bench(run)
         if PROFILE_STEPS:
-            res[f"profile:{k}"] = _kernel_profile(run, PROFILE_STEPS)
+            res[f"profile:{k}"] = kernel_profile(run, PROFILE_STEPS)
         if "cudagraphs" in k:
             res[f"cudagraph skips:{k}"] = counters["inductor"]["cudagraph_skips"] - skips
         if k == "ops (cudagraphs)":
