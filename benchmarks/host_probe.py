@@ -88,8 +88,11 @@ def _rope_entry():
 def kernel_profile(run, steps: int, top: int = 10) -> dict:
     """GPU time per step of ``run()`` by kernel, from ``torch.profiler`` (CUDA device events,
     the launch rule of ``protocol.gpu_kernels``): ``gpu us/step`` (sum of kernel times: busy
-    time, not wall time), ``kernels/step`` and ``top``: the ``top`` costliest kernel names with
-    us/step and calls/step (names cut to 100 characters)."""
+    time, not wall time), ``kernels/step``, ``top``: the ``top`` costliest kernel names with
+    us/step and calls/step (names cut to 100 characters); and where the GPU sat idle:
+    ``span us/step`` (first kernel start to last kernel end, over the ``steps`` back-to-back
+    steps), ``idle us/step`` (span minus busy) and ``gaps``: the 8 longest idle stretches
+    (us, and the kernels before and after, cut to 60 characters)."""
     from coda_agent.verifier.protocol import gpu_kernels
     run()
     torch.cuda.synchronize()
@@ -100,15 +103,27 @@ def kernel_profile(run, steps: int, top: int = 10) -> dict:
         torch.cuda.synchronize()
     events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     kept = set(gpu_kernels([e.name for e in events]))
+    launches = sorted((e for e in events if e.name in kept), key=lambda e: e.time_range.start)
     per: dict[str, list[float]] = {}
-    for e in events:
-        if e.name in kept:
-            per.setdefault(e.name, []).append(float(getattr(e, "device_time", 0.0) or e.cuda_time))
+    for e in launches:
+        per.setdefault(e.name, []).append(float(getattr(e, "device_time", 0.0) or e.cuda_time))
     ranked = sorted(per.items(), key=lambda kv: -sum(kv[1]))[:top]
-    return {"gpu us/step": round(sum(map(sum, per.values())) / steps, 1),
-            "kernels/step": sum(map(len, per.values())) / steps,
-            "top": [{"kernel": k[:100], "us/step": round(sum(v) / steps, 1), "calls/step": len(v) / steps}
-                    for k, v in ranked]}
+    busy = sum(map(sum, per.values()))
+    res = {"gpu us/step": round(busy / steps, 1),
+           "kernels/step": len(launches) / steps,
+           "top": [{"kernel": k[:100], "us/step": round(sum(v) / steps, 1), "calls/step": len(v) / steps}
+                   for k, v in ranked]}
+    if launches:
+        span = max(e.time_range.end for e in launches) - launches[0].time_range.start
+        gaps, end = [], launches[0].time_range.end
+        for prev, e in zip(launches, launches[1:]):
+            end = max(end, prev.time_range.end)
+            if e.time_range.start > end:
+                gaps.append((e.time_range.start - end, prev.name[:60], e.name[:60]))
+        res["span us/step"] = round(span / steps, 1)
+        res["idle us/step"] = round((span - busy) / steps, 1)
+        res["gaps"] = [{"us": round(g, 1), "after": a, "before": b} for g, a, b in sorted(gaps, reverse=True)[:8]]
+    return res
 
 
 def pipelined_host_us(call, per_round: int = 40, rounds: int = 5, warm: int = 10) -> float:

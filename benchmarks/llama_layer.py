@@ -189,8 +189,9 @@ def time_step(shape: LayerShape, M: int, S: int, rounds: int = 3, profile: int =
     variant in turn (each a ``do_bench`` median over about 1 s), so the variants of one
     round share the machine's state. Returns ``{variant: {"median": ms, "rounds": [ms]}}``
     and, per CUDA-graph variant, the cudagraph skips Inductor counted (0: it ran as graphs).
-    ``profile`` > 0: afterwards, ``profile:<variant>`` for the compiled variants, GPU time per
-    step by kernel over that many steps (``host_probe.kernel_profile``, top 30 kernels).
+    ``profile`` > 0: afterwards, ``profile:<variant>`` for the compiled and graphed variants
+    (but the ``deferred swiglu`` wiring's), GPU time per step by kernel and the GPU's idle
+    gaps over that many steps (``host_probe.kernel_profile``, top 30 kernels).
     """
     from torch._dynamo.utils import counters
 
@@ -235,7 +236,7 @@ def time_step(shape: LayerShape, M: int, S: int, rounds: int = 3, profile: int =
     if profile:
         from host_probe import kernel_profile
         for key, step in steps.items():
-            if key.endswith("(compile)"):
+            if key.endswith(("(compile)", "(cudagraphs)")) and not key.startswith("coda (deferred swiglu) "):
                 res[f"profile:{key}"] = kernel_profile(step, profile, top=30)
     return res
 
