@@ -30,7 +30,7 @@ rounds that each time every variant (:func:`time_step`).
 
 Usage (device, after ``source .device-bundle/p2/install.sh && source benchmarks/device_env.sh``)::
 
-    python3 benchmarks/llama_layer.py --out $OUT/layer [--check-only | --time-only] [--shape llama3-8b] [--profile N]
+    python3 benchmarks/llama_layer.py --out $OUT/layer [--check-only | --time-only] [--shape llama3-8b] [--layers N] [--profile N]
 
 Writes ``llama_layer.json``. Raises SystemExit without CUDA.
 """
@@ -179,7 +179,7 @@ def _bench(fn) -> float:
     return float(do_bench(fn, warmup=50, rep=1000, return_mode="median"))
 
 
-def time_step(shape: LayerShape, M: int, S: int, rounds: int = 3, profile: int = 0) -> dict:
+def time_step(shape: LayerShape, M: int, S: int, rounds: int = 3, profile: int = 0, layers: int = 1) -> dict:
     """Median ms of one training step (forward + gradients of x and every weight) per
     implementation: standard / coda (each MLP wiring) x eager / compile / cudagraphs.
 
@@ -189,25 +189,42 @@ def time_step(shape: LayerShape, M: int, S: int, rounds: int = 3, profile: int =
     variant in turn (each a ``do_bench`` median over about 1 s), so the variants of one
     round share the machine's state. Returns ``{variant: {"median": ms, "rounds": [ms]}}``
     and, per CUDA-graph variant, the cudagraph skips Inductor counted (0: it ran as graphs).
-    ``profile`` > 0: afterwards, ``profile:<variant>`` for the compiled and graphed variants
+    ``layers`` > 1: a stack of that many layers (own weights each; gradients of x and every
+    weight), standard and the ``deferred_mlp`` wiring only. In one layer's step the GPU
+    starts idle and waits for the host's first launches, and the RoPE ops' per-call table
+    preparation (host work) is exposed; in a stack the host runs ahead during the earlier
+    layers' GEMMs, as in a model. ``profile`` > 0: afterwards, ``profile:<variant>`` for the compiled and graphed variants
     (but the ``deferred swiglu`` wiring's), GPU time per step by kernel and the GPU's idle
     gaps over that many steps (``host_probe.kernel_profile``, top 30 kernels).
     """
     from torch._dynamo.utils import counters
 
     x, *weights = make_inputs(shape, M, device="cuda")
+    for i in range(1, layers):
+        weights += make_inputs(shape, M, device="cuda", seed=i)[1:]
     x = x.requires_grad_()
     params = [torch.nn.Parameter(w) for w in weights]
     args = [x, *params]
     positions, inv_freq = rope_tables(M, S, shape.HD, "cuda")
     kw = dict(positions=positions, inv_freq=inv_freq, S=S, shape=shape)
     dy = torch.randn_like(x)
-    layers = {"standard": lambda *a: standard_layer(*a, **kw),
-              "coda (swiglu op)": lambda *a: coda_layer(*a, mlp="swiglu", **kw),
-              "coda (deferred swiglu)": lambda *a: coda_layer(*a, mlp="deferred", **kw),
-              "coda (deferred swiglu mlp)": lambda *a: coda_layer(*a, mlp="deferred_mlp", **kw)}
+    n = len(PARAMS)
+
+    def stacked(layer):
+        def run(x, *ws):
+            for i in range(layers):
+                x = layer(x, *ws[i * n:(i + 1) * n])
+            return x
+        return run
+    impls = {"standard": lambda *a: standard_layer(*a, **kw),
+             "coda (swiglu op)": lambda *a: coda_layer(*a, mlp="swiglu", **kw),
+             "coda (deferred swiglu)": lambda *a: coda_layer(*a, mlp="deferred", **kw),
+             "coda (deferred swiglu mlp)": lambda *a: coda_layer(*a, mlp="deferred_mlp", **kw)}
+    if layers > 1:
+        impls = {k: v for k, v in impls.items() if k in ("standard", "coda (deferred swiglu mlp)")}
     steps, res = {}, {}
-    for name, fn in layers.items():
+    for name, layer in impls.items():
+        fn = stacked(layer)
         for mode, f in (("eager", fn), ("compile", torch.compile(fn, dynamic=False)),
                         ("cudagraphs", torch.compile(fn, dynamic=False, mode="reduce-overhead"))):
             key = f"{name} ({mode})"
@@ -248,6 +265,8 @@ def main(argv=None) -> int:
     ap.add_argument("--time-only", action="store_true", help="timing only, no numerics")
     ap.add_argument("--shape", action="append", choices=sorted(SHAPES), help="default: both")
     ap.add_argument("--rounds", type=int, default=3, help="timing rounds (each times every variant once)")
+    ap.add_argument("--layers", type=int, default=1,
+                    help="time a stack of this many layers (standard and the deferred_mlp wiring only)")
     ap.add_argument("--profile", type=int, default=0, metavar="N",
                     help="also profile N steps of every compiled variant: GPU time by kernel")
     args = ap.parse_args(argv)
@@ -272,8 +291,9 @@ def main(argv=None) -> int:
             save()
     if not args.check_only:
         for shape in shapes:
-            key = f"{shape.name} M=8192 (1 x 8192)"
-            results["step_ms"][key] = time_step(shape, 8192, 8192, rounds=args.rounds, profile=args.profile)
+            key = f"{shape.name} M=8192 (1 x 8192)" + (f", {args.layers} layers" if args.layers > 1 else "")
+            results["step_ms"][key] = time_step(shape, 8192, 8192, rounds=args.rounds, profile=args.profile,
+                                                layers=args.layers)
             print(key, json.dumps({k: v for k, v in results["step_ms"][key].items() if not k.startswith("profile:")}),
                   flush=True)
             save()
