@@ -111,6 +111,17 @@ def _check_layout(op: str, widths: dict | None = None, **args: tuple[torch.Tenso
                         f"(16-byte bf16 output rows for TMA)")
 
 
+def _arg_name(name: str, i: int) -> str:
+    """``<param> (argument i)`` for positional argument ``i`` of kernel ``name``'s entry, by
+    the entry's signature (the spec's input names); ``argument i`` when it cannot be read.
+    Only called to word an error (it imports the kernel module)."""
+    try:
+        params = list(inspect.signature(getattr(_pkg.load(name), name)).parameters)
+        return f"{params[i]} (argument {i})"
+    except Exception:  # a message helper: never mask the error being reported
+        return f"argument {i}"
+
+
 def run_kernel(name: str, *args, **constants):
     """Call the entry ``<name>`` of the accepted kernel ``<name>`` (through ``_pkg.load``),
     after ``_pkg._check_device`` on its tensor arguments (ValueError off CUDA), the
@@ -126,16 +137,18 @@ def run_kernel(name: str, *args, **constants):
     _pkg._check_device(name, *tensors)
     device = tensors[0].device if tensors else torch.device("cpu")
     _check_arch(name, device)
-    for i, t in enumerate(tensors):
+    for i, t in enumerate(args):
+        if not isinstance(t, torch.Tensor):
+            continue
         if not t.is_contiguous():
-            raise ValueError(f"{name}: tensor argument {i} must be contiguous, got shape {tuple(t.shape)} "
-                             f"strides {t.stride()}")
+            raise ValueError(f"{name} kernel: {_arg_name(name, i)} must be contiguous, got shape "
+                             f"{tuple(t.shape)} strides {t.stride()}")
         # floating operands go to TMA as they are; index tensors (positions, target) are
         # converted by the kernels' host code, so a shifted slice of them is fine
         if t.is_floating_point() and t.data_ptr() % ROW_ALIGN_BYTES:
-            raise ValueError(f"{name}: tensor argument {i} (shape {tuple(t.shape)}) starts {t.data_ptr() % 16} "
-                             f"bytes past a {ROW_ALIGN_BYTES}-byte boundary (storage offset "
-                             f"{t.storage_offset()}): TMA needs aligned operands; pass a .clone()")
+            raise ValueError(f"{name} kernel: {_arg_name(name, i)} (shape {tuple(t.shape)}) starts "
+                             f"{t.data_ptr() % ROW_ALIGN_BYTES} bytes past a {ROW_ALIGN_BYTES}-byte boundary "
+                             f"(storage offset {t.storage_offset()}): TMA needs aligned operands; pass a .clone()")
     fn = getattr(_pkg.load(name), name)
     if constants:
         params = inspect.signature(fn).parameters

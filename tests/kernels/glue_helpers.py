@@ -43,10 +43,13 @@ def reference_module(name: str):
 
 def entry(fn, inputs: list[str], outputs: list[str]):
     """Adapt a spec function ``fn(**inputs) -> dict`` to the kernel entry convention
-    ``entry(*inputs in order) -> tuple(outputs in order)``."""
+    ``entry(*inputs in order) -> tuple(outputs in order)``, with the inputs' names as its
+    signature (as an accepted kernel's entry has: run_kernel's messages name them)."""
     def call(*args):
         res = fn(**dict(zip(inputs, args)))
         return tuple(res[o] for o in outputs)
+    call.__signature__ = inspect.Signature(
+        [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in inputs])
     return call
 
 

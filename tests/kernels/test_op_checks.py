@@ -182,15 +182,22 @@ def test_kernel_ops_refuse_strided_and_misaligned_tensors(monkeypatch):
     calls = use_standins(monkeypatch, all_standins())
     dout, w_down = torch.randn(8, 16), torch.randn(16, 8)
     preact = torch.randn(8, 16)
-    with pytest.raises(ValueError, match=r"swiglu_bwd: tensor argument 1 must be contiguous"):
+    with pytest.raises(ValueError, match=r"swiglu_bwd kernel: w_down \(argument 1\) must be contiguous"):
         K.swiglu_bwd_op(dout, w_down.t().contiguous().t(), preact)
     shifted = torch.randn(8 * 16 + 1)[1:].view(8, 16)          # contiguous, 4 bytes past 16-byte alignment
-    with pytest.raises(ValueError, match=r"swiglu_bwd: tensor argument 0 \(shape \(8, 16\)\) starts 4 bytes past "
+    with pytest.raises(ValueError, match=r"swiglu_bwd kernel: dout \(argument 0\) \(shape \(8, 16\)\) starts 4 bytes past "
                                          r"a 16-byte boundary \(storage offset 1\).*pass a .clone\(\)"):
         K.swiglu_bwd_op(shifted, w_down, preact)
     assert calls["swiglu_bwd"] == 0
     K.swiglu_bwd_op(shifted.clone(), w_down, preact)
     assert calls["swiglu_bwd"] == 1
+
+
+def test_kernel_argument_names_come_from_the_entry_and_never_mask_the_error(monkeypatch):
+    use_standins(monkeypatch, all_standins())
+    assert _registry._arg_name("swiglu_bwd", 2) == "preact (argument 2)"
+    assert _registry._arg_name("swiglu_bwd", 7) == "argument 7"          # past the signature
+    assert _registry._arg_name("no_such_kernel", 0) == "argument 0"      # load raises: plain index
 
 
 def test_rms_bwd_op_checks_its_arguments(checked):
