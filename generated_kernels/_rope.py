@@ -38,6 +38,15 @@ def _(positions, inv_freq, dtype):
     return positions.new_empty(shape, dtype=dtype), positions.new_empty(shape, dtype=dtype)
 
 
+def _traced() -> bool:
+    """True while torch.compile traces the calling code. Dynamo sets
+    ``torch.compiler.is_compiling()``; AOTAutograd's tracing of a custom op's registered
+    backward shows on torch < 2.13 only as an active proxy-tensor mode (2.13 keeps the flag
+    up for the whole compile; the H200's torch 2.11 does not)."""
+    from torch.fx.experimental.proxy_tensor import get_proxy_mode
+    return torch.compiler.is_compiling() or get_proxy_mode() is not None
+
+
 def rope_rotate(t: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, n_rot: int,
                 *, inverse: bool = False) -> torch.Tensor:
     """Interleaved-pair RoPE (Meta Llama / RoFormer) of the first ``n_rot`` columns of ``t``
@@ -47,22 +56,24 @@ def rope_rotate(t: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor
     of every rotated head at row m turns by theta = positions[m] * inv_freq[j] (``inverse``:
     by -theta, i.e. R^T, the backward). Angles in float64 (:func:`rope_cos_sin`), the
     rotation in fp32 (or wider), one rounding to ``t``'s dtype -- as the specs' references.
-    Under ``torch.compile`` it is one pointwise expression over (M, heads, HD/2, 2) (the value
-    heads selected by ``torch.where``, not concatenated), so Inductor emits a single
-    bandwidth-bound kernel; eager, it rotates only the Q/K heads and concatenates (fewer
-    full-width passes). Both give the same bits.
+    Traced by ``torch.compile`` (:func:`_traced`) it is one pointwise expression over
+    (M, heads, HD/2, 2) (the value heads selected by ``torch.where``, not concatenated), so
+    Inductor emits a single bandwidth-bound kernel; eager, it rotates only the Q/K heads and
+    concatenates (fewer full-width passes). Both give the same bits.
 
     Raises:
-        ValueError: N or ``n_rot`` not a whole number of heads."""
+        ValueError: N or ``n_rot`` not a whole number of heads, ``n_rot`` outside [0, N], or
+            an empty ``inv_freq``."""
     acc = _stat_dtype(t)
     half = inv_freq.shape[0]
     hd = 2 * half
-    if t.shape[1] % hd or n_rot % hd:
+    if hd == 0 or t.shape[1] % hd or n_rot % hd or not 0 <= n_rot <= t.shape[1]:
         raise ValueError(f"rope_rotate: N = {t.shape[1]} and n_rot = {n_rot} must be multiples of "
-                         f"head_dim = 2 * len(inv_freq) = {hd}")
-    cos, sin = rope_cos_sin(positions, inv_freq, acc)
+                         f"head_dim = 2 * len(inv_freq) = {hd} > 0, with 0 <= n_rot <= N")
+    # inv_freq is a buffer, not trained: no gradient flows into the angle table
+    cos, sin = rope_cos_sin(positions, inv_freq.detach(), acc)
     cos, sin = cos[:, None, :], (-sin if inverse else sin)[:, None, :]
-    if not torch.compiler.is_compiling():  # eager: rotate only the Q/K heads, then concatenate
+    if not _traced():  # eager: rotate only the Q/K heads, then concatenate
         x, y = t[:, :n_rot].to(acc).unflatten(1, (n_rot // hd, half, 2)).unbind(-1)
         rotated = torch.stack((x * cos - y * sin, x * sin + y * cos), dim=-1).flatten(1)
         return torch.cat((rotated.to(t.dtype), t[:, n_rot:]), dim=1)

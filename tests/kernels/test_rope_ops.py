@@ -215,14 +215,20 @@ def test_rope_rotate_matches_the_concatenating_form_bitwise(dtype, inverse):
     assert torch.equal(traced_form, want)
 
 
-def test_rope_rotate_refuses_partial_heads():
+def test_rope_rotate_refuses_partial_heads_and_out_of_range_n_rot():
     from coda_agent.kernels._rope import rope_rotate
 
     t, pos, f = torch.randn(3, _n(CONSTS)), torch.arange(3), llama3_inv_freq(HD)
-    with pytest.raises(ValueError, match=f"multiples of head_dim = 2 \\* len\\(inv_freq\\) = {HD}"):
+    with pytest.raises(ValueError, match=f"multiples of head_dim = 2 \\* len\\(inv_freq\\) = {HD} > 0"):
         rope_rotate(t, pos, f, HD + 2)
     with pytest.raises(ValueError, match="multiples of head_dim"):
         rope_rotate(t[:, :-2], pos, f, HD)
+    for n_rot in (-HD, _n(CONSTS) + HD):        # whole heads, but not within [0, N]
+        with pytest.raises(ValueError, match="with 0 <= n_rot <= N"):
+            rope_rotate(t, pos, f, n_rot)
+    with pytest.raises(ValueError, match="head_dim = 2 \\* len\\(inv_freq\\) = 0 > 0"):
+        rope_rotate(t, pos, f[:0], 0)
+    assert torch.equal(rope_rotate(t, pos, f, 0), t)                       # nothing rotated
 
 
 def test_rope_cos_sin_is_an_opaque_custom_op_under_compile():
@@ -252,6 +258,48 @@ def test_rope_cos_sin_is_an_opaque_custom_op_under_compile():
     assert targets.count("coda_agent.rope_cos_sin.default") == 1, targets
     assert not [x for x in targets if "cos" in x.split(".")[-1] or "sin" in x.split(".")[-1]
                 if "rope_cos_sin" not in x], targets
+
+
+@pytest.mark.parametrize("emulate_torch_211", [False, True])
+def test_compiled_op_backward_traces_the_single_pass_rotation(baseline_kernels, monkeypatch, emulate_torch_211):
+    """The op's registered backward is traced by AOTAutograd, outside Dynamo. torch 2.13 keeps
+    is_compiling() up for the whole compile; torch 2.11 (the H200's) does not, and the glue
+    then traced the concatenating form (two kernels). _traced() also sees the proxy mode:
+    the backward graph has the torch.where form and no cat, with either torch."""
+    import contextlib
+    from torch._dynamo.backends.common import aot_autograd
+
+    if emulate_torch_211:
+        if not hasattr(torch.compiler, "_compile_session_context"):
+            pytest.skip("this torch already behaves as 2.11")
+        monkeypatch.setattr(torch.compiler, "_compile_session_context", contextlib.nullcontext)
+    graphs = []
+    backend = aot_autograd(fw_compiler=lambda gm, ex: gm.forward,
+                           bw_compiler=lambda gm, ex: (graphs.append(gm), gm.forward)[1])
+    torch._dynamo.reset()
+    x, w, pos, f = qkv_inputs("cpu", torch.float32)
+    x.requires_grad_(), w.requires_grad_()
+    out = torch.compile(functools.partial(K.qkv_rope, **CONSTS), fullgraph=True, backend=backend)(x, w, pos, f)
+    dy = torch.randn_like(out)
+    got = torch.autograd.grad(out, (x, w), dy)
+    targets = [str(n.target) for g in graphs for n in g.graph.nodes if n.op == "call_function"]
+    assert graphs and any("where" in t for t in targets) and not any("cat" in t for t in targets), targets
+    want = torch.autograd.grad(K.qkv_rope(x, w, pos, f, **CONSTS), (x, w), dy)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))               # the same bits as eager
+
+
+def test_double_backward_through_the_glue_with_a_trainable_inv_freq(monkeypatch):
+    """inv_freq that requires grad (a user's learnable frequencies) must not break a second
+    backward: the angle table is built from inv_freq.detach() (the ops document no gradient
+    for inv_freq), so the custom op needs no autograd formula."""
+    use_standins(monkeypatch, standins("reference"))
+    x, w, pos, f = qkv_inputs("cpu", torch.float64)
+    x.requires_grad_(), w.requires_grad_()
+    f = f.double().requires_grad_()
+    out = K.qkv_rope(x, w, pos, f, **CONSTS)
+    (gx,) = torch.autograd.grad(out.pow(2).sum(), x, create_graph=True)
+    gx.pow(2).sum().backward()
+    assert x.grad is not None and torch.isfinite(x.grad).all()
 
 
 @pytest.mark.parametrize("signature", ["HQ,HKV", "HQ,HKV,HD", "**kwargs", "bare-or-tuple"])
