@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -190,10 +191,9 @@ def time_step(shape: LayerShape, M: int, S: int, rounds: int = 3, profile: int =
     round share the machine's state. Returns ``{variant: {"median": ms, "rounds": [ms]}}``
     and, per CUDA-graph variant, the cudagraph skips Inductor counted (0: it ran as graphs).
     ``layers`` > 1: a stack of that many layers (own weights each; gradients of x and every
-    weight), standard and the ``deferred_mlp`` wiring only. In one layer's step the GPU
-    starts idle and waits for the host's first launches, and the RoPE ops' per-call table
-    preparation (host work) is exposed; in a stack the host runs ahead during the earlier
-    layers' GEMMs, as in a model. ``profile`` > 0: afterwards, ``profile:<variant>`` for the compiled and graphed variants
+    weight), standard and the ``deferred_mlp`` wiring only: whether the per-layer gain
+    holds when layers follow each other, as in a model (in one layer's step the GPU starts
+    idle and waits for the host's first launches). ``profile`` > 0: afterwards, ``profile:<variant>`` for the compiled and graphed variants
     (but the ``deferred swiglu`` wiring's), GPU time per step by kernel and the GPU's idle
     gaps over that many steps (``host_probe.kernel_profile``, top 30 kernels).
     """
@@ -249,7 +249,7 @@ def time_step(shape: LayerShape, M: int, S: int, rounds: int = 3, profile: int =
         for key, step in steps.items():
             times[key].append(round(_bench(step), 4))
     for key, ts in times.items():
-        res[key] = {"median": sorted(ts)[len(ts) // 2], "rounds": ts}
+        res[key] = {"median": round(statistics.median(ts), 4), "rounds": ts}
     if profile:
         from host_probe import kernel_profile
         for key, step in steps.items():
@@ -268,8 +268,11 @@ def main(argv=None) -> int:
     ap.add_argument("--layers", type=int, default=1,
                     help="time a stack of this many layers (standard and the deferred_mlp wiring only)")
     ap.add_argument("--profile", type=int, default=0, metavar="N",
-                    help="also profile N steps of every compiled variant: GPU time by kernel")
+                    help="also profile N steps of every compiled and graphed variant except the deferred "
+                         "swiglu wiring's: GPU time by kernel, idle gaps")
     args = ap.parse_args(argv)
+    if args.layers < 1 or args.rounds < 1 or args.profile < 0:
+        ap.error("--layers and --rounds must be >= 1, --profile >= 0")
     shapes = [SHAPES[n] for n in (args.shape or sorted(SHAPES))]
     if not torch.cuda.is_available():
         raise SystemExit("llama_layer: needs a CUDA (Hopper) device")

@@ -17,6 +17,10 @@ Per case, median ms of ``triton.testing.do_bench`` (L2 flushed), all in one proc
   (the op under ``torch.compile(dynamic=False)``: the glue's torch code around the kernels
   is then traced and fused by Inductor), ``eager`` (the standard definition in PyTorch),
   ``compile`` (the same, ``torch.compile(dynamic=False)``);
+* for qkv_rope also the backward's rotation alone, each compiled: ``R^T glue pass
+  (compile)`` (the op's glue, ``_rope.rope_rotate(inverse=True)``) and ``standard rotation
+  pass (compile)`` (the standard definition's rotation, the same arithmetic with fp32
+  angles);
 * for rmsnorm_linear also the backward's pieces: ``zdz pass`` (the glue's torch code),
   ``rms_bwd kernel`` (``rms_bwd_op``), and ``unfused dgrad + RMSNorm bwd (compile)``
   (``torch.compile`` of the rms_bwd spec's baseline: dgrad GEMM then the standard backward).
@@ -149,8 +153,8 @@ def qkv_rope_case(m, k, hq, hkv, hd):
     def ops(x, w):
         return K.qkv_rope(x, w, positions, inv_freq, n_q_heads=hq, n_kv_heads=hkv, head_dim=hd)
     res = _steps(ops, standard, (x, w), dy)
-    # the backwards' rotation passes alone, each compiled: the op's glue (R^T, float64 angles)
-    # and the standard definition's forward rotation (fp32 angles; its backward is the same pass)
+    # the rotation passes alone, each compiled: the op's glue (R^T, float64 angles) and the
+    # standard definition's rotation (fp32 angles; what its backward computes, by other kernels)
     from coda_agent.kernels._rope import rope_rotate
     n_rot = (hq + hkv) * hd
     glue = torch.compile(lambda d: rope_rotate(d, positions, inv_freq, n_rot, inverse=True), dynamic=False)

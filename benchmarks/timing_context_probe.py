@@ -3,18 +3,20 @@
 Why: on the results page swiglu_bwd at llama3-8b/M8192 reads 1.54 ms (do_bench, L2
 flushed, the kernel alone, back to back), 1.26x torch.compile of its spec's baseline
 (1.94 ms); the catalogue's target is 1.3x. Inside a training step
-(``op_training_probe.py --profile``, 2026-12-01) the same kernel at the same shape took
-1.415 ms of GPU time under ``torch.profiler``, while the unfused path it replaces (dgrad
-GEMM + Inductor's dSwiGLU pass) took 1.37 + 0.55 ms there: 1.36x. Either the timing method
-or the context (sustained back-to-back load, clocks) moves the fused kernel by ~9 % and
-the GEMM by ~2 %. This probe times the same three calls several ways in one process:
+(``op_training_probe.py --profile``, 2026-12-01,
+``benchmarks/results/dev/2026-12-01-h200-op-training-probe-profiles.json``) the same kernel
+at the same shape took 1.415 ms of GPU time under ``torch.profiler``, while the unfused path
+it replaces (dgrad GEMM + Inductor's dSwiGLU pass) took 1.37 + 0.55 ms there: 1.36x. Either
+the timing method or the context (sustained back-to-back load, clocks) moves the fused
+kernel by ~9 % and the GEMM by ~2 %. This probe times the same three calls several ways in
+one process:
 
 * ``do_bench``: ``triton.testing.do_bench`` median, L2 flushed (the verifier's method), a
   0.15 s and a 1 s run;
-* ``profiler``: the summed kernel time per call under ``torch.profiler`` over 20
-  back-to-back calls (median per call);
-* ``after idle``: CUDA events around one call that follows ~2 ms of GPU idle
-  (``torch.cuda._sleep``), median of 20: the GPU's state between a training step's phases;
+* ``profiler``: the mean kernel time per call under ``torch.profiler`` over 20
+  back-to-back calls;
+* ``after idle``: CUDA events around one call that follows a ~2 ms spin kernel
+  (``torch.cuda._sleep``: no tensor-core or memory work), median of 20;
 
 for swiglu_bwd's accepted kernel, torch.compile of the spec's ``baseline`` and the bare
 dgrad GEMM (cuBLAS), in interleaved rounds, while ``nvidia-smi`` samples SM clock and
@@ -37,34 +39,19 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
-from host_probe import env_line, load_kernel, load_reference  # noqa: E402  (sibling dev script)
+from host_probe import env_line, kernel_profile, load_kernel, load_reference  # noqa: E402  (sibling dev script)
 from host_probe import randn_bf16 as _randn  # noqa: E402
 
 
 def _profiled_ms(fn, calls: int = 20) -> float:
-    """Median over ``calls`` back-to-back calls of the summed GPU kernel time per call (ms)."""
-    from coda_agent.verifier.protocol import gpu_kernels
-    fn()
-    torch.cuda.synchronize()
-    acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
-    marks = []
-    with torch.profiler.profile(activities=acts) as prof:
-        for _ in range(calls):  # no record_function: its GPU-side annotation is a device event too
-            fn()
-        torch.cuda.synchronize()
-    kernels = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
-                     key=lambda e: e.time_range.start)
-    kept = set(gpu_kernels([e.name for e in kernels]))
-    kernels = [e for e in kernels if e.name in kept]
-    per_call = len(kernels) // calls
-    for i in range(calls):
-        chunk = kernels[i * per_call:(i + 1) * per_call]
-        marks.append(sum(e.time_range.end - e.time_range.start for e in chunk) / 1e3)
-    return statistics.median(marks)
+    """Mean GPU kernel time per call (ms) over ``calls`` back-to-back calls under
+    ``torch.profiler`` (``host_probe.kernel_profile``)."""
+    return kernel_profile(fn, calls)["gpu us/step"] / 1e3
 
 
 def _after_idle_ms(fn, calls: int = 20, idle_cycles: int = 4_000_000) -> float:
-    """Median ms of CUDA events around one call that follows ~2 ms of GPU idle."""
+    """Median ms of CUDA events around one call that follows a ~2 ms spin kernel
+    (``torch.cuda._sleep``: the SMs spin, no tensor-core or memory work)."""
     times = []
     for _ in range(calls):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -86,6 +73,7 @@ def _do_bench(rep_ms: int):
 
 METHODS = {"do_bench 0.15 s": _do_bench(150), "do_bench 1 s": _do_bench(1000),
            "profiler": _profiled_ms, "after idle": _after_idle_ms}
+"""Timing methods by row label (``after idle``: after a ~2 ms spin kernel, see :func:`_after_idle_ms`)."""
 
 
 class ClockSampler:
@@ -93,10 +81,11 @@ class ClockSampler:
 
     def __init__(self, path: Path):
         self.path = path
+        self.out = open(path, "w")
         try:
             self.proc = subprocess.Popen(
                 ["nvidia-smi", "--query-gpu=timestamp,clocks.sm,power.draw", "--format=csv,noheader,nounits",
-                 "-lms", "50"], stdout=open(path, "w"), stderr=subprocess.DEVNULL)
+                 "-lms", "50"], stdout=self.out, stderr=subprocess.DEVNULL)
         except OSError:
             self.proc = None
 
@@ -122,12 +111,14 @@ class ClockSampler:
     def stop(self):
         if self.proc is not None:
             self.proc.terminate()
+            self.proc.wait(timeout=10)
+        self.out.close()
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=2, help="interleaved rounds of every method and call")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("timing_context_probe: needs a CUDA device")

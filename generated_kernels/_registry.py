@@ -111,15 +111,16 @@ def _check_layout(op: str, widths: dict | None = None, **args: tuple[torch.Tenso
                         f"(16-byte bf16 output rows for TMA)")
 
 
-def _arg_name(name: str, i: int) -> str:
-    """``<param> (argument i)`` for positional argument ``i`` of kernel ``name``'s entry, by
-    the entry's signature (the spec's input names); ``argument i`` when it cannot be read.
-    Only called to word an error (it imports the kernel module)."""
+def _arg_name(name: str, i: int, more: str = "") -> str:
+    """``<param> (argument i[, more])`` for positional argument ``i`` of kernel ``name``'s
+    entry, by the entry's signature (the spec's input names); ``argument i[ (more)]`` when it
+    cannot be read. Only called to word an error (it imports the kernel module)."""
+    extra = f", {more}" if more else ""
     try:
         params = list(inspect.signature(getattr(_pkg.load(name), name)).parameters)
-        return f"{params[i]} (argument {i})"
+        return f"{params[i]} (argument {i}{extra})"
     except Exception:  # a message helper: never mask the error being reported
-        return f"argument {i}"
+        return f"argument {i}" + (f" ({more})" if more else "")
 
 
 def run_kernel(name: str, *args, **constants):
@@ -134,19 +135,19 @@ def run_kernel(name: str, *args, **constants):
     (e.g. HQ, HKV and HD where a spec lists only HQ and HKV). Returns the entry's result as
     a tuple (a single output returned bare becomes a 1-tuple)."""
     tensors = [a for a in args if isinstance(a, torch.Tensor)]
-    _pkg._check_device(name, *tensors)
+    _pkg._check_device(f"{name} kernel", *tensors)
     device = tensors[0].device if tensors else torch.device("cpu")
-    _check_arch(name, device)
+    _check_arch(f"{name} kernel", device)
     for i, t in enumerate(args):
         if not isinstance(t, torch.Tensor):
             continue
         if not t.is_contiguous():
             raise ValueError(f"{name} kernel: {_arg_name(name, i)} must be contiguous, got shape "
-                             f"{tuple(t.shape)} strides {t.stride()}")
+                             f"{tuple(t.shape)}, strides {t.stride()}")
         # floating operands go to TMA as they are; index tensors (positions, target) are
         # converted by the kernels' host code, so a shifted slice of them is fine
         if t.is_floating_point() and t.data_ptr() % ROW_ALIGN_BYTES:
-            raise ValueError(f"{name} kernel: {_arg_name(name, i)} (shape {tuple(t.shape)}) starts "
+            raise ValueError(f"{name} kernel: {_arg_name(name, i, f'shape {tuple(t.shape)}')} starts "
                              f"{t.data_ptr() % ROW_ALIGN_BYTES} bytes past a {ROW_ALIGN_BYTES}-byte boundary "
                              f"(storage offset {t.storage_offset()}): TMA needs aligned operands; pass a .clone()")
     fn = getattr(_pkg.load(name), name)

@@ -20,19 +20,20 @@ from ._rmsnorm import deferred_linear_grads
 
 
 @torch.library.custom_op("coda_agent::rope_cos_sin", mutates_args=())
-def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def _rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin of ``theta[m, j] = positions[m] * inv_freq[j]``: positions (M,) int64,
     inv_freq (HD/2,) fp32 -> cos, sin, each (M, HD/2) in ``dtype``, angles in float64.
 
     A custom op so that ``torch.compile`` keeps this table *materialized*: traced, Inductor
     inlines the float64 sin/cos into the rotation's pointwise kernel and evaluates them once
-    per element, (M, N) instead of (M, HD/2) -- 2.6x the standard definition's rotation time
-    at llama3-8b (0.50 vs 0.19-0.27 ms, ``op_training_probe.py --profile``, H200, 2026-12-01)."""
+    per element, (M, N) instead of (M, HD/2): 0.51 ms of GPU time at llama3-8b, M = 8192,
+    against 0.22 ms for the standard definition's backward rotation
+    (``op_training_probe.py --profile``, H200, 2026-12-01)."""
     theta = positions[:, None] * inv_freq.double()[None, :]        # int64 * float64 -> float64
     return theta.cos().to(dtype), theta.sin().to(dtype)
 
 
-@rope_cos_sin.register_fake
+@_rope_cos_sin.register_fake
 def _(positions, inv_freq, dtype):
     shape = (positions.shape[0], inv_freq.shape[0])
     return positions.new_empty(shape, dtype=dtype), positions.new_empty(shape, dtype=dtype)
@@ -41,8 +42,9 @@ def _(positions, inv_freq, dtype):
 def _traced() -> bool:
     """True while torch.compile traces the calling code. Dynamo sets
     ``torch.compiler.is_compiling()``; AOTAutograd's tracing of a custom op's registered
-    backward shows on torch < 2.13 only as an active proxy-tensor mode (2.13 keeps the flag
-    up for the whole compile; the H200's torch 2.11 does not)."""
+    backward shows on torch 2.11 (the H200's, measured) and 2.12 (its source has no compile
+    session flag) only as an active proxy-tensor mode; 2.13 keeps the flag up for the whole
+    compile."""
     from torch.fx.experimental.proxy_tensor import get_proxy_mode
     return torch.compiler.is_compiling() or get_proxy_mode() is not None
 
@@ -52,14 +54,16 @@ def rope_rotate(t: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor
     """Interleaved-pair RoPE (Meta Llama / RoFormer) of the first ``n_rot`` columns of ``t``
     (the query and key heads), the other columns (value heads) unchanged.
 
-    t: (M, N), N and ``n_rot`` whole heads of HD = 2 * len(inv_freq) columns. Pair (2j, 2j+1)
+    t: (M, N) floating, N and ``n_rot`` whole heads of HD = 2 * len(inv_freq) columns;
+    positions: (M,) integer; inv_freq: (HD/2,) floating (no gradient flows into it). Pair (2j, 2j+1)
     of every rotated head at row m turns by theta = positions[m] * inv_freq[j] (``inverse``:
-    by -theta, i.e. R^T, the backward). Angles in float64 (:func:`rope_cos_sin`), the
+    by -theta, i.e. R^T, the backward). Angles in float64 (:func:`_rope_cos_sin`), the
     rotation in fp32 (or wider), one rounding to ``t``'s dtype -- as the specs' references.
     Traced by ``torch.compile`` (:func:`_traced`) it is one pointwise expression over
     (M, heads, HD/2, 2) (the value heads selected by ``torch.where``, not concatenated), so
     Inductor emits a single bandwidth-bound kernel; eager, it rotates only the Q/K heads and
-    concatenates (fewer full-width passes). Both give the same bits.
+    concatenates (fewer full-width passes). The two forms give the same bits (tested); the
+    code Inductor generates from the traced form may round differently (FMA contraction).
 
     Raises:
         ValueError: N or ``n_rot`` not a whole number of heads, ``n_rot`` outside [0, N], or
@@ -70,8 +74,9 @@ def rope_rotate(t: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor
     if hd == 0 or t.shape[1] % hd or n_rot % hd or not 0 <= n_rot <= t.shape[1]:
         raise ValueError(f"rope_rotate: N = {t.shape[1]} and n_rot = {n_rot} must be multiples of "
                          f"head_dim = 2 * len(inv_freq) = {hd} > 0, with 0 <= n_rot <= N")
-    # inv_freq is a buffer, not trained: no gradient flows into the angle table
-    cos, sin = rope_cos_sin(positions, inv_freq.detach(), acc)
+    # the ops give inv_freq no gradient (documented): a trainable one gets none from here, and
+    # the custom op needs no autograd formula (double backward works)
+    cos, sin = _rope_cos_sin(positions, inv_freq.detach(), acc)
     cos, sin = cos[:, None, :], (-sin if inverse else sin)[:, None, :]
     if not _traced():  # eager: rotate only the Q/K heads, then concatenate
         x, y = t[:, :n_rot].to(acc).unflatten(1, (n_rot // hd, half, 2)).unbind(-1)

@@ -185,7 +185,7 @@ def test_kernel_ops_refuse_strided_and_misaligned_tensors(monkeypatch):
     with pytest.raises(ValueError, match=r"swiglu_bwd kernel: w_down \(argument 1\) must be contiguous"):
         K.swiglu_bwd_op(dout, w_down.t().contiguous().t(), preact)
     shifted = torch.randn(8 * 16 + 1)[1:].view(8, 16)          # contiguous, 4 bytes past 16-byte alignment
-    with pytest.raises(ValueError, match=r"swiglu_bwd kernel: dout \(argument 0\) \(shape \(8, 16\)\) starts 4 bytes past "
+    with pytest.raises(ValueError, match=r"swiglu_bwd kernel: dout \(argument 0, shape \(8, 16\)\) starts 4 bytes past "
                                          r"a 16-byte boundary \(storage offset 1\).*pass a .clone\(\)"):
         K.swiglu_bwd_op(shifted, w_down, preact)
     assert calls["swiglu_bwd"] == 0
@@ -196,8 +196,20 @@ def test_kernel_ops_refuse_strided_and_misaligned_tensors(monkeypatch):
 def test_kernel_argument_names_come_from_the_entry_and_never_mask_the_error(monkeypatch):
     use_standins(monkeypatch, all_standins())
     assert _registry._arg_name("swiglu_bwd", 2) == "preact (argument 2)"
+    assert _registry._arg_name("swiglu_bwd", 2, "shape (8, 16)") == "preact (argument 2, shape (8, 16))"
     assert _registry._arg_name("swiglu_bwd", 7) == "argument 7"          # past the signature
-    assert _registry._arg_name("no_such_kernel", 0) == "argument 0"      # load raises: plain index
+    assert _registry._arg_name("no_such_kernel", 0, "shape (1,)") == "argument 0 (shape (1,))"  # load raises
+
+
+def test_kernel_errors_count_every_positional_argument(monkeypatch):
+    """A non-tensor positional argument before a tensor keeps the names aligned: the index
+    is the entry's argument position, not the tensor's rank among the tensors."""
+    def mixed(x, n_heads, w):
+        return (x,)
+    use_standins(monkeypatch, {"mixed": mixed})
+    x = torch.randn(4, 8)
+    with pytest.raises(ValueError, match=r"^mixed kernel: w \(argument 2\) must be contiguous"):
+        _registry.run_kernel("mixed", x, 2, torch.randn(8, 4).t())
 
 
 def test_rms_bwd_op_checks_its_arguments(checked):
