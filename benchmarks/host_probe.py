@@ -87,8 +87,8 @@ def _rope_entry():
 
 def kernel_profile(run, steps: int, top: int = 10) -> dict:
     """GPU time per step of ``run()`` by kernel, from ``torch.profiler`` (CUDA device events,
-    the launch rule of ``protocol.gpu_kernels``, GPU-side annotations of record_function
-    ranges left out): ``gpu us/step`` (sum of kernel times: busy
+    the launch rule of ``protocol.gpu_kernels``; GPU-side annotations of record_function
+    ranges, where the profiler flags them ``is_user_annotation``, left out): ``gpu us/step`` (sum of kernel times: busy
     time, not wall time), ``kernels/step``, ``top``: the ``top`` costliest kernel names with
     us/step and calls/step (names cut to 100 characters); and where the GPU sat idle:
     ``span us/step`` (first kernel start to last kernel end, over the ``steps`` back-to-back
@@ -102,11 +102,12 @@ def kernel_profile(run, steps: int, top: int = 10) -> dict:
         for _ in range(steps):
             run()
         torch.cuda.synchronize()
-    events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    # a record_function range (the caller's, or a library's) also appears on the GPU as an
-    # annotation spanning its kernels, under the CPU event's name: not a kernel
-    cpu_names = {e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CPU}
-    kept = set(gpu_kernels([e.name for e in events])) - cpu_names
+    # a record_function range also appears on the GPU timeline, as an annotation spanning its
+    # kernels: not a kernel. (Not by name: Inductor's triton launches have CPU events named
+    # like their kernels.)
+    events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
+              and not getattr(e, "is_user_annotation", False)]
+    kept = set(gpu_kernels([e.name for e in events]))
     launches = sorted((e for e in events if e.name in kept), key=lambda e: e.time_range.start)
     per: dict[str, list[float]] = {}
     for e in launches:
