@@ -30,7 +30,8 @@ rounds that each time every variant (:func:`time_step`).
 
 Usage (device, after ``source .device-bundle/p2/install.sh && source benchmarks/device_env.sh``)::
 
-    python3 benchmarks/llama_layer.py --out $OUT/layer [--check-only | --time-only] [--shape llama3-8b] [--layers N] [--profile N]
+    python3 benchmarks/llama_layer.py --out $OUT/layer [--check-only | --time-only] [--shape llama3-8b]
+        [--layers N] [--profile N]
 
 Writes ``llama_layer.json``. Raises SystemExit without CUDA.
 """
@@ -193,9 +194,10 @@ def time_step(shape: LayerShape, M: int, S: int, rounds: int = 3, profile: int =
     ``layers`` > 1: a stack of that many layers (own weights each; gradients of x and every
     weight), standard and the ``deferred_mlp`` wiring only: whether the per-layer gain
     holds when layers follow each other, as in a model (in one layer's step the GPU starts
-    idle and waits for the host's first launches). ``profile`` > 0: afterwards, ``profile:<variant>`` for the compiled and graphed variants
-    (but the ``deferred swiglu`` wiring's), GPU time per step by kernel and the GPU's idle
-    gaps over that many steps (``host_probe.kernel_profile``, top 30 kernels).
+    idle and waits for the host's first launches). ``profile`` > 0: afterwards,
+    ``profile:<variant>`` for the compiled and graphed variants (except the ``deferred
+    swiglu`` wiring's), GPU time per step by kernel and the GPU's idle gaps over that many
+    steps (``host_probe.kernel_profile``, top 30 kernels).
     """
     from torch._dynamo.utils import counters
 

@@ -20,7 +20,8 @@ from ._rmsnorm import deferred_linear_grads
 
 
 @torch.library.custom_op("coda_agent::rope_cos_sin", mutates_args=())
-def _rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def _rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor,
+                  dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin of ``theta[m, j] = positions[m] * inv_freq[j]``: positions (M,) int64,
     inv_freq (HD/2,) fp32 -> cos, sin, each (M, HD/2) in ``dtype``, angles in float64.
 
@@ -55,8 +56,8 @@ def rope_rotate(t: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor
     (the query and key heads), the other columns (value heads) unchanged.
 
     t: (M, N) floating, N and ``n_rot`` whole heads of HD = 2 * len(inv_freq) columns;
-    positions: (M,) integer; inv_freq: (HD/2,) floating (no gradient flows into it). Pair (2j, 2j+1)
-    of every rotated head at row m turns by theta = positions[m] * inv_freq[j] (``inverse``:
+    positions: (M,) integer; inv_freq: (HD/2,) floating (no gradient flows into it).
+    Pair (2j, 2j+1) of every rotated head at row m turns by theta = positions[m] * inv_freq[j] (``inverse``:
     by -theta, i.e. R^T, the backward). Angles in float64 (:func:`_rope_cos_sin`), the
     rotation in fp32 (or wider), one rounding to ``t``'s dtype -- as the specs' references.
     Traced by ``torch.compile`` (:func:`_traced`) it is one pointwise expression over
