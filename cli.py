@@ -229,6 +229,9 @@ def cmd_prompt(args) -> int:
 def cmd_verify(args) -> int:
     """Run every verifier stage on CANDIDATE.py; --accept writes generated_kernels/."""
     root = _root(args)
+    if args.spec.endswith(".py") and Path(args.spec).is_file():
+        raise UsageError(f"SPEC {args.spec!r} is a Python file: the usage is `coda-agent verify SPEC CANDIDATE`, "
+                         "the spec's name first (arguments swapped?)")
     loaded = _spec(root, args.spec)
     json_out = _out_file(args.json)
     cand = Path(args.candidate)
@@ -252,6 +255,11 @@ def cmd_verify(args) -> int:
     print_verdict(verdict)
     if json_out is not None:
         _write_out(json_out, verdict.to_json(outcome=True))
+    broken = verdict.failed_stage
+    if broken is not None and broken.status == "error":
+        err.print(f"verifier error in the {broken.stage} stage (the verifier or this machine failed, not the "
+                  f"candidate): {broken.summary}")
+        return USAGE
     if not verdict.passed:
         return FAILED
     if not verdict.done_as_asked(cpu_only=args.cpu_only, bench=not args.no_bench):
@@ -454,6 +462,14 @@ def cmd_bench(args) -> int:
         raise UsageError(f"bench: give SPEC names or --all, not both (got --all and {' '.join(args.spec)})")
     if args.jobs is not None and args.jobs < 1:
         raise UsageError(f"bench --jobs {args.jobs}: expected an integer >= 1")
+    if args.from_manifests:
+        if not args.all:
+            # the manifests page has one name per day and GPU: a subset would replace it with fewer sections
+            raise UsageError("bench --from-manifests renders the page of every accepted kernel: use --all")
+        ignored = [f for f, on in (("--shape", args.shape), ("--repeat", args.repeat != 1), ("--jobs", args.jobs))
+                   if on]
+        if ignored:
+            raise UsageError(f"bench --from-manifests measures nothing, so {', '.join(ignored)} would be ignored")
     if args.spec:  # a typo is named before "no GPU" (a new user read that as the problem)
         from coda_agent.verifier.accept import accepted_names
 
@@ -580,6 +596,15 @@ def _fraction(text: str) -> float:
     return v
 
 
+def _version() -> str:
+    """The installed distribution's version ("unknown" when run from a checkout without one)."""
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version("coda-agent")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="coda-agent",
@@ -587,6 +612,7 @@ def build_parser() -> argparse.ArgumentParser:
         "correct and fast on Hopper before they enter generated_kernels/.",
     )
     p.add_argument("--root", help="workspace root (default: $CODA_ROOT or the nearest folder with kernel_specs/)")
+    p.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
 
     g = sub.add_parser("generate", help="write a kernel for SPEC with an LLM, verify, repair, accept")

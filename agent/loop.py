@@ -791,6 +791,12 @@ def generate(
                 f"(hash {state.spec_hash[:12]} -> {loaded_spec.spec_hash[:12]}); start a new run"
             )
         if max_attempts is not None:
+            made = max((a.k for a in state.attempts), default=0)
+            if max_attempts < made:
+                # attempts are replayed from 1: a lower limit would stop the replay before a
+                # recorded attempt (a passed run ended "out-of-attempts", and the limit stuck)
+                raise RunError(f"{run_dir} has made {made} attempt(s); --max-attempts must be at least {made} "
+                               f"(got {max_attempts})")
             state.max_attempts = max_attempts
         state.root = str(root)  # where it runs now (a run folder copied from another checkout)
         state.backend, state.model = backend_name, backend_model

@@ -399,3 +399,53 @@ def test_a_workspace_under_a_folder_named_like_the_records_can_resume(tmp_path, 
     assert main(["--root", str(ws), "generate", "swiglu_fwd", "--resume", run.name, "--llm", "manual",
                  "--cpu-only", "--no-accept"]) == 0
     assert "committed run record" not in capsys.readouterr().err
+
+
+def test_a_library_the_verifier_cannot_import_is_a_verifier_error_not_the_candidates(ws, monkeypatch, capsys):
+    """quack.activation needs triton; without it the accepted swiglu_fwd kernel used to fail
+    the static stage as `unknown-name` (exit 1, and in `generate` a spent attempt with that
+    feedback for the model). Now: a verifier error naming the module and the fix, exit 2."""
+    from coda_agent.verifier import surface
+
+    real = surface._import.__wrapped__
+    monkeypatch.setattr(surface, "_import", lambda name: (None, "ModuleNotFoundError: No module named 'triton'")
+                        if name == "quack.activation" else real(name))
+    surface.judge.cache_clear()
+    try:
+        rc = main(["verify", "swiglu_fwd", str(ws / "generated_kernels" / "swiglu_fwd" / "kernel.py"), "--cpu-only"])
+    finally:
+        surface.judge.cache_clear()
+    out = capsys.readouterr()
+    assert rc == 2
+    text = " ".join((out.out + out.err).split())
+    assert "verifier error in the static stage" in text and "not the candidate" in text
+    assert "quack.activation" in text and "No module named 'triton'" in text and "cpu-compile" in text
+
+
+def test_version(capsys):
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.startswith("coda-agent ")
+
+
+def test_verify_with_swapped_arguments_says_so(ws, capsys):
+    cand = str(ws / "generated_kernels" / "swiglu_fwd" / "kernel.py")
+    assert main(["verify", cand, "swiglu_fwd"]) == 2
+    assert "arguments swapped?" in " ".join(capsys.readouterr().err.split())
+
+
+def test_a_syntax_error_names_the_users_file_not_the_verifiers_copy(ws, tmp_path, capsys):
+    bad = tmp_path / "syn.py"
+    bad.write_text("import torch\ndef f(:\n")
+    assert main(["verify", "swiglu_fwd", str(bad), "--cpu-only"]) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert "syn.py:2: syntax error" in out and "coda-candidate-" not in out
+
+
+def test_bench_from_manifests_renders_the_whole_page_and_refuses_ignored_flags(ws, capsys):
+    """New-user pass (session 14): `bench swiglu_fwd --from-manifests` replaced the day's
+    12-section manifests page with 2 sections, and --shape/--repeat were silently ignored."""
+    assert main(["bench", "swiglu_fwd", "--from-manifests"]) == 2
+    assert "use --all" in capsys.readouterr().err
+    for extra in (["--shape", "llama3-8b/M8192"], ["--repeat", "3"], ["--jobs", "2"]):
+        assert main(["bench", "--all", "--from-manifests", *extra]) == 2
+        assert f"so {extra[0]} would be ignored" in " ".join(capsys.readouterr().err.split())

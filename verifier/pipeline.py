@@ -106,7 +106,8 @@ def run_static(loaded: LoadedSpec, snap: Snapshot) -> StageResult:
         from coda_agent.verifier.static import check_static
     except ImportError as e:
         return StageResult(stage="static", status="error", summary=f"static checker unavailable: {e}")
-    return check_static(loaded.spec, snap.text, str(snap.path))
+    # the snapshot is a private copy of the same name: messages name the file, not the copy
+    return check_static(loaded.spec, snap.text, snap.path.name)
 
 
 def run_compile(loaded: LoadedSpec, snap: Snapshot, timeout_s: float = 300) -> StageResult:

@@ -109,6 +109,13 @@ def _defined_in(obj: object) -> str:
     return mod
 
 
+class LibraryUnavailable(RuntimeError):
+    """An allowed library module does not import in the verifier's own process: the
+    verifier's environment is incomplete (e.g. triton missing for ``quack.activation``).
+    Raised, not reported as a finding: it is no fault of the candidate, so the static stage
+    ends as a verifier error and an agent attempt is not spent on it."""
+
+
 @functools.lru_cache(maxsize=None)
 def _import(name: str):
     try:
@@ -176,7 +183,9 @@ def judge(path: str) -> tuple[str, str, bool] | None:
     modname = ".".join(parts[:base])
     obj, err = _import(modname)
     if obj is None:
-        return ("unknown-name", f"allowed module `{modname}` cannot be imported in the verifier ({err})", False)
+        raise LibraryUnavailable(
+            f"allowed module `{modname}` cannot be imported in the verifier ({err}): the verifier's Python "
+            f"environment is incomplete; install the project with its extras (pip install -e \".[cpu-compile]\")")
     std = modname if modname in STD_WHITELIST else None
     here = modname
     for p in parts[base:]:

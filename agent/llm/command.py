@@ -15,7 +15,10 @@ of its stderr. The command runs in its own process group, which is killed on a t
 and once the command has exited (a background child it left holding stdout no longer
 makes a finished command look hung). Output is decoded as UTF-8 with replacement
 characters (the extraction then reports what it cannot parse). Token usage is unknown
-to this backend and reported as zeros.
+to this backend and reported as zeros. When the command succeeds but wrote on stderr, the
+tail is kept beside the answer as ``command.stderr`` in the attempt's folder (the loop
+binds it): a wrapper that printed its error and some non-code text is then diagnosable.
+The command runs in the caller's working directory with a :data:`DEFAULT_TIMEOUT_S` limit.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from typing import Any
 
 from coda_agent.agent.llm.base import LLMError, LLMResponse
 from coda_agent.verifier.sandbox import feed, kill_group  # the verifier's workers' own helpers
+from coda_agent.verifier.workspace import atomic_write_text
 
 DEFAULT_TIMEOUT_S = 1800.0
 MAX_OUTPUT = 8 << 20
@@ -78,6 +82,11 @@ class CommandBackend:
         except (ValueError, IndexError):
             first = command.split()[0]
         self.model = model or f"command:{Path(first).name}"
+        self.directory: Path | None = None
+
+    def bind(self, directory: str | Path) -> None:
+        """Set the attempt folder of the next call (where ``command.stderr`` goes)."""
+        self.directory = Path(directory)
 
     def __repr__(self) -> str:
         return f"CommandBackend(command={self.command!r}, timeout_s={self.timeout_s})"
@@ -106,6 +115,8 @@ class CommandBackend:
             # a script whose last line failed exits 0 with the error on stderr
             raise LLMError(f"--llm command {self.command!r} printed nothing on stdout (exit status 0)"
                            + (f"; stderr:\n{tail}" if tail else " and nothing on stderr"))
+        if stderr.strip() and self.directory is not None and self.directory.is_dir():
+            atomic_write_text(self.directory / "command.stderr", stderr)  # replaces, never writes through a link
         return LLMResponse(text=stdout, model=self.model)
 
     def _run(self, data: bytes, env: dict[str, str]) -> tuple[int | None, str, str, bool]:

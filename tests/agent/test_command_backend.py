@@ -100,3 +100,17 @@ def test_a_background_child_neither_hangs_a_finished_command_nor_outlives_it(wor
     with pytest.raises(LLMError, match="did not finish within 1 s"):
         CommandBackend("sleep 300 | cat", timeout_s=1).complete(render_prompt(fwd_spec, workspace))
     assert time.monotonic() - t0 < 10
+
+
+def test_a_successful_commands_stderr_is_kept_beside_its_answer(workspace, fwd_spec):
+    """A wrapper that exits 0 after printing some non-code text and its error on stderr:
+    the extraction fails, and the stderr (which names the real problem) was thrown away
+    (new-user pass, session 14). It is kept as attempt-<k>/command.stderr."""
+    b = CommandBackend("cat > /dev/null; echo 'sorry, no code'; echo 'API quota exceeded' >&2")
+    s = generate(fwd_spec, root=workspace, backend=b, verifier=FakeVerifier(), run_dir=workspace / "runs" / "e",
+                 max_attempts=1)
+    assert s.status == "out-of-attempts"
+    assert (s.run_dir / "attempt-1" / "command.stderr").read_text() == "API quota exceeded\n"
+    quiet = generate(fwd_spec, root=workspace, backend=CommandBackend("cat > /dev/null; echo 'no code'"),
+                     verifier=FakeVerifier(), run_dir=workspace / "runs" / "q", max_attempts=1)
+    assert not (quiet.run_dir / "attempt-1" / "command.stderr").exists()

@@ -165,6 +165,24 @@ def test_a_resume_keeps_the_runs_max_attempts(workspace, fwd_spec, fake_verifier
     assert new.state.max_attempts == 5
 
 
+def test_a_resume_refuses_a_limit_below_the_attempts_made(workspace, fwd_spec, fake_verifier):
+    """A passed 3-attempt run resumed with --max-attempts 1 ended "out-of-attempts" (the
+    replay stopped at attempt 1) and kept the limit (new-user pass, session 14): refused,
+    naming the count, and the run is left as it was."""
+    backend = ScriptedBackend([reply(BAD_MODULE)] * 3)
+    s = generate(fwd_spec, root=workspace, backend=backend, verifier=fake_verifier, max_attempts=3,
+                 run_dir=workspace / "runs" / "r")
+    assert s.status == "out-of-attempts" and len(s.attempts) == 3
+    before = run_json(s.run_dir)
+    with pytest.raises(RunError, match=r"has made 3 attempt\(s\); --max-attempts must be at least 3 \(got 2\)"):
+        generate(fwd_spec, root=workspace, backend=ScriptedBackend([]), verifier=fake_verifier, max_attempts=2,
+                 resume=s.run_dir)
+    assert run_json(s.run_dir) == before
+    again = generate(fwd_spec, root=workspace, backend=ScriptedBackend([]), verifier=fake_verifier, max_attempts=3,
+                     resume=s.run_dir)
+    assert again.status == "out-of-attempts" and len(again.attempts) == 3
+
+
 def test_extraction_error_is_fed_back(workspace, fwd_spec, fake_verifier):
     backend = ScriptedBackend(["I would use acc_pair mode here, no code yet.", reply(GOOD_MODULE)])
     s = generate(fwd_spec, root=workspace, backend=backend, verifier=fake_verifier, run_dir=workspace / "runs" / "r",
