@@ -182,6 +182,12 @@ def cmd_list(args) -> int:
         else:
             acc, gpu, changed = "[yellow]not yet[/]", "-", "-"
         t.add_row(ls.name, ls.spec.pattern, ls.spec.entry.function, acc, gpu, changed)
+    specs = {d.name for d in (root / "kernel_specs").iterdir() if (d / "spec.toml").exists()}
+    for kdir in sorted((root / "generated_kernels").glob("*/manifest.json")):
+        if kdir.parent.name not in specs:  # accepted, but its spec is gone: never hidden
+            problems += 1
+            t.add_row(kdir.parent.name, "-", "-", "[red]accepted; spec missing[/]", "-",
+                      f"[red]kernel_specs/{escape(kdir.parent.name)}/spec.toml is gone[/]")
     console.print(t)
     return USAGE if problems else OK
 

@@ -449,3 +449,10 @@ def test_bench_from_manifests_renders_the_whole_page_and_refuses_ignored_flags(w
     for extra in (["--shape", "llama3-8b/M8192"], ["--repeat", "3"], ["--jobs", "2"]):
         assert main(["bench", "--all", "--from-manifests", *extra]) == 2
         assert f"so {extra[0]} would be ignored" in " ".join(capsys.readouterr().err.split())
+
+
+def test_list_shows_an_accepted_kernel_whose_spec_is_gone(ws, capsys):
+    shutil.rmtree(ws / "kernel_specs" / "rope_bwd")
+    assert main(["list"]) == 2
+    out = " ".join(capsys.readouterr().out.split())
+    assert "rope_bwd" in out and "spec missing" in out
