@@ -356,6 +356,10 @@ def cmd_generate(args) -> int:
     if command and name is None:
         name = "command"
     no_accept, force = args.no_accept, args.force
+    if args.max_attempts is not None and args.max_attempts < 1:  # before any warning about this machine
+        raise UsageError(f"--max-attempts {args.max_attempts}: expected an integer >= 1")
+    if force and no_accept:
+        raise UsageError("--force replaces an accepted kernel and --no-accept never accepts: give one of them")
     resume = _run_dir(root, args.resume) if args.resume else None
     if resume is not None:
         try:  # a resumed run keeps the backend it started with, and a --no-accept run stays one
@@ -710,6 +714,10 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+CANDIDATE_COMMANDS = ("generate", "verify", "bench", "regress")
+"""The commands that run candidate or accepted kernel code in the verifier's workers."""
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``coda-agent`` console script. Returns the exit code."""
     parser = build_parser()
@@ -717,6 +725,12 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as e:  # argparse: --help -> 0, usage error -> 2
         return int(e.code or 0)
+    if args.cmd in CANDIDATE_COMMANDS:
+        from coda_agent.verifier.fs_sandbox import ENV_SWITCH, switched_off
+
+        if switched_off():  # the verdict records it; the person at the console should see it too
+            err.print(f"[yellow]warning: {ENV_SWITCH}=off: candidate code runs unconfined (no Landlock, no seccomp); "
+                      "for debugging only, and such a run is never accepted without --allow-unconfined[/]")
     try:
         return args.fn(args)
     except UsageError as e:

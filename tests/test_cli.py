@@ -456,3 +456,21 @@ def test_list_shows_an_accepted_kernel_whose_spec_is_gone(ws, capsys):
     assert main(["list"]) == 2
     out = " ".join(capsys.readouterr().out.split())
     assert "rope_bwd" in out and "spec missing" in out
+
+
+def test_generate_checks_its_flags_before_anything_else(ws, capsys):
+    """New-user pass (session 14): --max-attempts 0 was reported after the no-GPU warning,
+    and --force with --no-accept was accepted silently."""
+    assert main(["generate", "swiglu_bwd", "--llm", "manual", "--max-attempts", "0"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "--max-attempts 0: expected an integer >= 1" in err and "no CUDA GPU" not in err
+    assert main(["generate", "swiglu_bwd", "--llm", "manual", "--force", "--no-accept"]) == 2
+    assert "give one of them" in capsys.readouterr().err
+
+
+def test_an_unconfined_run_is_announced(ws, monkeypatch, capsys):
+    monkeypatch.setenv("CODA_FS_SANDBOX", "off")
+    assert main(["verify", "nope", "x.py"]) == 2
+    assert "CODA_FS_SANDBOX=off: candidate code runs unconfined" in " ".join(capsys.readouterr().err.split())
+    assert main(["list"]) == 0
+    assert "unconfined" not in capsys.readouterr().err
