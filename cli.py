@@ -149,9 +149,11 @@ def cmd_list(args) -> int:
     for c in ("spec", "pattern", "entry", "accepted kernel", "GPU verified", "changed since acceptance"):
         t.add_column(c)
     problems = 0
+    specs = set()
     for d in sorted((root / "kernel_specs").iterdir()):
         if not (d / "spec.toml").exists():
             continue
+        specs.add(d.name)
         try:
             ls = load_spec(d)
         except SpecError as e:
@@ -182,7 +184,6 @@ def cmd_list(args) -> int:
         else:
             acc, gpu, changed = "[yellow]not yet[/]", "-", "-"
         t.add_row(ls.name, ls.spec.pattern, ls.spec.entry.function, acc, gpu, changed)
-    specs = {d.name for d in (root / "kernel_specs").iterdir() if (d / "spec.toml").exists()}
     for kdir in sorted((root / "generated_kernels").glob("*/manifest.json")):
         if kdir.parent.name not in specs:  # accepted, but its spec is gone: never hidden
             problems += 1
@@ -261,8 +262,8 @@ def cmd_verify(args) -> int:
     print_verdict(verdict)
     if json_out is not None:
         _write_out(json_out, verdict.to_json(outcome=True))
-    broken = verdict.failed_stage
-    if broken is not None and broken.status == "error":
+    broken = verdict.verifier_error
+    if broken is not None:
         err.print(f"verifier error in the {broken.stage} stage (the verifier or this machine failed, not the "
                   f"candidate): {broken.summary}")
         return USAGE

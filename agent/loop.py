@@ -616,8 +616,8 @@ class _Run:
             remove_tree(d / "verify")
             verdict = self.verifier(self.loaded, cand, d / "verify")
             rec.verify_wall_s += time.monotonic() - t0  # summed over resumes (a verifier error runs it again)
-            broken = verdict.failed_stage
-            if broken is not None and broken.status == "error":
+            broken = verdict.verifier_error
+            if broken is not None:
                 # The verifier (or the machine) failed, not the candidate: the model gets no
                 # feedback about it and the attempt is not spent. The verdict is kept for the
                 # record; --resume verifies this attempt again.

@@ -86,6 +86,13 @@ class Verdict(BaseModel):
         return next((s for s in self.stages if not s.ok), None)
 
     @property
+    def verifier_error(self) -> StageResult | None:
+        """The failed stage when it failed as ``error``: the verifier or the machine failed,
+        not the candidate (no attempt is spent on it, ``verify`` exits 2); else None."""
+        failed = self.failed_stage
+        return failed if failed is not None and failed.status == "error" else None
+
+    @property
     def passed(self) -> bool:
         return self.failed_stage is None and bool(self.stages)
 
