@@ -470,7 +470,8 @@ def _print(verdict: Verdict) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Exit status 0 when the candidate is GPU-verified (with --cpu-only: when every stage
     that ran passed; with --no-bench: when it was correct on a GPU), 1 otherwise (also: no
-    GPU to verify on), 2 on bad arguments (``Verdict.done_as_asked``)."""
+    GPU to verify on), 2 on bad arguments or a verifier error (``Verdict.verifier_error``:
+    the verifier or the machine failed, not the candidate), as ``coda-agent verify``."""
     ap = argparse.ArgumentParser(prog="python -m coda_agent.verifier.pipeline", description=__doc__.splitlines()[0])
     ap.add_argument("spec_dir", type=Path)
     ap.add_argument("candidate", type=Path)
@@ -496,6 +497,11 @@ def main(argv: list[str] | None = None) -> int:
     _print(verdict)
     if a.json:
         atomic_write_text(a.json, verdict.to_json(outcome=True))
+    broken = verdict.verifier_error
+    if broken is not None:
+        print(f"verifier error in the {broken.stage} stage (the verifier or this machine failed, not the "
+              f"candidate): {broken.summary}", file=sys.stderr)
+        return 2
     return 0 if verdict.done_as_asked(cpu_only=a.cpu_only, bench=not a.no_bench) else 1
 
 

@@ -655,3 +655,21 @@ def test_pipeline_cli_no_bench_without_a_gpu_exits_1(tmp_path, monkeypatch):
     spec_dir = Path(__file__).resolve().parents[2] / "kernel_specs" / "swiglu_fwd"
     assert pipeline.main([str(spec_dir), str(cand), "--no-bench"]) == 1
     assert pipeline.main([str(spec_dir), str(cand), "--cpu-only"]) == 0
+
+
+def test_pipeline_cli_verifier_error_exits_2(tmp_path, monkeypatch, capsys):
+    """A verifier error (the machine failed, not the candidate) exits 2 from the pipeline
+    CLI as from ``coda-agent verify`` (it exited 1 there, the candidate-failed status), and
+    stderr names the stage."""
+    v = Verdict(spec="s", spec_hash="h", candidate_hash="c", cpu_only=False,
+                stages=[StageResult(stage="static", status="pass", summary="ok"),
+                        StageResult(stage="compile", status="error", summary="quack is not importable")])
+    monkeypatch.setattr(pipeline, "verify", lambda *a, **kw: v)
+    cand = tmp_path / "k.py"
+    cand.write_text("x = 1\n")
+    spec_dir = Path(__file__).resolve().parents[2] / "kernel_specs" / "swiglu_fwd"
+    assert pipeline.main([str(spec_dir), str(cand), "--cpu-only"]) == 2
+    err = capsys.readouterr().err
+    assert "verifier error in the compile stage" in err and "quack is not importable" in err
+    v.stages[1].status = "fail"
+    assert pipeline.main([str(spec_dir), str(cand), "--cpu-only"]) == 1
