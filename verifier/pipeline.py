@@ -464,7 +464,7 @@ def _print(verdict: Verdict) -> None:
     env = verdict.environment
     print(f"  environment: {env.gpu or 'no GPU'} (sm {env.compute_capability}), torch {env.torch}, "
           f"cutlass-dsl {env.cutlass_dsl}, quack {env.quack}")
-    print(f"  passed: {verdict.passed}; GPU verified: {verdict.gpu_verified}")
+    print(f"  outcome: {verdict.outcome} (passed: {verdict.passed}; GPU verified: {verdict.gpu_verified})")
 
 
 def main(argv: list[str] | None = None) -> int:

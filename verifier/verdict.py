@@ -116,6 +116,24 @@ class Verdict(BaseModel):
             return self.passed
         return self.gpu_verified or (not bench and self.gpu_correct)
 
+    @property
+    def outcome(self) -> str:
+        """One word for what this verdict establishes, for scripts (``verify --json``):
+        ``verifier-error`` (the verifier or machine failed; nothing is known of the
+        candidate), ``rejected`` (a stage failed), ``gpu-verified`` (every stage through the
+        benchmark passed on a GPU: what acceptance needs), ``gpu-correct`` (correct on a GPU,
+        benchmark not run: ``--no-bench``), ``cpu-checks-passed`` (every stage that ran
+        passed but the GPU stages did not run: ``--cpu-only`` or no GPU; not verified)."""
+        if self.verifier_error is not None:
+            return "verifier-error"
+        if not self.passed:
+            return "rejected"
+        if self.gpu_verified:
+            return "gpu-verified"
+        if self.gpu_correct:
+            return "gpu-correct"
+        return "cpu-checks-passed"
+
     def stage(self, name: str) -> StageResult | None:
         return next((s for s in self.stages if s.stage == name), None)
 
@@ -127,11 +145,14 @@ class Verdict(BaseModel):
 
     def to_json(self, outcome: bool = False) -> str:
         """The verdict as JSON (sorted keys). ``outcome=True`` (``verify --json``) adds the
-        derived top-level fields a script reads first: ``passed``, ``gpu_verified`` and
-        ``failed_stage`` (the first stage that did not pass, or null); loading ignores them."""
+        derived top-level fields a script reads first: ``outcome`` (:attr:`outcome`),
+        ``passed`` (every stage that ran passed: true for a CPU-only run too, so read
+        ``outcome`` or ``gpu_verified`` to know whether the kernel was verified),
+        ``gpu_verified`` and ``failed_stage`` (the first stage that did not pass, or null);
+        loading ignores them."""
         d = self.model_dump(mode="json")
         if outcome:
             failed = self.failed_stage
-            d.update(passed=self.passed, gpu_verified=self.gpu_verified,
+            d.update(outcome=self.outcome, passed=self.passed, gpu_verified=self.gpu_verified,
                      failed_stage=failed.stage if failed else None)
         return json.dumps(d, indent=2, sort_keys=True) + "\n"

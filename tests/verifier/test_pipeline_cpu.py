@@ -74,6 +74,7 @@ def test_cpu_only_skips_gpu_stages(tmp_path):
     # verify --json: the outcome at the top level; loading ignores the derived fields
     d = json.loads(v.to_json(outcome=True))
     assert (d["passed"], d["gpu_verified"], d["failed_stage"]) == (True, False, None)
+    assert d["outcome"] == "cpu-checks-passed"
     assert "passed" not in json.loads(v.to_json())
     assert Verdict.model_validate_json(v.to_json(outcome=True)).stages == v.stages
 
@@ -96,6 +97,7 @@ def test_static_failure_stops(tmp_path, monkeypatch):
     assert [s.stage for s in v.stages] == ["static"] and v.failed_stage.stage == "static"
     d = json.loads(v.to_json(outcome=True))
     assert (d["passed"], d["gpu_verified"], d["failed_stage"]) == (False, False, "static")
+    assert d["outcome"] == "rejected"
 
 
 def test_cpu_stages_many_runs_ahead_and_verify_reuses_them(tmp_path, monkeypatch):
@@ -641,6 +643,9 @@ def test_done_as_asked(correctness, bench, cpu_only, want):
     got = {(c, b): v.done_as_asked(cpu_only=c, bench=b) for c, b in want}
     assert got == want
     assert v.gpu_correct == (correctness == "pass" and not cpu_only)
+    want_outcome = ("rejected" if correctness == "fail" else "cpu-checks-passed" if cpu_only or correctness == "skip"
+                    else "gpu-verified" if bench == "pass" else "gpu-correct")
+    assert v.outcome == want_outcome
 
 
 def test_pipeline_cli_no_bench_without_a_gpu_exits_1(tmp_path, monkeypatch):
@@ -671,5 +676,7 @@ def test_pipeline_cli_verifier_error_exits_2(tmp_path, monkeypatch, capsys):
     assert pipeline.main([str(spec_dir), str(cand), "--cpu-only"]) == 2
     err = capsys.readouterr().err
     assert "verifier error in the compile stage" in err and "quack is not importable" in err
+    assert v.outcome == "verifier-error"
     v.stages[1].status = "fail"
     assert pipeline.main([str(spec_dir), str(cand), "--cpu-only"]) == 1
+    assert v.outcome == "rejected"
