@@ -17,9 +17,10 @@ of this machine's own run; what the folder is trusted for is below):
         response.md            the raw response          <- "LLM step done"
         candidate.py           the extracted module      (re-derived from response.md)
         verify/                the verifier's workdir
-        verdict.json           the Verdict               <- "verify step done" (a pass is
-                               verified again before acceptance: verdict-stored-<n>.json;
-                               a CPU-only pass before a GPU run: verdict-cpu-<n>.json)
+        verdict.json           the Verdict               <- "verify step done" (a GPU pass
+                               is verified again on a resume unless the library accepted
+                               it: verdict-stored-<n>.json; a CPU-only pass before a GPU
+                               run: verdict-cpu-<n>.json)
         feedback.md            what the next repair prompt tells the model
       lesson/prompt.md, lesson/response.md   the lesson call (fail -> pass)
       proposed_trick.md        the one-sentence lesson (NOT appended to tricks_log.md)
@@ -38,7 +39,9 @@ Other decisions:
   verbatim by every repair and the lesson prompt, so the prompt-cache prefix stays
   byte-identical and the run is reproducible even if docs change mid-run.
 * The run folder is input, not proof: in --llm manual mode the answerer writes there. A
-  stored passing ``verdict.json`` is verified again before anything is accepted, ``--force``
+  stored GPU pass in ``verdict.json`` is verified again on a resume (accepting or not)
+  unless the library's manifest vouches for it (:func:`library_verdict`: the kernel it
+  accepted is this attempt's candidate byte for byte), ``--force``
   is never read from ``run.json`` (the CLI asks for it on the resume), the manifest's
   provenance says whether this process received the answer itself
   (``answer_received_here``), and symlinks/FIFOs/devices in the folder are refused
@@ -77,7 +80,7 @@ from coda_agent.agent.render import (
     build_task_prompt,
 )
 from coda_agent.verifier.verdict import Verdict
-from coda_agent.verifier.workspace import atomic_write_text, remove_tree
+from coda_agent.verifier.workspace import atomic_write_text, remove_tree, sha256_bytes
 
 RUN_FILE = "run.json"
 PROPOSED_TRICK = "proposed_trick.md"
@@ -375,17 +378,38 @@ def check_run_files(run_dir: Path) -> None:
                                "the verifier's verify/ only). Remove it, then resume")
 
 
-def accepted_by(root: Path, spec_name: str, run_dir: Path) -> bool:
-    """Whether ``<root>/generated_kernels/<spec>/manifest.json`` names ``run_dir`` (by its
-    folder name) as the run its kernel came from: what a resumed run's ``accepted_path``
-    must agree with to be believed (``run.json`` is the answerer's to write)."""
-    from coda_agent.verifier.accept import ManifestError, read_manifest
+def library_verdict(root: Path, spec_name: str, run_dir: Path, attempt: int | None = None) -> Verdict | None:
+    """The verdict the library accepted this run's kernel with, or None.
+
+    ``<root>/generated_kernels/<spec>/manifest.json`` is the trust anchor for a run folder
+    (which is the answerer's to write): its verdict counts for ``run_dir`` only when its
+    provenance names the run (by folder name), and the kernel it holds (``kernel_sha256``)
+    is byte for byte the run's ``attempt-<k>/candidate.py``, ``k`` being the manifest's
+    ``provenance.attempts`` (and ``attempt`` when given). A folder of the same name, or a
+    manifest later replaced by another run, gives None (red team, session 15)."""
+    from coda_agent.verifier.accept import ManifestError, read_manifest, verdict_from_manifest
 
     try:
-        prov = read_manifest(Path(root) / "generated_kernels" / spec_name / "manifest.json").get("provenance")
-    except ManifestError:
-        return False
-    return isinstance(prov, dict) and Path(str(prov.get("run_dir") or "")).name == Path(run_dir).name
+        man = read_manifest(Path(root) / "generated_kernels" / spec_name / "manifest.json")
+        prov = man.get("provenance")
+        if not isinstance(prov, dict) or Path(str(prov.get("run_dir") or "")).name != Path(run_dir).name:
+            return None
+        k = prov.get("attempts")
+        if not isinstance(k, int) or isinstance(k, bool) or (attempt is not None and k != attempt):
+            return None
+        cand = Path(run_dir) / f"attempt-{k}" / "candidate.py"
+        if cand.is_symlink() or not cand.is_file() or sha256_bytes(cand.read_bytes()) != man.get("kernel_sha256"):
+            return None
+        return verdict_from_manifest(man)
+    except (ManifestError, OSError, KeyError, TypeError, ValueError):
+        return None
+
+
+def accepted_by(root: Path, spec_name: str, run_dir: Path) -> bool:
+    """Whether the library's kernel of ``spec_name`` came from ``run_dir``
+    (:func:`library_verdict`): what a resumed run's ``accepted_path`` must agree with to be
+    believed (``run.json`` is the answerer's to write)."""
+    return library_verdict(root, spec_name, run_dir) is not None
 
 
 def new_run_dir(root: Path, spec_name: str) -> Path:
@@ -600,14 +624,21 @@ class _Run:
             n = len(list(d.glob("verdict-cpu-*.json"))) + 1
             vpath.rename(d / f"verdict-cpu-{n}.json")
             verdict = None
-        elif verdict is not None and verdict.passed and self.accept_fn is not None and self.state.accepted_path is None:
-            # A stored pass is never what an acceptance rests on: in --llm manual mode the
-            # answerer writes into this folder, and a forged verdict.json (right spec hash,
-            # the candidate's own sha256, "gpu_verified") was accepted unverified (red team
-            # 13). Keep it for the record and verify again in this process.
-            n = len(list(d.glob("verdict-stored-*.json"))) + 1
-            vpath.rename(d / f"verdict-stored-{n}.json")
-            verdict = None
+        elif verdict is not None and verdict.gpu_verified:
+            # A stored GPU pass is never taken on its word: in --llm manual mode the answerer
+            # writes into this folder, and a forged verdict.json (right spec hash, the
+            # candidate's own sha256, "gpu_verified") was accepted unverified (red team 13);
+            # with --no-accept it made the run "passed" and drew a lesson (red team, session
+            # 15). Only the library's manifest vouches for a pass (the kernel it accepted from
+            # this very attempt); any other is kept for the record and verified again here.
+            # (A CPU-only pass is reused: it is never accepted and proposes no lesson.)
+            anchored = library_verdict(self.root, self.loaded.name, self.run_dir, k)
+            if anchored is not None and anchored.spec_hash == self.loaded.spec_hash:
+                verdict = anchored
+            else:
+                n = len(list(d.glob("verdict-stored-*.json"))) + 1
+                vpath.rename(d / f"verdict-stored-{n}.json")
+                verdict = None
         if verdict is None:
             t0 = time.monotonic()
             # verify/ is the verifier's: emptied first, so nothing planted there (a symlink

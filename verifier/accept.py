@@ -208,6 +208,19 @@ def read_manifest(path: Path) -> dict[str, Any]:
     return data
 
 
+def verdict_from_manifest(manifest: dict[str, Any]) -> Verdict:
+    """Rebuild the Verdict an accepted kernel was accepted with (from its manifest.json)."""
+    stages = [{"stage": name, **{k: v for k, v in st.items() if k in ("status", "summary", "metrics", "duration_s", "findings")}}
+              for name, st in manifest.get("stages", {}).items()]
+    v = manifest.get("verdict", {})
+    return Verdict.model_validate({
+        "spec": manifest["spec"], "spec_hash": manifest["spec_hash"],
+        "candidate_hash": v.get("candidate_hash", manifest.get("kernel_sha256", "")),
+        "stages": stages, "environment": manifest.get("environment", {}),
+        "cpu_only": v.get("cpu_only", False), "started_at": v.get("started_at", ""), "wall_s": v.get("wall_s", 0.0),
+    })
+
+
 def accepted_names(root: Path, names: list[str] | None = None) -> list[str]:
     """The accepted kernels of ``<root>/generated_kernels`` (folders with a manifest.json),
     sorted; or ``names``, in their order, after checking each is one. Raises ``ValueError``

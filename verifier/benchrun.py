@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from coda_agent.verifier import gemm_floor
-from coda_agent.verifier.accept import accepted_names, read_manifest
+from coda_agent.verifier.accept import accepted_names, read_manifest, verdict_from_manifest
 from coda_agent.verifier.bench import HOST_BOUND, host_bound
 from coda_agent.verifier.kept import PAGE_MARK, check_page, day_verdicts, keep_verdict, slug, verdicts_dir
 from coda_agent.verifier.repeats import combine, runs_of, shapes_of
@@ -429,19 +429,6 @@ def plot_speedups(verdicts: dict[str, Verdict], path: Path) -> bool:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return True
-
-
-def verdict_from_manifest(manifest: dict[str, Any]) -> Verdict:
-    """Rebuild the Verdict an accepted kernel was accepted with (from its manifest.json)."""
-    stages = [{"stage": name, **{k: v for k, v in st.items() if k in ("status", "summary", "metrics", "duration_s", "findings")}}
-              for name, st in manifest.get("stages", {}).items()]
-    v = manifest.get("verdict", {})
-    return Verdict.model_validate({
-        "spec": manifest["spec"], "spec_hash": manifest["spec_hash"],
-        "candidate_hash": v.get("candidate_hash", manifest.get("kernel_sha256", "")),
-        "stages": stages, "environment": manifest.get("environment", {}),
-        "cpu_only": v.get("cpu_only", False), "started_at": v.get("started_at", ""), "wall_s": v.get("wall_s", 0.0),
-    })
 
 
 def _write_results(rep: BenchReport, out_dir: Path, date: str, note: str = "", suffix: str = "",

@@ -28,9 +28,12 @@ class Acceptor:
                                provenance=provenance, force=force, source=Path(candidate).read_text()))
         if self.fail:
             raise self.fail
-        dest = Path(root) / "generated_kernels" / loaded.name  # what accept() writes that the loop reads back
+        from coda_agent.verifier.accept import build_manifest
+
+        dest = Path(root) / "generated_kernels" / loaded.name  # the manifest accept() writes (the loop reads it back)
         dest.mkdir(parents=True, exist_ok=True)
-        (dest / "manifest.json").write_text(json.dumps({"provenance": provenance}))
+        man = build_manifest(loaded, Path(candidate).read_bytes(), verdict, provenance, "2030-01-01T00:00:00Z")
+        (dest / "manifest.json").write_text(json.dumps(man))
         return dest
 
 
@@ -590,6 +593,68 @@ def test_a_forged_accepted_path_is_not_believed(workspace, fwd_spec):
     s = generate(fwd_spec, root=workspace, backend=ScriptedBackend([]), verifier=verifier, resume=run_dir,
                  accept_fn=acc, max_attempts=1)
     assert len(verifier.calls) == 1 and s.status == "out-of-attempts" and s.state.accepted_path is None
+
+
+def test_a_no_accept_resume_verifies_a_stored_pass_again(workspace, fwd_spec):
+    """Red team, session 15: with --no-accept a stored passing verdict.json was reused as it
+    was (only an accepting run verified it again), so a forged one made the run "passed"
+    and, after a failed attempt, drew a lesson proposal. Now every stored GPU pass is
+    verified again unless the library's manifest vouches for it."""
+    from agent_helpers import make_verdict
+
+    run_dir = workspace / "runs" / "forged-no-accept"
+    generate(fwd_spec, root=workspace, backend=ManualBackend(), verifier=FakeVerifier(), run_dir=run_dir,
+             no_accept=True)
+    a1 = run_dir / "attempt-1"
+    (a1 / "response.md").write_text(reply(BAD_MODULE))  # the verifier fails it
+    (a1 / "candidate.py").write_text(BAD_MODULE)
+    forged = make_verdict(fwd_spec, a1 / "candidate.py", passed=True)
+    assert forged.gpu_verified
+    (a1 / "verdict.json").write_text(forged.to_json())
+    verifier = FakeVerifier()
+    s = generate(fwd_spec, root=workspace, backend=ScriptedBackend([]), verifier=verifier, resume=run_dir,
+                 no_accept=True, max_attempts=1)
+    assert len(verifier.calls) == 1 and s.status == "out-of-attempts" and s.attempts[0].passed is False
+    assert (a1 / "verdict-stored-1.json").read_text() == forged.to_json()
+    assert s.state.lesson is None and not (run_dir / "lesson").exists()
+    # the same run, given an honest second answer: verified, passed, and only then a lesson
+    s = generate(fwd_spec, root=workspace, backend=ScriptedBackend([reply(GOOD_MODULE), LESSON]), verifier=verifier,
+                 resume=run_dir, no_accept=True, max_attempts=2)
+    assert s.status == "passed" and len(verifier.calls) == 2 and s.state.lesson.status == "proposed"
+    # resuming a passed --no-accept run verifies its pass again (nothing outside the folder vouches for it)
+    s = generate(fwd_spec, root=workspace, backend=ScriptedBackend([]), verifier=verifier, resume=run_dir,
+                 no_accept=True)
+    assert s.status == "passed" and len(verifier.calls) == 3
+    assert (run_dir / "attempt-2" / "verdict-stored-1.json").is_file()
+
+
+def test_a_run_folder_named_like_the_accepted_run_is_not_believed(workspace, fwd_spec):
+    """The manifest names its run only by folder name (public in manifest.json); a new
+    folder of that name claiming acceptance (run.json) with another candidate is not the
+    accepted run: its stored pass is verified again, and a same-name folder holding the
+    accepted kernel byte for byte is (the library vouches for that kernel, not the folder)."""
+    from coda_agent.agent.loop import accepted_by, library_verdict
+
+    run_dir = workspace / "runs" / "20300101T000000Z-swiglu_fwd"
+    s = generate(fwd_spec, root=workspace, backend=ScriptedBackend([reply(GOOD_MODULE)]), verifier=FakeVerifier(),
+                 run_dir=run_dir, accept_fn=Acceptor())
+    assert s.status == "accepted" and accepted_by(workspace, "swiglu_fwd", run_dir)
+    assert library_verdict(workspace, "swiglu_fwd", run_dir, 1).gpu_verified
+    assert library_verdict(workspace, "swiglu_fwd", run_dir, 2) is None
+    # the same name elsewhere, another candidate in attempt-1: not the accepted run
+    other = workspace / "elsewhere" / run_dir.name
+    other.mkdir(parents=True)
+    (other / "attempt-1").mkdir()
+    (other / "attempt-1" / "candidate.py").write_text(GOOD_MODULE + "# changed\n")
+    assert not accepted_by(workspace, "swiglu_fwd", other)
+    (other / "attempt-1" / "candidate.py").write_text(GOOD_MODULE)
+    assert accepted_by(workspace, "swiglu_fwd", other)
+    # a tampered candidate in the accepted run itself: no longer vouched for
+    (run_dir / "attempt-1" / "candidate.py").write_text(GOOD_MODULE + "# changed\n")
+    assert not accepted_by(workspace, "swiglu_fwd", run_dir)
+    man = workspace / "generated_kernels" / "swiglu_fwd" / "manifest.json"
+    man.write_text("{not json")
+    assert library_verdict(workspace, "swiglu_fwd", run_dir) is None
 
 
 def test_an_accepted_run_from_another_checkout_shows_this_workspaces_kernel(workspace, fwd_spec):

@@ -7,7 +7,8 @@ from pathlib import Path
 from coda_agent.verifier.accept import accept
 import pytest
 
-from coda_agent.verifier.benchrun import bench_kernels, page_from_kept, results_markdown, verdict_from_manifest
+from coda_agent.verifier.accept import verdict_from_manifest
+from coda_agent.verifier.benchrun import bench_kernels, page_from_kept, results_markdown
 from coda_agent.verifier.spec import load_spec
 from coda_agent.verifier.verdict import Environment, StageResult, Verdict
 from coda_agent.verifier.workspace import sha256_file
