@@ -62,11 +62,16 @@ def _parse_error(src: str) -> str | None:
     return None if e is None else str(getattr(e, "msg", e))
 
 
-def _syntax_error(src: str) -> SyntaxError | ValueError | None:
+def _syntax_error(src: str) -> SyntaxError | ValueError | RecursionError | MemoryError | None:
+    """Why ``src`` does not parse, or None. A tree deeper than the parser's recursion limit
+    (a chain of ~3000 ``+`` terms) counts as not parsing: it raised out of the loop and left
+    the run stuck on that answer (red team, session 15)."""
     try:
         ast.parse(src)
     except (SyntaxError, ValueError) as e:
         return e
+    except (RecursionError, MemoryError) as e:
+        return type(e)(f"nested too deeply to parse ({type(e).__name__}); split long expressions into statements")
     return None
 
 
@@ -174,7 +179,7 @@ def extract_module(response: str, *, stopped_at_limit: bool = False) -> str:
     if not body.strip():
         raise ExtractError(f"The ```python block at line {chosen.start} of your response is empty. {FORMAT_REMINDER}")
     err = _syntax_error(body) if stopped_at_limit else None
-    if err is not None:
+    if isinstance(err, SyntaxError):  # a tree too deep, or a null byte, is no sign of a cut
         line = getattr(err, "lineno", None) or 0
         msg = str(getattr(err, "msg", err))
         n_lines = body.count("\n") + 1

@@ -142,7 +142,7 @@ def _entry_return_line(source: str, entry: str) -> int | None:
     """Line of the last ``return`` in the module-level entry def (output findings point there)."""
     try:
         tree = ast.parse(source)
-    except SyntaxError:
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
         return None
     for node in tree.body:
         if isinstance(node, ast.FunctionDef) and node.name == entry:

@@ -1606,20 +1606,33 @@ def check_static(spec: KernelSpec, source: str, filename: str = "candidate.py") 
         Nothing for bad candidates (a syntax error is a finding); only programming errors.
     """
     t0 = time.perf_counter()
-    try:
-        tree = ast.parse(source, filename=filename)
-    except SyntaxError as e:
-        line = e.lineno
-        msg = f"{filename}:{line}: syntax error: {e.msg}"
-        if e.text:
-            msg += f" (near `{e.text.strip()[:80]}`)"
-        finding = Finding(kind="syntax-error", message=msg, line=line)
+
+    def rejected(finding: Finding) -> StageResult:
         return StageResult(
             stage="static", status="fail", summary="1 violation(s)", findings=[finding],
             metrics={"violations": 1, "epilogues": []}, duration_s=time.perf_counter() - t0,
         )
+
+    try:
+        tree = ast.parse(source, filename=filename)
+    except SyntaxError as e:
+        line = e.lineno
+        msg = f"{filename}:{line}: syntax error: {e.msg}" if line else f"{filename}: syntax error: {e.msg}"
+        if e.text:
+            msg += f" (near `{e.text.strip()[:80]}`)"
+        return rejected(Finding(kind="syntax-error", message=msg, line=line))
+    except (RecursionError, MemoryError) as e:
+        # a chain of ~3000 `+` terms, unary minus signs or attribute accesses parses into a
+        # tree deeper than the parser's recursion limit: the candidate's fault, not the
+        # verifier's (red team, session 15: it read as a verifier error)
+        return rejected(Finding(kind="syntax-error", message=f"{filename}: the module is nested too deeply to "
+                                f"parse ({type(e).__name__}); split long expressions into statements"))
     checker = _Checker(spec, tree)
-    checker.run()
+    try:
+        checker.run()
+    except (RecursionError, MemoryError) as e:
+        return rejected(Finding(kind="syntax-error", message=f"{filename}: the module is nested too deeply to "
+                                f"check ({type(e).__name__}); split long expressions into statements"))
     findings = _dedupe_sort(checker.findings)
     n = len(findings)
     return StageResult(

@@ -152,3 +152,17 @@ def test_a_real_syntax_error_far_from_the_end_is_left_to_the_verifier():
     body = "import torch\n\ndef f(x:\n    return x\n" + "y = 2\n" * 50
     got = extract_module("```python\n" + body + "```\nThe kernel works because", stopped_at_limit=True)
     assert got == body
+
+
+def test_a_module_nested_too_deeply_is_extracted_for_the_static_stage():
+    """Red team, session 15: a RecursionError from ast.parse escaped the extractor, so the
+    loop crashed on the answer (and on every resume). Now it parses as 'does not parse':
+    the module is handed on and the static stage reports it; a cut-off answer says so."""
+    module = "import torch\nm = 1\nk = " + " + ".join(["m"] * 3000) + "\n"
+    assert extract_module(f"Here:\n\n```python\n{module}```\n") == module
+    # not a cut: a module that stopped at the token limit is called cut off only for a
+    # syntax error near its end, and this one is whole
+    assert extract_module(f"```python\n{module}```\n", stopped_at_limit=True) == module
+    # an unlabeled block that does not parse is no module (ambiguity is judged by parsing)
+    with pytest.raises(ExtractError, match="no ```python code block"):
+        extract_module(f"```\n{module}```\n")

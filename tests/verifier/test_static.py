@@ -158,6 +158,25 @@ def test_syntax_error_is_a_finding_with_line():
     assert "cand.py" in f.message
 
 
+@pytest.mark.parametrize("tail", [
+    "k = " + " + ".join(["m"] * 3000),   # a flat chain of binary operators
+    "k = " + "-" * 5000 + "1",             # unary operators
+    "k = m" + ".a" * 5000,                 # attribute accesses
+])
+def test_a_module_nested_too_deeply_is_a_finding_not_a_verifier_error(tail):
+    """Red team, session 15: ast.parse raises RecursionError (not SyntaxError) on a tree
+    deeper than its limit; it escaped check_static and read as the verifier's failure."""
+    res = check_static(BWD, GOOD + "\nm = 1\n" + tail + "\n", "cand.py")
+    assert res.status == "fail" and [f.kind for f in res.findings] == ["syntax-error"]
+    assert "cand.py: the module is nested too deeply" in res.findings[0].message
+
+
+def test_a_null_byte_syntax_error_has_no_line_none():
+    res = check_static(BWD, GOOD + "\nx = 1\x00\n", "cand.py")
+    assert res.status == "fail" and res.findings[0].kind == "syntax-error"
+    assert ":None:" not in res.findings[0].message and res.findings[0].message.startswith("cand.py")
+
+
 def test_module_level_call_and_statements():
     src = module(extra='''
 print("loading")
