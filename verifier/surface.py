@@ -140,6 +140,12 @@ def module_import_allowed(name: str) -> bool:
     return name in ALLOWED_MODULES
 
 
+POINTER_NAMES = frozenset({"inttoptr", "make_ptr", "recast_ptr"})
+"""Pointers made from integers or recast (``cutlass.inttoptr``, ``cute.make_ptr``,
+``cute.recast_ptr``): an epilogue reading or writing device memory that no operand names
+(state kept across calls, writes into other tensors; red team, session 15). Epilogues
+reach memory only through the primitives' operands."""
+
 DENIED_LIBRARY_NAMES = frozenset({
     "struct", "union", "register_jit_arg_adapter", "JitArgAdapterRegistry",
     # compiler entry points: their option strings write and read files
@@ -147,9 +153,11 @@ DENIED_LIBRARY_NAMES = frozenset({
     "compile", "jit", "kernel", "compile_to", "ffi", "CompileOptions",
     # typing.get_type_hints on a candidate's function: eval of its annotations (round 4)
     "native_struct", "make_native_struct",
+    *POINTER_NAMES,
 })
 """cutlass/quack names that mutate the objects passed to them, process-wide registries,
-or drive the DSL compiler directly (quack's @gemm_epilogue compiles on the candidate's behalf)."""
+drive the DSL compiler directly (quack's @gemm_epilogue compiles on the candidate's behalf)
+or fabricate pointers."""
 
 
 @functools.lru_cache(maxsize=None)
@@ -165,6 +173,9 @@ def judge(path: str) -> tuple[str, str, bool] | None:
     if parts[0] in ("torch", "__future__"):
         return None
     if parts[-1] in DENIED_LIBRARY_NAMES:
+        if parts[-1] in POINTER_NAMES:
+            return ("banned-call", f"`{path}` makes a pointer from an integer or recasts one: an epilogue reaches "
+                    "memory only through its primitives' operands (RowVecLoad, TileLoad, ...)", False)
         return ("banned-call", f"`{path}` modifies the classes or global registries it is given, or drives "
                 "the DSL compiler (whose options write files); @gemm_epilogue mods compile themselves", False)
     if any(p.startswith("_") for p in parts[1:]):

@@ -629,6 +629,21 @@ def test_red_team_escapes_are_rejected(extra):
                       "host-escape"}, ks
 
 
+@pytest.mark.parametrize("use", [
+    "import cutlass\ndef _h(x):\n    return cutlass.inttoptr\n",
+    "from cutlass import inttoptr\n",
+    "import cutlass.cute as cute2\ndef _h(x):\n    return cute2.make_ptr\n",
+    "from cutlass.cute import recast_ptr\n",
+])
+def test_pointer_fabrication_is_banned(use):
+    """Red team, session 15: cutlass.inttoptr / cute.make_ptr / cute.recast_ptr were allowed
+    names; in an epilogue they reach device memory no operand names."""
+    src = module(extra=use)
+    res = check_static(BWD, src, "cand.py")
+    msgs = [f.message for f in res.findings if f.kind == "banned-call"]
+    assert any("makes a pointer from an integer or recasts one" in m for m in msgs), res.findings
+
+
 def test_home_made_gemm_epilogue_is_not_an_epilogue():
     """A candidate's own `def gemm_epilogue` would make its "epilogues" plain torch math."""
     src = GOOD.replace("from quack.epilogue import gemm_epilogue, pack, unpack",
