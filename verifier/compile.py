@@ -58,7 +58,7 @@ from pathlib import Path
 from typing import Any
 
 from coda_agent.verifier.compile_worker import FAULT_FILE, STARTED_FILE, clip_lines, lines_from_stack_dump, strip_ansi
-from coda_agent.verifier.sandbox import run_worker, tail_file, worker_env
+from coda_agent.verifier.sandbox import read_worker_file, run_worker, tail_file, worker_env
 from coda_agent.verifier.spec import KernelSpec, LoadedSpec, ShapeCase
 from coda_agent.verifier.verdict import Finding, StageResult
 
@@ -123,11 +123,13 @@ def _run_worker(
         timed_out = out.status == "timeout"
         rc, wall = out.returncode, out.duration_s
         result: dict[str, Any] = {}
-        if res_path.is_file():
+        data = read_worker_file(res_path)
+        if data is not None:
             try:
-                result = json.loads(res_path.read_text())
-            except json.JSONDecodeError:
-                result = {}
+                parsed = json.loads(data)
+            except ValueError:  # not JSON, or not UTF-8
+                parsed = None
+            result = parsed if isinstance(parsed, dict) else {}
         stderr = out.stderr_tail
         fault = tail_file(tmp / FAULT_FILE)
         started = (tmp / STARTED_FILE).is_file()

@@ -25,6 +25,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -151,6 +152,26 @@ def tail_file(path: str | Path, limit: int = 64 * 1024) -> str:
         f.seek(0, os.SEEK_END)
         f.seek(max(0, f.tell() - limit))
         return f.read().decode("utf-8", errors="replace")
+
+
+def read_worker_file(path: str | Path, limit: int = 16 << 20) -> bytes | None:
+    """The bytes of a file a confined worker wrote in its own folder, or None when it is
+    missing, not a regular file (a symlink is not followed, a FIFO not waited on) or
+    larger than ``limit`` bytes: the parent reads what candidate code could have replaced
+    (red team, session 15: ``result.json`` was read whole, through any symlink)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > limit:
+            return None
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            data = f.read(limit + 1)
+    finally:
+        os.close(fd)
+    return data if len(data) <= limit else None
 
 
 WORKER_FSIZE_LIMIT = 1 << 30

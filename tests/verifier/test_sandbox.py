@@ -226,3 +226,24 @@ def test_a_symlinked_log_file_is_replaced_not_written_through(tmp_path):
     out = _run("ok", tmp_path)
     assert out.ok and victim.read_text() == "accepted work\n"
     assert not (logs / "ok.stdout").is_symlink() and (logs / "ok.stdout").read_text().startswith('{"part": "done"')
+
+
+def test_read_worker_file_refuses_links_fifos_and_big_files(tmp_path):
+    """What a confined worker wrote in its own folder is read without following a symlink,
+    waiting on a FIFO or reading past the limit (red team, session 15: the compile
+    worker's result.json was read whole through any symlink)."""
+    from coda_agent.verifier.sandbox import read_worker_file
+
+    ok = tmp_path / "result.json"
+    ok.write_bytes(b'{"phase": "done"}')
+    assert read_worker_file(ok) == b'{"phase": "done"}'
+    assert read_worker_file(tmp_path / "missing") is None
+    link = tmp_path / "link.json"
+    link.symlink_to(ok)
+    assert read_worker_file(link) is None
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)
+    assert read_worker_file(fifo) is None
+    big = tmp_path / "big.json"
+    big.write_bytes(b"x" * 101)
+    assert read_worker_file(big, limit=100) is None and read_worker_file(big, limit=101) == b"x" * 101
