@@ -6,7 +6,8 @@ rendered with rich. Exit codes are part of the interface (CI and scripts rely on
 * 0 -- ok;
 * 1 -- a check failed (a candidate rejected, a regression, a run out of attempts);
 * 2 -- usage or input error (unknown spec, malformed spec file, missing file, refused
-  overwrite, no LLM backend configured).
+  overwrite, no LLM backend configured), or a verifier error (the verifier or the machine
+  failed, not the candidate: ``verify``, and ``generate`` whose run ends ``verifier-error``).
 
 argparse (stdlib) is used rather than typer/click: the surface is small, and it keeps
 the dependency list to what the design card names.
@@ -87,7 +88,7 @@ def print_verdict(verdict, recorded: bool = False) -> None:
     console.print(t)
     env = verdict.environment
     where = f"GPU: {env.gpu} (sm {env.compute_capability})" if env.gpu else "no GPU (CPU-only)"
-    console.print(f"{where}; torch {env.torch}, cutlass-dsl {env.cutlass_dsl}, quack {env.quack}")
+    console.print(escape(f"{where}; torch {env.torch}, cutlass-dsl {env.cutlass_dsl}, quack {env.quack}"))
     for s in verdict.stages:
         if s.status not in ("fail", "error", "pass"):
             continue
@@ -193,9 +194,32 @@ def cmd_list(args) -> int:
     return USAGE if problems else OK
 
 
-def _out_file(value: str | None, flag: str = "--json") -> Path | None:
+PROTECTED_DIRS = ("generated_kernels", "kernel_specs")
+"""Workspace folders no output flag may write into: the library (written only by
+acceptance, old versions kept in history/) and the specs (written by hand)."""
+
+
+def _check_out_target(root: Path, p: Path, flag: str, value: str, keep: tuple[Path, ...] = ()) -> None:
+    """UsageError when output ``p`` lies in one of :data:`PROTECTED_DIRS` of ``root`` or is
+    one of the ``keep`` files (the candidate being verified): a new user's ``--out
+    generated_kernels/swiglu_bwd/kernel.py`` replaced an accepted kernel with a prompt."""
+    target = p.resolve()
+    for name in PROTECTED_DIRS:
+        d = (root / name).resolve()
+        if target == d or d in target.parents:
+            raise UsageError(f"{flag} {value}: inside {name}/, which output flags never write "
+                             + ("(accepted kernels change only through --accept)" if name == "generated_kernels"
+                                else "(specs are edited by hand)") + "; choose a path outside it")
+    for k in keep:
+        if target == k.resolve():
+            raise UsageError(f"{flag} {value}: is the candidate itself; choose another file")
+
+
+def _out_file(value: str | None, flag: str = "--json", root: Path | None = None,
+              keep: tuple[Path, ...] = ()) -> Path | None:
     """Check an output file path before any work starts (a missing folder used to raise a
-    traceback after a whole verification, with the exit status of a rejection)."""
+    traceback after a whole verification, with the exit status of a rejection); with
+    ``root``, also that it writes nothing of the library or specs (:func:`_check_out_target`)."""
     if not value:
         return None
     p = Path(value)
@@ -203,6 +227,22 @@ def _out_file(value: str | None, flag: str = "--json") -> Path | None:
         raise UsageError(f"{flag} {value}: is a folder; give a file name")
     if not p.parent.is_dir():
         raise UsageError(f"{flag} {value}: folder {p.parent} does not exist")
+    if root is not None:
+        _check_out_target(root, p, flag, value, keep)
+    return p
+
+
+def _out_dir(root: Path, value: str | None, flag: str = "--out") -> Path | None:
+    """Check an output folder (``bench --out``): its parent must exist (as for every output
+    flag: a typo is not created) and it writes nothing of the library or specs."""
+    if not value:
+        return None
+    p = Path(value)
+    if p.exists() and not p.is_dir():
+        raise UsageError(f"{flag} {value}: is a file; give a folder")
+    if not p.is_dir() and not p.parent.is_dir():
+        raise UsageError(f"{flag} {value}: folder {p.parent} does not exist")
+    _check_out_target(root, p, flag, value)
     return p
 
 
@@ -221,12 +261,12 @@ def cmd_prompt(args) -> int:
 
     root = _root(args)
     loaded = _spec(root, args.spec)
-    out = _out_file(args.out, "--out")
+    out = _out_file(args.out, "--out", root)
     prompt = render_prompt(loaded, root)
     text = prompt.as_text()
     if args.out:
         _write_out(out, text, "--out")
-        err.print(f"wrote {args.out}")
+        err.print(escape(f"wrote {args.out}"))
     else:
         console.print(text, markup=False, highlight=False, soft_wrap=True)
     err.print(f"~{prompt.estimate_tokens()} tokens (estimate: characters / 4); prompt sha256 {prompt.sha256()[:12]}")
@@ -240,8 +280,8 @@ def cmd_verify(args) -> int:
         raise UsageError(f"SPEC {args.spec!r} is a Python file: the usage is `coda-agent verify SPEC CANDIDATE`, "
                          "the spec's name first (arguments swapped?)")
     loaded = _spec(root, args.spec)
-    json_out = _out_file(args.json)
     cand = Path(args.candidate)
+    json_out = _out_file(args.json, "--json", root, keep=(cand,))
     if cand.is_dir():
         raise UsageError(f"candidate {cand} is a folder; give the candidate module's .py file "
                          f"(e.g. {cand / 'kernel.py'})")
@@ -265,7 +305,7 @@ def cmd_verify(args) -> int:
     broken = verdict.verifier_error
     if broken is not None:
         err.print(f"verifier error in the {broken.stage} stage (the verifier or this machine failed, not the "
-                  f"candidate): {broken.summary}")
+                  f"candidate): {broken.summary}", markup=False, highlight=False)
         return USAGE
     if not verdict.passed:
         return FAILED
@@ -284,7 +324,7 @@ def cmd_verify(args) -> int:
         except AcceptError as e:
             kept = f" The verdict is in {args.json}." if args.json else " (--json FILE keeps the verdict.)"
             raise UsageError(f"{e}.{kept}") from None
-        console.print(f"[green]accepted[/] -> {dest}")
+        console.print(f"[green]accepted[/] -> {escape(str(dest))}")
     return OK
 
 
@@ -430,6 +470,8 @@ def cmd_generate(args) -> int:
         raise UsageError(str(e)) from None
     console.print(summary.render(), markup=False, highlight=False)
     ok = {"accepted", "passed", "waiting-for-answer"} | ({"passed-cpu-only"} if args.cpu_only else set())
+    if summary.status == "verifier-error":
+        return USAGE  # the machine failed, not the candidate: as `verify` (a new user's script could not tell)
     return OK if summary.status in ok else FAILED
 
 
@@ -438,21 +480,30 @@ def cmd_bench(args) -> int:
     from coda_agent.verifier.benchrun import bench_kernels
 
     root = _root(args)
+    out_dir = _out_dir(root, args.out)
+    if args.repeat < 1:
+        raise UsageError(f"bench --repeat {args.repeat}: expected an integer >= 1")
     if args.merge_from is not None and args.from_verdicts is None:
         raise UsageError("bench --merge-from SRC needs --from-verdicts DIR: the kept folder to merge SRC's verdicts into")
     if args.force and args.from_verdicts is None:
         raise UsageError("bench --force only applies with --from-verdicts DIR (it replaces a page bench did not write)")
     if args.from_verdicts is not None:
+        ignored = [f for f, on in (("SPEC names", args.spec), ("--all", args.all), ("--shape", args.shape),
+                                   ("--repeat", args.repeat != 1), ("--jobs", args.jobs),
+                                   ("--from-manifests", args.from_manifests)) if on]
+        if ignored:  # a new user's `--from-verdicts DIR swiglu_bwd` rewrote the page of every kernel
+            raise UsageError(f"bench --from-verdicts measures nothing and renders every kernel kept in {args.from_verdicts}, "
+                             f"so {', '.join(ignored)} would be ignored")
         from coda_agent.verifier.benchrun import page_from_kept
         from coda_agent.verifier.kept import check_page, merge_kept
 
         try:
             if args.merge_from is not None:
                 if Path(args.from_verdicts).is_dir():  # page_from_kept checks too, but only after the merge
-                    check_page(args.from_verdicts, Path(args.out) if args.out else None, args.force)
+                    check_page(args.from_verdicts, out_dir, args.force)
                 for line in merge_kept(root, args.merge_from, args.from_verdicts):
                     console.print(escape(line))
-            report = page_from_kept(root, args.from_verdicts, out_dir=Path(args.out) if args.out else None,
+            report = page_from_kept(root, args.from_verdicts, out_dir=out_dir,
                                     force=args.force)
         except ValueError as e:
             raise UsageError(str(e)) from None
@@ -494,7 +545,7 @@ def cmd_bench(args) -> int:
                          "the numbers recorded at acceptance")
     try:
         report = bench_kernels(root, None if args.all else list(args.spec),
-                               out_dir=Path(args.out) if args.out else None, bench_shapes=args.shape or None,
+                               out_dir=out_dir, bench_shapes=args.shape or None,
                                from_manifests=args.from_manifests, jobs=args.jobs, repeat=args.repeat)
     except ValueError as e:
         raise UsageError(str(e)) from None
@@ -514,7 +565,7 @@ def cmd_regress(args) -> int:
     from coda_agent.verifier.regress import regress
 
     root = _root(args)
-    json_out = _out_file(args.json)
+    json_out = _out_file(args.json, "--json", root)
     if args.cpu_only and args.verdicts:
         raise UsageError("regress --cpu-only checks integrity, static and compile only; --verdicts judges what a GPU "
                          "measured: give one of them")

@@ -129,6 +129,15 @@ def parse_entries(text: str) -> list[TrickEntry]:
     return entries
 
 
+def _known_texts(entries: list[TrickEntry]) -> set[str]:
+    """Each entry's whole text and, for a bullet with continuation lines, its first line's."""
+    known = {e.text for e in entries}
+    for e in entries:
+        if e.style == "bullet" and "\n" in e.raw:
+            known.update(x.text for x in parse_entries(e.raw.splitlines()[0]))
+    return known
+
+
 def read_entries(root: str | Path) -> list[TrickEntry]:
     """Parsed entries of ``<root>/tricks_log.md`` (empty when the file is absent)."""
     p = Path(root) / TRICKS_FILE
@@ -167,8 +176,10 @@ def add_trick(root: str | Path, text: str, kernel: str | None = None, date: str 
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             old = path.read_text() if path.is_file() else ""
-            # whole entries, not substrings: "fp32" was refused as already in the log (red team 16)
-            if body in {e.text for e in parse_entries(old)}:
+            # whole entries, not substrings: "fp32" was refused as already in the log (red team 16);
+            # a bullet's own line counts whole too: a reviewer's note on the lines below it
+            # made a proposed lesson look new (new-user pass, session 15)
+            if body in _known_texts(parse_entries(old)):
                 raise TrickError(f"this trick is already in {path}")
             line = format_entry(body, kernel, date)
             base = old if old else HEADER

@@ -116,11 +116,19 @@ def _arg_name(name: str, i: int, more: str = "") -> str:
     entry, by the entry's signature (the spec's input names); ``argument i[ (more)]`` when it
     cannot be read. Only called to word an error (it imports the kernel module)."""
     extra = f", {more}" if more else ""
-    try:
-        params = list(inspect.signature(getattr(_pkg.load(name), name)).parameters)
+    params = _param_names(name)
+    if params is not None and i < len(params):
         return f"{params[i]} (argument {i}{extra})"
+    return f"argument {i}" + (f" ({more})" if more else "")
+
+
+def _param_names(name: str) -> list[str] | None:
+    """The parameter names of kernel ``name``'s entry, or None when they cannot be read
+    (only called to word an error: it imports the kernel module)."""
+    try:
+        return list(inspect.signature(getattr(_pkg.load(name), name)).parameters)
     except Exception:  # a message helper: never mask the error being reported
-        return f"argument {i}" + (f" ({more})" if more else "")
+        return None
 
 
 def run_kernel(name: str, *args, **constants):
@@ -135,6 +143,13 @@ def run_kernel(name: str, *args, **constants):
     (e.g. HQ, HKV and HD where a spec lists only HQ and HKV). Returns the entry's result as
     a tuple (a single output returned bare becomes a 1-tuple)."""
     tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    devices = {t.device for t in tensors}
+    if len(devices) != 1 or next(iter(devices)).type != "cuda":
+        # worded with the entry's argument names ("x=cpu, w1=cpu", not "cpu, cpu")
+        params = _param_names(name) or []
+        named = {(params[i] if i < len(params) else f"argument {i}"): t
+                 for i, t in enumerate(args) if isinstance(t, torch.Tensor)}
+        _pkg._check_device(f"{name} kernel", **named)
     _pkg._check_device(f"{name} kernel", *tensors)
     device = tensors[0].device if tensors else torch.device("cpu")
     _check_arch(f"{name} kernel", device)

@@ -80,6 +80,18 @@ def _mlp_backward(ctx, dout, _dpreact_unused):
 _swiglu_mlp.register_autograd(_mlp_backward, setup_context=_mlp_setup_context)
 
 
+
+def _swiglu_mismatch(x: torch.Tensor, w1: torch.Tensor, w_down: torch.Tensor) -> str:
+    """Which of swiglu's shape relations fails, in words (for the error message)."""
+    k, bad = x.shape[1], []
+    if w1.shape[1] != k:
+        bad.append(f"w1.shape[1] = {w1.shape[1]} is not x's K = {k}")
+    if w_down.shape[0] != k:
+        bad.append(f"w_down.shape[0] = {w_down.shape[0]} is not x's K = {k}")
+    if w1.shape[0] != 2 * w_down.shape[1]:
+        bad.append(f"w1.shape[0] = {w1.shape[0]} is not 2 * w_down.shape[1] = {2 * w_down.shape[1]}")
+    return "; ".join(bad)
+
 def swiglu(x: torch.Tensor, w1: torch.Tensor, w_down: torch.Tensor) -> torch.Tensor:
     """SwiGLU MLP with fused kernels in forward and backward (CODA items 1 and 7).
 
@@ -106,7 +118,7 @@ def swiglu(x: torch.Tensor, w1: torch.Tensor, w_down: torch.Tensor) -> torch.Ten
                     f"{w_down.dim()}-D (flatten batch and sequence into M: x.reshape(-1, K))")
     _expect(w1.shape[1] == x.shape[1] and w_down.shape[0] == x.shape[1] and w1.shape[0] == 2 * w_down.shape[1],
             op, lambda: f"need x (M, K), w1 (2I, K), w_down (K, I), got {tuple(x.shape)}, {tuple(w1.shape)}, "
-                        f"{tuple(w_down.shape)}")
+                        f"{tuple(w_down.shape)}: {_swiglu_mismatch(x, w1, w_down)}")
     _pkg._check_device(op, x=x, w1=w1, w_down=w_down)
     _pkg._check_layout(op, x=(x, torch.bfloat16), w1=(w1, torch.bfloat16), w_down=(w_down, torch.bfloat16))
     out, _ = _swiglu_mlp(x, w1, w_down)

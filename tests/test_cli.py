@@ -474,3 +474,61 @@ def test_an_unconfined_run_is_announced(ws, monkeypatch, capsys):
     assert "CODA_FS_SANDBOX=off: candidate code runs unconfined" in " ".join(capsys.readouterr().err.split())
     assert main(["list"]) == 0
     assert "unconfined" not in capsys.readouterr().err
+
+
+def test_output_flags_never_write_into_the_library_or_specs(ws, capsys):
+    """New-user pass, session 15: `prompt --out generated_kernels/swiglu_bwd/kernel.py`,
+    `verify --json <manifest>` and `regress --json <kernel.py>` replaced accepted files, and
+    `verify --json CANDIDATE` the candidate itself. Each is refused before any work."""
+    kdir = ws / "generated_kernels" / "swiglu_bwd"
+    before = {p.name: p.read_bytes() for p in kdir.iterdir() if p.is_file()}
+    good = ws / "generated_kernels" / "swiglu_fwd" / "kernel.py"
+    cand = ws / "cand.py"
+    cand.write_bytes(good.read_bytes())
+    for argv in (["prompt", "swiglu_bwd", "--out", str(kdir / "kernel.py")],
+                 ["verify", "swiglu_fwd", str(cand), "--cpu-only", "--json", str(kdir / "manifest.json")],
+                 ["regress", "--cpu-only", "swiglu_bwd", "--json", str(kdir / "kernel.py")],
+                 ["prompt", "swiglu_bwd", "--out", str(ws / "kernel_specs" / "swiglu_bwd" / "spec.toml")],
+                 ["bench", "--all", "--from-manifests", "--out", str(kdir / "pages")]):
+        assert main(argv) == 2, argv
+        err = " ".join(capsys.readouterr().err.split())
+        assert "which output flags never write" in err, (argv, err)
+    assert main(["verify", "swiglu_fwd", str(cand), "--cpu-only", "--json", str(cand)]) == 2
+    assert "is the candidate itself" in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in kdir.iterdir() if p.is_file()} == before
+    assert cand.read_bytes() == good.read_bytes() and not (kdir / "pages").exists()
+    # bench --out: a folder whose parent is missing is a typo, not created
+    assert main(["bench", "--all", "--from-manifests", "--out", str(ws / "no" / "such")]) == 2
+    assert "does not exist" in capsys.readouterr().err and not (ws / "no").exists()
+
+
+def test_bench_refuses_flags_it_would_ignore(ws, capsys):
+    """New-user pass, session 15: `bench --from-verdicts DIR swiglu_bwd` rewrote every
+    kernel's page, and --shape/--repeat/--jobs were ignored with exit 0."""
+    kept = ws / "kept"
+    kept.mkdir()
+    for extra, named in ((["swiglu_bwd"], "SPEC names"), (["--shape", "x"], "--shape"), (["--repeat", "3"], "--repeat"),
+                         (["--jobs", "2"], "--jobs"), (["--from-manifests"], "--from-manifests"), (["--all"], "--all")):
+        assert main(["bench", "--from-verdicts", str(kept), *extra]) == 2, extra
+        assert f"so {named} would be ignored" in " ".join(capsys.readouterr().err.split())
+    assert main(["bench", "swiglu_bwd", "--repeat", "0"]) == 2
+    assert "--repeat 0: expected an integer >= 1" in capsys.readouterr().err
+
+
+def test_generate_exits_2_when_the_verifier_fails(ws, capsys, monkeypatch):
+    """New-user pass, session 15: a run ending 'verifier-error' exited 1, the status of a
+    rejected candidate, while `verify` exits 2 for the same machine failure."""
+    import coda_agent.agent.loop as loop
+    from coda_agent.verifier.verdict import StageResult, Verdict
+
+    broken = Verdict(spec="swiglu_fwd", spec_hash="h", candidate_hash="c", cpu_only=True,
+                     stages=[StageResult(stage="static", status="error", summary="[cpu-compile] extra is missing")])
+    monkeypatch.setattr(loop, "default_verifier", lambda **kw: (lambda loaded, cand, workdir: broken))
+    answer = ws / "answer.sh"
+    good = ws / "generated_kernels" / "swiglu_fwd" / "kernel.py"
+    answer.write_text(f"#!/bin/sh\necho '```python'\ncat '{good}'\necho '```'\n")
+    answer.chmod(0o755)
+    rc = main(["generate", "swiglu_fwd", "--llm", "command", "--cmd", str(answer), "--cpu-only"])
+    out = capsys.readouterr()
+    assert rc == 2, out
+    assert "[cpu-compile] extra is missing" in out.out + out.err

@@ -151,3 +151,16 @@ def test_a_trick_that_is_part_of_another_is_not_a_duplicate(tmp_path):
     add_trick(tmp_path, "fp32", date="2026-03-01")  # was refused as "already in the log"
     with pytest.raises(TrickError, match="already in"):
         add_trick(tmp_path, "fp32", date="2026-03-02")
+
+
+def test_a_lesson_already_logged_with_a_reviewer_note_is_refused(tmp_path):
+    """New-user pass, session 15: an entry with a continuation line (a reviewer's note)
+    parsed as one longer text, so the same lesson proposed again was appended twice."""
+    (tmp_path / "tricks_log.md").write_text(
+        "# Tricks\n\n- **2026-11-30** `gemm_rope`: Keep the float-float range reduction in fp32.\n"
+        "  (Reviewer: measured 0.4 ms at 1B.)\n")
+    with pytest.raises(TrickError, match="already in"):
+        add_trick(tmp_path, "Keep the float-float range reduction in fp32.", kernel="gemm_rope", date="2026-12-01")
+    # a longer or different lesson is still new
+    add_trick(tmp_path, "Keep the float-float range reduction in fp32 registers.", date="2026-12-01")
+    assert (tmp_path / "tricks_log.md").read_text().count("range reduction") == 2

@@ -162,8 +162,11 @@ def test_swiglu_checks_shapes(checked):
     x, w1, w_down = swiglu_inputs()
     with pytest.raises(ValueError, match=r"swiglu: need 2-D .*flatten batch and sequence into M"):
         K.swiglu(x.view(2, 12, 16), w1, w_down)
-    with pytest.raises(ValueError, match=r"swiglu: need x \(M, K\), w1 \(2I, K\), w_down \(K, I\)"):
+    with pytest.raises(ValueError, match=r"swiglu: need x \(M, K\), w1 \(2I, K\), w_down \(K, I\).*: "
+                                         r"w1.shape\[0\] = \d+ is not 2 \* w_down.shape\[1\] = \d+$"):
         K.swiglu(x, w1[:-8], w_down)
+    with pytest.raises(ValueError, match=r"w_down.shape\[0\] = 8 is not x's K = 16$"):
+        K.swiglu(x, w1, w_down[:8])
     with pytest.raises(ValueError, match="swiglu: x is empty"):
         K.swiglu(x[:0], w1, w_down)
 
@@ -199,6 +202,17 @@ def test_kernel_argument_names_come_from_the_entry_and_never_mask_the_error(monk
     assert _registry._arg_name("swiglu_bwd", 2, "shape (8, 16)") == "preact (argument 2, shape (8, 16))"
     assert _registry._arg_name("swiglu_bwd", 7) == "argument 7"          # past the signature
     assert _registry._arg_name("no_such_kernel", 0, "shape (1,)") == "argument 0 (shape (1,))"  # load raises
+
+
+def test_a_cpu_tensor_is_named_by_the_entrys_argument(monkeypatch):
+    """New-user pass, session 15: ``swiglu_fwd_op(x_cpu, w_cpu)`` said "got cpu, cpu";
+    the device error now names each argument as the entry does."""
+    use_standins(monkeypatch, all_standins())
+    monkeypatch.setattr(K, "_check_device", _registry._check_device)
+    dout, w_down, preact = torch.randn(8, 16), torch.randn(16, 8), torch.randn(8, 16)
+    with pytest.raises(ValueError, match=r"^swiglu_bwd kernel: the fused kernels need all tensors on one CUDA "
+                                         r"\(Hopper\) device, got dout=cpu, w_down=cpu, preact=cpu$"):
+        _registry.run_kernel("swiglu_bwd", dout, w_down, preact)
 
 
 def test_kernel_errors_count_every_positional_argument(monkeypatch):
