@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from coda_agent.verifier.spec import LoadedSpec
-from coda_agent.verifier.verdict import Verdict
+from coda_agent.verifier.verdict import STAGES, Verdict
 from coda_agent.verifier.workspace import sha256_bytes
 
 KERNELS_DIR = "generated_kernels"
@@ -210,8 +210,10 @@ def read_manifest(path: Path) -> dict[str, Any]:
 
 def verdict_from_manifest(manifest: dict[str, Any]) -> Verdict:
     """Rebuild the Verdict an accepted kernel was accepted with (from its manifest.json)."""
+    # the manifest's keys are sorted (alphabetical); a Verdict's stages are in pipeline order
+    order = {name: i for i, name in enumerate(STAGES)}
     stages = [{"stage": name, **{k: v for k, v in st.items() if k in ("status", "summary", "metrics", "duration_s", "findings")}}
-              for name, st in manifest.get("stages", {}).items()]
+              for name, st in sorted(manifest.get("stages", {}).items(), key=lambda kv: order.get(kv[0], len(order)))]
     v = manifest.get("verdict", {})
     return Verdict.model_validate({
         "spec": manifest["spec"], "spec_hash": manifest["spec_hash"],

@@ -61,6 +61,8 @@ def test_verdict_roundtrip_through_manifest():
     v = verdict_from_manifest(man)
     assert v.gpu_verified and v.environment.gpu == "NVIDIA H200"
     assert v.stage("bench").metrics["shapes"]["llama3-8b/M8192"]["fused_ms"] > 0
+    # pipeline order, not the manifest's sorted keys (new-user pass, session 15)
+    assert [s.stage for s in v.stages] == ["static", "compile", "correctness", "gradients", "bench"]
 
 
 def test_bar_lines_report_met_and_missed_bars():
