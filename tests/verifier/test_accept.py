@@ -154,6 +154,7 @@ def test_no_overwrite_without_force_then_history(tmp_path, cand, monkeypatch):
     assert "# v2" in (dest / "kernel.py").read_text()
     hist = dest / "history" / old_at.replace(":", "-")
     assert "# v2" not in (hist / "kernel.py").read_text()
+    assert not (hist / "kernel.edited.py").exists() and not (hist / "HISTORY_NOTE.md").exists()
     assert json.loads((hist / "manifest.json").read_text())["accepted_at"] == old_at
 
     cand.write_text(cand.read_text() + "# v3\n")
@@ -162,6 +163,43 @@ def test_no_overwrite_without_force_then_history(tmp_path, cand, monkeypatch):
     names = sorted(p.name for p in (dest / "history").iterdir())
     assert names == sorted([old_at.replace(":", "-"), "2030-01-01T00-00-00Z"])
     assert not (dest / "history" / "2030-01-01T00-00-00Z" / "history").exists()
+
+
+def test_history_keeps_the_accepted_bytes_of_a_kernel_edited_in_place(tmp_path, cand, monkeypatch):
+    """New-user pass, session 15: kernel.py edited in place, then re-accepted with --force
+    (what regress recommends), left a history entry pairing the old manifest with the edited
+    bytes. The edited file is kept as kernel.edited.py, kernel.py is the accepted version
+    when git HEAD has it (sha256 checked), and a note says which."""
+    import subprocess
+
+    first = accept(LOADED, cand, _verdict(cand), root=tmp_path, provenance=PROV)
+    old = json.loads((first / "manifest.json").read_text())
+    accepted_bytes = (first / "kernel.py").read_bytes()
+    edited = accepted_bytes + b"# edited in place\n"
+    (first / "kernel.py").write_bytes(edited)
+    monkeypatch.setattr(acc, "_now", lambda: "2030-01-01T00:00:00Z")
+    dest = accept(LOADED, first / "kernel.py", _verdict(first / "kernel.py"), root=tmp_path, provenance=PROV,
+                  force=True)
+    hist = dest / "history" / old["accepted_at"].replace(":", "-")
+    assert (hist / "kernel.edited.py").read_bytes() == edited and not (hist / "kernel.py").exists()
+    note = (hist / "HISTORY_NOTE.md").read_text()
+    assert old["kernel_sha256"] in note and "not found" in note
+    # with the accepted bytes in git HEAD, the entry holds them
+    git = ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(git[:3] + ["init", "-q"], check=True)
+    (dest / "kernel.py").write_bytes(b"# v2\n")
+    v2 = _verdict(dest / "kernel.py")
+    monkeypatch.setattr(acc, "_now", lambda: "2031-01-01T00:00:00Z")
+    dest = accept(LOADED, dest / "kernel.py", v2, root=tmp_path, provenance=PROV, force=True)
+    subprocess.run(git + ["add", "-A"], check=True)
+    subprocess.run(git + ["commit", "-qm", "v2"], check=True)
+    (dest / "kernel.py").write_bytes(b"# v2 edited\n")
+    monkeypatch.setattr(acc, "_now", lambda: "2032-01-01T00:00:00Z")
+    dest = accept(LOADED, dest / "kernel.py", _verdict(dest / "kernel.py"), root=tmp_path, provenance=PROV, force=True)
+    hist = dest / "history" / "2031-01-01T00-00-00Z"
+    assert (hist / "kernel.py").read_bytes() == b"# v2\n"
+    assert (hist / "kernel.edited.py").read_bytes() == b"# v2 edited\n"
+    assert "restored from git HEAD" in (hist / "HISTORY_NOTE.md").read_text()
 
 
 def test_interrupted_write_leaves_old_version(tmp_path, cand, monkeypatch):
