@@ -153,6 +153,11 @@ def cmd_list(args) -> int:
     specs = set()
     for d in sorted((root / "kernel_specs").iterdir()):
         if not (d / "spec.toml").exists():
+            if d.is_dir() and not d.name.startswith((".", "_")):
+                # a new spec whose file is misnamed (spec.tml) or not written yet: shown, not hidden
+                others = sorted(p.name for p in d.iterdir())[:4]
+                t.add_row(d.name, "-", "-", "[yellow]no spec.toml[/]", "-",
+                          escape(f"holds {', '.join(others)}" if others else "empty folder"))
             continue
         specs.add(d.name)
         try:
@@ -364,7 +369,10 @@ def _run_dir(root: Path, value: str) -> Path:
         raise UsageError(f"--resume {value}: {found} is a committed run record ({COMMITTED_RUNS}/), kept as it "
                          f"was; to continue it, copy it into runs/ first: mkdir -p {root / 'runs'} && "
                          f"cp -r {where} {dest}")
-    return found  # load_run names what is missing
+    if not _holds_run(found):  # named once (load_run's message repeated the path)
+        raise UsageError(f"--resume {value}: no run there (looked for run.json in {Path(value)} and "
+                         f"{root / 'runs' / value}); `ls {root / 'runs'}` lists this workspace's runs")
+    return found
 
 
 def _has_gpu() -> bool:
@@ -390,6 +398,10 @@ def cmd_generate(args) -> int:
     from coda_agent.agent.loop import RunError, accepted_by, generate, load_run
 
     root = _root(args)
+    if not (root / "kernel_specs" / args.spec).is_dir() and _holds_run(_find_run(root, args.spec)):
+        raise UsageError(f"{args.spec} is a run, not a spec: continue it with "
+                         f"`coda-agent generate SPEC --resume {args.spec}` (SPEC: the run's spec, e.g. "
+                         f"{args.spec.rsplit('-', 1)[-1]})")
     loaded = _spec(root, args.spec)
     name, command = args.llm, args.cmd
     if command and name not in (None, "command"):
@@ -421,6 +433,8 @@ def cmd_generate(args) -> int:
     if name == "command" and not command:
         again = " (run.json does not keep it: give the resumed run its command again)" if args.resume else ""
         raise UsageError(f'--llm command needs the command: --llm command --cmd "CMD"{again}')
+    if args.model and name != "anthropic":
+        raise UsageError(f"--model is for --llm anthropic; --llm {name} takes the model its answerer uses")
     try:  # first: a missing API key is the first thing to fix
         backend = make_backend(name, model=args.model, command=command)
     except LLMError as e:

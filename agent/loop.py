@@ -295,7 +295,12 @@ class RunSummary(BaseModel):
         if last is not None and last.passed is False:
             fb = self.run_dir / f"attempt-{last.k}" / "feedback.md"
             why = last.extract_error or (f"failed the {last.failed_stage} stage" if last.failed_stage else "failed")
-            lines.append(f"attempt {last.k}: {why}" + (f" (the feedback the next attempt gets: {fb})" if fb.is_file() else ""))
+            if s.status == "out-of-attempts":
+                more = (f" (its feedback: {fb}; to try again: {self.resume_command()} --max-attempts {last.k + 1})"
+                        if fb.is_file() else "")
+            else:
+                more = f" (the feedback the next attempt gets: {fb})" if fb.is_file() else ""
+            lines.append(f"attempt {last.k}: {why}{more}")
         if s.status == "passed-cpu-only":
             goal = "verify it" if s.no_accept else "verify (and accept) it"
             lines.append(f"passed the CPU stages only; to {goal}, resume the run on a Hopper GPU: "

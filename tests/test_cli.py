@@ -181,7 +181,7 @@ def test_tricks_add_from_run_takes_a_run_name(ws, capsys, monkeypatch, tmp_path)
     # a name too long for the file system: a usage error, not an OSError traceback
     assert main(["tricks", "add", "--from-run", "x" * 300]) == 2
     assert main(["generate", "swiglu_fwd", "--llm", "manual", "--cpu-only", "--resume", "x" * 300]) == 2
-    assert "cannot be looked at" in capsys.readouterr().err
+    assert "no run there" in capsys.readouterr().err
 
 
 def test_review_of_a_spec_without_accepted_kernel_is_a_clean_usage_error(ws, capsys):
@@ -532,3 +532,29 @@ def test_generate_exits_2_when_the_verifier_fails(ws, capsys, monkeypatch):
     out = capsys.readouterr()
     assert rc == 2, out
     assert "[cpu-compile] extra is missing" in out.out + out.err
+
+
+def test_list_shows_a_spec_folder_without_its_spec_file(ws, capsys):
+    """New-user pass, session 15: a kernel_specs/ folder whose file was misnamed
+    (spec.tml) vanished from `list`."""
+    (ws / "kernel_specs" / "my_op").mkdir()
+    (ws / "kernel_specs" / "my_op" / "spec.tml").write_text("name = 'my_op'\n")
+    assert main(["list"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "my_op" in out and "no spec.toml" in out and "spec.tml" in out
+
+
+def test_generate_names_runs_and_flags_it_cannot_use(ws, capsys):
+    """New-user pass, session 15: a run's name given as the spec said "unknown spec";
+    `--resume nosuchrun` named the path twice; --model with --llm manual was ignored."""
+    run = ws / "runs" / "20301212T000000Z-swiglu_fwd"
+    run.mkdir(parents=True)
+    (run / "run.json").write_text("{}")
+    assert main(["generate", run.name, "--llm", "manual"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "is a run, not a spec" in err and f"--resume {run.name}" in err and "e.g. swiglu_fwd" in err
+    assert main(["generate", "swiglu_fwd", "--resume", "nosuchrun", "--llm", "manual"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "--resume nosuchrun: no run there" in err and err.count("nosuchrun: nosuchrun") == 0
+    assert main(["generate", "swiglu_fwd", "--llm", "manual", "--model", "foo", "--cpu-only"]) == 2
+    assert "--model is for --llm anthropic" in capsys.readouterr().err

@@ -140,6 +140,10 @@ def test_out_of_attempts(workspace, fwd_spec, fake_verifier):
     assert len(s.attempts) == 3 and len(fake_verifier.calls) == 3 and backend.calls == 3
     assert acc.calls == [] and s.proposed_trick is None
     assert "attempt 3 of 3" in backend.prompts[2].messages[-1]["content"]
+    # no "next attempt" when there is none: the summary says how to allow one
+    text = s.render()
+    assert "the feedback the next attempt gets" not in text
+    assert "generate swiglu_fwd --resume r --max-attempts 4)" in text and "to try again: coda-agent" in text
     # resuming with a higher limit continues from attempt 4 without redoing 1..3
     backend2 = ScriptedBackend([reply(GOOD_MODULE), LESSON])
     s2 = generate(fwd_spec, root=workspace, backend=backend2, verifier=fake_verifier, max_attempts=4,
