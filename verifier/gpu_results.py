@@ -15,9 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-import os
-import stat
-
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +23,7 @@ from typing import Any
 import torch
 
 from coda_agent.verifier.protocol import CAND_DIR, REF_DIR, SCRATCH_DIR, Plan, records_of
-from coda_agent.verifier.sandbox import WorkerOutcome
+from coda_agent.verifier.sandbox import WorkerOutcome, read_worker_file
 from coda_agent.verifier.verdict import Finding
 
 OUTCOME_KINDS = {"exception": "crash", "signal": "crash", "timeout": "hang", "cuda-error": "cuda-error"}
@@ -86,19 +83,10 @@ class GpuRun:
         path, digest, size = self.cand_file(key), rec.get("sha256"), rec.get("bytes")
         if digest is None or size is None:
             return None
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-        except OSError:
+        data = read_worker_file(path, limit=int(size))
+        if data is None or len(data) != int(size):
             return None
-        try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode) or st.st_size != int(size):
-                return None
-            with os.fdopen(fd, "rb", closefd=False) as f:
-                data = f.read(int(size) + 1)
-        finally:
-            os.close(fd)
-        return data if len(data) == int(size) and hashlib.sha256(data).hexdigest() == digest else None
+        return data if hashlib.sha256(data).hexdigest() == digest else None
 
     def tampered_trial_files(self) -> list[str]:
         """Trial keys whose saved file is not the one the worker wrote (sha256 or size differs,

@@ -648,35 +648,37 @@ def test_done_as_asked(correctness, bench, cpu_only, want):
     assert v.outcome == want_outcome
 
 
-def test_pipeline_cli_no_bench_without_a_gpu_exits_1(tmp_path, monkeypatch):
-    """python -m coda_agent.verifier.pipeline --no-bench had the bug the CLI had: exit 0
-    though the correctness stage was skipped."""
+def _pipeline_cli(tmp_path, monkeypatch, second: StageResult):
+    """``pipeline.main`` over a stubbed verify returning static pass + ``second``: returns a
+    callable ``(*flags) -> exit status`` and the verdict (to change between calls)."""
     v = Verdict(spec="s", spec_hash="h", candidate_hash="c", cpu_only=False,
-                stages=[StageResult(stage="static", status="pass", summary="ok"),
-                        StageResult(stage="correctness", status="skip", summary="no CUDA GPU: not verified")])
+                stages=[StageResult(stage="static", status="pass", summary="ok"), second])
     monkeypatch.setattr(pipeline, "verify", lambda *a, **kw: v)
     cand = tmp_path / "k.py"
     cand.write_text("x = 1\n")
     spec_dir = Path(__file__).resolve().parents[2] / "kernel_specs" / "swiglu_fwd"
-    assert pipeline.main([str(spec_dir), str(cand), "--no-bench"]) == 1
-    assert pipeline.main([str(spec_dir), str(cand), "--cpu-only"]) == 0
+    return (lambda *flags: pipeline.main([str(spec_dir), str(cand), *flags])), v
+
+
+def test_pipeline_cli_no_bench_without_a_gpu_exits_1(tmp_path, monkeypatch):
+    """python -m coda_agent.verifier.pipeline --no-bench had the bug the CLI had: exit 0
+    though the correctness stage was skipped."""
+    run, _ = _pipeline_cli(tmp_path, monkeypatch,
+                           StageResult(stage="correctness", status="skip", summary="no CUDA GPU: not verified"))
+    assert run("--no-bench") == 1
+    assert run("--cpu-only") == 0
 
 
 def test_pipeline_cli_verifier_error_exits_2(tmp_path, monkeypatch, capsys):
     """A verifier error (the machine failed, not the candidate) exits 2 from the pipeline
     CLI as from ``coda-agent verify`` (it exited 1 there, the candidate-failed status), and
     stderr names the stage."""
-    v = Verdict(spec="s", spec_hash="h", candidate_hash="c", cpu_only=False,
-                stages=[StageResult(stage="static", status="pass", summary="ok"),
-                        StageResult(stage="compile", status="error", summary="quack is not importable")])
-    monkeypatch.setattr(pipeline, "verify", lambda *a, **kw: v)
-    cand = tmp_path / "k.py"
-    cand.write_text("x = 1\n")
-    spec_dir = Path(__file__).resolve().parents[2] / "kernel_specs" / "swiglu_fwd"
-    assert pipeline.main([str(spec_dir), str(cand), "--cpu-only"]) == 2
+    run, v = _pipeline_cli(tmp_path, monkeypatch,
+                           StageResult(stage="compile", status="error", summary="quack is not importable"))
+    assert run("--cpu-only") == 2
     err = capsys.readouterr().err
     assert "verifier error in the compile stage" in err and "quack is not importable" in err
     assert v.outcome == "verifier-error"
     v.stages[1].status = "fail"
-    assert pipeline.main([str(spec_dir), str(cand), "--cpu-only"]) == 1
+    assert run("--cpu-only") == 1
     assert v.outcome == "rejected"
