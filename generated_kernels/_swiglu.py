@@ -80,7 +80,6 @@ def _mlp_backward(ctx, dout, _dpreact_unused):
 _swiglu_mlp.register_autograd(_mlp_backward, setup_context=_mlp_setup_context)
 
 
-
 def _swiglu_mismatch(x: torch.Tensor, w1: torch.Tensor, w_down: torch.Tensor) -> str:
     """Which of swiglu's shape relations fails, in words (for the error message)."""
     k, bad = x.shape[1], []
@@ -91,6 +90,7 @@ def _swiglu_mismatch(x: torch.Tensor, w1: torch.Tensor, w_down: torch.Tensor) ->
     if w1.shape[0] != 2 * w_down.shape[1]:
         bad.append(f"w1.shape[0] = {w1.shape[0]} is not 2 * w_down.shape[1] = {2 * w_down.shape[1]}")
     return "; ".join(bad)
+
 
 def swiglu(x: torch.Tensor, w1: torch.Tensor, w_down: torch.Tensor) -> torch.Tensor:
     """SwiGLU MLP with fused kernels in forward and backward (CODA items 1 and 7).

@@ -382,17 +382,20 @@ HISTORY_NOTE = "HISTORY_NOTE.md"
 def _keep_accepted_bytes(dest: Path, target: Path, old_manifest: dict[str, Any]) -> None:
     """Make ``target`` (a history entry) hold the kernel its manifest names.
 
-    A kernel.py edited in place after acceptance (``regress`` then says "re-verify it ...
+    A kernel.py edited in place (or removed) after acceptance (``regress`` then says "re-verify it ...
     --accept --force") is not the version the old manifest describes: the entry used to
     pair the old manifest with the edited bytes (new-user pass, session 15). The edited
     file is kept as ``kernel.edited.py``; ``kernel.py`` is the accepted version when git's
     HEAD still has it (sha256 checked), and :data:`HISTORY_NOTE` says which happened."""
     want = old_manifest.get("kernel_sha256")
     kernel = target / "kernel.py"
-    if not isinstance(want, str) or not kernel.is_file() or sha256_bytes(kernel.read_bytes()) == want:
+    if not isinstance(want, str) or (kernel.is_file() and sha256_bytes(kernel.read_bytes()) == want):
         return
-    edited = sha256_bytes(kernel.read_bytes())
-    os.replace(kernel, target / "kernel.edited.py")
+    if kernel.is_file():
+        found = f"held `{sha256_bytes(kernel.read_bytes())}` when it was replaced, kept as kernel.edited.py"
+        os.replace(kernel, target / "kernel.edited.py")
+    else:
+        found = "held no kernel.py when it was replaced"
     recovered = _git_head_bytes(dest / "kernel.py")
     if recovered is not None and sha256_bytes(recovered) == want:
         _write(kernel, recovered)
@@ -401,9 +404,8 @@ def _keep_accepted_bytes(dest: Path, target: Path, old_manifest: dict[str, Any])
         how = ("The accepted version was not found (not in git HEAD either): recover it from version control "
                f"by its sha256, e.g. `git log -p -- generated_kernels/{dest.name}/kernel.py`.")
     _write(target / HISTORY_NOTE, (
-        f"# {dest.name}: kernel.py was edited after acceptance\n\n"
-        f"The manifest here names kernel sha256 `{want}`; the folder held `{edited}` when it was "
-        f"replaced, kept as kernel.edited.py. {how}\n").encode())
+        f"# {dest.name}: kernel.py was edited or removed after acceptance\n\n"
+        f"The manifest here names kernel sha256 `{want}`; the folder {found}. {how}\n").encode())
 
 
 def _git_head_bytes(path: Path) -> bytes | None:

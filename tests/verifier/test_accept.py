@@ -200,6 +200,16 @@ def test_history_keeps_the_accepted_bytes_of_a_kernel_edited_in_place(tmp_path, 
     assert (hist / "kernel.py").read_bytes() == b"# v2\n"
     assert (hist / "kernel.edited.py").read_bytes() == b"# v2 edited\n"
     assert "restored from git HEAD" in (hist / "HISTORY_NOTE.md").read_text()
+    # a kernel.py removed after acceptance: restored from git HEAD too
+    subprocess.run(git + ["add", "-A"], check=True)
+    subprocess.run(git + ["commit", "-qm", "v3"], check=True)
+    accepted_v3 = (dest / "kernel.py").read_bytes()
+    (dest / "kernel.py").unlink()
+    monkeypatch.setattr(acc, "_now", lambda: "2033-01-01T00:00:00Z")
+    dest = accept(LOADED, cand, _verdict(cand), root=tmp_path, provenance=PROV, force=True)
+    hist = dest / "history" / "2032-01-01T00-00-00Z"
+    assert (hist / "kernel.py").read_bytes() == accepted_v3 and not (hist / "kernel.edited.py").exists()
+    assert "held no kernel.py" in (hist / "HISTORY_NOTE.md").read_text()
 
 
 def test_interrupted_write_leaves_old_version(tmp_path, cand, monkeypatch):
