@@ -950,8 +950,12 @@ class _Checker:
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             return
         parent = self.parents.get(node)
-        if isinstance(parent, ast.Assign) and node is parent.value and all(isinstance(t, ast.Name) for t in parent.targets):
-            return  # `cute = cutlass.cute`: an alias, resolved through self.aliases
+        if (isinstance(parent, ast.Assign) and node is parent.value and all(isinstance(t, ast.Name) for t in parent.targets)
+                and parent in self.tree.body):
+            # `cute = cutlass.cute` at module level: an alias, resolved through self.aliases.
+            # Inside a function it would not be (aliases are module-level only), so
+            # `cu = cutlass.cute; cu.make_ptr(...)` went unjudged (red team, session 15).
+            return
         self.add(
             "banned-attribute", node,
             f"the module `{msg}` may only be used as `{q}.<name>` (not passed around or stored as a value)",

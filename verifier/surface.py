@@ -140,9 +140,9 @@ def module_import_allowed(name: str) -> bool:
     return name in ALLOWED_MODULES
 
 
-POINTER_NAMES = frozenset({"inttoptr", "make_ptr", "recast_ptr"})
+POINTER_NAMES = frozenset({"inttoptr", "make_ptr", "recast_ptr", "Pointer", "TypedPointer"})
 """Pointers made from integers or recast (``cutlass.inttoptr``, ``cute.make_ptr``,
-``cute.recast_ptr``): an epilogue reading or writing device memory that no operand names
+``cute.recast_ptr``, the ``Pointer``/``TypedPointer`` classes): an epilogue reading or writing device memory that no operand names
 (state kept across calls, writes into other tensors; red team, session 15). Epilogues
 reach memory only through the primitives' operands."""
 
@@ -214,12 +214,38 @@ def judge(path: str) -> tuple[str, str, bool] | None:
             if _is_submodule(here):
                 return ("banned-import", f"`{here}` is a module outside the allow-list ({', '.join(LIBRARY_MODULES)})", False)
             return ("unknown-name", f"`{here}` does not exist (no attribute `{p}` in `{here.rsplit('.', 1)[0]}`)", False)
+        if _identity(obj) in _denied_identities():
+            # a denied object reached under another name (a re-export, an alias class attribute)
+            return ("banned-call", f"`{path}` is a pointer maker or DSL compiler entry point under another name "
+                    "(see the contract: epilogues reach memory only through their operands, and mods compile "
+                    "themselves)", False)
         bad = _judge_object(here, obj, std)
         if bad is not None:
             return bad
     if isinstance(obj, types.ModuleType):
         return ("module", obj.__name__, True)
     return None
+
+
+def _identity(obj: object) -> tuple[int, int]:
+    """What makes two reaches of one library object the same: a bound method is created
+    anew on each attribute access, so it is identified by its function and receiver."""
+    return id(getattr(obj, "__func__", obj)), id(getattr(obj, "__self__", None))
+
+
+@functools.lru_cache(maxsize=None)
+def _denied_identities() -> frozenset[tuple[int, int]]:
+    """The objects :data:`DENIED_LIBRARY_NAMES` name in the allowed library modules (classes
+    and functions only), so that the same object is refused whatever name reaches it (red
+    team, session 15: the ban went by the last name component only)."""
+    out = set()
+    for modname in LIBRARY_MODULES:
+        mod, _ = _import(modname)
+        for name in DENIED_LIBRARY_NAMES:
+            obj = getattr(mod, name, None) if mod is not None else None
+            if obj is not None and callable(obj) and not isinstance(obj, types.ModuleType):
+                out.add(_identity(obj))
+    return frozenset(out)
 
 
 @functools.lru_cache(maxsize=None)

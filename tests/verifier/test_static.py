@@ -644,6 +644,38 @@ def test_pointer_fabrication_is_banned(use):
     assert any("makes a pointer from an integer or recasts one" in m for m in msgs), res.findings
 
 
+@pytest.mark.parametrize("body", [
+    "cu = cutlass.cute\n    f = cu.make_ptr",
+    "c = cutlass\n    f = c.inttoptr",
+    "cu = cutlass.cute\n    f = cu.compile",
+    "c = cutlass\n    t = c.torch.torch.empty(3)",
+    "p = cutlass.Pointer",
+])
+def test_a_module_bound_inside_a_function_is_refused(body):
+    """Red team, session 15: aliases are resolved at module level only, and a module bound
+    to a local name (`cu = cutlass.cute`) was let through, so every `cu.<anything>` went
+    unjudged (pointer makers, the DSL compiler, torch through cutlass.torch)."""
+    src = module(header="import cutlass\nimport cutlass.cute\n", extra=f"def _h(x):\n    {body}\n    return x\n")
+    ks = kinds(src)
+    assert "banned-attribute" in ks or "banned-call" in ks, ks
+
+
+def test_a_denied_object_is_refused_under_another_name(monkeypatch):
+    """The pointer makers and compiler entry points are refused by identity too, not only by
+    their last name component (a re-export under another name)."""
+    import cutlass
+    import cutlass.cute
+
+    from coda_agent.verifier import surface
+
+    monkeypatch.setattr(cutlass.cute, "sneaky_ptr_s15", cutlass.cute.make_ptr, raising=False)
+    monkeypatch.setattr(cutlass.cute, "sneaky_jit_s15", cutlass.cute.jit, raising=False)  # a bound method
+    for path in ("cutlass.cute.sneaky_ptr_s15", "cutlass.cute.sneaky_jit_s15"):
+        kind, msg, is_module = surface.judge(path)
+        assert kind == "banned-call" and "under another name" in msg and not is_module
+    assert surface.judge("cutlass.cute.math.exp") is None  # what epilogues use stays allowed
+
+
 def test_home_made_gemm_epilogue_is_not_an_epilogue():
     """A candidate's own `def gemm_epilogue` would make its "epilogues" plain torch math."""
     src = GOOD.replace("from quack.epilogue import gemm_epilogue, pack, unpack",
