@@ -208,16 +208,33 @@ def _check_out_target(root: Path, p: Path, flag: str, value: str, keep: tuple[Pa
     """UsageError when output ``p`` lies in one of :data:`PROTECTED_DIRS` of ``root`` or is
     one of the ``keep`` files (the candidate being verified): a new user's ``--out
     generated_kernels/swiglu_bwd/kernel.py`` replaced an accepted kernel with a prompt."""
-    target = p.resolve()
-    for name in PROTECTED_DIRS:
-        d = (root / name).resolve()
+    try:
+        target = p.resolve()
+        kept = [k.resolve() for k in keep]
+    except (OSError, RuntimeError) as e:  # a symlink loop (RuntimeError before Python 3.13)
+        raise UsageError(f"{flag} {value}: cannot resolve the path ({e})") from None
+    for name, d in _protected_dirs(root):
         if target == d or d in target.parents:
-            raise UsageError(f"{flag} {value}: inside {name}/, which output flags never write "
+            raise UsageError(f"{flag} {value}: inside {name}/ ({d}), which output flags never write "
                              + ("(accepted kernels change only through --accept)" if name == "generated_kernels"
                                 else "(specs are edited by hand)") + "; choose a path outside it")
-    for k in keep:
-        if target == k.resolve():
-            raise UsageError(f"{flag} {value}: is the candidate itself; choose another file")
+    if target in kept:
+        raise UsageError(f"{flag} {value}: is the candidate itself; choose another file")
+
+
+def _protected_dirs(root: Path) -> list[tuple[str, Path]]:
+    """:data:`PROTECTED_DIRS` of the workspace ``root`` and of the installed package: the
+    library ``import coda_agent.kernels`` loads is the package's, whatever --root or
+    CODA_ROOT name (red team, session 15: `CODA_ROOT=elsewhere prompt --out
+    generated_kernels/swiglu_fwd/kernel.py` replaced the installed kernel)."""
+    import importlib.util
+
+    here = Path(__file__).resolve().parent  # the repository root in a source checkout
+    out = [(name, (root / name).resolve()) for name in PROTECTED_DIRS]
+    out += [(name, (here / name).resolve()) for name in PROTECTED_DIRS if (here / name).is_dir()]
+    spec = importlib.util.find_spec("coda_agent.kernels")  # found without importing it (no torch)
+    out += [("generated_kernels", Path(loc).resolve()) for loc in (spec.submodule_search_locations or [])] if spec else []
+    return out
 
 
 def _out_file(value: str | None, flag: str = "--json", root: Path | None = None,
@@ -508,6 +525,11 @@ def cmd_bench(args) -> int:
         if ignored:  # a new user's `--from-verdicts DIR swiglu_bwd` rewrote the page of every kernel
             raise UsageError(f"bench --from-verdicts measures nothing and renders every kernel kept in {args.from_verdicts}, "
                              f"so {', '.join(ignored)} would be ignored")
+        vdir = Path(args.from_verdicts)
+        if args.merge_from is not None:  # SRC's verdicts are copied into DIR
+            _check_out_target(root, vdir, "--from-verdicts", str(args.from_verdicts))
+        if out_dir is None:  # the page goes beside DIR
+            _check_out_target(root, vdir.parent / f"{vdir.name}.md", "--from-verdicts", str(args.from_verdicts))
         from coda_agent.verifier.benchrun import page_from_kept
         from coda_agent.verifier.kept import check_page, merge_kept
 
@@ -629,11 +651,13 @@ def cmd_tricks(args) -> int:
 def _tricks_add(root, args, add_from_run, add_trick) -> int:
     if args.from_run and args.text:
         raise UsageError("tricks add: give TEXT or --from-run RUN, not both")
+    if args.unverified and not args.from_run:
+        raise UsageError("--unverified only applies with --from-run RUN")
     if args.from_run:
         run = _find_run(root, args.from_run)
         if not _holds_run(run):
             raise UsageError(f"--from-run {args.from_run}: no such run folder (a path, or a name under {root / 'runs'})")
-        entry = add_from_run(root, run)
+        entry = add_from_run(root, run, unverified=args.unverified)
     elif args.text:
         if "\n" in args.text.strip():
             raise UsageError("a trick is one line (symptom -> fix); edit tricks_log.md by hand for longer notes")
@@ -771,7 +795,11 @@ def build_parser() -> argparse.ArgumentParser:
     ta = tsub.add_parser("add", help='append a dated entry: tricks add "..." [--kernel K] | --from-run RUN')
     ta.add_argument("text", nargs="?")
     ta.add_argument("--kernel", help="the spec the lesson is about (default: general)")
-    ta.add_argument("--from-run", metavar="RUN", help="append the lesson proposed in a run (after reading it)")
+    ta.add_argument("--from-run", metavar="RUN", help="append the lesson proposed in a run (after reading it); the "
+                    "run must be the one the library's kernel was accepted from, unless --unverified")
+    ta.add_argument("--unverified", action="store_true",
+                    help="with --from-run: take a lesson no accepted kernel vouches for (a --no-accept run that "
+                         "passed, or a copied run folder), on your own reading of it")
     ta.set_defaults(fn=cmd_tricks)
 
     rv = sub.add_parser("review", help="what a human reviewer needs: diff vs previous version, numbers, provenance")

@@ -318,6 +318,7 @@ class RunSummary(BaseModel):
                 lines.append(
                     f"proposed trick ({s.lesson.path}): {s.lesson.text}\n"
                     f"  add it with: coda-agent tricks add --from-run {self.run_dir}"
+                    + (" --unverified (no accepted kernel vouches for a --no-accept run)" if s.no_accept else "")
                 )
             elif s.lesson.status == "waiting-for-answer":
                 lines.append(f"lesson: waiting for an answer at {s.lesson.answer_path}, then: {self.resume_command()}")

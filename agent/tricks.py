@@ -25,6 +25,7 @@ import fcntl
 import json
 import os
 import re
+import unicodedata
 from pathlib import Path
 
 from pydantic import BaseModel
@@ -129,13 +130,31 @@ def parse_entries(text: str) -> list[TrickEntry]:
     return entries
 
 
+def _norm(text: str) -> str:
+    """A trick's text as duplicates are compared: NFKC, no zero-width characters, case and
+    whitespace folded, trailing punctuation dropped."""
+    t = unicodedata.normalize("NFKC", text)
+    t = re.sub(r"[\u200b-\u200f\u2060\ufeff]", "", t)
+    return " ".join(t.casefold().split()).rstrip(" .!;:")
+
+
 def _known_texts(entries: list[TrickEntry]) -> set[str]:
-    """Each entry's whole text and, for a bullet with continuation lines, its first line's."""
+    """Each entry's whole text and, for a bullet with continuation lines, its first line's
+    (normalized, :func:`_norm`)."""
     known = {e.text for e in entries}
     for e in entries:
         if e.style == "bullet" and "\n" in e.raw:
             known.update(x.text for x in parse_entries(e.raw.splitlines()[0]))
-    return known
+    return {_norm(t) for t in known}
+
+
+def _is_logged(body: str, kernel: str | None, date: str, entries: list[TrickEntry]) -> bool:
+    """Whether ``body`` is already an entry: compared as written and as the log would parse
+    the new line (the parser takes a leading ``name:`` or backticked word as the kernel, so
+    "swiglu_bwd: recompute ..." was never equal to its own stored text; red team, session 15)."""
+    known = _known_texts(entries)
+    parsed = parse_entries(format_entry(body, kernel, date))
+    return _norm(body) in known or any(_norm(e.text) in known for e in parsed)
 
 
 def read_entries(root: str | Path) -> list[TrickEntry]:
@@ -179,7 +198,7 @@ def add_trick(root: str | Path, text: str, kernel: str | None = None, date: str 
             # whole entries, not substrings: "fp32" was refused as already in the log (red team 16);
             # a bullet's own line counts whole too: a reviewer's note on the lines below it
             # made a proposed lesson look new (new-user pass, session 15)
-            if body in _known_texts(parse_entries(old)):
+            if _is_logged(body, kernel, date, parse_entries(old)):
                 raise TrickError(f"this trick is already in {path}")
             line = format_entry(body, kernel, date)
             base = old if old else HEADER
@@ -205,16 +224,23 @@ def _last_is_bullet(text: str) -> bool:
     return bool(entries) and entries[-1].style == "bullet" and entries[-1].raw.splitlines()[-1] == lines[-1]
 
 
-def add_from_run(root: str | Path, run_dir: str | Path, date: str | None = None) -> TrickEntry:
+def add_from_run(root: str | Path, run_dir: str | Path, date: str | None = None, *,
+                 unverified: bool = False) -> TrickEntry:
     """Append the lesson a run proposed (``<run_dir>/proposed_trick.md``).
 
     The kernel is the run's spec (``run.json``). HTML comments are dropped whole (a
     multi-line one hid its body from a markdown preview and put it into every prompt, red
-    team 16). Raises :class:`TrickError` when the run proposed nothing (a lesson is
-    proposed only when attempt k failed and k+1 passed; ``run.json`` must say so), when
-    the lesson is longer than :data:`MAX_TRICK_CHARS` or already in the log.
+    team 16). The run folder is the answerer's to write, so its word that it passed is not
+    enough: the library's manifest must vouch for the run (``loop.accepted_by``: the
+    accepted kernel is this run's candidate byte for byte), unless ``unverified`` (a
+    ``--no-accept`` run that passed, or a folder copied from elsewhere: the caller takes
+    the text on its own reading; red team, session 15: a hand-written ``run.json`` got a
+    lesson appended). Raises :class:`TrickError` when the run proposed nothing (a lesson
+    is proposed only when attempt k failed and k+1 passed; ``run.json`` must say so), when
+    nothing vouches for it, when the lesson is longer than :data:`MAX_TRICK_CHARS` or
+    already in the log.
     """
-    from coda_agent.agent.loop import RunError, check_run_files
+    from coda_agent.agent.loop import RunError, accepted_by, check_run_files
 
     run_dir = Path(run_dir)
     try:  # the run folder is the answerer's to write: no symlinked proposed_trick.md
@@ -241,4 +267,9 @@ def add_from_run(root: str | Path, run_dir: str | Path, date: str | None = None)
         raise TrickError(f"{rj}: the run records no proposed lesson (lesson status "
                          f"{lesson.get('status')!r}); {p.name} is not the loop's proposal")
     kernel = state.get("spec") if isinstance(state.get("spec"), str) else None
+    if not unverified and (kernel is None or not accepted_by(Path(root), kernel, run_dir)):
+        raise TrickError(
+            f"{run_dir}: nothing outside the run folder vouches that this run passed (the library's "
+            f"{kernel or '<spec>'} kernel is not this run's candidate; a --no-accept run, or a folder copied from "
+            f"elsewhere). Read {p} yourself; add it anyway with --unverified, or as text with `tricks add TEXT`")
     return add_trick(root, text, kernel=kernel, date=date)

@@ -174,7 +174,11 @@ def test_tricks_add_from_run_takes_a_run_name(ws, capsys, monkeypatch, tmp_path)
     (run / "run.json").write_text(json.dumps({"spec": "swiglu_fwd", "status": "accepted", "lesson": {"status": "proposed"}}))
     (run / "proposed_trick.md").write_text("Name the run, not its path.\n")
     monkeypatch.chdir(tmp_path.parent)  # outside the workspace: the name resolves through CODA_ROOT
-    assert main(["tricks", "add", "--from-run", run.name]) == 0
+    assert main(["tricks", "add", "--from-run", run.name]) == 2  # no accepted kernel vouches for this run
+    assert "nothing outside the run folder vouches" in " ".join(capsys.readouterr().err.split())
+    assert main(["tricks", "add", "Some text", "--unverified"]) == 2
+    assert "--unverified only applies with --from-run" in capsys.readouterr().err
+    assert main(["tricks", "add", "--from-run", run.name, "--unverified"]) == 0
     assert "Name the run, not its path." in (ws / "tricks_log.md").read_text()
     assert main(["tricks", "add", "--from-run", "20990101T000000Z-nope"]) == 2
     assert "no such run folder (a path, or a name under" in capsys.readouterr().err
@@ -497,6 +501,13 @@ def test_output_flags_never_write_into_the_library_or_specs(ws, capsys):
     assert "is the candidate itself" in capsys.readouterr().err
     assert {p.name: p.read_bytes() for p in kdir.iterdir() if p.is_file()} == before
     assert cand.read_bytes() == good.read_bytes() and not (kdir / "pages").exists()
+    # bench --from-verdicts DIR inside the library: --merge-from would copy into it, and the page goes beside it
+    assert main(["bench", "--from-verdicts", str(kdir), "--merge-from", str(ws)]) == 2
+    assert "which output flags never write" in " ".join(capsys.readouterr().err.split())
+    # a symlink loop is a usage error, not a traceback
+    (ws / "loopy").symlink_to(ws / "loopy")
+    assert main(["prompt", "swiglu_bwd", "--out", str(ws / "loopy")]) == 2
+    assert "cannot resolve the path" in capsys.readouterr().err
     # bench --out: a folder whose parent is missing is a typo, not created
     assert main(["bench", "--all", "--from-manifests", "--out", str(ws / "no" / "such")]) == 2
     assert "does not exist" in capsys.readouterr().err and not (ws / "no").exists()
@@ -558,3 +569,21 @@ def test_generate_names_runs_and_flags_it_cannot_use(ws, capsys):
     assert "--resume nosuchrun: no run there" in err and err.count("nosuchrun: nosuchrun") == 0
     assert main(["generate", "swiglu_fwd", "--llm", "manual", "--model", "foo", "--cpu-only"]) == 2
     assert "--model is for --llm anthropic" in capsys.readouterr().err
+
+
+def test_output_flags_protect_the_installed_library_whatever_the_root(tmp_path, monkeypatch, capsys):
+    """Red team, session 15: with CODA_ROOT naming another workspace, the protected folders
+    were that workspace's, and `prompt --out <package>/generated_kernels/swiglu_fwd/kernel.py`
+    replaced the kernel `import coda_agent.kernels` loads."""
+    import coda_agent.kernels as K
+
+    other = tmp_path / "other"
+    shutil.copytree(ROOT / "kernel_specs", other / "kernel_specs")
+    shutil.copytree(ROOT / "primitives_docs", other / "primitives_docs")
+    (other / "generated_kernels").mkdir()
+    monkeypatch.setenv("CODA_ROOT", str(other))
+    target = Path(K.__path__[0]) / "swiglu_fwd" / "kernel.py"
+    before = target.read_bytes()
+    assert main(["prompt", "swiglu_fwd", "--out", str(target)]) == 2
+    assert "which output flags never write" in " ".join(capsys.readouterr().err.split())
+    assert target.read_bytes() == before
