@@ -7,7 +7,8 @@ rendered with rich. Exit codes are part of the interface (CI and scripts rely on
 * 1 -- a check failed (a candidate rejected, a regression, a run out of attempts);
 * 2 -- usage or input error (unknown spec, malformed spec file, missing file, refused
   overwrite, no LLM backend configured), or a verifier error (the verifier or the machine
-  failed, not the candidate: ``verify``, and ``generate`` whose run ends ``verifier-error``).
+  failed, not the candidate: ``verify``, and ``generate`` whose run ends ``verifier-error``
+  or ``failed``: the LLM backend or acceptance failed).
 
 argparse (stdlib) is used rather than typer/click: the surface is small, and it keeps
 the dependency list to what the design card names.
@@ -237,11 +238,36 @@ def _protected_dirs(root: Path) -> list[tuple[str, Path]]:
     return out
 
 
+OUTPUT_KINDS = {
+    # what an earlier output of each flag looks like: only such a file is replaced
+    "prompt": ("a prompt written by `coda-agent prompt --out`",
+               lambda text: text.startswith("=== SYSTEM ===")),
+    "verdict": ("a verdict written by `verify --json`",
+                lambda text: _json_keys(text) >= {"stages", "passed", "gpu_verified"}),
+    "regress": ("a report written by `regress --json`",
+                lambda text: _json_keys(text) >= {"rows", "tolerance", "cpu_only"}),
+}
+"""Output kind -> (what it is, a test that an existing file's text is one)."""
+
+
+def _json_keys(text: str) -> set[str]:
+    import json
+
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return set()
+    return set(data) if isinstance(data, dict) else set()
+
+
 def _out_file(value: str | None, flag: str = "--json", root: Path | None = None,
-              keep: tuple[Path, ...] = ()) -> Path | None:
+              keep: tuple[Path, ...] = (), kind: str | None = None) -> Path | None:
     """Check an output file path before any work starts (a missing folder used to raise a
     traceback after a whole verification, with the exit status of a rejection); with
-    ``root``, also that it writes nothing of the library or specs (:func:`_check_out_target`)."""
+    ``root``, also that it writes nothing of the library or specs (:func:`_check_out_target`);
+    with ``kind`` (:data:`OUTPUT_KINDS`), that an existing file there is an earlier output of
+    the same flag: a new user's `--json tricks_log.md` replaced the lessons every prompt
+    carries, and `regress --json` a kept GPU verdict (session 15)."""
     if not value:
         return None
     p = Path(value)
@@ -251,6 +277,15 @@ def _out_file(value: str | None, flag: str = "--json", root: Path | None = None,
         raise UsageError(f"{flag} {value}: folder {p.parent} does not exist")
     if root is not None:
         _check_out_target(root, p, flag, value, keep)
+    if kind is not None and (p.exists() or p.is_symlink()):
+        what, looks_like = OUTPUT_KINDS[kind]
+        try:
+            ok = p.is_file() and looks_like(p.read_text(errors="replace"))
+        except OSError:
+            ok = False
+        if not ok:
+            raise UsageError(f"{flag} {value}: exists and is not {what}; nothing was run. Remove it or "
+                             "choose another file (an output flag replaces only its own earlier output)")
     return p
 
 
@@ -283,7 +318,7 @@ def cmd_prompt(args) -> int:
 
     root = _root(args)
     loaded = _spec(root, args.spec)
-    out = _out_file(args.out, "--out", root)
+    out = _out_file(args.out, "--out", root, kind="prompt")
     prompt = render_prompt(loaded, root)
     text = prompt.as_text()
     if args.out:
@@ -303,7 +338,7 @@ def cmd_verify(args) -> int:
                          "the spec's name first (arguments swapped?)")
     loaded = _spec(root, args.spec)
     cand = Path(args.candidate)
-    json_out = _out_file(args.json, "--json", root, keep=(cand,))
+    json_out = _out_file(args.json, "--json", root, keep=(cand,), kind="verdict")
     if cand.is_dir():
         raise UsageError(f"candidate {cand} is a folder; give the candidate module's .py file "
                          f"(e.g. {cand / 'kernel.py'})")
@@ -501,8 +536,10 @@ def cmd_generate(args) -> int:
         raise UsageError(str(e)) from None
     console.print(summary.render(), markup=False, highlight=False)
     ok = {"accepted", "passed", "waiting-for-answer"} | ({"passed-cpu-only"} if args.cpu_only else set())
-    if summary.status == "verifier-error":
-        return USAGE  # the machine failed, not the candidate: as `verify` (a new user's script could not tell)
+    if summary.status in ("verifier-error", "failed"):
+        # the verifier, the LLM backend (a broken --cmd, an API error) or acceptance failed, not the
+        # candidate: as `verify` (new-user passes, session 15: a script could not tell them apart)
+        return USAGE
     return OK if summary.status in ok else FAILED
 
 
@@ -516,8 +553,9 @@ def cmd_bench(args) -> int:
         raise UsageError(f"bench --repeat {args.repeat}: expected an integer >= 1")
     if args.merge_from is not None and args.from_verdicts is None:
         raise UsageError("bench --merge-from SRC needs --from-verdicts DIR: the kept folder to merge SRC's verdicts into")
-    if args.force and args.from_verdicts is None:
-        raise UsageError("bench --force only applies with --from-verdicts DIR (it replaces a page bench did not write)")
+    if args.force and args.from_verdicts is None and not args.from_manifests:
+        raise UsageError("bench --force only applies with --from-verdicts DIR or --from-manifests (it replaces a page "
+                         "bench did not write)")
     if args.from_verdicts is not None:
         ignored = [f for f, on in (("SPEC names", args.spec), ("--all", args.all), ("--shape", args.shape),
                                    ("--repeat", args.repeat != 1), ("--jobs", args.jobs),
@@ -582,7 +620,8 @@ def cmd_bench(args) -> int:
     try:
         report = bench_kernels(root, None if args.all else list(args.spec),
                                out_dir=out_dir, bench_shapes=args.shape or None,
-                               from_manifests=args.from_manifests, jobs=args.jobs, repeat=args.repeat)
+                               from_manifests=args.from_manifests, jobs=args.jobs, repeat=args.repeat,
+                               force=args.force)
     except ValueError as e:
         raise UsageError(str(e)) from None
     for verdict in report.verdicts.values():
@@ -601,7 +640,7 @@ def cmd_regress(args) -> int:
     from coda_agent.verifier.regress import regress
 
     root = _root(args)
-    json_out = _out_file(args.json, "--json", root)
+    json_out = _out_file(args.json, "--json", root, kind="regress")
     if args.cpu_only and args.verdicts:
         raise UsageError("regress --cpu-only checks integrity, static and compile only; --verdicts judges what a GPU "
                          "measured: give one of them")
@@ -746,7 +785,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --accept: accept even if the candidate ran unconfined (recorded in the manifest)")
     v.add_argument("--cpu-only", action="store_true", help="static + sm_90a compile only (not verification)")
     v.add_argument("--no-bench", action="store_true", help="skip the benchmark stage")
-    v.add_argument("--json", metavar="FILE", help="also write the verdict as JSON to FILE, with passed, gpu_verified and failed_stage at the top level")
+    v.add_argument("--json", metavar="FILE",
+                   help="also write the verdict as JSON to FILE, with outcome (gpu-verified, gpu-correct, "
+                        "cpu-checks-passed, rejected or verifier-error), passed, gpu_verified and failed_stage "
+                        "at the top level")
     v.set_defaults(fn=cmd_verify)
 
     b = sub.add_parser("bench", help="benchmark accepted kernels against their baselines (GPU)")

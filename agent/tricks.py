@@ -131,11 +131,15 @@ def parse_entries(text: str) -> list[TrickEntry]:
 
 
 def _norm(text: str) -> str:
-    """A trick's text as duplicates are compared: NFKC, no zero-width characters, case and
-    whitespace folded, trailing punctuation dropped."""
+    """A trick's text as duplicates are compared: NFKC, case folded, with no zero-width
+    characters, markdown emphasis or quotes (``**text**``, `` `text` ``, ``"text"`` were new
+    lessons to a check that only dropped trailing punctuation; second new-user pass, session
+    15), no leading ``- `` or ``name:`` and no punctuation at either end."""
     t = unicodedata.normalize("NFKC", text)
-    t = re.sub(r"[\u200b-\u200f\u2060\ufeff]", "", t)
-    return " ".join(t.casefold().split()).rstrip(" .!;:")
+    t = re.sub(r"[\u200b-\u200f\u2060\ufeff*_`\"'\u201c\u201d\u2018\u2019]", "", t)
+    t = " ".join(t.casefold().split())
+    t = re.sub(r"^(?:-\s*)?(?:[a-z0-9]+:\s*)?", "", t)
+    return t.strip(" .,!?;:-")
 
 
 def _known_texts(entries: list[TrickEntry]) -> set[str]:
@@ -155,6 +159,21 @@ def _is_logged(body: str, kernel: str | None, date: str, entries: list[TrickEntr
     known = _known_texts(entries)
     parsed = parse_entries(format_entry(body, kernel, date))
     return _norm(body) in known or any(_norm(e.text) in known for e in parsed)
+
+
+def _accepted_from(root: Path, kernel: str | None) -> str:
+    """Where the library's ``kernel`` says it came from, in words (for an error message)."""
+    from coda_agent.verifier.accept import ManifestError, read_manifest
+
+    if kernel is None:
+        return "run.json names no spec"
+    try:
+        prov = read_manifest(root / "generated_kernels" / kernel / "manifest.json").get("provenance")
+    except ManifestError:
+        return f"no readable manifest in generated_kernels/{kernel}/"
+    if not isinstance(prov, dict) or not prov.get("run_dir"):
+        return "its manifest names no run"
+    return f"its manifest names run {Path(str(prov['run_dir'])).name}, attempt {prov.get('attempts', '?')}"
 
 
 def read_entries(root: str | Path) -> list[TrickEntry]:
@@ -269,7 +288,9 @@ def add_from_run(root: str | Path, run_dir: str | Path, date: str | None = None,
     kernel = state.get("spec") if isinstance(state.get("spec"), str) else None
     if not unverified and (kernel is None or not accepted_by(Path(root), kernel, run_dir)):
         raise TrickError(
-            f"{run_dir}: nothing outside the run folder vouches that this run passed (the library's "
-            f"{kernel or '<spec>'} kernel is not this run's candidate; a --no-accept run, or a folder copied from "
-            f"elsewhere). Read {p} yourself; add it anyway with --unverified, or as text with `tricks add TEXT`")
+            f"{run_dir}: nothing outside the run folder vouches that this run passed: the library's "
+            f"{kernel or '<spec>'} kernel was not accepted from it ({_accepted_from(Path(root), kernel)}; the run "
+            "must have that folder name and hold that attempt's candidate byte for byte). A --no-accept run or a "
+            f"renamed copy is never vouched for: read {p} yourself and add it with --unverified, or as text "
+            "with `tricks add TEXT`")
     return add_trick(root, text, kernel=kernel, date=date)

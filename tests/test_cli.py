@@ -89,8 +89,8 @@ def test_usage_errors_exit_2(ws, capsys, monkeypatch):
     assert main(["bench"]) == 2
     assert main(["bench", "--merge-from", str(ws)]) == 2
     assert "needs --from-verdicts" in capsys.readouterr().err
-    assert main(["bench", "--all", "--from-manifests", "--force"]) == 2
-    assert "--force only applies with --from-verdicts" in capsys.readouterr().err
+    assert main(["bench", "--all", "--force"]) == 2
+    assert "--force only applies with --from-verdicts DIR or --from-manifests" in capsys.readouterr().err
     assert main(["bench", "--from-verdicts", str(ws / "nope"), "--merge-from", str(ws)]) == 2
     assert "nope: not a folder of kept verdicts" in capsys.readouterr().err
     assert main(["regress", "nope", "--cpu-only"]) == 2
@@ -587,3 +587,53 @@ def test_output_flags_protect_the_installed_library_whatever_the_root(tmp_path, 
     assert main(["prompt", "swiglu_fwd", "--out", str(target)]) == 2
     assert "which output flags never write" in " ".join(capsys.readouterr().err.split())
     assert target.read_bytes() == before
+
+
+def test_bench_from_manifests_never_replaces_a_page_it_did_not_write(ws, capsys, tmp_path):
+    """Second new-user pass, session 15: a hand-written page of the manifests page's name
+    was overwritten (the README promises such pages need --force)."""
+    out = tmp_path / "pages"
+    out.mkdir()
+    assert main(["bench", "--all", "--from-manifests", "--out", str(out)]) == 0
+    [page] = out.glob("*-manifests.md")
+    assert page.read_text().rstrip().endswith("so edits here are lost -->")
+    assert main(["bench", "--all", "--from-manifests", "--out", str(out)]) == 0  # its own page: rewritten
+    page.write_text("hand-written record\n")
+    capsys.readouterr()
+    assert main(["bench", "--all", "--from-manifests", "--out", str(out)]) == 2
+    assert "was not written by `coda-agent bench --from-manifests`" in " ".join(capsys.readouterr().err.split())
+    assert page.read_text() == "hand-written record\n"
+    assert main(["bench", "--all", "--from-manifests", "--out", str(out), "--force"]) == 0
+    assert page.read_text().startswith("# coda-agent benchmark")
+
+
+def test_an_output_flag_replaces_only_its_own_earlier_output(ws, capsys):
+    """Second new-user pass, session 15: `verify --json tricks_log.md` and `prompt --out
+    tricks_log.md` replaced the lessons every prompt carries, and `regress --json` a kept
+    GPU verdict. An existing file is replaced only when it is that flag's earlier output."""
+    log = ws / "tricks_log.md"
+    before = log.read_bytes()
+    good = ws / "generated_kernels" / "swiglu_fwd" / "kernel.py"
+    kept = ws / "kept-verdict.json"
+    kept.write_text('{"spec": "swiglu_fwd", "stages": []}')  # a kept verdict: no outcome fields
+    for argv in (["verify", "swiglu_fwd", str(good), "--cpu-only", "--json", str(log)],
+                 ["prompt", "swiglu_fwd", "--out", str(log)],
+                 ["regress", "--cpu-only", "swiglu_fwd", "--json", str(kept)]):
+        assert main(argv) == 2, argv
+        assert "exists and is not" in " ".join(capsys.readouterr().err.split()), argv
+    assert log.read_bytes() == before and kept.read_text() == '{"spec": "swiglu_fwd", "stages": []}'
+    # its own earlier output is replaced
+    out = ws / "prompt.md"
+    assert main(["prompt", "swiglu_fwd", "--out", str(out)]) == 0
+    assert main(["prompt", "swiglu_fwd", "--out", str(out)]) == 0
+    assert out.read_text().startswith("=== SYSTEM ===")
+
+
+def test_generate_exits_2_when_the_llm_command_fails(ws, capsys):
+    """Second new-user pass, session 15: a --cmd that exits non-zero (or prints nothing)
+    ended the run 'failed' with exit 1, the status of a rejected candidate."""
+    for cmd in ("echo boom >&2; exit 4", "true"):
+        rc = main(["generate", "swiglu_fwd", "--llm", "command", "--cmd", cmd, "--cpu-only"])
+        out = capsys.readouterr()
+        assert rc == 2, (cmd, out)
+        assert "--llm command" in out.out + out.err

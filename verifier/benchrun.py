@@ -461,9 +461,14 @@ def default_jobs() -> int:
     return max(1, min(8, (os.cpu_count() or 2) // 2))
 
 
+MANIFESTS_PAGE_MARK = ("<!-- written by coda-agent bench --all --from-manifests from the accepted kernels' "
+                       "manifests; rewritten by it, so edits here are lost -->")
+"""Last line of the page ``bench --from-manifests`` writes (see :func:`bench_kernels`)."""
+
+
 def bench_kernels(root: Path, names: list[str] | None, *, out_dir: Path | None = None, verify_fn=None,
                   bench_shapes: list[Any] | None = None, from_manifests: bool = False,
-                  jobs: int | None = None, repeat: int = 1) -> BenchReport:
+                  jobs: int | None = None, repeat: int = 1, force: bool = False) -> BenchReport:
     """Benchmark the accepted kernels ``names`` (all when None). Raises ValueError for unknown names.
 
     Static and compile run first for every kernel (``jobs`` compiles at once, default
@@ -483,7 +488,10 @@ def bench_kernels(root: Path, names: list[str] | None, *, out_dir: Path | None =
     ``from_manifests=True`` measures nothing: it writes ``<date>-<gpu>-manifests.md`` (its
     own name: it never replaces a measured page) from the numbers each kernel's acceptance
     run recorded (each kernel's baselines were measured in its own acceptance run; the
-    page says so), e.g. to publish them without a GPU at hand.
+    page says so), e.g. to publish them without a GPU at hand. Like every page ``bench``
+    writes, it ends with a marker line (:data:`MANIFESTS_PAGE_MARK`), and an existing page of
+    that name without it (e.g. a hand-written record) is never replaced unless ``force``
+    (ValueError; a new-user pass, session 15, had it overwritten).
     """
     if repeat < 1:
         raise ValueError(f"bench --repeat {repeat}: expected an integer >= 1")
@@ -498,7 +506,14 @@ def bench_kernels(root: Path, names: list[str] | None, *, out_dir: Path | None =
             dates.add(str(man.get("accepted_at", ""))[:10])
         note = ("Numbers recorded by each kernel's acceptance run (manifest.json), not re-measured: "
                 "within a kernel, the fused kernel and its baselines come from the same run.")
-        _write_results(rep, out_dir, max(dates) or _dt.date.today().isoformat(), note, suffix="-manifests")
+        date = max(dates) or _dt.date.today().isoformat()
+        gpu = next(iter(rep.verdicts.values())).environment.gpu if rep.verdicts else None
+        target = Path(out_dir) / f"{date}-{slug(gpu or 'cpu')}-manifests.md"
+        if target.is_file() and not force and MANIFESTS_PAGE_MARK not in target.read_text(errors="replace"):
+            raise ValueError(f"{target}: exists and was not written by `coda-agent bench --from-manifests` (no "
+                             "marker line at its end, e.g. a hand-written record); nothing was changed. Move it, or "
+                             "pass --force to replace it")
+        _write_results(rep, out_dir, date, note, suffix="-manifests", mark=MANIFESTS_PAGE_MARK)
         return rep
     items = [(load_spec(root / "kernel_specs" / n), root / "generated_kernels" / n / "kernel.py") for n in names]
     extra: dict[str, dict[str, Any]] = {}

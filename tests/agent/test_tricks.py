@@ -175,6 +175,11 @@ def test_a_lesson_already_logged_with_a_reviewer_note_is_refused(tmp_path):
     ("`use` fp32 for the LSE.", "`use` fp32 for the LSE."),
     ("Keep the LSE in fp32.", "keep the LSE in fp32"),
     ("Keep the LSE in fp32.", "Keep the\u200b LSE in fp32!"),
+    # second new-user pass: markdown emphasis, quotes and a kernel prefix made repeats look new
+    ("Keep the LSE in fp32.", "**Keep the LSE in fp32.**"),
+    ("Keep the LSE in fp32.", "`Keep the LSE in fp32`"),
+    ("Keep the LSE in fp32.", '"Keep the LSE in fp32."'),
+    ("Keep the LSE in fp32.", "gemm_rmsnorm_rope: Keep the LSE in fp32."),
 ])
 def test_repeats_are_refused_however_the_text_parses(tmp_path, first, again):
     """Red team, session 15: text starting with a kernel-like word parsed into another
