@@ -135,10 +135,10 @@ def linear_cross_entropy(
             lambda: f"h (M, K) and w_vocab (V, K) must share K, got {tuple(h.shape)} and {tuple(w_vocab.shape)}")
     _expect(tuple(target.shape) == (h.shape[0],), op,
             lambda: f"target must be (M,) = ({h.shape[0]},), got {tuple(target.shape)}")
-    _pkg._check_device(op, h=h, w_vocab=w_vocab, target=target)
     # V: cross_entropy_bwd materializes bf16 (M, V) dlogits as its GEMMs' operand (16-byte rows)
     _pkg._check_layout(op, {"V (w_vocab's rows)": w_vocab.shape[0]}, h=(h, torch.bfloat16),
                        w_vocab=(w_vocab, torch.bfloat16), target=(target, torch.int64))
+    _pkg._check_device(op, h=h, w_vocab=w_vocab, target=target)  # last: a CPU call is checked first
     ignore_index = _as_index(op, ignore_index)
     keep = target != ignore_index
     safe_target = torch.where(keep, target, torch.zeros_like(target))

@@ -124,9 +124,9 @@ def rms_bwd_op(
             and tuple(gamma.shape) == (h.shape[1],) and tuple(rstd.shape) == tuple(zdz.shape) == (h.shape[0],),
             op, lambda: f"need dy (M, N), w (N, D), h (M, D), gamma (D,), rstd (M,), zdz (M,), dresid (M, D); got "
                         f"{', '.join(str(tuple(t.shape)) for t in (dy, w, h, gamma, rstd, zdz, dresid))}")
-    _pkg._check_device(op, dy=dy, w=w, h=h, gamma=gamma, rstd=rstd, zdz=zdz, dresid=dresid)
     _pkg._check_layout(op, dy=(dy, BF16), w=(w, BF16), h=(h, BF16), gamma=(gamma, BF16), rstd=(rstd, FP32),
                        zdz=(zdz, FP32), dresid=(dresid, BF16))
+    _pkg._check_device(op, dy=dy, w=w, h=h, gamma=gamma, rstd=rstd, zdz=zdz, dresid=dresid)
     dh, dgamma = run_kernel("rms_bwd", dy, w, h, gamma, rstd, zdz, dresid)
     return dh, dgamma
 
@@ -231,8 +231,8 @@ def residual_rmsnorm(
             lambda: f"x (M, K) and w_o (N, K) must share K, got {tuple(x.shape)} and {tuple(w_o.shape)}")
     _expect(tuple(residual.shape) == (x.shape[0], w_o.shape[0]) and tuple(gamma.shape) == (w_o.shape[0],), op,
             lambda: f"residual must be (M, N) and gamma (N,), got {tuple(residual.shape)} and {tuple(gamma.shape)}")
-    _pkg._check_device(op, x=x, w_o=w_o, residual=residual, gamma=gamma)
     _pkg._check_layout(op, x=(x, BF16), w_o=(w_o, BF16), residual=(residual, BF16), gamma=(gamma, BF16))
+    _pkg._check_device(op, x=x, w_o=w_o, residual=residual, gamma=gamma)
     eps = _check_eps(op, eps)
     resid_out, normed_w, rstd = _residual_rmsnorm(x, w_o, residual, gamma)
     return resid_out, normed_w, _with_eps(rstd, eps)
@@ -280,11 +280,11 @@ def rmsnorm_linear(h: torch.Tensor, gamma: torch.Tensor, w: torch.Tensor, *, eps
     _expect(h.dim() == 2 and w.dim() == 2 and h.shape[1] == w.shape[1] and tuple(gamma.shape) == (h.shape[1],),
             op, lambda: f"need h (M, D), gamma (D,), w (N, D), got {tuple(h.shape)}, {tuple(gamma.shape)}, "
                         f"{tuple(w.shape)}")
-    _pkg._check_device(op, h=h, gamma=gamma, w=w)
     # gamma meets torch code only (h * gamma): a strided one (an expanded scalar) is copied, D elements
     gamma = gamma if gamma.is_contiguous() else gamma.contiguous()
     _pkg._check_layout(op, {"N (w's rows, the output's columns)": w.shape[0]}, h=(h, BF16), gamma=(gamma, BF16),
                        w=(w, BF16))
+    _pkg._check_device(op, h=h, gamma=gamma, w=w)
     eps = _check_eps(op, eps)
     rstd = torch.rsqrt(h.to(_stat_dtype(h)).pow(2).mean(dim=-1) + eps)
     return _deferred_rmsnorm_linear(h * gamma, rstd, w)
@@ -320,9 +320,9 @@ def _check_deferred(op, a, rstd, w, widths, a_name="a", w_name="w", **more_bf16)
     _expect(a.dim() == 2 and w.dim() == 2 and a.shape[1] == w.shape[1] and tuple(rstd.shape) == (a.shape[0],),
             op, lambda: f"need {a_name} (M, K), rstd (M,), {w_name} (N, K), got {tuple(a.shape)}, "
                         f"{tuple(rstd.shape)}, {tuple(w.shape)}")
-    _pkg._check_device(op, **{a_name: a, "rstd": rstd, w_name: w}, **more_bf16)
     _pkg._check_layout(op, widths, **{a_name: (a, BF16), "rstd": (rstd, FP32), w_name: (w, BF16)},
                        **{k: (t, BF16) for k, t in more_bf16.items()})
+    _pkg._check_device(op, **{a_name: a, "rstd": rstd, w_name: w}, **more_bf16)
 
 
 def deferred_rmsnorm_linear(a: torch.Tensor, rstd: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

@@ -117,8 +117,8 @@ def _check_rope(op, x, w, positions, inv_freq, n_q_heads, n_kv_heads, head_dim, 
         _expect(tuple(rstd.shape) == (x.shape[0],), op,
                 lambda: f"rstd must be (M,) = ({x.shape[0]},), got {tuple(rstd.shape)}")
         tensors["rstd"] = (rstd, torch.float32)
-    _pkg._check_device(op, **{k: t for k, (t, _) in tensors.items()})
     _pkg._check_layout(op, {"(n_q_heads + 2 * n_kv_heads) * head_dim (the output's columns)": n}, **tensors)
+    _pkg._check_device(op, **{k: t for k, (t, _) in tensors.items()})
 
 
 # --------------------------------------------------------------------------- kernel ops

@@ -119,7 +119,7 @@ def swiglu(x: torch.Tensor, w1: torch.Tensor, w_down: torch.Tensor) -> torch.Ten
     _expect(w1.shape[1] == x.shape[1] and w_down.shape[0] == x.shape[1] and w1.shape[0] == 2 * w_down.shape[1],
             op, lambda: f"need x (M, K), w1 (2I, K), w_down (K, I), got {tuple(x.shape)}, {tuple(w1.shape)}, "
                         f"{tuple(w_down.shape)}: {_swiglu_mismatch(x, w1, w_down)}")
-    _pkg._check_device(op, x=x, w1=w1, w_down=w_down)
     _pkg._check_layout(op, x=(x, torch.bfloat16), w1=(w1, torch.bfloat16), w_down=(w_down, torch.bfloat16))
+    _pkg._check_device(op, x=x, w1=w1, w_down=w_down)
     out, _ = _swiglu_mlp(x, w1, w_down)
     return out
