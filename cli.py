@@ -543,6 +543,19 @@ def cmd_generate(args) -> int:
     return OK if summary.status in ok else FAILED
 
 
+def _measuring_flags(args) -> tuple[tuple[str, object], ...]:
+    """(flag, given) for the bench flags that only shape a measurement."""
+    return ("--shape", args.shape), ("--repeat", args.repeat != 1), ("--jobs", args.jobs)
+
+
+def _refuse_ignored(what: str, *flags: tuple[str, object]) -> None:
+    """UsageError naming the ``(flag, given)`` pairs that were given although ``what`` (a
+    sentence on the mode) would ignore them."""
+    ignored = [f for f, given in flags if given]
+    if ignored:
+        raise UsageError(f"{what}, so {', '.join(ignored)} would be ignored")
+
+
 def cmd_bench(args) -> int:
     """Benchmark accepted kernels (GPU) and write benchmarks/results/<date>-<gpu>.md (+ PNG)."""
     from coda_agent.verifier.benchrun import bench_kernels
@@ -557,28 +570,25 @@ def cmd_bench(args) -> int:
         raise UsageError("bench --force only applies with --from-verdicts DIR or --from-manifests (it replaces a page "
                          "bench did not write)")
     if args.from_verdicts is not None:
-        ignored = [f for f, on in (("SPEC names", args.spec), ("--all", args.all), ("--shape", args.shape),
-                                   ("--repeat", args.repeat != 1), ("--jobs", args.jobs),
-                                   ("--from-manifests", args.from_manifests)) if on]
-        if ignored:  # a new user's `--from-verdicts DIR swiglu_bwd` rewrote the page of every kernel
-            raise UsageError(f"bench --from-verdicts measures nothing and renders every kernel kept in {args.from_verdicts}, "
-                             f"so {', '.join(ignored)} would be ignored")
-        vdir = Path(args.from_verdicts)
+        vdir = args.from_verdicts
+        # a new user's `--from-verdicts DIR swiglu_bwd` rewrote the page of every kernel
+        _refuse_ignored(f"bench --from-verdicts measures nothing and renders every kernel kept in {vdir}",
+                        ("SPEC names", args.spec), ("--all", args.all), ("--from-manifests", args.from_manifests),
+                        *_measuring_flags(args))
         if args.merge_from is not None:  # SRC's verdicts are copied into DIR
-            _check_out_target(root, vdir, "--from-verdicts", str(args.from_verdicts))
+            _check_out_target(root, vdir, "--from-verdicts", str(vdir))
         if out_dir is None:  # the page goes beside DIR
-            _check_out_target(root, vdir.parent / f"{vdir.name}.md", "--from-verdicts", str(args.from_verdicts))
+            _check_out_target(root, vdir.parent / f"{vdir.name}.md", "--from-verdicts", str(vdir))
         from coda_agent.verifier.benchrun import page_from_kept
         from coda_agent.verifier.kept import check_page, merge_kept
 
         try:
             if args.merge_from is not None:
-                if Path(args.from_verdicts).is_dir():  # page_from_kept checks too, but only after the merge
-                    check_page(args.from_verdicts, out_dir, args.force)
-                for line in merge_kept(root, args.merge_from, args.from_verdicts):
+                if vdir.is_dir():  # page_from_kept checks too, but only after the merge
+                    check_page(vdir, out_dir, args.force)
+                for line in merge_kept(root, args.merge_from, vdir):
                     console.print(escape(line))
-            report = page_from_kept(root, args.from_verdicts, out_dir=out_dir,
-                                    force=args.force)
+            report = page_from_kept(root, vdir, out_dir=out_dir, force=args.force)
         except ValueError as e:
             raise UsageError(str(e)) from None
         for line in report.notes:
@@ -602,10 +612,7 @@ def cmd_bench(args) -> int:
         if not args.all:
             # the manifests page has one name per day and GPU: a subset would replace it with fewer sections
             raise UsageError("bench --from-manifests renders the page of every accepted kernel: use --all")
-        ignored = [f for f, on in (("--shape", args.shape), ("--repeat", args.repeat != 1), ("--jobs", args.jobs))
-                   if on]
-        if ignored:
-            raise UsageError(f"bench --from-manifests measures nothing, so {', '.join(ignored)} would be ignored")
+        _refuse_ignored("bench --from-manifests measures nothing", *_measuring_flags(args))
     if args.spec:  # a typo is named before "no GPU" (a new user read that as the problem)
         from coda_agent.verifier.accept import accepted_names
 

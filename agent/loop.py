@@ -384,6 +384,13 @@ def check_run_files(run_dir: Path) -> None:
                                "the verifier's verify/ only). Remove it, then resume")
 
 
+def _record_path(d: Path, kind: str) -> Path:
+    """``d/verdict-<kind>-<n>.json`` with the next free ``n``: where an attempt keeps a verdict
+    set aside for the record (``cpu``: a CPU-only pass before a GPU run, ``stored``: a pass
+    verified again, ``error``: a verifier error)."""
+    return d / f"verdict-{kind}-{len(list(d.glob(f'verdict-{kind}-*.json'))) + 1}.json"
+
+
 def library_verdict(root: Path, spec_name: str, run_dir: Path, attempt: int | None = None) -> Verdict | None:
     """The verdict the library accepted this run's kernel with, or None.
 
@@ -627,8 +634,7 @@ class _Run:
         if verdict is not None and verdict.passed and not verdict.gpu_verified and not self.state.cpu_only:
             # A pass of the CPU stages only (--cpu-only, or a machine without a GPU) is not a
             # verification: keep it for the record and verify again, GPU stages included.
-            n = len(list(d.glob("verdict-cpu-*.json"))) + 1
-            vpath.rename(d / f"verdict-cpu-{n}.json")
+            vpath.rename(_record_path(d, "cpu"))
             verdict = None
         elif verdict is not None and verdict.gpu_verified:
             # A stored GPU pass is never taken on its word: in --llm manual mode the answerer
@@ -642,8 +648,7 @@ class _Run:
             if anchored is not None and anchored.spec_hash == self.loaded.spec_hash:
                 verdict = anchored
             else:
-                n = len(list(d.glob("verdict-stored-*.json"))) + 1
-                vpath.rename(d / f"verdict-stored-{n}.json")
+                vpath.rename(_record_path(d, "stored"))
                 verdict = None
         if verdict is None:
             t0 = time.monotonic()
@@ -658,13 +663,13 @@ class _Run:
                 # The verifier (or the machine) failed, not the candidate: the model gets no
                 # feedback about it and the attempt is not spent. The verdict is kept for the
                 # record; --resume verifies this attempt again.
-                n = len(list(d.glob("verdict-error-*.json"))) + 1
-                atomic_write_text(d / f"verdict-error-{n}.json", verdict.to_json())
+                record = _record_path(d, "error")
+                atomic_write_text(record, verdict.to_json())
                 self.save()
                 raise VerifierError(
                     f"attempt {k}: the verifier failed at stage {broken.stage!r} ({broken.summary}); "
                     f"the attempt is not counted. Fix the cause, then --resume {self.run_dir} "
-                    f"(record: {d / f'verdict-error-{n}.json'})"
+                    f"(record: {record})"
                 )
             atomic_write_text(vpath, verdict.to_json())
         rec.stage_reached = verdict.furthest_stage

@@ -143,14 +143,15 @@ def run_kernel(name: str, *args, **constants):
     (e.g. HQ, HKV and HD where a spec lists only HQ and HKV). Returns the entry's result as
     a tuple (a single output returned bare becomes a 1-tuple)."""
     tensors = [a for a in args if isinstance(a, torch.Tensor)]
-    devices = {t.device for t in tensors}
-    if len(devices) != 1 or next(iter(devices)).type != "cuda":
-        # worded with the entry's argument names ("x=cpu, w1=cpu", not "cpu, cpu")
+    try:
+        _pkg._check_device(f"{name} kernel", *tensors)
+    except ValueError:
+        # said again with the entry's argument names ("x=cpu, w1=cpu", not "cpu, cpu"); the
+        # names are looked up only here, off the hot path
         params = _param_names(name) or []
-        named = {(params[i] if i < len(params) else f"argument {i}"): t
-                 for i, t in enumerate(args) if isinstance(t, torch.Tensor)}
-        _pkg._check_device(f"{name} kernel", **named)
-    _pkg._check_device(f"{name} kernel", *tensors)
+        _pkg._check_device(f"{name} kernel", **{(params[i] if i < len(params) else f"argument {i}"): t
+                                                 for i, t in enumerate(args) if isinstance(t, torch.Tensor)})
+        raise
     device = tensors[0].device if tensors else torch.device("cpu")
     _check_arch(f"{name} kernel", device)
     for i, t in enumerate(args):

@@ -1619,6 +1619,8 @@ def check_static(spec: KernelSpec, source: str, filename: str = "candidate.py") 
 
     try:
         tree = ast.parse(source, filename=filename)
+        checker = _Checker(spec, tree)
+        checker.run()
     except SyntaxError as e:
         line = e.lineno
         msg = f"{filename}:{line}: syntax error: {e.msg}" if line else f"{filename}: syntax error: {e.msg}"
@@ -1627,16 +1629,10 @@ def check_static(spec: KernelSpec, source: str, filename: str = "candidate.py") 
         return rejected(Finding(kind="syntax-error", message=msg, line=line))
     except (RecursionError, MemoryError) as e:
         # a chain of ~3000 `+` terms, unary minus signs or attribute accesses parses into a
-        # tree deeper than the parser's recursion limit: the candidate's fault, not the
-        # verifier's (red team, session 15: it read as a verifier error)
+        # tree deeper than the parser's (or the checker's) recursion limit: the candidate's
+        # fault, not the verifier's (red team, session 15: it read as a verifier error)
         return rejected(Finding(kind="syntax-error", message=f"{filename}: the module is nested too deeply to "
-                                f"parse ({type(e).__name__}); split long expressions into statements"))
-    checker = _Checker(spec, tree)
-    try:
-        checker.run()
-    except (RecursionError, MemoryError) as e:
-        return rejected(Finding(kind="syntax-error", message=f"{filename}: the module is nested too deeply to "
-                                f"check ({type(e).__name__}); split long expressions into statements"))
+                                f"parse and check ({type(e).__name__}); split long expressions into statements"))
     findings = _dedupe_sort(checker.findings)
     n = len(findings)
     return StageResult(
