@@ -165,7 +165,7 @@ def cmd_list(args) -> int:
             ls = load_spec(d)
         except SpecError as e:
             problems += 1
-            err.print(f"error: {e}", markup=False, emoji=False, highlight=False)  # whole; the table shows its start
+            err.print(f"error: {e}", markup=False, emoji=False, highlight=False, soft_wrap=True)  # whole; the table shows its start
             lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
             t.add_row(d.name, "[red]invalid[/]", escape(" ".join(lines[:3])), "", "", "")
             continue
@@ -877,7 +877,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.fn(args)
     except UsageError as e:
-        err.print(Text("error: ", style="red") + Text(str(e)), highlight=False)
+        err.print(Text("error: ", style="red") + Text(str(e)), highlight=False, soft_wrap=True)  # one line, greppable
         return USAGE
     except KeyboardInterrupt:
         err.print("interrupted")

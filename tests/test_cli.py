@@ -513,6 +513,17 @@ def test_output_flags_never_write_into_the_library_or_specs(ws, capsys):
     assert "does not exist" in capsys.readouterr().err and not (ws / "no").exists()
 
 
+def test_a_usage_error_is_one_line_however_long(ws, capsys):
+    """CI, session 16: rich wrapped a usage error at 160 columns when stderr is not a
+    terminal, so a long temporary path split 'does not exist' over two lines (and a
+    script grepping the message missed it). Errors are soft-wrapped: one line."""
+    deep = ws / ("d" * 150) / "no" / "such"
+    deep.parent.parent.mkdir()
+    assert main(["bench", "--all", "--from-manifests", "--out", str(deep)]) == 2
+    err = capsys.readouterr().err
+    assert len(err) > 200 and err.count("\n") == 1 and "does not exist" in err, err
+
+
 def test_bench_refuses_flags_it_would_ignore(ws, capsys):
     """New-user pass, session 15: `bench --from-verdicts DIR swiglu_bwd` rewrote every
     kernel's page, and --shape/--repeat/--jobs were ignored with exit 0."""
