@@ -325,6 +325,14 @@ def _prologue(run: GpuRun, stage: str) -> StageResult | None:
     # there is the verifier's (a later one is charged to the candidate by the worker).
     errs = run.cand_part("error")
     if errs and errs[-1].get("verifier"):
+        if any(r.get("what") == "import" for r in run.cand_part("begin")):
+            # the worker marks an error as the verifier's only before it imports the candidate;
+            # after that, such a record is the candidate's own (sixteenth red team: a forged one
+            # stalled the loop, which never charges a verifier error to the attempt)
+            return StageResult(stage=stage, status="fail", summary="the candidate forged a verifier-error record",
+                               findings=[Finding(kind="harness-tampered", message="a record claiming a verifier "
+                                                 "problem came after the candidate was imported: only the worker's "
+                                                 "input draw, before the import, can fail as the verifier's")])
         msg = f"the candidate worker could not draw the inputs (verifier/spec problem): {str(errs[-1].get('message', ''))[-1500:]}"
         return StageResult(stage=stage, status="error", summary="input generation failed (verifier problem)",
                            findings=[Finding(kind="verifier-error", message=msg)])

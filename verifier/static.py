@@ -28,10 +28,18 @@ Design
   ``type``/``object``/``super``, ``SystemExit``-style exits, ``str.format`` field traversal
   and ``next()`` on shared iterators are rejected too. Attributes of the ``torch`` module are an allow-list too (allocation, views,
   dtypes, types, plus the spec's ``entry.allowed_torch``): host code only allocates,
-  makes views and calls the epilogue mods. Methods called on *values* (tensors, whose
-  type ``ast`` cannot see) are a ban-list: the math that does the op's work
+  makes views and calls the epilogue mods. Attributes of *values* (tensors, call results,
+  locals: their type is invisible to ``ast``) are an allow-list, :data:`VALUE_ATTRIBUTES`
+  (metadata, views, ``GemmConfig`` fields; since the sixteenth red team, whose
+  ``Scalar(name).to_params(0, obj)`` was quack's own getattr); the ban-lists before it
+  name the specific misuse with its own finding: the math that does the op's work
   (``.sum()``, ``.exp()``, ``.matmul()`` ...), precision casts (``.float()``,
   ``.to(torch.float32)``), pointer access (``.data_ptr()``), streams/events/sync.
+* **Strings stay in place.** A string constant may be a docstring, a dict key, a
+  subscript, a comparison operand, or an argument of a cutlass/quack/torch call or an
+  epilogue mod; bound to a name, concatenated or passed to the candidate's own functions,
+  it could become a dunder name or a format string at run time (``"_" + "_globals__"``,
+  ``FMT % obj``), which no literal-based rule sees.
 * **Names are resolved through the imports.** ``import torch.nn.functional as F`` makes
   ``F.silu`` resolve to ``torch.nn.functional.silu``; ``from torch import matmul as mm``
   makes ``mm`` resolve to ``torch.matmul``. Calls on names rooted in ``cutlass``/``quack``/
@@ -126,6 +134,8 @@ KINDS: dict[str, str] = {
     "no-epilogue": "no @gemm_epilogue function is defined",
     "no-epilogue-call": "the entry (or a function it calls) never names one of the epilogues",
     "library-alias": "a torch/cutlass/quack callable or an epilogue mod used as a value (stored, passed, returned) instead of called where it is named: an alias hides the call from the keyword, allocation and callback rules",
+    "value-attribute": "an attribute of a value (tensor, config, call result) outside the allow-list VALUE_ATTRIBUTES",
+    "string-value": "a string constant outside a docstring, dict key, subscript or library-call argument",
     "epilogue-attribute": "an epilogue mod's attribute other than `mod.gemm(...)` (plan()/run() skip quack's host checks)",
     "library-epilogue": "one of quack's ready-made epilogue mods (rope_posfreq_epi, ...): the library baseline, not the candidate's epilogue",
     "reserved-name": "a def named like a profiler marker (sync, memcpy, memset, memory): kernels are named after epilogue fns",
@@ -333,6 +343,31 @@ BANNED_KEYWORDS = {
 """Keyword arguments of quack calls that install candidate objects or state into the library."""
 
 STREAM_RE = re.compile(r"stream|event|synchron|graph", re.IGNORECASE)
+
+VALUE_ATTRIBUTES = frozenset({
+    # tensor metadata (numbers, dtypes, devices)
+    "shape", "dtype", "device", "ndim", "layout", "is_cuda", "requires_grad", "size", "stride",
+    "dim", "numel", "element_size", "itemsize", "nbytes", "is_contiguous",
+    # views, and the contiguous copy (every launch is counted by the GPU stages)
+    "T", "mT", "view", "view_as", "reshape", "reshape_as", "expand", "expand_as", "transpose", "t",
+    "permute", "unsqueeze", "squeeze", "flatten", "unflatten", "narrow", "select", "chunk", "split",
+    "unbind", "movedim", "contiguous",
+    # allocation beside a tensor, and `.to(x.device)` (casts are judged by the cast rule)
+    "new_empty", "to",
+    # torch.finfo(...)/torch.iinfo(...) numbers
+    "eps", "tiny", "bits", "resolution", "smallest_normal",
+    # DSL values inside an epilogue fn
+    "element_type", "reduce",
+})
+"""Attributes a candidate may read on *values* -- tensors, call results, locals, parameters,
+module-level constants such as a ``GemmConfig`` (whose fields are allowed too, see
+:func:`surface.config_fields`): an allow-list since the sixteenth session's red team. A value's
+type is invisible to ``ast``, and the ban-lists above grew with every red team; a method
+reached on a library object was still open: quack's ``Scalar(name).to_params(gemm, obj)`` is
+``getattr(obj, name)``, and with a computed ``"_" + "_globals__"`` it reached the real
+``exec`` through ``torch.Tensor.__reduce_ex__``. Names the ban-lists judge (math, casts,
+pointers, host escapes ...) keep their own, more specific findings."""
+
 """Attribute names that touch streams, events, synchronization or CUDA graphs."""
 
 EPILOGUE_MODES = ("element", "acc_pair", "packed_cd_b16x2")
@@ -649,6 +684,12 @@ class _Checker:
             elif isinstance(node, ast.Constant) and isinstance(node.value, str) and _is_dunder(node.value):
                 self.add("banned-attribute", node, f"the string {node.value!r} names a dunder attribute: no reflection "
                          "by name either")
+            elif isinstance(node, ast.Constant) and isinstance(node.value, (str, bytes)) and not self._string_in_place(node):
+                self.add("string-value", node, f"the string {node.value[:30]!r} is used as a value (`{_src(self.parents.get(node) or node)[:60]}`): "
+                         "strings may appear only as docstrings, dict keys, subscripts (`res[\"D\"]`), keyword values and "
+                         "arguments of cutlass/quack/torch calls (`ColVecLoad(\"rstd\")`, `mode=\"acc_pair\"`) and in "
+                         "comparisons; a string bound to a name, concatenated or passed to your own functions can be "
+                         "%-formatted or turned into an attribute name (sixteenth red team)")
             elif isinstance(node, (ast.Yield, ast.YieldFrom)):
                 self.add("generator", node, "generator functions (`yield`) are not allowed: a generator's frame "
                          "keeps state across calls")
@@ -657,6 +698,7 @@ class _Checker:
                 self._check_value_use(node)
             elif isinstance(node, ast.Attribute):
                 self._check_attribute(node)
+                self._check_value_attribute(node)
                 self._check_value_use(node)
                 recv_q = self.qualname(node.value)
                 if recv_q == "torch.Tensor" and isinstance(node.ctx, ast.Load):
@@ -860,6 +902,63 @@ class _Checker:
                 continue
             return False
         return False
+
+    def _check_value_attribute(self, node: ast.Attribute) -> None:
+        """``value-attribute``: an attribute read on a value (not an import-rooted chain, which
+        :func:`surface.judge` resolves, nor an epilogue mod, which ``epilogue-attribute``
+        judges) must be in :data:`VALUE_ATTRIBUTES` or a ``GemmConfig`` field."""
+        attr = node.attr
+        if not isinstance(node.ctx, ast.Load) or attr.startswith("_") or attr in _JUDGED_ELSEWHERE or STREAM_RE.search(attr):
+            return  # stores are attribute-writes; the rest have their own, more specific findings
+        root = node.value
+        while isinstance(root, ast.Attribute):
+            root = root.value
+        if isinstance(root, ast.Name) and (root.id in self.aliases or root.id in self.epilogue_names):
+            return
+        if attr in VALUE_ATTRIBUTES or attr in surface.config_fields():
+            return
+        self.add("value-attribute", node, f"`{_src(node)}`: `.{attr}` is not an attribute candidates may use on a value; "
+                 "host code reads tensor metadata, makes views and calls epilogue mods (allowed: "
+                 f"{', '.join(sorted(VALUE_ATTRIBUTES))}, and GemmConfig fields). Library objects' methods are "
+                 "off limits: some do getattr/setattr by a name they are given")
+
+    def _string_in_place(self, node: ast.Constant) -> bool:
+        """True where a string constant cannot become a value the candidate holds: a
+        docstring, a dict key, a subscript, a comparison, or (anywhere inside) a keyword value
+        or an argument of a call to a cutlass/quack/torch callable or an epilogue mod, or a
+        decorator's arguments. The string may be inside tuples there (``outputs=("postact",)``)."""
+        child, up = node, self.parents.get(node)
+        while isinstance(up, ast.Tuple):
+            child, up = up, self.parents.get(up)
+        if isinstance(up, ast.JoinedStr) or (isinstance(up, ast.BinOp) and isinstance(up.op, ast.Mod) and up.left is child):
+            return True  # f-strings and %-formatting of a literal have their own finding
+        if isinstance(up, ast.Expr):
+            return isinstance(child, ast.Constant)  # a docstring or a bare string statement
+        if isinstance(up, ast.Dict):
+            return any(k is child for k in up.keys)
+        if isinstance(up, ast.Subscript):
+            return up.slice is child
+        if isinstance(up, ast.Compare):
+            return True
+        if isinstance(up, ast.List):
+            child, up = up, self.parents.get(up)
+        if isinstance(up, ast.Assign) and up in self.tree.body and [_src(t) for t in up.targets] == ["__all__"]:
+            return True  # __all__ = ["entry"] (a list or tuple of names at module level)
+        while up is not None and not isinstance(up, ast.stmt):
+            if isinstance(up, ast.keyword):
+                call = self.parents.get(up)
+                return isinstance(call, ast.Call) and self._is_library_call(call)
+            if isinstance(up, ast.Call) and child is not up.func:
+                return self._is_library_call(up)
+            if not isinstance(up, (ast.Tuple, ast.Dict, ast.Call)):
+                return False
+            child, up = up, self.parents.get(up)
+        return False
+
+    def _is_library_call(self, call: ast.Call) -> bool:
+        """A call of an import-rooted cutlass/quack/torch callable, or of an epilogue mod."""
+        q = self.qualname(call.func) or ""
+        return q.split(".")[0] in ("cutlass", "quack", "torch") or self._is_epilogue_mod_call(call)
 
     def _check_attribute(self, node: ast.Attribute) -> None:
         attr = node.attr
@@ -1417,6 +1516,11 @@ class _Checker:
 # --------------------------------------------------------------------------- small helpers
 
 _METADATA_ATTRS = frozenset({"shape", "dtype", "device", "ndim", "layout", "is_cuda", "requires_grad"})
+
+_JUDGED_ELSEWHERE = (INTROSPECTION_ATTRS | REFLECTIVE_ATTRS | POINTER_ATTRS | HOST_ESCAPE_ATTRS | MUTATING_METHODS
+                     | VALUE_MATH_METHODS | CAST_METHODS | REEXPORTED_MODULES | {"send", "throw"})
+"""Attribute names with a finding of their own (or, for math the spec allows, none):
+:meth:`_Checker._check_value_attribute` leaves them to those rules."""
 
 _TRY_STAR = (ast.TryStar,) if hasattr(ast, "TryStar") else ()
 

@@ -38,6 +38,7 @@ cutlass takes a few seconds, once).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
 import math
@@ -200,6 +201,7 @@ def judge(path: str) -> tuple[str, str, bool] | None:
     std = modname if modname in STD_WHITELIST else None
     here = modname
     for p in parts[base:]:
+        owner = obj
         here = f"{here}.{p}"
         if std is not None:
             if here == f"{std}.{p}" and p not in STD_WHITELIST[std]:
@@ -214,6 +216,12 @@ def judge(path: str) -> tuple[str, str, bool] | None:
             if _is_submodule(here):
                 return ("banned-import", f"`{here}` is a module outside the allow-list ({', '.join(LIBRARY_MODULES)})", False)
             return ("unknown-name", f"`{here}` does not exist (no attribute `{p}` in `{here.rsplit('.', 1)[0]}`)", False)
+        if not isinstance(owner, types.ModuleType) and callable(obj) and not isinstance(obj, type):
+            # red team, session 16: `Scalar.to_params(Scalar(name), 0, obj)` is getattr(obj, name)
+            # by the class's method; a candidate calls module functions and constructors only
+            return ("banned-attribute", f"`{here}` is a method of `{here.rsplit('.', 1)[0]}`: candidates call the "
+                    "allowed modules' functions and constructors, never methods reached through a class or object "
+                    "(several cutlass/quack methods do getattr/setattr by a name they are given)", False)
         if _identity(obj) in _denied_identities():
             # a denied object reached under another name (a re-export, an alias class attribute)
             return ("banned-call", f"`{path}` is a pointer maker or DSL compiler entry point under another name "
@@ -246,6 +254,15 @@ def _denied_identities() -> frozenset[tuple[int, int]]:
             if obj is not None and callable(obj) and not isinstance(obj, types.ModuleType):
                 out.add(_identity(obj))
     return frozenset(out)
+
+
+@functools.lru_cache(maxsize=None)
+def config_fields() -> frozenset[str]:
+    """The field names of quack's ``GemmConfig`` (``tile_m``, ``tile_n``, ``pingpong`` ...):
+    host code may read them on a config it built. Empty where quack cannot be imported."""
+    mod, _ = _import("quack.gemm_config")
+    cls = getattr(mod, "GemmConfig", None)
+    return frozenset(f.name for f in dataclasses.fields(cls)) if dataclasses.is_dataclass(cls) else frozenset()
 
 
 @functools.lru_cache(maxsize=None)

@@ -364,6 +364,30 @@ def swiglu_fwd(x, w1):
     assert st.status == "fail" and "PermissionError" in " | ".join(f.message for f in st.findings)
 
 
+def test_a_verifier_error_record_after_the_import_is_the_candidates(tmp_path):
+    """Sixteenth red team: candidate code that reached the worker object wrote its own
+    ``error`` record with ``verifier: true`` through the worker's record(), and the stage
+    reported a verifier error (the loop never charges those, so every resume stopped on the
+    same attempt). The worker marks an error as the verifier's only before the import."""
+    body = GOOD_FWD + """
+import os, sys
+_orig = swiglu_fwd
+def swiglu_fwd(x, w1):
+    f = sys._getframe(0)
+    while f is not None:
+        w = f.f_locals.get("self")
+        if type(w).__name__ == "Worker":
+            w.record("error", error="input-generation", verifier=True, message="CUDA driver fault")
+            os._exit(2)
+        f = f.f_back
+    return _orig(x, w1)
+"""
+    v = _cpu_verify(FWD, _write(tmp_path, body, "forge_record.py"), tmp_path)
+    st = v.stage("correctness")
+    assert st.status == "fail" and not v.verifier_error, (st.status, st.summary)
+    assert [f.kind for f in st.findings] == ["harness-tampered"] and "after the candidate was imported" in st.findings[0].message
+
+
 def test_rewritten_trial_file_is_the_candidates_failure(tmp_path):
     """Saved trial tensors live in the writable scratch folder; their sha256 goes through the
     protected results file, so a candidate that rewrites an earlier trial's file fails."""

@@ -194,7 +194,7 @@ def test_module_level_assignments_and_docstring_are_fine():
     src = module(extra='''
 """a note"""
 TILE = 128
-_TABLE = (("a", 1), ("b", 2))
+_TABLE = ((1, 2), (3, 4))
 __all__ = ["swiglu_bwd"]
 ''')
     assert check_static(BWD, src).status == "pass"
@@ -1010,3 +1010,52 @@ def test_a_module_level_def_may_not_rebind_a_builtin():
     res = check_static(FWD, src)
     assert res.status == "fail"
     assert [(f.kind, f.line) for f in res.findings if f.kind == "banned-call"] == [("banned-call", 13)]
+
+
+# --- sixteenth red team: value attributes are an allow-list, strings stay in place ---------
+
+@pytest.mark.parametrize("body,needle", [
+    ("op = functools.partial(torch.empty, 4).func", ".func"),          # a partial's function back
+    ("d = {\"D\": dout}.get(\"D\")", ".get("),                          # dict methods can return their default
+    ("n = dout.shape.count(1)", ".count("),
+    ("k = dout.grad_fn", ".grad_fn"),                                  # autograd graph objects
+    ("h = dout.register_hook", ".register_hook"),
+])
+def test_attributes_of_values_are_an_allow_list(body, needle):
+    assert_flags(module(header="import functools\n", body=body), "value-attribute", needle)
+
+
+def test_allowed_value_attributes_and_config_fields_pass():
+    src = module(header="from quack.gemm_config import GemmConfig\n",
+                 extra="CFG = GemmConfig(tile_m=128, tile_n=192, pingpong=True, cluster_m=2, cluster_n=1)\n",
+                 body="""
+t = CFG.tile_n + CFG.tile_m + dout.size(0) + dout.stride(-1) + dout.numel() + dout.dim()
+v = dout.view(-1, dout.shape[-1]).T.contiguous().unsqueeze(0).squeeze(0).reshape(dout.shape)
+""")
+    assert check_static(BWD, src).status == "pass", [(f.kind, f.message) for f in check_static(BWD, src).findings]
+
+
+def test_methods_reached_through_library_classes_are_refused():
+    src = module(header="from quack.epilogue.ops import Scalar\n",
+                 body='p = Scalar.to_params(Scalar("numpy"), 0, dout)')
+    assert_flags(src, "banned-attribute", "Scalar.to_params")
+    assert_flags(module(header="import typing\n", body="typing.Iterable.register(KeyError)"), "banned-attribute",
+                 "typing.Iterable.register")
+
+
+@pytest.mark.parametrize("code,needle", [
+    ('MODE = "acc_pair"', "MODE ="),                     # bound to a name
+    ('_T = (("a", 1),)', "_T ="),
+    ('def _name(s):\n    return s\n\n\n_X = _name("abc")', '_name("abc")'),   # passed to your own function
+    ('_Y = "_" + "_globals__"', "_Y ="),                 # built at run time
+])
+def test_strings_stay_where_they_cannot_become_values(code, needle):
+    assert_flags(module(extra=code + "\n"), "string-value", needle)
+
+
+def test_strings_in_place_pass():
+    src = module(extra='__all__ = ["swiglu_bwd"]\n', body='''
+"""a note"""
+same = "D" == "D"
+''')
+    assert check_static(BWD, src).status == "pass", [(f.kind, f.message) for f in check_static(BWD, src).findings]
