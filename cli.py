@@ -17,6 +17,7 @@ the dependency list to what the design card names.
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from pathlib import Path
 
@@ -874,14 +875,39 @@ def main(argv: list[str] | None = None) -> int:
         if switched_off():  # the verdict records it; the person at the console should see it too
             err.print(f"[yellow]warning: {ENV_SWITCH}=off: candidate code runs unconfined (no Landlock, no seccomp); "
                       "for debugging only, and such a run is never accepted without --allow-unconfined[/]")
+    previous = {sig: signal.signal(sig, _interrupted) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
         return args.fn(args)
     except UsageError as e:
         err.print(Text("error: ", style="red") + Text(str(e)), highlight=False, soft_wrap=True)  # one line, greppable
         return USAGE
-    except KeyboardInterrupt:
-        err.print("interrupted")
-        return 130
+    except KeyboardInterrupt as e:
+        err.print("terminated" if isinstance(e, Terminated) else "interrupted")
+        return 128 + (e.signum if isinstance(e, Terminated) else signal.SIGINT)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM/SIGHUP, raised as a KeyboardInterrupt so that every cleanup written for Ctrl-C
+    runs (a run records ``interrupted``, temporary folders go); ``signum`` is the signal."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _interrupted(signum: int, frame: object) -> None:
+    """Signal handler of the CLI: kill the verifier's workers and an ``--llm command`` first
+    (each runs in its own session, so neither a terminal's Ctrl-C nor a SIGTERM reaches it,
+    and without this they ran on unread: new-user pass, session 16), then raise."""
+    from coda_agent.verifier.sandbox import kill_live_groups
+
+    kill_live_groups()
+    if signum == signal.SIGINT:
+        raise KeyboardInterrupt
+    raise Terminated(signum)
 
 
 if __name__ == "__main__":

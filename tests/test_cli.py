@@ -1,6 +1,12 @@
 """The coda-agent CLI: commands, exit codes (0 ok, 1 check failed, 2 usage/input error)."""
 
+import json
+import os
 import shutil
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -522,6 +528,47 @@ def test_a_usage_error_is_one_line_however_long(ws, capsys):
     assert main(["bench", "--all", "--from-manifests", "--out", str(deep)]) == 2
     err = capsys.readouterr().err
     assert len(err) > 200 and err.count("\n") == 1 and "does not exist" in err, err
+
+
+@pytest.mark.parametrize("sig,rc", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_an_interrupted_generate_kills_its_llm_command(ws, tmp_path, sig, rc):
+    """New-user pass, session 16: Ctrl-C or SIGTERM of `generate --llm command` left the
+    command running (its own session: no terminal signal reached it), with nobody reading
+    its answer and, for a paid LLM tool, still spending. SIGTERM also skipped every cleanup
+    (run.json stayed 'running')."""
+    pidfile = tmp_path / "cmd.pid"
+    script = tmp_path / "slow.sh"
+    script.write_text(f"#!/bin/sh\necho $$ > {pidfile}\nexec sleep 120\n")
+    script.chmod(0o755)
+    proc = subprocess.Popen([sys.executable, "-m", "coda_agent.cli", "generate", "swiglu_bwd", "--llm", "command",
+                             "--cmd", str(script), "--no-accept", "--cpu-only"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ws)
+    deadline = time.monotonic() + 120
+    while not (pidfile.exists() and pidfile.read_text().strip()) and time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.1)
+    child = int(pidfile.read_text())
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == rc, err.decode()
+    deadline = time.monotonic() + 10
+    while not _gone(child) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _gone(child), "the --llm command outlived coda-agent"
+    (run,) = (ws / "runs").iterdir()
+    assert json.loads((run / "run.json").read_text())["status"] == "interrupted"
+
+
+def _gone(pid: int) -> bool:
+    """True when ``pid`` has exited (a zombie not yet reaped by its new parent counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z"
+    except OSError:
+        return True
 
 
 def test_bench_refuses_flags_it_would_ignore(ws, capsys):

@@ -66,7 +66,7 @@ from coda_agent.verifier.protocol import (
     timed_loop_check_run,
     wall_check_run,
 )
-from coda_agent.verifier.sandbox import run_worker, worker_env
+from coda_agent.verifier.sandbox import kill_live_groups, run_worker, worker_env
 from coda_agent.verifier.snapshot import Snapshot, take
 from coda_agent.verifier.spec import LoadedSpec, load_spec
 from coda_agent.verifier.verdict import Finding, StageResult, Verdict
@@ -339,6 +339,7 @@ def cpu_stages_many(items: list[tuple[LoadedSpec, Path]], *, jobs: int = 1,
 def _cpu_stages_of(items: list[tuple[LoadedSpec, Snapshot]], jobs: int, timeout_s: float | None) -> list[CpuStages]:
     """static -> compile of snapshots already taken (:func:`cpu_stages_many`, :func:`verify`)."""
     from concurrent.futures import ThreadPoolExecutor
+    from concurrent.futures import wait as futures_wait
 
     statics = [_guarded("static", lambda lc=lc: run_static(*lc)) for lc in items]
 
@@ -349,8 +350,22 @@ def _cpu_stages_of(items: list[tuple[LoadedSpec, Snapshot]], jobs: int, timeout_
         comp = _guarded("compile", lambda: run_compile(loaded, snap, timeout_s=timeout_s or 300))
         return CpuStages(candidate_hash=snap.sha256, stages=(statics[i], comp))
 
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        return list(pool.map(one, range(len(items))))
+    if jobs <= 1 or len(items) <= 1:  # in this thread: a Ctrl-C reaches the wait on the worker
+        return [one(i) for i in range(len(items))]
+    pool = ThreadPoolExecutor(max_workers=jobs)
+    futures = [pool.submit(one, i) for i in range(len(items))]
+    try:
+        return [f.result() for f in futures]
+    except BaseException:
+        # interrupted (the pool threads never see it): start no more compiles, and kill the
+        # running ones until their threads let go (one may be starting its worker right now)
+        pool.shutdown(wait=False, cancel_futures=True)
+        while not all(f.done() for f in futures):
+            kill_live_groups()
+            futures_wait(futures, timeout=0.2)
+        raise
+    finally:
+        pool.shutdown(wait=True)
 
 
 def verify(

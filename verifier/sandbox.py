@@ -311,6 +311,43 @@ def kill_group(pgid: int) -> None:
             time.sleep(0.5)
 
 
+_LIVE_GROUPS: set[int] = set()
+_LIVE_LOCK = threading.Lock()
+
+
+def track_group(pgid: int, live: bool) -> None:
+    """Register (``live=True``) or forget the process group of a running worker or command
+    (:func:`kill_live_groups` kills the registered ones)."""
+    with _LIVE_LOCK:
+        (_LIVE_GROUPS.add if live else _LIVE_GROUPS.discard)(pgid)
+
+
+def kill_live_groups() -> int:
+    """SIGKILL every registered process group; returns how many there were. The CLI calls it
+    when it is interrupted (Ctrl-C, SIGTERM): each worker runs in its own session, so no
+    terminal signal reaches it, and a compile waited on in a pool thread never sees the
+    main thread's KeyboardInterrupt (new-user pass, session 16: a hanging candidate's compile
+    worker outlived `coda-agent verify` by minutes). Safe in a signal handler: no waiting."""
+    with _LIVE_LOCK:
+        groups = list(_LIVE_GROUPS)
+    for pgid in groups:
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    return len(groups)
+
+
+def _kill_now(proc: subprocess.Popen) -> None:
+    """SIGKILL ``proc``'s process group and reap it: the caller is being interrupted, so no
+    grace period (what the group was doing is abandoned either way)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait()
+
+
 def feed(pipe: Any, data: bytes) -> None:
     """Write ``data`` into a worker's stdin and close it (a worker that exits early or never
     reads only makes the write fail: nothing to report)."""
@@ -374,6 +411,7 @@ def run_worker(
     # (read end, write end, file it drains into, head, tail); ends not yet handed over
     pipes: list[tuple[int, int, Path, int, int]] = []
     drains: list[_Drain] = []
+    proc: subprocess.Popen | None = None
     try:
         for path, head, tail_ in ((out_path, LOG_HEAD, LOG_TAIL), (err_path, LOG_HEAD, LOG_TAIL)):
             pipes.append((*os.pipe(), path, head, tail_))
@@ -400,6 +438,7 @@ def run_worker(
             for i, (r, w, *rest) in enumerate(pipes):  # the worker holds the write ends now
                 os.close(w)
                 pipes[i] = (r, -1, *rest)
+        track_group(proc.pid, True)
         if stdin_data is not None:  # a thread: the worker may not read before the pipe fills
             threading.Thread(target=feed, args=(proc.stdin, stdin_data), daemon=True).start()
         while pipes:  # each read end belongs to its drain thread from here on
@@ -417,6 +456,12 @@ def run_worker(
             timed_out = True
             kill_group(proc.pid)
             proc.wait()
+        except BaseException:
+            # Ctrl-C, or SIGTERM turned into an exception by the CLI: the worker is in its own
+            # session and would run on, unread (new-user pass, session 16: compile workers of a
+            # hanging candidate outlived `coda-agent verify` by minutes)
+            _kill_now(proc)
+            raise
         else:
             # reap anything the worker left behind in its group (compilers, children)
             try:
@@ -430,6 +475,8 @@ def run_worker(
             d.join(timeout=max(0.0, deadline - time.monotonic()))
         stderr = tail_file(err_path)
     finally:
+        if proc is not None:
+            track_group(proc.pid, False)
         for r, w, *_ in pipes:  # only when something failed before their drains started
             for fd in (r, w):
                 if fd >= 0:

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from coda_agent.agent.llm.base import LLMError, LLMResponse
-from coda_agent.verifier.sandbox import feed, kill_group  # the verifier's workers' own helpers
+from coda_agent.verifier.sandbox import feed, kill_group, track_group  # the verifier's workers' own helpers
 from coda_agent.verifier.workspace import atomic_write_text
 
 DEFAULT_TIMEOUT_S = 1800.0
@@ -123,6 +123,13 @@ class CommandBackend:
         """(exit status or None on timeout, stdout, stderr tail, stdout over the cap)."""
         proc = subprocess.Popen(self.command, shell=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, env=env, start_new_session=True)
+        track_group(proc.pid, True)  # killed with the verifier's workers when coda-agent is interrupted
+        try:
+            return self._collect(proc, data)
+        finally:
+            track_group(proc.pid, False)
+
+    def _collect(self, proc: subprocess.Popen, data: bytes) -> tuple[int | None, str, str, bool]:
         out: list[bytes] = []
         err: list[bytes] = []
         over: list[bool] = []
@@ -137,6 +144,12 @@ class CommandBackend:
             rc = proc.wait(timeout=self.timeout_s)
         except subprocess.TimeoutExpired:
             rc = None
+        except BaseException:
+            # Ctrl-C or SIGTERM of coda-agent: the command runs in its own session and would
+            # go on (and go on spending, for a paid LLM tool) with nobody reading its answer
+            kill_group(proc.pid)
+            proc.wait()
+            raise
         deadline = time.monotonic() + EXIT_GRACE_S
         for t in drains:
             t.join(timeout=max(0.0, deadline - time.monotonic()) if rc is not None else 0)

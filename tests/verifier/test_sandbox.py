@@ -80,6 +80,34 @@ def test_hang_is_killed_with_its_group(tmp_path):
     assert _gone(child), "the worker's child survived the group kill"
 
 
+def test_kill_live_groups_ends_a_worker_waited_on_in_another_thread(tmp_path):
+    """New-user pass, session 16: a compile worker waited on in a pool thread never saw the
+    main thread's Ctrl-C and outlived `coda-agent verify`; the CLI's signal handler now
+    kills every running worker group (kill_live_groups), and run_worker forgets it after."""
+    import threading
+
+    from coda_agent.verifier import sandbox
+
+    pidfile = tmp_path / "child.pid"
+    box = {}
+    t = threading.Thread(target=lambda: box.setdefault("out", _run("hang", tmp_path, str(pidfile), timeout=120)))
+    t0 = time.monotonic()
+    t.start()
+    while not pidfile.exists() and time.monotonic() - t0 < 60:
+        time.sleep(0.05)
+    assert pidfile.exists(), "the hang fixture never started"
+    assert sandbox.kill_live_groups() == 1
+    t.join(timeout=30)
+    assert not t.is_alive() and time.monotonic() - t0 < 60
+    assert box["out"].status == "signal" and box["out"].signal_name == "SIGKILL"
+    child = int(pidfile.read_text())
+    deadline = time.monotonic() + 10
+    while not _gone(child) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _gone(child), "the worker's child survived"
+    assert sandbox.kill_live_groups() == 0  # nothing is left registered
+
+
 def test_cuda_error_classified(tmp_path):
     out = _run("cuda_error", tmp_path)
     assert out.status == "cuda-error"
