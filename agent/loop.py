@@ -387,7 +387,7 @@ def check_run_files(run_dir: Path) -> None:
 def _record_path(d: Path, kind: str) -> Path:
     """``d/verdict-<kind>-<n>.json`` with the next free ``n``: where an attempt keeps a verdict
     set aside for the record (``cpu``: a CPU-only pass before a GPU run, ``stored``: a pass
-    verified again, ``error``: a verifier error)."""
+    verified again, ``error``: a verifier error, ``stale``: a verdict on an answer edited since)."""
     return d / f"verdict-{kind}-{len(list(d.glob(f'verdict-{kind}-*.json'))) + 1}.json"
 
 
@@ -631,6 +631,19 @@ class _Run:
 
         vpath = d / "verdict.json"
         verdict = _parsed(vpath, Verdict.model_validate_json) if vpath.is_file() else None
+        stale = verdict is not None and verdict.candidate_hash != sha256_bytes(source.encode("utf-8"))
+        if (verdict is None or stale) and (self.adir(k + 1) / "prompt.json").is_file():
+            # the answer was edited (or now extracts) after attempt k+1 was prompted from its old
+            # verdict: verifying it again would leave that prompt quoting code that is gone
+            raise RunError(f"attempt {k}'s answer changed after it was verified, and attempt {k + 1} was "
+                           f"prompted from the old verdict: restore {d / 'response.md'}, or remove "
+                           f"{self.adir(k + 1)} (and any later attempt) to be prompted from a new verdict; then resume")
+        if stale:
+            # a verdict is about the bytes it judged (new-user pass, session 16: an answer edited
+            # after its verification kept the old verdict, and the run "passed" with a broken
+            # candidate.py); kept for the record, and this candidate is verified
+            vpath.rename(_record_path(d, "stale"))
+            verdict = None
         if verdict is not None and verdict.passed and not verdict.gpu_verified and not self.state.cpu_only:
             # A pass of the CPU stages only (--cpu-only, or a machine without a GPU) is not a
             # verification: keep it for the record and verify again, GPU stages included.
@@ -656,6 +669,7 @@ class _Run:
             # where a worker log goes made the verifier truncate its target, red team 14)
             # is ever written through.
             remove_tree(d / "verify")
+            (d / "feedback.md").unlink(missing_ok=True)  # it follows the verdict made now
             verdict = self.verifier(self.loaded, cand, d / "verify")
             rec.verify_wall_s += time.monotonic() - t0  # summed over resumes (a verifier error runs it again)
             broken = verdict.verifier_error

@@ -763,3 +763,47 @@ def test_a_response_cut_inside_a_docstring_is_fed_back_as_cut_off(workspace, fwd
     assert "stopped at the output token limit" in a.extract_error and "(Your response stopped" not in a.extract_error
     assert "output token limit" in (run_dir / "attempt-1" / "feedback.md").read_text()
     assert not (run_dir / "attempt-1" / "candidate.py").exists() and verifier.calls == []
+
+
+def test_an_answer_edited_after_its_verdict_is_verified_again(workspace, fwd_spec):
+    """New-user pass, session 16: a CPU-passed attempt whose response.md was replaced by a
+    broken answer kept its old verdict on resume (candidate.py was rewritten, the verdict
+    was about other bytes) and the run 'passed' with exit 0."""
+    fake_verifier = FakeVerifier(cpu_only=True)
+    s = generate(fwd_spec, root=workspace, backend=ManualBackend(), verifier=fake_verifier,
+                 run_dir=workspace / "runs" / "e", cpu_only=True)
+    a1 = s.run_dir / "attempt-1"
+    (a1 / "response.md").write_text(reply(GOOD_MODULE))
+    s = generate(fwd_spec, root=workspace, backend=ManualBackend(), verifier=fake_verifier, resume=s.run_dir,
+                 cpu_only=True)
+    assert s.status == "passed-cpu-only" and len(fake_verifier.calls) == 1
+    (a1 / "response.md").write_text(reply(BAD_MODULE))
+    s = generate(fwd_spec, root=workspace, backend=ManualBackend(), verifier=fake_verifier, resume=s.run_dir,
+                 cpu_only=True)
+    assert len(fake_verifier.calls) == 2 and (a1 / "verdict-stale-1.json").is_file()
+    now = hashlib.sha256((a1 / "candidate.py").read_bytes()).hexdigest()
+    assert json.loads((a1 / "verdict.json").read_text())["candidate_hash"] == now
+    assert json.loads((a1 / "verdict-stale-1.json").read_text())["candidate_hash"] != now
+    assert "# attempt one" in (a1 / "candidate.py").read_text()
+
+
+def test_an_answer_edited_after_the_next_attempt_was_prompted_is_refused(workspace, fwd_spec, fake_verifier):
+    """The attempt-2 prompt quotes attempt 1's old candidate and feedback: verifying an edited
+    attempt-1 answer would leave it stale, so the resume says what to do instead."""
+    s = generate(fwd_spec, root=workspace, backend=ManualBackend(), verifier=fake_verifier,
+                 run_dir=workspace / "runs" / "f")
+    a1 = s.run_dir / "attempt-1"
+    (a1 / "response.md").write_text(reply(BAD_MODULE))
+    s = generate(fwd_spec, root=workspace, backend=ManualBackend(), verifier=fake_verifier, resume=s.run_dir)
+    assert s.state.answer_path.endswith("attempt-2/response.md")
+    before = (a1 / "verdict.json").read_bytes()
+    (a1 / "response.md").write_text(reply(GOOD_MODULE))
+    with pytest.raises(RunError, match=r"attempt 1's answer changed after it was verified, and attempt 2 was"):
+        generate(fwd_spec, root=workspace, backend=ManualBackend(), verifier=fake_verifier, resume=s.run_dir)
+    assert (a1 / "verdict.json").read_bytes() == before and len(fake_verifier.calls) == 1
+    # removing attempt-2 is the way on: attempt 1 is verified again, and passes
+    import shutil
+
+    shutil.rmtree(s.run_dir / "attempt-2")
+    s = generate(fwd_spec, root=workspace, backend=ManualBackend(), verifier=fake_verifier, resume=s.run_dir)
+    assert len(fake_verifier.calls) == 2 and s.attempts[0].passed is True
