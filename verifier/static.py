@@ -176,6 +176,8 @@ BANNED_BUILTINS = frozenset({
     "repr", "str", "ascii", "format", "print", "set", "frozenset",
     # round 12: site's interactive helpers write to the log (license() can read input)
     "credits", "license", "copyright",
+    # sixteenth red team: reflection by a name built at run time (and it runs property getters)
+    "hasattr",
 })
 """Builtins that load code, reach objects by string, read scopes or identity, or do I/O."""
 
@@ -358,6 +360,8 @@ VALUE_ATTRIBUTES = frozenset({
     "eps", "tiny", "bits", "resolution", "smallest_normal",
     # DSL values inside an epilogue fn
     "element_type", "reduce",
+    # reads of the dict an epilogue mod returns, and dtype facts
+    "get", "keys", "values", "items", "is_floating_point", "is_complex", "is_signed",
 })
 """Attributes a candidate may read on *values* -- tensors, call results, locals, parameters,
 module-level constants such as a ``GemmConfig`` (whose fields are allowed too, see
@@ -396,6 +400,7 @@ class _Checker:
         self.findings: list[Finding] = []
         self.allowed_torch = set(spec.entry.allowed_torch)
         self.aliases: dict[str, str] = {}  # local name -> dotted module/object path
+        self.alias_targets: dict[str, ast.Name] = {}  # assignment aliases -> the one Name that binds each
         self.parents: dict[ast.AST, ast.AST] = {}
         self.module_data: set[str] = set()  # module-level names bound by assignment
         self.module_defs: set[str] = set()
@@ -463,6 +468,12 @@ class _Checker:
                 elif name in imported and not isinstance(node, (ast.Import, ast.ImportFrom)):
                     self.add("name-redefined", node, f"`{name}` names a module-level import: no other binding "
                              "of it, in any scope (the checks would read it as the import)")
+                elif name in self.alias_targets and node is not self.alias_targets[name]:
+                    # `DT = torch.float32` made DT an alias; `DT = Scalar(...)` after it, or a
+                    # parameter named DT, held any value, and DT.to_params went unjudged as
+                    # torch.float32.to_params (sixteenth red team, second round)
+                    self.add("name-redefined", node, f"`{name}` is an alias of `{self.aliases[name]}` (bound at "
+                             f"line {self.alias_targets[name].lineno}): no other binding of it, in any scope")
                 elif name in protected and (id(node) not in top or isinstance(node, ast.arg)) and not (
                         isinstance(node, ast.Name) and self._is_module_level_target(node)):
                     self.add("name-redefined", node, f"`{name}` names the entry or an epilogue: no other binding "
@@ -557,6 +568,7 @@ class _Checker:
                     for t in node.targets:
                         if isinstance(t, ast.Name) and t.id not in self.aliases:
                             self.aliases[t.id] = q
+                            self.alias_targets[t.id] = t
 
     # -- module level ------------------------------------------------------------
     def _module_level(self) -> None:
@@ -908,13 +920,17 @@ class _Checker:
         :func:`surface.judge` resolves, nor an epilogue mod, which ``epilogue-attribute``
         judges) must be in :data:`VALUE_ATTRIBUTES` or a ``GemmConfig`` field."""
         attr = node.attr
-        if not isinstance(node.ctx, ast.Load) or attr.startswith("_") or attr in _JUDGED_ELSEWHERE or STREAM_RE.search(attr):
+        if not isinstance(node.ctx, ast.Load) or attr.startswith("_") or attr in _JUDGED_ELSEWHERE:
             return  # stores are attribute-writes; the rest have their own, more specific findings
+        if STREAM_RE.search(attr) and self._is_chain_top(node):
+            return  # the stream rule reports it (it looks at the top of a chain only)
         root = node.value
         while isinstance(root, ast.Attribute):
             root = root.value
-        if isinstance(root, ast.Name) and (root.id in self.aliases or root.id in self.epilogue_names):
+        if isinstance(root, ast.Name) and root.id in self.aliases:
             return
+        if isinstance(root, ast.Name) and root.id in self.epilogue_names and node.value is root:
+            return  # `mod.gemm`: the epilogue-attribute rule; deeper links are values'
         if attr in VALUE_ATTRIBUTES or attr in surface.config_fields():
             return
         self.add("value-attribute", node, f"`{_src(node)}`: `.{attr}` is not an attribute candidates may use on a value; "
@@ -924,7 +940,8 @@ class _Checker:
 
     def _string_in_place(self, node: ast.Constant) -> bool:
         """True where a string constant cannot become a value the candidate holds: a
-        docstring, a dict key, a subscript, a comparison, or (anywhere inside) a keyword value
+        docstring, a dict key, a subscript, a comparison, an error message (``raise``,
+        ``assert``'s message), or (anywhere inside) a keyword value
         or an argument of a call to a cutlass/quack/torch callable or an epilogue mod, or a
         decorator's arguments. The string may be inside tuples there (``outputs=("postact",)``)."""
         child, up = node, self.parents.get(node)
@@ -944,12 +961,18 @@ class _Checker:
             child, up = up, self.parents.get(up)
         if isinstance(up, ast.Assign) and up in self.tree.body and [_src(t) for t in up.targets] == ["__all__"]:
             return True  # __all__ = ["entry"] (a list or tuple of names at module level)
+        stmt = up
+        while stmt is not None and not isinstance(stmt, ast.stmt):
+            stmt = self.parents.get(stmt)
+        if isinstance(stmt, ast.Raise) or (isinstance(stmt, ast.Assert) and stmt.msg is not None
+                                            and any(n is node for n in ast.walk(stmt.msg))):
+            return True  # an error message: no way back to a value (no try/except)
         while up is not None and not isinstance(up, ast.stmt):
             if isinstance(up, ast.keyword):
                 call = self.parents.get(up)
                 return isinstance(call, ast.Call) and self._is_library_call(call)
             if isinstance(up, ast.Call) and child is not up.func:
-                return self._is_library_call(up)
+                return self._is_library_call(up) or (isinstance(up.func, ast.Attribute) and up.func.attr == "get")
             if not isinstance(up, (ast.Tuple, ast.Dict, ast.Call)):
                 return False
             child, up = up, self.parents.get(up)
@@ -1020,8 +1043,15 @@ class _Checker:
                 self.add("banned-attribute", node, f"`{q}`: the torch runtime, RNG, dispatcher and global settings are off limits to candidate code")
             elif x in TORCH_ALLOWED:
                 rest = [p for p in parts[2:] if p in VALUE_MATH_METHODS or p in CAST_METHODS]
+                odd = [p for p in parts[2:] if p not in VALUE_ATTRIBUTES and p not in _JUDGED_ELSEWHERE]
                 if rest:
                     self.add("torch-math", node, _torch_math_msg(q, self.spec))
+                elif odd:
+                    # torch.<x> is a dtype, class or function, never a module: what lies below it
+                    # is a value's attribute (`torch.float32.to_params` hid the getattr gadget
+                    # behind an alias: sixteenth red team, second round)
+                    self.add("value-attribute", node, f"`{q}`: `.{odd[0]}` is not an attribute candidates may use "
+                             f"on `torch.{x}` (allowed on values: {', '.join(sorted(VALUE_ATTRIBUTES))})")
             else:
                 self.add("torch-api", node, _torch_api_msg(q, self.spec))
         elif root == "operator" and len(parts) >= 2 and parts[1] in OPERATOR_BANNED:
