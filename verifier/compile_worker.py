@@ -300,6 +300,9 @@ def run_request(req: dict[str, Any]) -> dict[str, Any]:
             remaining = req["dump_deadline"] - time.monotonic()
             if remaining > 0:
                 faulthandler.dump_traceback_later(remaining, repeat=False, file=_FAULT_FILE_HANDLE)
+        from coda_agent.verifier import audit_guard
+
+        audit_guard.install(str(Path(candidate)))  # the candidate's own frames may not exec, walk frames or reach the OS
         module = load_module(candidate, "coda_candidate", req.get("sha256"))
     except BaseException as e:  # noqa: BLE001 - untrusted code may raise anything
         out["error"] = summarize_exception(e, candidate)

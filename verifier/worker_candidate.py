@@ -127,6 +127,7 @@ from coda_agent.verifier.protocol import (  # noqa: E402
     timed_loop_check_run,
     wall_check_run,
 )
+from coda_agent.verifier import audit_guard  # noqa: E402
 from coda_agent.verifier.snapshot import load_module  # noqa: E402
 from coda_agent.verifier.spec import load_spec  # noqa: E402
 from coda_agent.verifier import device_memory  # noqa: E402  (binds torch.cuda's statistics at import)
@@ -345,6 +346,7 @@ class Worker:
 
     def import_candidate(self, path: Path, sha256: str | None) -> None:
         # From the snapshot's bytes, hash-checked, never through a bytecode cache (snapshot.py)
+        audit_guard.install(str(path))  # the candidate's own frames may not exec, walk frames or reach the OS
         mod = load_module(path, "coda_candidate", sha256)
         fn = getattr(mod, self.spec.entry.function, None)
         if not callable(fn):

@@ -388,6 +388,28 @@ def swiglu_fwd(x, w1):
     assert [f.kind for f in st.findings] == ["harness-tampered"] and "after the candidate was imported" in st.findings[0].message
 
 
+@pytest.mark.parametrize("payload", [
+    'exec("import os")',                       # code from a string
+    'import sys; sys._getframe(0)',            # frame walking
+    'open("/dev/null")',                       # the file system
+])
+def test_the_audit_tripwire_refuses_the_candidates_own_exec_frames_and_files(tmp_path, payload):
+    """verifier/audit_guard.py (session 16): under the static stage, both red-team rounds
+    ended in the real `exec` called from candidate code; the workers' audit hook refuses
+    such events when the candidate's own code (or code exec'd from a string) raises them,
+    while the libraries' own exec/compile (CuTeDSL rewrites epilogues) stay allowed."""
+    body = GOOD_FWD + f"""
+_orig = swiglu_fwd
+def swiglu_fwd(x, w1):
+    {payload}
+    return _orig(x, w1)
+"""
+    v = _cpu_verify(FWD, _write(tmp_path, body, "tripwire.py"), tmp_path)
+    st = v.stage("correctness")
+    msgs = " | ".join(f.message for f in st.findings)
+    assert st.status == "fail" and "CandidateAuditError" in msgs and "audit event" in msgs, (st.summary, msgs)
+
+
 def test_rewritten_trial_file_is_the_candidates_failure(tmp_path):
     """Saved trial tensors live in the writable scratch folder; their sha256 goes through the
     protected results file, so a candidate that rewrites an earlier trial's file fails."""
