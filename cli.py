@@ -17,6 +17,7 @@ the dependency list to what the design card names.
 from __future__ import annotations
 
 import argparse
+import shlex
 import signal
 import sys
 from pathlib import Path
@@ -362,8 +363,8 @@ def cmd_verify(args) -> int:
         _write_out(json_out, verdict.to_json(outcome=True))
     broken = verdict.verifier_error
     if broken is not None:
-        err.print(f"verifier error in the {broken.stage} stage (the verifier or this machine failed, not the "
-                  f"candidate): {broken.summary}", markup=False, highlight=False)
+        err.print(f"verifier error in the {broken.stage} stage: the verifier or this machine failed, not the "
+                  f"candidate (what failed: the {broken.stage} row above)", markup=False, highlight=False, soft_wrap=True)
         return USAGE
     if not verdict.passed:
         return FAILED
@@ -420,8 +421,8 @@ def _run_dir(root: Path, value: str) -> Path:
     if where.parent.parts[-3:] == COMMITTED_RUNS.parts and _holds_run(found):
         dest = root / "runs" / where.name
         raise UsageError(f"--resume {value}: {found} is a committed run record ({COMMITTED_RUNS}/), kept as it "
-                         f"was; to continue it, copy it into runs/ first: mkdir -p {root / 'runs'} && "
-                         f"cp -r {where} {dest}")
+                         f"was; to continue it, copy it into runs/ first: mkdir -p {shlex.quote(str(root / 'runs'))} && "
+                         f"cp -r {shlex.quote(str(where))} {shlex.quote(str(dest))}")
     if not _holds_run(found):  # named once (load_run's message repeated the path)
         raise UsageError(f"--resume {value}: no run there (looked for run.json in {Path(value)} and "
                          f"{root / 'runs' / value}); `ls {root / 'runs'}` lists this workspace's runs")
@@ -819,8 +820,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "<date>-<gpu>/ folder, e.g. copied back from the GPU machine) into DIR shape by shape, as a "
                    "live bench into DIR would (shapes SRC did not measure are kept), then rewrite DIR's page")
     b.add_argument("--force", action="store_true",
-                   help="with --from-verdicts: replace a page of that name that bench did not write "
-                   "(a hand-written record; refused otherwise)")
+                   help="with --from-verdicts or --from-manifests: replace a page of that name that bench "
+                   "did not write (a hand-written record; refused otherwise)")
     b.set_defaults(fn=cmd_bench)
 
     r = sub.add_parser("regress", help="re-check every accepted kernel (integrity, static, compile; GPU: numerics, perf ratios)")

@@ -63,6 +63,7 @@ import fcntl
 import json
 import os
 import re
+import shlex
 import stat
 import time
 from pathlib import Path
@@ -244,11 +245,13 @@ class RunSummary(BaseModel):
         p = self.run_dir / PROPOSED_TRICK
         return p if p.is_file() else None
 
-    def resume_command(self) -> str:
+    def resume_command(self, *extra: str) -> str:
         """The command that continues this run, flags included (``--cpu-only`` while an
-        answer asked for under it is awaited): ``--force`` and ``--cmd`` are
-        not taken from run.json on a resume (``--force`` by design, the command backend's
-        CMD is not kept), so the hint repeats them."""
+        answer asked for under it is awaited) and ``extra`` flags after them, paths quoted
+        for a shell: ``--force`` and ``--cmd`` are not taken from run.json on a resume
+        (``--force`` by design, the command backend's CMD is not kept), so the hint repeats
+        them, and says so after the command (new-user pass, session 16: the note sat inside
+        the command, before ``--max-attempts``, and a root with a space broke the paste)."""
         s = self.state
         # the run's name: --resume finds it under runs/ from any folder of the workspace, on
         # a GPU machine whose checkout lives elsewhere too
@@ -257,12 +260,13 @@ class RunSummary(BaseModel):
         root = self.run_dir.parent.parent.resolve()
         cwd, env = Path.cwd().resolve(), os.environ.get("CODA_ROOT")
         found = root == cwd or root in cwd.parents or (env is not None and Path(env).resolve() == root)
-        where = "" if found or ref == self.run_dir else f" --root {root}"
-        return (f"coda-agent{where} generate {s.spec} --resume {ref}"
-                + (' --cmd "CMD"' if s.backend == "command" else "")
-                + (" --force" if s.force else "") + (" --no-accept" if s.no_accept else "")
+        where = [] if found or ref == self.run_dir else ["--root", str(root)]
+        argv = (["coda-agent", *where, "generate", s.spec, "--resume", str(ref)]
+                + (["--cmd", "CMD"] if s.backend == "command" else [])
+                + (["--force"] if s.force else []) + (["--no-accept"] if s.no_accept else [])
                 # the answer awaited is checked where it was asked for: as this call did
-                + (" --cpu-only" if s.cpu_only and s.status == "waiting-for-answer" else "")
+                + (["--cpu-only"] if s.cpu_only and s.status == "waiting-for-answer" else []) + list(extra))
+        return (shlex.join(argv).replace("--cmd CMD", '--cmd "CMD"')
                 + (" (the command backend's CMD is not kept in run.json: give it again)"
                    if s.backend == "command" else ""))
 
@@ -296,7 +300,7 @@ class RunSummary(BaseModel):
             fb = self.run_dir / f"attempt-{last.k}" / "feedback.md"
             why = last.extract_error or (f"failed the {last.failed_stage} stage" if last.failed_stage else "failed")
             if s.status == "out-of-attempts":
-                more = (f" (its feedback: {fb}; to try again: {self.resume_command()} --max-attempts {last.k + 1})"
+                more = (f" (its feedback: {fb}; to try again: {self.resume_command('--max-attempts', str(last.k + 1))})"
                         if fb.is_file() else "")
             else:
                 more = f" (the feedback the next attempt gets: {fb})" if fb.is_file() else ""
@@ -313,6 +317,8 @@ class RunSummary(BaseModel):
             lines.append("this run was started with --no-accept: it verifies but never accepts")
         if s.error:
             lines.append(f"error: {s.error}")
+        if s.status in ("failed", "interrupted", "verifier-error"):
+            lines.append(f"to continue once the cause is fixed: {self.resume_command()}")
         if s.lesson:
             if s.lesson.status == "proposed":
                 lines.append(

@@ -430,6 +430,8 @@ def test_a_library_the_verifier_cannot_import_is_a_verifier_error_not_the_candid
     text = " ".join((out.out + out.err).split())
     assert "verifier error in the static stage" in text and "not the candidate" in text
     assert "quack.activation" in text and "No module named 'triton'" in text and "cpu-compile" in text
+    # the message is the fix: no traceback, said once (new-user pass, session 16: 8 frames, thrice)
+    assert "Traceback" not in text and text.count("cannot be imported in the verifier") <= 2
 
 
 def test_version(capsys):

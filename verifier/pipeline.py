@@ -95,6 +95,11 @@ def _guarded(stage: str, fn: Callable[[], StageResult]) -> StageResult:
     try:
         return fn()
     except Exception as e:  # noqa: BLE001
+        from coda_agent.verifier.surface import LibraryUnavailable
+
+        if isinstance(e, LibraryUnavailable):  # the machine's fault, and the message says the fix: no traceback
+            return StageResult(stage=stage, status="error", summary=f"verifier error in the {stage} stage: {e}",
+                               findings=[Finding(kind="verifier-error", message=str(e))], duration_s=time.monotonic() - t0)
         tb = traceback.format_exc(limit=8)
         return StageResult(stage=stage, status="error", summary=f"verifier error in the {stage} stage: {type(e).__name__}: {e}",
                            findings=[Finding(kind="verifier-error", message=tb[-3000:])], duration_s=time.monotonic() - t0)

@@ -171,6 +171,12 @@ def _kept_verdict(vdir: Path, name: str, spec_hash: str, kernel_hash: str):
     from coda_agent.verifier.verdict import Verdict
 
     f = Path(vdir) / f"{name}.json"
+    if not f.exists():
+        # fail-closed (every accepted kernel is judged), but say what it means (new-user pass,
+        # session 16: a --repeat folder of 3 kernels read as 8 kernels' "(FileNotFoundError)")
+        return RegressRow(kernel=name, status="fail", stage="bench",
+                          message=f"not measured in {vdir} (no {f.name}): run coda-agent bench {name}, or "
+                          "name only the kernels that folder holds")
     try:
         v = Verdict.model_validate_json(f.read_text())
     except (OSError, ValueError) as e:

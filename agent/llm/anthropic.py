@@ -207,13 +207,13 @@ class AnthropicBackend:
                 # have been billed, and 4 x 3 tries of a 600 s timeout is two hours (red team 16).
                 raise LLMError(
                     f"Anthropic API: no answer within {self.timeout_s:.0f} s (after the client's own "
-                    "retries); resume the run later with --resume RUN_DIR") from None
+                    "retries); resume the run later (the run's summary prints the command)") from None
             except httpx2.TimeoutException:
                 # The stream started, then stalled: the SDK does not retry a started body, and
                 # neither does this loop (the tokens so far were billed).
                 raise LLMError(
                     f"Anthropic API: the answer stalled (no event for {self.timeout_s:.0f} s) part-way "
-                    "through; resume the run later with --resume RUN_DIR") from None
+                    "through; resume the run later (the run's summary prints the command)") from None
             except (anthropic.APIConnectionError, httpx2.RequestError, json.JSONDecodeError, _BrokenStream) as e:
                 # APIConnectionError: before the first byte (the SDK retried it already);
                 # the others: the stream broke off part-way (a transport or decoding error,
@@ -226,7 +226,7 @@ class AnthropicBackend:
                 self._sleep(delay)
         raise LLMError(
             f"Anthropic API still failing after {self.attempts} attempts ({what}): {_short(last)}; "
-            "resume the run later with --resume RUN_DIR"
+            "resume the run later (the run's summary prints the command)"
         )
 
 

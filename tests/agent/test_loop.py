@@ -295,6 +295,9 @@ def test_llm_error_fails_run_and_resume_continues(workspace, fwd_spec, fake_veri
     s = generate(fwd_spec, root=workspace, backend=backend, verifier=fake_verifier, run_dir=run_dir)
     assert s.status == "failed" and "rejected" in s.state.error
     assert "error: ANTHROPIC_API_KEY rejected" in s.render()
+    # the summary names the command that continues it (the backend's message cannot know it)
+    assert "to continue once the cause is fixed: coda-agent " in s.render()
+    assert s.render().rstrip().endswith("generate swiglu_fwd --resume e")
     s = generate(fwd_spec, root=workspace, backend=ScriptedBackend([reply(GOOD_MODULE)]), verifier=fake_verifier,
                  resume=run_dir)
     assert s.status == "passed" and s.state.error is None  # verified, no accept_fn given
@@ -807,3 +810,26 @@ def test_an_answer_edited_after_the_next_attempt_was_prompted_is_refused(workspa
     shutil.rmtree(s.run_dir / "attempt-2")
     s = generate(fwd_spec, root=workspace, backend=ManualBackend(), verifier=fake_verifier, resume=s.run_dir)
     assert len(fake_verifier.calls) == 2 and s.attempts[0].passed is True
+
+
+def test_resume_hints_are_commands_a_shell_runs(tmp_path, fwd_spec, fake_verifier, monkeypatch):
+    """New-user pass, session 16: with a workspace path holding a space the printed
+    `--root /tmp/with space/ws` broke the paste, and for a `--llm command` run the note on
+    CMD sat inside the out-of-attempts command, before `--max-attempts`."""
+    import shlex
+    import shutil
+
+    ws = tmp_path / "with space" / "ws"
+    shutil.copytree(Path(fwd_spec.directory).parents[1] / "kernel_specs", ws / "kernel_specs")
+    backend = ScriptedBackend([reply(BAD_MODULE)])
+    backend.name = "command"  # as the command backend is named: its CMD is not kept
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("CODA_ROOT", raising=False)
+    s = generate(fwd_spec, root=ws, backend=backend, verifier=fake_verifier, max_attempts=1,
+                 run_dir=ws / "runs" / "r")
+    assert s.status == "out-of-attempts"
+    line = next(ln for ln in s.render().splitlines() if "to try again: " in ln)
+    cmd, note = line.split("to try again: ", 1)[1].rsplit(")", 1)[0].split(" (the command backend's CMD", 1)
+    assert shlex.split(cmd) == ["coda-agent", "--root", str(ws.resolve()), "generate", "swiglu_fwd", "--resume", "r",
+                                "--cmd", "CMD", "--max-attempts", "2"]
+    assert "is not kept in run.json" in note

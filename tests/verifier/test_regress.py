@@ -266,7 +266,8 @@ def test_kept_verdict_of_another_kernel_or_missing_fails(workspace, tmp_path_fac
     loaded = load_spec(workspace / "kernel_specs" / "swiglu_fwd")
     vdir = tmp_path_factory.mktemp("verdicts")
     (row,) = regress(workspace, cpu_only=False, verdicts=vdir).rows
-    assert row.status == "fail" and "no usable benchmark verdict" in row.message
+    assert row.status == "fail" and f"not measured in {vdir} (no swiglu_fwd.json)" in row.message
+    assert "Error" not in row.message  # not the exception's name (new-user pass, session 16)
     other = workspace / "other.py"
     other.write_text("# a different kernel.py\n")
     (vdir / "swiglu_fwd.json").write_text(_synthetic_verdict(loaded, other, _bench(1.01)).to_json())
