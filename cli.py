@@ -876,7 +876,10 @@ def main(argv: list[str] | None = None) -> int:
         if switched_off():  # the verdict records it; the person at the console should see it too
             err.print(f"[yellow]warning: {ENV_SWITCH}=off: candidate code runs unconfined (no Landlock, no seccomp); "
                       "for debugging only, and such a run is never accepted without --allow-unconfined[/]")
-    previous = {sig: signal.signal(sig, _interrupted) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    import threading
+
+    sigs = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP) if threading.current_thread() is threading.main_thread() else ()
+    previous = {sig: signal.signal(sig, _interrupted) for sig in sigs}  # (handlers belong to the main thread)
     try:
         return args.fn(args)
     except UsageError as e:

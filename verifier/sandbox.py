@@ -312,7 +312,7 @@ def kill_group(pgid: int) -> None:
 
 
 _LIVE_GROUPS: set[int] = set()
-_LIVE_LOCK = threading.Lock()
+_LIVE_LOCK = threading.RLock()  # re-entrant: the CLI's signal handler may interrupt track_group in the main thread
 
 
 def track_group(pgid: int, live: bool) -> None:

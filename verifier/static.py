@@ -345,6 +345,7 @@ BANNED_KEYWORDS = {
 """Keyword arguments of quack calls that install candidate objects or state into the library."""
 
 STREAM_RE = re.compile(r"stream|event|synchron|graph", re.IGNORECASE)
+"""Attribute names that touch streams, events, synchronization or CUDA graphs."""
 
 VALUE_ATTRIBUTES = frozenset({
     # tensor metadata (numbers, dtypes, devices)
@@ -371,8 +372,6 @@ reached on a library object was still open: quack's ``Scalar(name).to_params(gem
 ``getattr(obj, name)``, and with a computed ``"_" + "_globals__"`` it reached the real
 ``exec`` through ``torch.Tensor.__reduce_ex__``. Names the ban-lists judge (math, casts,
 pointers, host escapes ...) keep their own, more specific findings."""
-
-"""Attribute names that touch streams, events, synchronization or CUDA graphs."""
 
 EPILOGUE_MODES = ("element", "acc_pair", "packed_cd_b16x2")
 
