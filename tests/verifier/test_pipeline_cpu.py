@@ -369,11 +369,13 @@ def test_a_verifier_error_record_after_the_import_is_the_candidates(tmp_path):
     ``error`` record with ``verifier: true`` through the worker's record(), and the stage
     reported a verifier error (the loop never charges those, so every resume stopped on the
     same attempt). The worker marks an error as the verifier's only before the import."""
+    # (inspect.currentframe calls sys._getframe from inspect's own frame, which the audit
+    # tripwire does not judge: the static stage bans the import; this checks the record rule)
     body = GOOD_FWD + """
-import os, sys
+import inspect, os
 _orig = swiglu_fwd
 def swiglu_fwd(x, w1):
-    f = sys._getframe(0)
+    f = inspect.currentframe()
     while f is not None:
         w = f.f_locals.get("self")
         if type(w).__name__ == "Worker":
