@@ -25,6 +25,10 @@ Design
   stage's ``library-callback`` rule and the value-attribute allow-list are the defence
   there. Nor does it see plain dict or list writes. It is a tripwire, not a sandbox: the
   OS-level confinement (Landlock, seccomp) and the parent's independent checks stay.
+* **Imports after the import.** The candidate module's own top-level imports are the static
+  stage's to judge; once it has run (:func:`seal`), an ``import`` event from candidate code
+  or from code compiled from a string is refused as well (a module already loaded raises
+  none: this only stops fresh loads).
 * **Installed once, never removed.** Audit hooks cannot be removed; re-entry (the hook's
   own ``sys._getframe`` raises an event) is cut short by a thread-local flag.
 
@@ -56,6 +60,14 @@ class CandidateAuditError(RuntimeError):
 
 
 _state = threading.local()
+_sealed = threading.Event()  # set once the candidate module has been imported
+
+
+def seal() -> None:
+    """From now on ``import`` events are judged too (a fresh module load from candidate code,
+    or from code compiled from a string: ``__import__`` in an evaluated string). Called right
+    after the candidate's module ran: its own top-level imports are the static stage's."""
+    _sealed.set()
 
 
 def _untrusted(filename: str, candidate: str) -> bool:
@@ -69,7 +81,8 @@ def install(candidate_file: str) -> None:
     candidate is imported; raises :class:`CandidateAuditError` in the offending call."""
 
     def hook(event: str, args: tuple) -> None:
-        if event not in GUARDED_EVENTS and not event.startswith(GUARDED_PREFIXES):
+        if event not in GUARDED_EVENTS and not event.startswith(GUARDED_PREFIXES) and not (
+                event == "import" and _sealed.is_set()):
             return
         if getattr(_state, "busy", False):
             return

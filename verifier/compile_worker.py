@@ -304,6 +304,7 @@ def run_request(req: dict[str, Any]) -> dict[str, Any]:
 
         audit_guard.install(str(Path(candidate)))  # the candidate's own frames may not exec, walk frames or reach the OS
         module = load_module(candidate, "coda_candidate", req.get("sha256"))
+        audit_guard.seal()
     except BaseException as e:  # noqa: BLE001 - untrusted code may raise anything
         out["error"] = summarize_exception(e, candidate)
         return _finish(out, counters)

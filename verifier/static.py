@@ -416,7 +416,10 @@ class _Checker:
             for child in ast.iter_child_nodes(node):
                 self.parents[child] = node
         self.epilogue_names = {n.name for n in self.tree.body if isinstance(n, ast.FunctionDef) and n.decorator_list}
+        self.local_defs = {n.name for n in ast.walk(self.tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+                           } - self.epilogue_names  # the candidate's own functions, at any depth
         self._collect_imports()
+        self.numeric_constants = self._numeric_constant_names()
         self._module_level()
         self._import_time_calls()
         self._walk_nodes()
@@ -425,6 +428,26 @@ class _Checker:
         self._entry_point()
         self._def_names()
         self._bindings()
+
+    def _numeric_constant_names(self) -> set[str]:
+        """Module-level names bound once, anywhere in the module, to a numeric literal or
+        arithmetic of literals (``TILE_N = 192``): numbers by their form (``_numeric_evident``)."""
+        counts: dict[str, int] = {}
+        for n in ast.walk(self.tree):
+            names = ([n.id] if isinstance(n, ast.Name) and isinstance(n.ctx, (ast.Store, ast.Del)) else
+                     [n.arg] if isinstance(n, ast.arg) else [n.name] if isinstance(n, ast.FunctionDef) else [])
+            for name in names:
+                counts[name] = counts.get(name, 0) + 1
+        self.numeric_constants: set[str] = set()
+        out = set()
+        for _ in range(2):  # constants made of earlier constants (BLOCK = 2 * TILE)
+            for node in self.tree.body:
+                if (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+                        and counts.get(node.targets[0].id) == 1 and self._numeric_evident(node.value)
+                        and not any(isinstance(x, (ast.Attribute, ast.Call, ast.Subscript)) for x in ast.walk(node.value))):
+                    out.add(node.targets[0].id)
+            self.numeric_constants = set(out)
+        return out
 
     def _bindings(self) -> None:
         """Names are resolved through one module-wide table of imports, so a binding in any
@@ -758,13 +781,18 @@ class _Checker:
                 self.add("banned-call", node, f"`{_src(node)[:60]}`: `is`/`is not` compare object identity, which "
                          "tells a library's cached result from a fresh one (a call counter: twelfth red team); "
                          "use `is None` or `==`")
-            elif isinstance(node, (ast.JoinedStr, ast.Set, ast.SetComp)) or (
+            elif (isinstance(node, ast.JoinedStr) and not self._in_error_message(node)) or isinstance(
+                    node, (ast.Set, ast.SetComp)) or (
                     isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mod)
-                    and isinstance(node.left, ast.Constant) and isinstance(node.left.value, (str, bytes))):
+                    and ((isinstance(node.left, ast.Constant) and isinstance(node.left.value, (str, bytes)))
+                         or not self._numeric_evident(node.right))):
                 what = {ast.JoinedStr: "f-strings", ast.Set: "set displays", ast.SetComp: "set comprehensions"}.get(
                     type(node), "%-formatting")
+                hint = ("; `a % b` is the modulo only where b is a number by its form (a literal, x.shape[i], "
+                        "x.size(i), a GemmConfig field, a module-level numeric constant): write `n % 192`"
+                        if what == "%-formatting" else "")
                 self.add("banned-call", node, f"{what} (`{_src(node)[:60]}`) are not allowed: string conversion and "
-                         "set order expose object addresses (a heap fingerprint, red-team round 9); kernels need neither")
+                         f"set order expose object addresses (a heap fingerprint, red-team round 9){hint}")
             elif isinstance(node, ast.AugAssign) and isinstance(node.op, ast.MatMult):
                 self._matmul_op(node)
             if isinstance(node, ast.Call):
@@ -870,6 +898,13 @@ class _Checker:
             return
         parent = self.parents.get(node)
         called = isinstance(parent, ast.Call) and parent.func is node
+        if isinstance(node, ast.Name) and node.id in self.local_defs and not called:
+            # a def handed to anything as a value reaches library code that may run it, read its
+            # annotations or install it (third round: a nested def escaped library-callback,
+            # which knew module-level defs only, as a class's __init_subclass__)
+            self.add("library-callback", node, f"your function `{node.id}` is used as a value (`{_src(parent or node)[:60]}`): "
+                     "call your functions where you name them; none may be passed, stored or returned")
+            return
         if isinstance(node, ast.Name) and node.id in self.epilogue_names:
             if not called:
                 self.add("library-alias", node, f"the epilogue mod `{node.id}` is used as a value (`{_src(parent or node)[:60]}`): "
@@ -960,11 +995,7 @@ class _Checker:
             child, up = up, self.parents.get(up)
         if isinstance(up, ast.Assign) and up in self.tree.body and [_src(t) for t in up.targets] == ["__all__"]:
             return True  # __all__ = ["entry"] (a list or tuple of names at module level)
-        stmt = up
-        while stmt is not None and not isinstance(stmt, ast.stmt):
-            stmt = self.parents.get(stmt)
-        if isinstance(stmt, ast.Raise) or (isinstance(stmt, ast.Assert) and stmt.msg is not None
-                                            and any(n is node for n in ast.walk(stmt.msg))):
+        if self._in_error_message(node):
             return True  # an error message: no way back to a value (no try/except)
         while up is not None and not isinstance(up, ast.stmt):
             if isinstance(up, ast.keyword):
@@ -977,10 +1008,47 @@ class _Checker:
             child, up = up, self.parents.get(up)
         return False
 
+    def _in_error_message(self, node: ast.AST) -> bool:
+        """True inside ``raise ...`` or an ``assert``'s message: text that leaves with the
+        exception and never comes back to candidate code (there is no try/except)."""
+        stmt = self.parents.get(node)
+        while stmt is not None and not isinstance(stmt, ast.stmt):
+            stmt = self.parents.get(stmt)
+        return isinstance(stmt, ast.Raise) or (isinstance(stmt, ast.Assert) and stmt.msg is not None
+                                               and any(n is node for n in ast.walk(stmt.msg)))
+
     def _is_library_call(self, call: ast.Call) -> bool:
-        """A call of an import-rooted cutlass/quack/torch callable, or of an epilogue mod."""
+        """A call of an import-rooted cutlass/quack/torch callable, or of an epilogue mod,
+        that does not hand its argument back: ``cutlass.const_expr("_")`` is ``"_"`` (third
+        round: strings glued from it became dunder names and format strings)."""
         q = self.qualname(call.func) or ""
+        if q.rsplit(".", 1)[-1] in PASS_THROUGH_CALLS:
+            return False
         return q.split(".")[0] in ("cutlass", "quack", "torch") or self._is_epilogue_mod_call(call)
+
+    def _numeric_evident(self, e: ast.AST) -> bool:
+        """True for an expression that is a number by its form: a numeric literal, a module-level
+        numeric constant bound once, ``x.shape[i]``, ``x.size(i)``/``stride``/``numel``/``dim``,
+        a GemmConfig field, ``len(...)``, and arithmetic of those."""
+        if isinstance(e, ast.Constant):
+            return isinstance(e.value, (int, float)) and not isinstance(e.value, bool)
+        if isinstance(e, ast.UnaryOp):
+            return self._numeric_evident(e.operand)
+        if isinstance(e, ast.BinOp):
+            return self._numeric_evident(e.left) and self._numeric_evident(e.right)
+        if isinstance(e, ast.Name):
+            return e.id in self.numeric_constants
+        if isinstance(e, ast.Attribute):
+            return e.attr in surface.config_fields() or e.attr in ("ndim", "itemsize", "nbytes") or (
+                (self.qualname(e) or "").split(".")[0] == "math")
+        if isinstance(e, ast.Subscript):
+            return isinstance(e.value, ast.Attribute) and e.value.attr == "shape" or (
+                isinstance(e.value, ast.Call) and self._numeric_evident(e.value))
+        if isinstance(e, ast.Call):
+            f = e.func
+            return (isinstance(f, ast.Attribute) and f.attr in ("size", "stride", "numel", "dim", "element_size")) or (
+                isinstance(f, ast.Name) and f.id == "len")
+        return False
 
     def _check_attribute(self, node: ast.Attribute) -> None:
         attr = node.attr
@@ -1024,6 +1092,14 @@ class _Checker:
 
     def _check_qualified(self, node: ast.AST, q: str) -> None:
         parts = q.split(".")
+        if parts[0] == "typing" and len(parts) > 1 and parts[1] in surface.STD_WHITELIST["typing"] \
+                and not isinstance(node, (ast.Import, ast.ImportFrom)) and not self._not_a_value(node):
+            # typing.Optional[s] with a run-time string s is a ForwardRef that library code
+            # evaluates with get_type_hints (third round: quack's Scalar(..., dtype=...) builds
+            # such a type); typing names belong in annotations
+            self.add("banned-attribute", node, f"`{q}` is used as a value (`{_src(self.parents.get(node) or node)[:60]}`): "
+                     "typing names may appear only in annotations")
+            return
         if any(STREAM_RE.search(p) for p in parts[1:]) and parts[0] in ("torch", "cutlass", "quack"):
             self.add("stream-or-sync", node, f"`{q}`: streams, events, synchronization and CUDA graphs are not allowed in candidate code")
             return
@@ -1545,6 +1621,9 @@ class _Checker:
 # --------------------------------------------------------------------------- small helpers
 
 _METADATA_ATTRS = frozenset({"shape", "dtype", "device", "ndim", "layout", "is_cuda", "requires_grad"})
+
+PASS_THROUGH_CALLS = frozenset({"const_expr", "dynamic_expr"})
+"""Library calls that return their argument: a string given to one is a value, not in place."""
 
 _JUDGED_ELSEWHERE = (INTROSPECTION_ATTRS | REFLECTIVE_ATTRS | POINTER_ATTRS | HOST_ESCAPE_ATTRS | MUTATING_METHODS
                      | VALUE_MATH_METHODS | CAST_METHODS | REEXPORTED_MODULES | {"send", "throw"})

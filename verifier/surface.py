@@ -147,6 +147,11 @@ POINTER_NAMES = frozenset({"inttoptr", "make_ptr", "recast_ptr", "Pointer", "Typ
 (state kept across calls, writes into other tensors; red team, session 15). Epilogues
 reach memory only through the primitives' operands."""
 
+EPILOGUE_BUILDERS = frozenset({"EpiMod", "StaticEpi", "epilogue_from_class"})
+"""quack's ways to build an epilogue mod from any function and any declarations, outside
+``@gemm_epilogue``: none of the static epilogue checks (literal declarations, return keys,
+mode) would see such a mod (sixteenth red team, third round)."""
+
 DENIED_LIBRARY_NAMES = frozenset({
     "struct", "union", "register_jit_arg_adapter", "JitArgAdapterRegistry",
     # compiler entry points: their option strings write and read files
@@ -154,6 +159,7 @@ DENIED_LIBRARY_NAMES = frozenset({
     "compile", "jit", "kernel", "compile_to", "ffi", "CompileOptions",
     # typing.get_type_hints on a candidate's function: eval of its annotations (round 4)
     "native_struct", "make_native_struct",
+    *EPILOGUE_BUILDERS,
     *POINTER_NAMES,
 })
 """cutlass/quack names that mutate the objects passed to them, process-wide registries,
@@ -177,6 +183,9 @@ def judge(path: str) -> tuple[str, str, bool] | None:
         if parts[-1] in POINTER_NAMES:
             return ("banned-call", f"`{path}` makes a pointer from an integer or recasts one: an epilogue reaches "
                     "memory only through its primitives' operands (RowVecLoad, TileLoad, ...)", False)
+        if parts[-1] in EPILOGUE_BUILDERS:
+            return ("banned-call", f"`{path}` builds an epilogue mod outside @gemm_epilogue, where none of the "
+                    "epilogue checks see it: define every epilogue at module level with @gemm_epilogue(...)", False)
         return ("banned-call", f"`{path}` modifies the classes or global registries it is given, or drives "
                 "the DSL compiler (whose options write files); @gemm_epilogue mods compile themselves", False)
     if any(p.startswith("_") for p in parts[1:]):
@@ -305,6 +314,12 @@ def _is_dsl_numeric_type(cls: type) -> bool:
 
 
 def _judge_object(here: str, obj: object, std: str | None) -> tuple[str, str, bool] | None:
+    if isinstance(obj, type) and issubclass(obj, type):
+        # a metaclass builds classes: `cutlass.NumericMeta("Zed", (int,), {k: f})` defined a
+        # class with run-time dunders and a fresh type per call (a call counter through
+        # cute.shape's cache), past the class-definition rule (sixteenth red team, third round)
+        return ("banned-call", f"`{here}` is a metaclass (it builds classes): candidates define no classes, "
+                "in any form", False)
     epi_mod = _epilogue_mod_class()
     if epi_mod is not None and isinstance(obj, epi_mod):
         return ("library-epilogue", f"`{here}` is one of quack's ready-made epilogue mods: it is the library baseline "

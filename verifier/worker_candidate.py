@@ -177,7 +177,11 @@ SMALL_POISON_BLOCKS = 32  # 1 MiB each: allocations <= 1 MiB come from the small
 
 
 def tampered() -> list[str]:
-    """Names of the captured instruments that no longer are what they were at start-up."""
+    """Names of the captured instruments that no longer are what they were at start-up, and
+    of this module's own globals and ``Worker``'s attributes that were rebound since
+    :func:`freeze_own_state` (a candidate that reached this module's globals -- the third
+    red team's payload replaced ``_perf_counter`` and ``_do_bench`` here -- is named in the
+    ``import`` and ``integrity`` records)."""
     out = []
     for k, f in _WATCHED.items():
         try:
@@ -185,7 +189,29 @@ def tampered() -> list[str]:
                 out.append(k)
         except Exception:  # noqa: BLE001
             out.append(k)
+    for k, (holder, name, value, items) in _OWN.items():
+        now = holder.get(name, _MISSING)
+        if now is not value or (items is not None and (len(now) != len(items) or any(
+                now.get(i, _MISSING) is not v for i, v in items.items()))):
+            out.append(k)
     return out
+
+
+_MISSING = object()
+_OWN: dict[str, tuple[dict, str, Any, dict | None]] = {}
+
+
+def freeze_own_state() -> None:
+    """Record this module's globals (functions, classes, the captured instruments and their
+    dicts) and ``Worker``'s class attributes, for :func:`tampered`. Called before the import."""
+    g = globals()
+    for name, value in list(g.items()):
+        if not name.startswith("__") and name not in ("_OWN", "_MISSING"):
+            _OWN[f"worker_candidate.{name}"] = (g, name, value, dict(value) if type(value) is dict else None)
+    cls = vars(Worker)
+    for name, value in cls.items():
+        if not name.startswith("__"):
+            _OWN[f"Worker.{name}"] = (cls, name, value, None)
 
 
 class Worker:
@@ -346,8 +372,10 @@ class Worker:
 
     def import_candidate(self, path: Path, sha256: str | None) -> None:
         # From the snapshot's bytes, hash-checked, never through a bytecode cache (snapshot.py)
+        freeze_own_state()
         audit_guard.install(str(path))  # the candidate's own frames may not exec, walk frames or reach the OS
         mod = load_module(path, "coda_candidate", sha256)
+        audit_guard.seal()
         fn = getattr(mod, self.spec.entry.function, None)
         if not callable(fn):
             raise AttributeError(f"candidate defines no function {self.spec.entry.function!r}")

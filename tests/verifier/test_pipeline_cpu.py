@@ -412,6 +412,39 @@ def swiglu_fwd(x, w1):
     assert st.status == "fail" and "CandidateAuditError" in msgs and "audit event" in msgs, (st.summary, msgs)
 
 
+def test_a_candidate_that_rebinds_the_workers_own_globals_is_named(tmp_path):
+    """Third round (sixteenth red team): payloads that reached the candidate worker's module
+    globals replaced `_perf_counter`/`_do_bench` there, which the integrity check (torch and
+    triton instruments only) did not watch; the worker's own globals and Worker's attributes
+    are watched now, and the import record names what changed."""
+    body = GOOD_FWD + """
+import inspect
+_f = inspect.currentframe()
+while _f is not None and "freeze_own_state" not in _f.f_globals:
+    _f = _f.f_back
+_f.f_globals["_perf_counter"] = lambda: 0.0
+"""
+    v = _cpu_verify(FWD, _write(tmp_path, body, "own_globals.py"), tmp_path)
+    st = v.stage("correctness")
+    msgs = " | ".join(f.message for f in st.findings)
+    assert st.status == "fail" and "worker_candidate._perf_counter" in msgs, (st.summary, msgs)
+
+
+def test_an_import_from_candidate_code_after_its_module_ran_is_refused(tmp_path):
+    """audit_guard.seal(): the module's own top-level imports are the static stage's; a fresh
+    module load from the candidate's code once it has run is refused."""
+    body = GOOD_FWD + """
+_orig = swiglu_fwd
+def swiglu_fwd(x, w1):
+    import this  # a module no worker has loaded
+    return _orig(x, w1)
+"""
+    v = _cpu_verify(FWD, _write(tmp_path, body, "late_import.py"), tmp_path)
+    st = v.stage("correctness")
+    msgs = " | ".join(f.message for f in st.findings)
+    assert st.status == "fail" and "audit event 'import'" in msgs, (st.summary, msgs)
+
+
 def test_rewritten_trial_file_is_the_candidates_failure(tmp_path):
     """Saved trial tensors live in the writable scratch folder; their sha256 goes through the
     protected results file, so a candidate that rewrites an earlier trial's file fails."""

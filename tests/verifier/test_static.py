@@ -1084,3 +1084,42 @@ if dout.shape[0] == 0:
     raise ValueError("empty dout")
 ''')
     assert check_static(BWD, src).status == "pass", [(f.kind, f.message) for f in check_static(BWD, src).findings]
+
+
+@pytest.mark.parametrize("header,body,kind,needle", [
+    # third round (sixteenth red team): a metaclass call defines a class, with run-time dunders
+    ("import cutlass\n", "C = cutlass.NumericMeta(\"Zed\", (int,), {})", "banned-call", "NumericMeta"),
+    # an epilogue mod built outside @gemm_epilogue, where no epilogue check sees it
+    ("from quack.epilogue import EpiMod\n", "", "banned-call", "import EpiMod"),
+    # typing names as values: typing.Optional[s] is a ForwardRef library code evaluates
+    ("import typing\n", "t = typing.Optional[int]", "banned-attribute", "typing.Optional[int]"),
+    # a nested def handed to a library call escaped library-callback (module-level defs only)
+    ("import functools\n", "def inner(v):\n    return v\np = functools.partial(inner, 1)", "library-callback",
+     "functools.partial(inner"),
+    # %-formatting with a run-time format string: the right operand must be a number by its form
+    ("", "k = dout.shape[0]\nr = k % k", "banned-call", "r = k % k"),
+    # const_expr hands its argument back: a string given to it is a value
+    ("import cutlass\n", "u = cutlass.const_expr(\"_\")", "string-value", "const_expr"),
+])
+def test_third_round_bypasses_are_refused(header, body, kind, needle):
+    assert_flags(module(header=header, body=body), kind, needle)
+
+
+def test_numbers_by_their_form_pass_modulo_and_messages_may_format():
+    src = module(header="from quack.gemm_config import GemmConfig\n",
+                 extra="TILE = 192\nCFG = GemmConfig(tile_m=128, tile_n=192, pingpong=True, cluster_m=2, cluster_n=1)\n",
+                 body='''
+a = dout.shape[0] % 8 + dout.size(1) % TILE + dout.shape[1] % CFG.tile_n + len(dout.shape) % 2
+if a < 0:
+    raise ValueError(f"bad shapes {dout.shape} and {w_down.shape}")
+assert dout.dim() == 2, f"dout must be 2-D, got {dout.dim()}"
+''')
+    assert check_static(BWD, src).status == "pass", [(f.kind, f.message) for f in check_static(BWD, src).findings]
+
+
+def test_typing_in_annotations_passes():
+    src = module(header="import typing\n", extra='''
+def _rows(t: typing.Optional[torch.Tensor]) -> typing.Tuple[int, int]:
+    return t.shape[0], t.shape[1]
+''', body="m2, i2 = _rows(dout)")
+    assert check_static(BWD, src).status == "pass", [(f.kind, f.message) for f in check_static(BWD, src).findings]
