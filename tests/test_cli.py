@@ -1,7 +1,6 @@
 """The coda-agent CLI: commands, exit codes (0 ok, 1 check failed, 2 usage/input error)."""
 
 import json
-import os
 import shutil
 import signal
 import subprocess
@@ -10,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+from proc_helpers import gone
 
 from coda_agent.cli import main
 
@@ -554,23 +554,11 @@ def test_an_interrupted_generate_kills_its_llm_command(ws, tmp_path, sig, rc):
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == rc, err.decode()
     deadline = time.monotonic() + 10
-    while not _gone(child) and time.monotonic() < deadline:
+    while not gone(child) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert _gone(child), "the --llm command outlived coda-agent"
+    assert gone(child), "the --llm command outlived coda-agent"
     (run,) = (ws / "runs").iterdir()
     assert json.loads((run / "run.json").read_text())["status"] == "interrupted"
-
-
-def _gone(pid: int) -> bool:
-    """True when ``pid`` has exited (a zombie not yet reaped by its new parent counts)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z"
-    except OSError:
-        return True
 
 
 def test_bench_refuses_flags_it_would_ignore(ws, capsys):

@@ -5,6 +5,7 @@ import time
 from pathlib import Path
 
 import pytest
+from proc_helpers import gone
 
 from coda_agent.verifier.sandbox import classify, run_worker, strip_ansi, tail
 
@@ -54,17 +55,6 @@ def test_abort_is_a_signal(tmp_path):
     assert out.status == "signal" and out.signal_name == "SIGABRT"
 
 
-def _gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    try:  # a zombie waiting for its (re)parent to reap it is dead too
-        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z"
-    except OSError:
-        return True
-
-
 def test_hang_is_killed_with_its_group(tmp_path):
     pidfile = tmp_path / "child.pid"
     t0 = time.monotonic()
@@ -75,9 +65,9 @@ def test_hang_is_killed_with_its_group(tmp_path):
     assert "hang: no result after 4 s during bench big" in out.message()
     child = int(pidfile.read_text())
     deadline = time.monotonic() + 10
-    while not _gone(child) and time.monotonic() < deadline:
+    while not gone(child) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert _gone(child), "the worker's child survived the group kill"
+    assert gone(child), "the worker's child survived the group kill"
 
 
 def test_kill_live_groups_ends_a_worker_waited_on_in_another_thread(tmp_path):
@@ -102,9 +92,9 @@ def test_kill_live_groups_ends_a_worker_waited_on_in_another_thread(tmp_path):
     assert box["out"].status == "signal" and box["out"].signal_name == "SIGKILL"
     child = int(pidfile.read_text())
     deadline = time.monotonic() + 10
-    while not _gone(child) and time.monotonic() < deadline:
+    while not gone(child) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert _gone(child), "the worker's child survived"
+    assert gone(child), "the worker's child survived"
     assert sandbox.kill_live_groups() == 0  # nothing is left registered
 
 
