@@ -419,7 +419,7 @@ class _Checker:
         self.local_defs = {n.name for n in ast.walk(self.tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
                            } - self.epilogue_names  # the candidate's own functions, at any depth
         self._collect_imports()
-        self.numeric_constants = self._numeric_constant_names()
+        self._numeric_constant_names()
         self._module_level()
         self._import_time_calls()
         self._walk_nodes()
@@ -429,25 +429,21 @@ class _Checker:
         self._def_names()
         self._bindings()
 
-    def _numeric_constant_names(self) -> set[str]:
-        """Module-level names bound once, anywhere in the module, to a numeric literal or
-        arithmetic of literals (``TILE_N = 192``): numbers by their form (``_numeric_evident``)."""
+    def _numeric_constant_names(self) -> None:
+        """Set ``numeric_constants``: module-level names bound once, anywhere in the module,
+        to a numeric literal or arithmetic of literals (``TILE_N = 192``): numbers by their
+        form (``_numeric_evident``)."""
         counts: dict[str, int] = {}
         for n in ast.walk(self.tree):
-            names = ([n.id] if isinstance(n, ast.Name) and isinstance(n.ctx, (ast.Store, ast.Del)) else
-                     [n.arg] if isinstance(n, ast.arg) else [n.name] if isinstance(n, ast.FunctionDef) else [])
-            for name in names:
+            for name in _binds(n):
                 counts[name] = counts.get(name, 0) + 1
-        self.numeric_constants: set[str] = set()
-        out = set()
+        self.numeric_constants = set()
         for _ in range(2):  # constants made of earlier constants (BLOCK = 2 * TILE)
-            for node in self.tree.body:
-                if (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
-                        and counts.get(node.targets[0].id) == 1 and self._numeric_evident(node.value)
-                        and not any(isinstance(x, (ast.Attribute, ast.Call, ast.Subscript)) for x in ast.walk(node.value))):
-                    out.add(node.targets[0].id)
-            self.numeric_constants = set(out)
-        return out
+            self.numeric_constants |= {
+                node.targets[0].id for node in self.tree.body
+                if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+                and counts.get(node.targets[0].id) == 1 and self._numeric_evident(node.value)
+                and not any(isinstance(x, (ast.Attribute, ast.Call, ast.Subscript)) for x in ast.walk(node.value))}
 
     def _bindings(self) -> None:
         """Names are resolved through one module-wide table of imports, so a binding in any
@@ -462,22 +458,13 @@ class _Checker:
         # names the module-level imports bind: a parameter or local named `torch`/`cute`
         # was resolved as the import (`def f(torch): return torch.float()` passed as the
         # dtype `torch.float`: twelfth red team)
-        imported = {(a.asname or a.name).split(".")[0] for n in self.tree.body
-                    if isinstance(n, (ast.Import, ast.ImportFrom)) for a in n.names if a.name != "*"}
+        imported = {name for n in self.tree.body if isinstance(n, (ast.Import, ast.ImportFrom)) for name in _binds(n)}
         for node in ast.walk(self.tree):
-            bound: list[str] = []
-            if isinstance(node, (ast.Import, ast.ImportFrom)):
-                if id(node) not in top:
-                    self.add("banned-import", node, "imports belong at module level: an import inside a function "
-                             "rebinds the name for the whole module's checks")
-                bound = [(a.asname or a.name).split(".")[0] for a in node.names if a.name != "*"]
-            elif isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
-                bound = [node.id]
-            elif isinstance(node, ast.arg):
-                bound = [node.arg]
-            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                bound = [node.name]  # module-level defs too: `def isinstance(a, b)` rebinds a trusted name
-            for name in bound:
+            if isinstance(node, (ast.Import, ast.ImportFrom)) and id(node) not in top:
+                self.add("banned-import", node, "imports belong at module level: an import inside a function "
+                         "rebinds the name for the whole module's checks")
+            # module-level defs too: `def isinstance(a, b)` rebinds a trusted name
+            for name in _binds(node):
                 if name in BANNED_BUILTINS:
                     self.add("banned-call", node, f"`{name}` is a builtin candidates may not use; binding that name "
                              "(import alias, assignment, parameter, def) is not allowed either")
@@ -1763,6 +1750,21 @@ def _names_in_target(t: ast.AST) -> list[str]:
         return [n for e in t.elts for n in _names_in_target(e)]
     if isinstance(t, ast.Starred):
         return _names_in_target(t.value)
+    return []
+
+
+def _binds(node: ast.AST) -> list[str]:
+    """The names one node binds in its scope: an import (its alias's first part), a stored or
+    deleted Name, a parameter, a def. (Each node of ``ast.walk`` once: a Name inside a target
+    is its own node.)"""
+    if isinstance(node, (ast.Import, ast.ImportFrom)):
+        return [(a.asname or a.name).split(".")[0] for a in node.names if a.name != "*"]
+    if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
+        return [node.id]
+    if isinstance(node, ast.arg):
+        return [node.arg]
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return [node.name]
     return []
 
 
