@@ -68,17 +68,23 @@ def check_output(
     ref_lowp: Any,
     tol: ToleranceSpec,
     label: str,
+    dtype: str | None = None,
+    lowp_dtype: str = "bfloat16",
 ) -> tuple[tuple[str, str] | None, dict[str, Any]]:
     """Compare one output tensor with its references.
 
-    ``out`` (CPU tensor, declared shape), ``ref32`` (fp32), ``ref_lowp``; ``label`` names
-    the trial in messages. Returns ``((kind, message) or None, metrics)`` where the kind
-    is the first failing check of: ``stale-memory``, ``nan-output``, ``zero-output``,
-    ``constant-output``, ``tolerance``; metrics hold ``max_err``, ``allowed``, ``ratio``,
-    ``ok`` and ``poisoned``.
+    ``out`` (CPU tensor, declared shape), ``ref32`` (fp32), ``ref_lowp``; ``tol`` the
+    output's rules (``ToleranceSpec.for_output``); ``dtype`` its declared dtype and
+    ``lowp_dtype`` the spec's low precision (``numerics.judge``); ``label`` names the trial
+    in messages. Returns ``((kind, message) or None, metrics)`` where the kind is the first
+    failing check of: ``stale-memory``, ``nan-output``, ``zero-output``,
+    ``constant-output``, ``tolerance`` (any numerics rule: the message names the rule, the
+    output, where and by how much); metrics hold ``max_err``, ``allowed``, ``ratio``
+    (the largest over the rules), ``ok``, ``poisoned`` and ``rules`` (each rule's ratio).
     """
-    res = tolerance_check(out, ref32, ref_lowp, tol)
+    res = tolerance_check(out, ref32, ref_lowp, tol, dtype, lowp_dtype)
     metrics = {k: res[k] for k in ("max_err", "allowed", "ratio", "ok", "lowp_err", "worst_index")}
+    metrics["rules"] = {k: v["ratio"] for k, v in res.get("rules", {}).items()}
     n_poison = poison_count(out)
     metrics["poisoned"] = n_poison
     if n_poison:
@@ -89,14 +95,39 @@ def check_output(
     if bad:
         return (bad[0], f"{name} [{label}]: {bad[1]}"), metrics
     if not res["ok"]:
-        if res["rule"] == "coda":
-            rule = (f"allowed {res['allowed']:.3g} = {tol.factor:g} x low-precision reference error "
-                    f"{res['lowp_err']:.3g} + {tol.floor:g}")
-        else:
-            rule = f"allowed {res['allowed']:.3g} (absolute)"
-        diag = describe_error(out, ref32, allowed=res["allowed"])
-        return ("tolerance", f"{name} [{label}]: max|out - ref32| = {res['max_err']:.3g} > {rule}; {diag}"), metrics
+        return ("tolerance", f"{name} [{label}]: {rule_message(res, tol, out, ref32)}"), metrics
     return None, metrics
+
+
+def rule_message(res: dict[str, Any], tol: ToleranceSpec, out: Any, ref32: Any) -> str:
+    """What the first failing numerics rule of ``res`` (:func:`~coda_agent.verifier.numerics.tolerance_check`
+    of ``out`` against ``ref32``) says: the rule, where, and by how much, with the error diagnosis."""
+    diag = lambda allowed: describe_error(out, ref32, allowed=allowed)  # noqa: E731
+    if res["rule"] == "abs":
+        return f"max|out - ref32| = {res['max_err']:.3g} > allowed {res['allowed']:.3g} (absolute); {diag(res['allowed'])}"
+    rule = res["failed"][0]
+    r = res["rules"][rule]
+    if rule == "nonfinite":
+        return (f"rule non-finite: {r['finite_where_ref_not']} element(s) finite where the reference is NaN/Inf "
+                f"(first at {r.get('first_index')}); NaN/Inf inputs must propagate to the same elements as in the reference")
+    if rule == "max_abs":
+        return (f"rule max-abs: max|out - ref32| = {res['max_err']:.3g} > allowed {res['allowed']:.3g} = {tol.factor:g} x "
+                f"low-precision reference error {res['lowp_err']:.3g} + {tol.floor:g}; {diag(res['allowed'])}")
+    if rule == "elementwise":
+        w = r["worst"]
+        return (f"rule per-element: {r['over']} of {r['judged']} elements exceed their bound ({tol.ulps:g} ulps of "
+                f"their own value + {tol.factor:g} x the low-precision reference's error there + {tol.floor_ulps:g} "
+                f"low-precision ulps of their row's scale); worst at {w['index']}: got {w['got']:.6g}, expected "
+                f"{w['expected']:.6g}, |err| {w['err']:.3g} = {r['ratio']:.3g} x its bound {w['bound']:.3g}. Small "
+                f"elements count too: compute every element in fp32 and round once")
+    if rule == "quantiles":
+        parts = ", ".join(f"p{int(q * 100)} {a:.3g} (allowed {b:.3g})" for q, a, b in zip(r["q"], r["out"], r["bound"]))
+        return (f"rule error-quantiles: |out - ref32| percentiles {parts}, at most {tol.quantile_factor:g} x the "
+                f"low-precision reference's (p50/p90/p99 {', '.join(f'{x:.3g}' for x in r['lowp'])}) + one "
+                f"low-precision ulp of the tensor's scale; the bulk of the elements is less precise than PyTorch's "
+                f"own low-precision result ({r['ratio']:.3g} x the bound)")
+    return (f"rule sign: {r['wrong']} of {r['judged']} elements well above rounding have a zero or flipped sign "
+            f"(first at {r.get('first_index')}: got {r.get('got', 0):.6g}, expected {r.get('expected', 0):.6g})")
 
 
 def check_outputs(
@@ -143,7 +174,8 @@ def check_outputs(
                              f"{tuple(ref['ref32'][o.name].shape)} to compare with the reference",
                              output=o.name, case=t.case)
                 continue
-            bad, m = check_output(o.name, out, ref["ref32"][o.name], ref["ref_lowp"].get(o.name), tol, label)
+            bad, m = check_output(o.name, out, ref["ref32"][o.name], ref["ref_lowp"].get(o.name),
+                                  tol.for_output(o.name), label, o.dtype, loaded.spec.low_precision)
             per[o.name] = m
             if bad and o.name not in already_bad:
                 kind, msg = bad

@@ -20,15 +20,44 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+import math
 from types import ModuleType
 from typing import Any
 
 import torch
 
+from coda_agent.verifier.protocol import RECHECK_ROW_DIM as ROW_DIM
 from coda_agent.verifier.spec import KernelSpec, LoadedSpec, eval_expr
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "int32": 4, "int64": 8}
 """Element size in bytes of each spec dtype name."""
+
+DRAWS = ("spec", "heavy", "outliers", "saturate", "tiny_rows", "nonfinite")
+"""How a trial's inputs are drawn (``Run.draw``). ``spec``: as the spec declares. The others
+start from that draw and change the floating inputs that are neither derived nor in
+``coverage.plain_inputs``, to the values a training run produces and N(0, sigma) never does:
+
+* ``heavy``: normal inputs from a Student-t with 3 degrees of freedom, rescaled to the
+  declared std (heavy tails: a few values at 10-30 sigma);
+* ``outliers``: about 1 % of the rows and 1 % of the columns of each 2-D input (1 % of the
+  elements of a 1-D one) scaled by :data:`OUTLIER_SCALE` (|x| up to ~100 for a unit input);
+* ``saturate``: normal inputs whose std is a plain number (activations, not weights scaled
+  by a dim) rescaled to std :data:`SATURATE_STD`, so activations saturate (gates near
+  +-90, logits in the hundreds);
+* ``tiny_rows``: about 2 % of the rows of every 2-D input whose first dim is the row dim M
+  scaled by 1e-3, and one of them set to 0 (near-zero-variance rows for a normalization);
+* ``nonfinite``: one element of about 1 % of the rows of each such input set to NaN, +Inf
+  or -Inf (only for a spec with ``coverage.nonfinite``).
+
+The rows are the same in every input of one trial (one generator per trial and draw).
+Derived inputs are computed from the changed inputs, so they stay consistent."""
+
+SATURATE_STD = 40.0
+"""The std ``saturate`` gives activation inputs (|x| near 90 at about 2 sigma)."""
+OUTLIER_SCALE = 32.0
+"""The factor ``outliers`` scales the chosen rows and columns by."""
+TINY_ROW_SCALE = 1e-3
+"""The factor ``tiny_rows`` scales the chosen rows by (mean square ~1e-6, the specs' eps)."""
 
 
 def _spec(spec: KernelSpec | LoadedSpec) -> KernelSpec:
@@ -47,6 +76,7 @@ def make_inputs(
     seed: int,
     device: str | torch.device = "cuda",
     reference: ModuleType | None = None,
+    draw: str = "spec",
 ) -> dict[str, torch.Tensor]:
     """Draw every entry input of ``spec`` at ``dims`` for trial ``seed``.
 
@@ -59,12 +89,18 @@ def make_inputs(
     input is requested without a :class:`LoadedSpec` (its reference module), or when the
     derived tensor has the wrong shape. ``reference``: the spec's already imported
     reference module (the workers hold one); without it a derived input imports
-    ``reference.py`` afresh for this call.
+    ``reference.py`` afresh for this call. ``draw``: one of :data:`DRAWS` (``ValueError``
+    for another, and for ``nonfinite`` on a spec without ``coverage.nonfinite``).
     """
     s = _spec(spec)
+    if draw not in DRAWS:
+        raise ValueError(f"unknown input draw {draw!r} (known: {', '.join(DRAWS)})")
+    if draw == "nonfinite" and not s.coverage.nonfinite:
+        raise ValueError(f"spec {s.name} does not declare coverage.nonfinite: no NaN/Inf inputs are drawn for it")
     dev = torch.device(device)
     out: dict[str, torch.Tensor] = {}
     ref = reference
+    rows = _row_choice(s, dims, seed, draw)
     for t in s.entry.inputs:
         shape = s.shape_of(t, dims)
         dtype = getattr(torch, t.dtype)
@@ -96,8 +132,64 @@ def make_inputs(
         else:  # randint
             low, high = int(eval_expr(init.low, dims)), int(eval_expr(init.high, dims))
             x = torch.randint(low, high, shape, generator=gen, device=dev, dtype=torch.int64)
+        if draw != "spec" and init.dist != "randint" and t.name not in s.coverage.plain_inputs:
+            x = _vary(s, t, x, draw, dims, gen, rows)
         out[t.name] = x.to(dtype).contiguous()
     return out
+
+
+def _row_choice(s: KernelSpec, dims: dict[str, int], seed: int, draw: str) -> torch.Tensor | None:
+    """The rows (CPU int64, sorted) that ``tiny_rows``/``nonfinite`` change in every input of
+    one trial; None for the other draws. Drawn on the CPU so both workers agree."""
+    if draw not in ("tiny_rows", "nonfinite"):
+        return None
+    m = int(dims.get(ROW_DIM, 0))
+    if m <= 0:
+        return torch.zeros(0, dtype=torch.int64)
+    k = max(1, m // (50 if draw == "tiny_rows" else 100))
+    g = torch.Generator().manual_seed(tensor_seed(seed, f"rows:{draw}"))
+    return torch.randperm(m, generator=g)[:k].sort().values
+
+
+def _vary(s: KernelSpec, t: Any, x: torch.Tensor, draw: str, dims: dict[str, int],
+          gen: torch.Generator, rows: torch.Tensor | None) -> torch.Tensor:
+    """Input ``t``'s spec draw ``x`` (fp32) changed as ``draw`` says (:data:`DRAWS`)."""
+    init = t.init
+    if draw == "heavy":
+        if init.dist != "normal":
+            return x
+        std = float(eval_expr(init.std, dims))
+        z = torch.randn(x.shape, generator=gen, device=x.device, dtype=torch.float32)
+        chi2 = sum(torch.randn(x.shape, generator=gen, device=x.device, dtype=torch.float32) ** 2 for _ in range(3))
+        # Student-t(3) has variance 3: divide by sqrt(3) for the declared std
+        return z / torch.sqrt(chi2 / 3).clamp_min(1e-12) / 3**0.5 * std + float(init.mean)
+    if draw == "saturate":
+        if init.dist != "normal" or not isinstance(init.std, (int, float)):
+            return x
+        return (x - float(init.mean)) * (SATURATE_STD / float(init.std)) + float(init.mean)
+    if draw == "outliers":
+        mask = torch.zeros(x.shape, dtype=torch.bool, device=x.device)
+        for d in range(min(x.dim(), 2)):
+            n = x.shape[d]
+            pick = torch.randperm(n, generator=gen, device=x.device)[: max(1, n // 100)]
+            if d == 0:
+                mask[pick] = True
+            else:
+                mask[:, pick] = True
+        return torch.where(mask, x * OUTLIER_SCALE, x)
+    # tiny_rows / nonfinite: only 2-D inputs whose rows are the row dim
+    if rows is None or x.dim() != 2 or str(t.shape[0]) != ROW_DIM or rows.numel() == 0:
+        return x
+    r = rows.to(x.device)
+    x = x.clone()
+    if draw == "tiny_rows":
+        x[r] *= TINY_ROW_SCALE
+        x[r[0]] = 0.0
+        return x
+    cols = torch.randint(0, x.shape[1], (r.numel(),), generator=gen, device=x.device)
+    kinds = torch.tensor([math.nan, math.inf, -math.inf], device=x.device)
+    x[r, cols] = kinds[torch.arange(r.numel(), device=x.device) % 3]
+    return x
 
 
 def tensor_bytes(spec: KernelSpec | LoadedSpec, dims: dict[str, int], which: str = "all") -> int:

@@ -17,6 +17,41 @@ constant, non-finite) and :func:`poison_count` recognises memory the kernel neve
 wrote: the candidate worker fills the CUDA caching allocator with the 16-bit word
 :data:`POISON_WORD16` before every trial (a NaN in bf16 and fp16, and ``0x7FC17FC1``,
 also a NaN, in fp32), a bit pattern no arithmetic produces.
+
+The rules (:func:`judge`), each applied to every output and gradient, each with the reason
+it exists; all must hold (``ToleranceSpec`` holds the numbers, per output if a spec needs):
+
+* **max-abs** (CODA): ``max|out - ref32| <= factor * max|ref_lowp - ref32| + floor``. The
+  paper's criterion; it is set by the largest elements, so alone it lets small and medium
+  elements be wrong (``tests/verifier/corpus_numerics/``: zeroing every |v| < 0.04,
+  flipping the sign of small gradients, snapping to a 0.08 grid all pass it).
+* **per element**: ``|out_i - ref32_i| <= ulps * ulp_out(|ref32_i|) + factor * |ref_lowp_i
+  - ref32_i| + floor_ulps * ulp_low(scale(row_i)) + floor``. ``ulp_out`` is the spacing of
+  the output's dtype, so every element is judged at its own magnitude: a few ulps, the
+  rounding any kernel makes. Where PyTorch's own low-precision result is off by more at
+  that element (cancellation), the kernel may be too. ``ulp_low(scale(row))`` is the
+  spacing of the spec's low precision (bf16) at the element's row scale
+  (:func:`row_scale`: the row's rms, outliers clipped): values far below their row's scale
+  are judged against the rounding of that scale, not their own (a 0 where the reference
+  has -3e-37 is no error), and an fp32 output computed from bf16 data is not held to
+  fp32 ulps. Rows, not the tensor, because tokens have scales of their own (outlier rows,
+  near-zero rows).
+* **error quantiles**: the 50th, 90th and 99th percentiles of ``|out - ref32|`` at most
+  ``quantile_factor`` times those of ``|ref_lowp - ref32|`` plus ``ulp_low(scale(tensor))
+  + floor``: a systematic degradation (a coarser grid, dropped mantissa bits, a cheaper
+  approximation everywhere) moves the bulk of the error distribution even where each
+  element stays inside its bound.
+* **sign**: where ``|ref32_i|`` is above twice ``factor * |ref_lowp_i - ref32_i| +
+  floor_ulps * ulp_low(scale(row_i)) + floor`` (well above rounding), ``out_i * ref32_i >
+  0``: a zero or a flipped sign there is never rounding. (The per-element rule implies
+  it; it is its own rule so that the finding says what happened.)
+* **non-finite**: ``out`` is NaN/Inf exactly where ``ref32`` is (any kind); statistics are
+  taken over the finite elements. A NaN or Inf where the reference is finite is an error
+  of the element rule with an infinite ratio.
+
+The calibration behind the numbers (every accepted kernel, quack's library kernels and
+torch's own bf16 code pass with margin; the wrong-kernel corpus fails) is in
+``benchmarks/results/numerics-calibration.md``.
 """
 
 from __future__ import annotations
@@ -126,11 +161,151 @@ def abs_check(out: torch.Tensor, ref32: torch.Tensor, floor: float) -> dict[str,
     return res
 
 
-def tolerance_check(out: torch.Tensor, ref32: torch.Tensor, ref_lowp: torch.Tensor | None, tol: Any) -> dict[str, Any]:
-    """Dispatch on a :class:`~coda_agent.verifier.spec.ToleranceSpec` (``rule``, ``factor``, ``floor``)."""
+def tolerance_check(out: torch.Tensor, ref32: torch.Tensor, ref_lowp: torch.Tensor | None, tol: Any,
+                    dtype: str | None = None, lowp_dtype: str = "bfloat16") -> dict[str, Any]:
+    """Every rule of a :class:`~coda_agent.verifier.spec.ToleranceSpec` for one output.
+
+    ``rule="abs"`` (or no ``ref_lowp``): :func:`abs_check`. Else :func:`judge` with the
+    output's spec ``dtype`` (default: ``out``'s own). Returns the keys of
+    :func:`coda_check` where ``ok``/``ratio`` cover every rule, plus ``rules`` (per rule:
+    ``ok``, ``ratio`` and its numbers) and ``failed`` (the failing rules' names, in the
+    order of the module doc)."""
     if tol.rule == "abs" or ref_lowp is None:
-        return abs_check(out, ref32, tol.floor)
-    return coda_check(out, ref32, ref_lowp, tol.factor, tol.floor)
+        res = abs_check(out, ref32, tol.floor)
+        res.update(rules={"abs": {"ok": res["ok"], "ratio": res["ratio"]}}, failed=[] if res["ok"] else ["abs"])
+        return res
+    return judge(out, ref32, ref_lowp, tol, dtype or _dtype_name(out.dtype), lowp_dtype)
+
+
+# --------------------------------------------------------------------------- the rules
+
+_MANTISSA = {"bfloat16": 7, "float16": 10, "float32": 23, "float64": 52}
+_MIN_EXP = {"bfloat16": -126, "float16": -14, "float32": -126, "float64": -1022}
+QUANTILES = (0.5, 0.9, 0.99)
+"""The error percentiles the quantile rule compares."""
+SIGN_MARGIN = 2.0
+"""The sign rule judges elements whose |ref32| exceeds this many times their rounding floor."""
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    name = str(dtype).removeprefix("torch.")
+    return name if name in _MANTISSA else "float32"
+
+
+def ulp(x: torch.Tensor, dtype: str) -> torch.Tensor:
+    """The spacing of ``dtype`` (bfloat16, float16, float32, float64) at ``|x|``, elementwise,
+    in fp64: ``2**(floor(log2|x|) - mantissa bits)``, the subnormal spacing below the
+    smallest normal (and at 0). ``x`` must be finite."""
+    a = x.abs().to(torch.float64)
+    _, e = torch.frexp(a)
+    e = torch.where(a > 0, e - 1, torch.full_like(e, _MIN_EXP[dtype])).clamp_min(_MIN_EXP[dtype])
+    return torch.ldexp(torch.ones_like(a), e - _MANTISSA[dtype])
+
+
+def _quantiles(x: torch.Tensor, qs: tuple[float, ...] = QUANTILES) -> list[float]:
+    """Lower ``q``-quantiles of a 1-D tensor (kthvalue: no size limit); zeros when empty."""
+    n = x.numel()
+    if n == 0:
+        return [0.0 for _ in qs]
+    return [float(x.kthvalue(min(n, max(1, math.ceil(q * n))))[0]) for q in qs]
+
+
+def row_scale(r: torch.Tensor) -> torch.Tensor:
+    """Per row of ``r`` (fp64; rows = the last dim, a 1-D tensor is one row) the root mean
+    square of its finite values clipped at their 90th-percentile magnitude, shape (rows, 1):
+    a scale that outlier elements (up to 10 % of a row) do not inflate. Rows are tokens
+    with scales of their own (outlier rows, near-zero rows)."""
+    r2 = r.reshape(-1, r.shape[-1]) if r.dim() >= 2 else r.reshape(1, -1)
+    a = torch.where(torch.isfinite(r2), r2.abs(), torch.zeros_like(r2))
+    if a.numel() == 0:
+        return torch.zeros(a.shape[0], 1, dtype=torch.float64)
+    q = a.kthvalue(max(1, math.ceil(0.9 * a.shape[1])), dim=1).values[:, None]
+    return a.clamp(max=q).pow(2).mean(1, keepdim=True).sqrt()
+
+
+def judge(out: torch.Tensor, ref32: torch.Tensor, ref_lowp: torch.Tensor, tol: Any, dtype: str,
+          lowp_dtype: str = "bfloat16") -> dict[str, Any]:
+    """Judge one output by every rule of the module doc.
+
+    ``out`` (candidate, any float dtype), ``ref32``, ``ref_lowp``: same shape (ValueError
+    otherwise), any device. ``tol``: a ToleranceSpec (``factor``, ``floor``, ``ulps``,
+    ``floor_ulps``, ``quantile_factor``); ``dtype``: the output's declared dtype (its
+    ulps judge each element); ``lowp_dtype``: the spec's low precision (its ulp at the
+    row scale is the floor). Returns :func:`coda_check`'s keys (``ok`` and ``ratio`` over
+    all rules) plus ``rules``: ``{"nonfinite", "max_abs", "elementwise", "quantiles",
+    "sign"}`` each with ``ok`` and ``ratio`` (statistic / bound; > 1 fails) and the numbers
+    behind it, and ``failed`` (failing rules in :data:`RULE_ORDER`)."""
+    if out.shape != ref32.shape or ref_lowp.shape != ref32.shape:
+        raise ValueError(f"shape mismatch: out {tuple(out.shape)}, ref32 {tuple(ref32.shape)}, ref_lowp {tuple(ref_lowp.shape)}")
+    shape = out.shape
+    r2 = _f64(ref32).reshape(-1, shape[-1]) if len(shape) >= 2 else _f64(ref32).reshape(1, -1)
+    o2, l2 = _f64(out).reshape(r2.shape), _f64(ref_lowp).reshape(r2.shape)
+    fin = torch.isfinite(r2)
+    res = _summary(o2.reshape(shape), r2.reshape(shape), torch.where(fin, _abs_err(o2, r2), torch.zeros_like(r2)).reshape(shape))
+    # non-finite: out non-finite exactly where ref32 is
+    o_fin = torch.isfinite(o2)
+    missing = int((~fin & o_fin).sum())  # finite where the reference is not
+    extra = int((fin & ~o_fin).sum())    # non-finite where the reference is finite
+    nonfinite: dict[str, Any] = {"ok": not (missing or extra), "ratio": math.inf if (missing or extra) else 0.0,
+                                 "finite_where_ref_not": missing, "nonfinite_where_ref_finite": extra,
+                                 "ref_nonfinite": int((~fin).sum())}
+    if missing or extra:
+        nonfinite["first_index"] = _index(int((fin ^ o_fin).reshape(-1).nonzero()[0]), shape)
+    e = torch.where(fin, torch.nan_to_num((o2 - r2).abs(), nan=math.inf, posinf=math.inf), torch.zeros_like(r2))
+    el = torch.where(fin, (l2 - r2).abs(), torch.zeros_like(r2))
+    lowp_ok = torch.isfinite(el)
+    el = torch.where(lowp_ok, el, torch.zeros_like(el))
+    ef, elf = e[fin], el[fin & lowp_ok]
+    # max-abs (CODA)
+    lowp_err = float(elf.max()) if elf.numel() else 0.0
+    max_err = float(ef.max()) if ef.numel() else 0.0
+    allowed = tol.factor * lowp_err + tol.floor
+    res.update(max_err=max_err, lowp_err=lowp_err, allowed=allowed, lowp_nonfinite=int((fin & ~lowp_ok).sum()))
+    rules: dict[str, dict[str, Any]] = {"nonfinite": nonfinite, "max_abs": {
+        "ok": max_err <= allowed, "ratio": _ratio(max_err, allowed), "max_err": max_err, "allowed": allowed}}
+    # per element
+    u_row = ulp(row_scale(r2), lowp_dtype)
+    base = tol.factor * el + tol.floor_ulps * u_row + tol.floor
+    bound = tol.ulps * ulp(torch.where(fin, r2, torch.zeros_like(r2)), dtype) + base
+    ratios = torch.where(fin, e / bound, torch.zeros_like(e))
+    k = int(ratios.reshape(-1).argmax()) if ratios.numel() else 0
+    n_over = int((ratios > 1).sum())
+    flat = lambda t: float(t.reshape(-1)[k])  # noqa: E731
+    rules["elementwise"] = {"ok": n_over == 0, "ratio": flat(ratios) if ratios.numel() else 0.0, "over": n_over,
+                            "judged": int(fin.sum()), "ulps": tol.ulps, "floor_ulps": tol.floor_ulps,
+                            "worst": {"index": _index(k, shape), "got": flat(o2), "expected": flat(r2),
+                                      "err": flat(e), "bound": flat(bound)} if ratios.numel() else None}
+    # quantiles
+    u_all = float(ulp(row_scale(r2.reshape(-1)), lowp_dtype).reshape(-1)[0]) if r2.numel() else 0.0
+    qo, ql = _quantiles(ef), _quantiles(elf)
+    qb = [tol.quantile_factor * q + u_all + tol.floor for q in ql]
+    qr = [_ratio(a, b) for a, b in zip(qo, qb)]
+    rules["quantiles"] = {"ok": all(x <= 1 for x in qr), "ratio": max(qr), "q": list(QUANTILES),
+                          "out": qo, "lowp": ql, "bound": qb}
+    # sign
+    judged = fin & (r2.abs() > SIGN_MARGIN * base)
+    wrong = judged & ~(o2 * r2 > 0)
+    n_wrong = int(wrong.sum())
+    rules["sign"] = {"ok": n_wrong == 0, "ratio": math.inf if n_wrong else 0.0, "wrong": n_wrong,
+                     "judged": int(judged.sum())}
+    if n_wrong:
+        j = int(wrong.reshape(-1).nonzero()[0])
+        rules["sign"].update(first_index=_index(j, shape), got=float(o2.reshape(-1)[j]), expected=float(r2.reshape(-1)[j]))
+    failed = [name for name in RULE_ORDER if not rules[name]["ok"]]
+    finite = [rules[n]["ratio"] for n in ("max_abs", "elementwise", "quantiles")]
+    res.update(rule="coda", rules=rules, failed=failed, ok=not failed,
+               ratio=max(finite) if not (missing or extra or n_wrong) else math.inf)
+    return res
+
+
+def _ratio(stat: float, bound: float) -> float:
+    if bound > 0:
+        return stat / bound
+    return 0.0 if stat == 0 else math.inf
+
+
+RULE_ORDER = ("nonfinite", "max_abs", "elementwise", "quantiles", "sign")
+"""The order failing rules are reported in (the first is the finding's kind)."""
 
 
 def _summary(o: torch.Tensor, r: torch.Tensor, err: torch.Tensor) -> dict[str, Any]:
@@ -170,15 +345,19 @@ def _row_of(idx: list[int], shape: torch.Size) -> int:
 def output_sanity(out: torch.Tensor, ref: torch.Tensor | None = None) -> tuple[str, str] | None:
     """Reject trivially fake outputs; returns ``(kind, message)`` or ``None`` when sane.
 
-    kinds: ``"nan-output"`` (any NaN/inf), ``"zero-output"`` (all zeros),
-    ``"constant-output"`` (every element equal, more than one element). When ``ref`` is
-    given, zero/constant are only reported if the reference itself is not zero/constant.
+    kinds: ``"nan-output"`` (NaN/inf where the reference, when given, is finite),
+    ``"zero-output"`` (all zeros), ``"constant-output"`` (every element equal, more than
+    one element). When ``ref`` is given, zero/constant are only reported if the reference
+    itself is not zero/constant, and non-finite values where the reference has them are
+    the non-finite rule's to judge (:func:`judge`).
     """
     if out.numel() == 0:
         return None
     o = out.detach().cpu()
     if o.is_floating_point():
         bad = ~torch.isfinite(o)
+        if ref is not None and ref.shape == o.shape and ref.is_floating_point():
+            bad &= torch.isfinite(ref.detach().cpu())
         if bool(bad.any()):
             n_nan = int(torch.isnan(o).sum())
             r, c = _first_rc(bad)

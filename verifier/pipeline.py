@@ -153,7 +153,7 @@ def run_gpu_workers(
     secret = secrets.randbelow(1 << 30)  # never leaves the parent and the workers' plan files
     plan = Plan(
         spec_dir=str(Path(loaded.directory).resolve()),
-        runs=make_runs(spec, secret) + make_bench_checks(spec, shapes, secret),
+        runs=make_runs(spec, secret, device) + make_bench_checks(spec, shapes, secret),
         bench_shapes=shapes,
         secret=secret,
         bench=bench,

@@ -80,6 +80,9 @@ class Run:
     """> 0: a bench-shape check: only this many elements of each output (the same
     :func:`sample_index` positions in both workers) are saved and compared, and the
     inputs are not saved (they are large; mutation is checked at the correctness shapes)."""
+    draw: str = "spec"
+    """How the inputs are drawn (:data:`~coda_agent.verifier.inputs.DRAWS`): as the spec
+    declares, or one of the secret coverage draws (:mod:`~coda_agent.verifier.coverage`)."""
 
 
 @dataclass(frozen=True)
@@ -168,20 +171,35 @@ def recheck_rows(m: int, secret: int) -> int:
     return random.Random(secret ^ 0x2EC4ECC).randint(-(-m // 2), 2 * m)
 
 
-def make_runs(spec: Any, secret: int = 0) -> list[Run]:
-    """Every correctness case x seed, then one post-timing recheck run.
+def secret_seed(seed: int, secret: int) -> int:
+    """The seed a public correctness case actually runs with: the spec's ``seed`` itself
+    without a secret (tests), else one the candidate cannot predict from the spec."""
+    if not secret:
+        return seed
+    return int.from_bytes(hashlib.sha256(f"coda-seed:{secret}:{seed}".encode()).digest()[:4], "little")
 
-    ``spec`` is a :class:`~coda_agent.verifier.spec.KernelSpec`. The recheck re-runs the
-    last ragged correctness case (the hardest one) with seed ``seeds[0] + 1000 + secret``,
-    a seed the candidate never saw before timing; with a ``secret`` (every real
-    verification has one) its ``M`` is also redrawn (:func:`recheck_rows`) and the case
-    is named ``"<case>, M=<rows>"``.
+
+def make_runs(spec: Any, secret: int = 0, device: str = "cuda") -> list[Run]:
+    """Every correctness case x seed, the secret coverage cases, then one post-timing recheck.
+
+    ``spec`` is a :class:`~coda_agent.verifier.spec.KernelSpec`. With a ``secret`` (every
+    real verification has one) the seeds of the public cases are secret too
+    (:func:`secret_seed`; the run keys keep the spec's seed) and the secret coverage cases
+    (:func:`~coda_agent.verifier.coverage.coverage_runs`) follow them. The recheck re-runs
+    the last ragged correctness case (the hardest one) with seed ``seeds[0] + 1000 +
+    secret``, a seed the candidate never saw before timing; with a secret its ``M`` is
+    also redrawn (:func:`recheck_rows`) and the case is named ``"<case>, M=<rows>"``.
     """
     runs: list[Run] = []
     for i, case in enumerate(spec.shapes.correctness):
         name = case.name or f"case{i}"
         for seed in spec.shapes.seeds:
-            runs.append(Run(key=f"c{i}-{_slug(name)}-s{seed}", case=name, dims=dict(case.dims), seed=seed))
+            runs.append(Run(key=f"c{i}-{_slug(name)}-s{seed}", case=name, dims=dict(case.dims),
+                            seed=secret_seed(seed, secret)))
+    if secret:
+        from coda_agent.verifier.coverage import coverage_runs
+
+        runs += coverage_runs(spec, secret, device)
     cases = list(enumerate(spec.shapes.correctness))
     ragged = [(i, c) for i, c in cases if _ragged(c.dims)]
     i, case = (ragged or cases)[-1]

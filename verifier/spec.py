@@ -96,6 +96,14 @@ MAX_BAR = 10.0
 """Largest bench.bar ratio (a bar of 1e300 is always met; the catalogue's are 1.0-1.1)."""
 MAX_EXPR_CHARS = 400
 """Longest dim expression (the catalogue's longest is ~40 characters)."""
+DEFAULT_ULPS = 3.0
+"""Default per-element bound, in ulps of the output dtype (``ToleranceSpec.ulps``)."""
+DEFAULT_FLOOR_ULPS = 2.0
+"""Default per-element floor, in low-precision ulps at the row scale (``ToleranceSpec.floor_ulps``)."""
+MAX_ULPS = 64.0
+"""Largest ``ulps`` a spec may set (64 bf16 ulps is half the value: looser judges nothing)."""
+DEFAULT_QUANTILE_FACTOR = 2.0
+"""Default factor on the low-precision reference's error quantiles (``ToleranceSpec.quantile_factor``)."""
 
 
 def eval_expr(expr: str | int | float, dims: dict[str, int]) -> float | int:
@@ -327,18 +335,104 @@ class EntrySpec(_Strict):
         return self
 
 
-class ToleranceSpec(_Strict):
-    """Per-output acceptance rule.
+class OutputTolerance(_Strict):
+    """Per-output overrides of :class:`ToleranceSpec`'s numbers (``[tolerance.outputs.<name>]``);
+    a field left out keeps the spec-wide value. Same bounds as there."""
 
-    ``rule="coda"`` (CODA paper, correctness criterion):
-    ``max|out - ref32| <= factor * max|ref_lowp - ref32| + floor`` for every output.
-    ``rule="abs"``: ``max|out - ref32| <= floor``.
+    factor: float | None = Field(None, gt=0, le=16)
+    floor: float | None = Field(None, ge=0, le=1e-2)
+    ulps: float | None = Field(None, gt=0, le=MAX_ULPS)
+    floor_ulps: float | None = Field(None, gt=0, le=MAX_ULPS)
+    quantile_factor: float | None = Field(None, gt=0, le=16)
+
+
+class ToleranceSpec(_Strict):
+    """The acceptance rules for every output and gradient (``verifier/numerics.py`` has
+    the rationale of each).
+
+    ``rule="coda"``: four rules, all of which must hold:
+
+    * max-abs (CODA paper): ``max|out - ref32| <= factor * max|ref_lowp - ref32| + floor``;
+    * per element: ``|out_i - ref32_i| <= ulps * ulp_out(|ref32_i|) + factor * |ref_lowp_i -
+      ref32_i| + floor_ulps * ulp_low(scale of row i) + floor``, so small and medium
+      elements count, not only the largest;
+    * error quantiles: the 50/90/99th percentiles of ``|out - ref32|`` at most
+      ``quantile_factor`` times those of ``|ref_lowp - ref32|`` plus ``ulp_low(scale) + floor``;
+    * sign: where ``|ref32_i|`` is well above its rounding floor, ``out_i * ref32_i > 0``;
+    * non-finite: NaN/Inf exactly where ``ref32`` has them.
+
+    ``rule="abs"``: ``max|out - ref32| <= floor``. ``outputs`` overrides the numbers per
+    output (:class:`OutputTolerance`), for an output whose honest error is of another kind
+    than the rest (e.g. a long fp32 reduction).
     """
 
     rule: Literal["coda", "abs"] = "coda"
     # bounded: a finite but huge factor or floor (1e300) passes every output (red team 15)
     factor: float = Field(2.0, gt=0, le=16)
     floor: float = Field(1e-6, ge=0, le=1e-2)
+    ulps: float = Field(DEFAULT_ULPS, gt=0, le=MAX_ULPS)
+    floor_ulps: float = Field(DEFAULT_FLOOR_ULPS, gt=0, le=MAX_ULPS)
+    quantile_factor: float = Field(DEFAULT_QUANTILE_FACTOR, gt=0, le=16)
+    outputs: dict[str, OutputTolerance] = Field(default_factory=dict)
+
+    def for_output(self, name: str) -> "ToleranceSpec":
+        """The rules for output ``name``: this spec's numbers with its override applied."""
+        o = self.outputs.get(name)
+        if o is None:
+            return self
+        upd = {k: v for k, v in o.model_dump().items() if v is not None}
+        return self.model_copy(update={**upd, "outputs": {}})
+
+
+class DimDraw(_Strict):
+    """How the secret-shape draw picks one dim (``[coverage.dims.<D>]``).
+
+    ``choices``: only these values. Else an integer in ``[low, high]`` (default: the
+    smallest and largest value the spec's shape cases give the dim), log-uniform, a
+    multiple of ``multiple_of``; the row dim M is drawn from 1 to twice the largest
+    benchmark M unless bounded here. Every draw must also pass the spec's own checks at
+    the drawn shape (TMA row alignment, positive dims), so a dim whose legal values are
+    sparse needs ``choices`` or ``multiple_of``."""
+
+    low: StrictInt | None = Field(None, ge=1)
+    high: StrictInt | None = Field(None, ge=1)
+    multiple_of: StrictInt = Field(1, ge=1)
+    choices: list[StrictInt] | None = Field(None, min_length=1)
+
+    @model_validator(mode="after")
+    def _range(self) -> "DimDraw":
+        if self.choices is not None and (self.low is not None or self.high is not None):
+            raise ValueError("give either choices or low/high, not both")
+        if self.choices is not None and any(c <= 0 for c in self.choices):
+            raise ValueError(f"choices must be positive, got {self.choices}")
+        if self.low is not None and self.high is not None and self.low > self.high:
+            raise ValueError(f"low = {self.low} > high = {self.high}")
+        return self
+
+
+class CoverageSpec(_Strict):
+    """What the verifier's secret draws may vary (``[coverage]``; ``verifier/coverage.py``).
+
+    Every verification also runs the candidate at shapes drawn from a per-run secret and
+    on inputs drawn in several ways (heavy tails, outlier rows/columns, saturating
+    scales, near-zero rows; ``verifier/inputs.py``). This table states the limits of
+    those draws for one spec:
+
+    * ``fixed``: dims that keep the values the spec's shape cases use (e.g. a head dim
+      the kernel is written for);
+    * ``dims``: a range or choice list per dim (:class:`DimDraw`), e.g. an upper bound
+      that keeps an input within a constraint (``S`` bounds the positions);
+    * ``plain_inputs``: inputs always drawn exactly as declared (no rescaling);
+    * ``nonfinite``: the op propagates NaN/Inf row-wise; the draws then include rows with
+      NaN/Inf, and non-finite outputs must sit exactly where the reference's are;
+    * ``constraints``: the input constraints in words, rendered into the prompt.
+    """
+
+    fixed: list[str] = Field(default_factory=list)
+    dims: dict[str, DimDraw] = Field(default_factory=dict)
+    plain_inputs: list[str] = Field(default_factory=list)
+    nonfinite: bool = False
+    constraints: list[str] = Field(default_factory=list)
 
 
 class ShapeCase(_Strict):
@@ -422,6 +516,7 @@ class KernelSpec(_Strict):
     math: str = Field(min_length=10, description="the op's math, rendered into the prompt")
     entry: EntrySpec
     tolerance: ToleranceSpec = ToleranceSpec()
+    coverage: CoverageSpec = CoverageSpec()
     shapes: ShapesSpec
     bench: BenchSpec
     hints: list[str] = Field(default_factory=list, description="extra notes for the prompt")
@@ -471,6 +566,7 @@ class KernelSpec(_Strict):
         if self.entry.max_workspace is not None:
             for d in expr_names(self.entry.max_workspace):
                 users.setdefault(d, []).append("entry.max_workspace")
+        self._check_coverage(inputs, outputs, set(users) | expr_names(self.bench.flops))
         flops_dims = expr_names(self.bench.flops)
         for group, cases in (("correctness", self.shapes.correctness), ("benchmark", self.shapes.benchmark)):
             for i, c in enumerate(cases):
@@ -491,6 +587,23 @@ class KernelSpec(_Strict):
                         self._check_values(f"{at} at the recheck's {RECHECK_ROW_DIM} = {redrawn}",
                                            {**c.dims, RECHECK_ROW_DIM: redrawn}, bench=False)
         return self
+
+    def _check_coverage(self, inputs: set[str], outputs: set[str], dims: set[str]) -> None:
+        """``tolerance.outputs`` names outputs; ``coverage`` names dims and inputs the spec has."""
+        bad = sorted(set(self.tolerance.outputs) - outputs)
+        if bad:
+            raise ValueError(f"tolerance.outputs: {bad} are not outputs (outputs: {sorted(outputs)})")
+        cov = self.coverage
+        for field, names in (("coverage.fixed", cov.fixed), ("coverage.dims", list(cov.dims))):
+            unknown = sorted(set(names) - dims)
+            if unknown:
+                raise ValueError(f"{field}: {unknown} are not dims of this spec (dims: {sorted(dims)})")
+        both = sorted(set(cov.fixed) & set(cov.dims))
+        if both:
+            raise ValueError(f"coverage: {both} are both fixed and given a draw in coverage.dims")
+        unknown = sorted(set(cov.plain_inputs) - inputs)
+        if unknown:
+            raise ValueError(f"coverage.plain_inputs: {unknown} are not inputs (inputs: {sorted(inputs)})")
 
     def _check_values(self, where: str, dims: dict[str, int], *, bench: bool) -> None:
         """Evaluate, at one shape case, what the verifier will evaluate there: every tensor
@@ -582,6 +695,16 @@ class KernelSpec(_Strict):
     def constants_of(self, dims: dict[str, int]) -> dict[str, int]:
         """The entry's keyword-only int arguments under ``dims`` (``{}`` for most specs)."""
         return {c: int(dims[c]) for c in self.entry.constants}
+
+    @property
+    def low_precision(self) -> str:
+        """The lowest floating precision among the inputs (the dtype ``ref_lowp`` is computed
+        in; its ulp is the element rule's floor): bfloat16, float16 or float32."""
+        floats = [t.dtype for t in self.entry.inputs if t.dtype in ("bfloat16", "float16", "float32")]
+        for d in ("bfloat16", "float16"):
+            if d in floats:
+                return d
+        return "float32"
 
     @property
     def gradient_outputs(self) -> list[OutputSpec]:

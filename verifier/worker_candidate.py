@@ -382,10 +382,10 @@ class Worker:
         self.fn = fn
 
     # -- one trial ----------------------------------------------------------------
-    def inputs_for(self, dims: dict[str, int], seed: int) -> dict[str, torch.Tensor]:
+    def inputs_for(self, dims: dict[str, int], seed: int, draw: str = "spec") -> dict[str, torch.Tensor]:
         """The trial's inputs (bit-identical to the reference worker's); raises InputGenerationError."""
         try:
-            return make_inputs(self.loaded, dims, seed, self.device, self.ref)
+            return make_inputs(self.loaded, dims, seed, self.device, self.ref, draw)
         except Exception as e:  # noqa: BLE001
             raise InputGenerationError(f"input generation failed: {type(e).__name__}: {e}") from e
 
@@ -406,7 +406,7 @@ class Worker:
         eighth red team told an extra, unjudged count call from the judged trials by the
         allocator poison and ran a torch fallback only where it was judged."""
         assert self.fn is not None
-        inputs = self.inputs_for(run.dims, run.seed)
+        inputs = self.inputs_for(run.dims, run.seed, run.draw)
         self.sync()
         before = {} if run.sample else {k: _host_copy(v) for k, v in inputs.items()}
         poisoned = self.poison()
@@ -734,7 +734,7 @@ class Worker:
         # or verifier problem in drawing them shows up here, not charged to the candidate.
         self.begin("input check")
         for run in [*self.plan.correctness_runs, *self.plan.recheck_runs]:
-            self.inputs_for(run.dims, run.seed)
+            self.inputs_for(run.dims, run.seed, run.draw)
         self.sync()
         self.begin("import")
         t0 = _perf_counter()

@@ -65,6 +65,41 @@ def _exact_fp32() -> None:
         pass
 
 
+def autograd_gradient(ref: Any, g: GradientSpec, inputs: dict[str, torch.Tensor], consts: dict[str, int]) -> torch.Tensor:
+    """d ref.<g.of>(inputs \\ upstream) / d inputs[g.wrt], contracted with inputs[g.upstream]."""
+    args = {k: v.detach() for k, v in inputs.items() if k != g.upstream}
+    wrt = args[g.wrt].clone().requires_grad_(True)
+    args[g.wrt] = wrt
+    with torch.enable_grad():
+        y = getattr(ref, g.of)(**args, **consts)
+        upstream = inputs[g.upstream].to(y.dtype)
+        (grad,) = torch.autograd.grad(y, wrt, grad_outputs=upstream)
+    return grad.detach()
+
+
+def reference_outputs(spec: Any, ref: Any, inputs: dict[str, torch.Tensor], dims: dict[str, int]
+                      ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """``(ref32, ref_lowp)`` for every output of ``spec`` (CPU tensors): ``ref.reference`` (and
+    the autograd of each gradient output's forward) on the fp32-upcast ``inputs`` (kept
+    fp32) and on the low-precision ``inputs`` as they are. Call with TF32 off."""
+    in32 = upcast(inputs)
+    consts = spec.constants_of(dims)
+    ref32: dict[str, torch.Tensor] = {}
+    lowp: dict[str, torch.Tensor] = {}
+    if spec.value_outputs:
+        with torch.no_grad():
+            r32 = ref.reference(**in32, **consts)
+            rlp = ref.reference(**inputs, **consts)
+        for o in spec.value_outputs:
+            ref32[o.name] = r32[o.name].detach().float().cpu()
+            lowp[o.name] = rlp[o.name].detach().cpu()
+    for o in spec.gradient_outputs:
+        assert o.gradient is not None
+        ref32[o.name] = autograd_gradient(ref, o.gradient, in32, consts).float().cpu()
+        lowp[o.name] = autograd_gradient(ref, o.gradient, inputs, consts).cpu()
+    return ref32, lowp
+
+
 class RefWorker:
     """State of one reference-worker run."""
 
@@ -86,35 +121,9 @@ class RefWorker:
             torch.cuda.synchronize()
 
     # -- references ---------------------------------------------------------------------
-    def gradient(self, g: GradientSpec, inputs: dict[str, torch.Tensor], consts: dict[str, int]) -> torch.Tensor:
-        """d reference.<of>(inputs \\ upstream) / d inputs[wrt], contracted with inputs[upstream]."""
-        args = {k: v.detach() for k, v in inputs.items() if k != g.upstream}
-        wrt = args[g.wrt].clone().requires_grad_(True)
-        args[g.wrt] = wrt
-        with torch.enable_grad():
-            y = getattr(self.ref, g.of)(**args, **consts)
-            upstream = inputs[g.upstream].to(y.dtype)
-            (grad,) = torch.autograd.grad(y, wrt, grad_outputs=upstream)
-        return grad.detach()
-
     def references(self, run: Run) -> dict[str, Any]:
-        inputs = make_inputs(self.loaded, run.dims, run.seed, self.device, self.ref)
-        in32 = upcast(inputs)
-        consts = self.spec.constants_of(run.dims)
-        ref32: dict[str, torch.Tensor] = {}
-        lowp: dict[str, torch.Tensor] = {}
-        values = self.spec.value_outputs
-        if values:
-            with torch.no_grad():
-                r32 = self.ref.reference(**in32, **consts)
-                rlp = self.ref.reference(**inputs, **consts)
-            for o in values:
-                ref32[o.name] = r32[o.name].detach().float().cpu()
-                lowp[o.name] = rlp[o.name].detach().cpu()
-        for o in self.spec.gradient_outputs:
-            assert o.gradient is not None
-            ref32[o.name] = self.gradient(o.gradient, in32, consts).float().cpu()
-            lowp[o.name] = self.gradient(o.gradient, inputs, consts).cpu()
+        inputs = make_inputs(self.loaded, run.dims, run.seed, self.device, self.ref, run.draw)
+        ref32, lowp = reference_outputs(self.spec, self.ref, inputs, run.dims)
         saved_inputs = {k: v.cpu() for k, v in inputs.items()}
         if run.sample:  # a bench-shape check: the same sampled positions as the candidate worker
             pos = {o.name: i for i, o in enumerate(self.spec.entry.outputs)}

@@ -21,9 +21,7 @@ Scales (why the outputs are where they are):
   sits between them. Neither is near zero.
 """
 
-import inspect
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -32,7 +30,7 @@ import torch.nn.functional as F
 from coda_agent.verifier.inputs import make_inputs, upcast
 from coda_agent.verifier.numerics import coda_check
 from coda_agent.verifier.spec import eval_expr, load_spec
-from coda_agent.verifier.worker_reference import RefWorker
+from coda_agent.verifier.worker_reference import autograd_gradient
 
 ROOT = Path(__file__).resolve().parents[2]
 SPECS = ROOT / "kernel_specs"
@@ -59,11 +57,10 @@ def ce():
 
 
 def _grad(loaded, inputs):
-    """The gradient outputs exactly as the reference worker computes them (RefWorker.gradient;
-    these specs declare no entry constants, so any constants argument is empty)."""
-    worker = SimpleNamespace(ref=loaded.load_reference())
-    extra = [{}] if "consts" in inspect.signature(RefWorker.gradient).parameters else []
-    return {o.name: RefWorker.gradient(worker, o.gradient, inputs, *extra) for o in loaded.spec.gradient_outputs}
+    """The gradient outputs exactly as the reference worker computes them (these specs
+    declare no entry constants)."""
+    ref = loaded.load_reference()
+    return {o.name: autograd_gradient(ref, o.gradient, inputs, {}) for o in loaded.spec.gradient_outputs}
 
 
 def _refs(loaded, inputs):

@@ -18,6 +18,7 @@ import pytest
 
 import coda_agent.verifier.pipeline as pipeline
 from coda_agent.verifier.pipeline import verify
+from coda_agent.verifier.protocol import make_runs
 from coda_agent.verifier.spec import load_spec
 from coda_agent.verifier.verdict import Finding, StageResult, Verdict
 from verifier_helpers import landlock_or_skip, stub_static_compile as stub_stages
@@ -259,16 +260,17 @@ def swiglu_fwd(x, w1):
     pre[:, 0::2], pre[:, 1::2] = pre[:, 1::2].clone(), pre[:, 0::2].clone()
     return pre, post
 """, "adjacent column pairs swapped"),
+    # right after every trial before timing (the public cases and the secret coverage cases)
     "drift-after-timing": (GOOD_FWD + """
 _orig = swiglu_fwd
 _calls = [0]
 def swiglu_fwd(x, w1):
     _calls[0] += 1
     pre, post = _orig(x, w1)
-    if _calls[0] > 6:
+    if _calls[0] > %d:
         post = (post.float() * 1.05).to(torch.bfloat16)
     return pre, post
-""", "after timing, with a fresh seed"),
+""" % len([r for r in make_runs(FWD.spec, 1, "cpu") if not r.recheck]), "after timing, with a fresh seed"),
     "harness-tampered": ("""
 import time
 time.perf_counter = lambda: 0.0
@@ -301,7 +303,8 @@ def swiglu_fwd(x, w1):
 """
     v = _cpu_verify(FWD, _write(tmp_path, body), tmp_path)
     f = [f for f in v.stage("correctness").findings if f.kind == "tolerance"]
-    assert f and {x.case for x in f} == {"ragged-m", "ragged-all"}
+    # the public cases (the secret coverage cases, whose shapes vary per run, are judged too)
+    assert f and {x.case for x in f if not x.case.startswith("secret-")} == {"ragged-m", "ragged-all"}
     assert "only the ragged edge (rows >= 256) wrong" in f[0].message
 
 
