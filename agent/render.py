@@ -164,6 +164,103 @@ def _shape_str(shape: list[str | int]) -> str:
     return "(" + ", ".join(str(s) for s in shape) + ("," if len(shape) == 1 else "") + ")"
 
 
+SIGN_MARGIN = 2.0
+"""``verifier.numerics.SIGN_MARGIN``, which the sign rule's text states (a copy: the prompt
+is rendered without importing torch; ``tests/agent/test_render.py`` checks they agree)."""
+QUANTILES = (0.5, 0.9, 0.99)
+"""``verifier.numerics.QUANTILES``, the error percentiles the quantile rule compares (a copy,
+checked like :data:`SIGN_MARGIN`)."""
+_ULP_NAME = {"bfloat16": "ulp_bf16", "float16": "ulp_fp16", "float32": "ulp_fp32"}
+
+
+def _tolerance_view(spec: Any) -> dict[str, Any]:
+    """The numeric rules' numbers, grouped: outputs with the same effective numbers (after
+    ``[tolerance.outputs.<name>]`` overrides) share one group, in output order."""
+    tol = spec.tolerance
+    groups: list[dict[str, Any]] = []
+    for o in spec.entry.outputs:
+        t = tol.for_output(o.name)
+        nums = {
+            "factor": _fmt_num(t.factor),
+            "floor": f"{t.floor:g}",
+            "ulps": _fmt_num(t.ulps),
+            "floor_ulps": _fmt_num(t.floor_ulps),
+            "quantile_factor": _fmt_num(t.quantile_factor),
+        }
+        for g in groups:
+            if g["nums"] == nums:
+                g["outputs"].append(o.name)
+                break
+        else:
+            groups.append({"outputs": [o.name], "nums": nums})
+    return {
+        "rule": tol.rule,
+        "lowp": spec.low_precision,
+        "ulp_low": _ULP_NAME[spec.low_precision],
+        "groups": [{"outputs": g["outputs"], **g["nums"]} for g in groups],
+        "sign_margin": _fmt_num(SIGN_MARGIN),
+        "quantiles": ", ".join(f"{round(q * 100)}th" for q in QUANTILES),
+    }
+
+
+def _fmt_mib(nbytes: int) -> str:
+    return f"{nbytes / 2**20:.1f}".removesuffix(".0") + " MiB"
+
+
+def _workspace_view(spec: Any) -> dict[str, Any]:
+    """The workspace rule and its value at each benchmark shape (the correctness shapes
+    when the spec has none)."""
+    from coda_agent.verifier.spec import WORKSPACE_FLOOR
+
+    cases = spec.shapes.benchmark or spec.shapes.correctness
+    return {
+        "expr": None if spec.entry.max_workspace is None else str(spec.entry.max_workspace),
+        "floor": _fmt_mib(WORKSPACE_FLOOR),
+        "where": "benchmark" if spec.shapes.benchmark else "correctness",
+        "at": [{"name": c.name or f"case{i}", "budget": _fmt_mib(spec.workspace_budget(spec.dims_of(c))[0])}
+               for i, c in enumerate(cases)],
+    }
+
+
+def _coverage_view(spec: Any) -> dict[str, Any]:
+    """The secret coverage draws of ``spec`` (``verifier/coverage.py``) in words."""
+    from coda_agent.verifier import coverage as cov
+
+    rules = cov.dim_rules(spec)
+    order = list(dict.fromkeys(d for c in (*spec.shapes.correctness, *spec.shapes.benchmark) for d in c.dims))
+    order = [cov.ROW_DIM] * (cov.ROW_DIM in rules) + [d for d in order if d != cov.ROW_DIM and d in rules]
+    ranges, fixed, choices = [], [], []
+    for d in order:
+        r = rules[d]
+        if "choices" in r:
+            vals = ", ".join(str(v) for v in r["choices"])
+            if d in spec.coverage.fixed or d not in spec.coverage.dims:
+                fixed.append(f"{d} = {vals}" if len(r["choices"]) == 1 else f"{d} in {{{vals}}}")
+            else:
+                choices.append(f"{d} in {{{vals}}}")
+        else:
+            mult = f" (a multiple of {r['multiple_of']})" if r["multiple_of"] > 1 else ""
+            ranges.append(f"{d} {r['low']} to {r['high']}{mult}")
+    m = cov.ROW_DIM if cov.ROW_DIM in rules else None
+    shapes = []
+    if spec.shapes.benchmark:
+        shapes.append(f"one production-size ragged shape (a benchmark shape{f' with {m} redrawn in [{m}/2, 2{m}]' if m else ''}, "
+                      f"the other free dims moved off multiples of {cov.RAGGED_TO})")
+    if m:
+        shapes.append(f"one with {m} in [1, {cov.TINY_M}]")
+    shapes.append(f"one per input draw below with each dim drawn log-uniform, ragged (no multiple of {cov.RAGGED_TO}) "
+                  f"or aligned (a multiple of {cov.ALIGNED_TO}) with equal odds")
+    return {
+        "shapes": ", ".join(shapes[:-1]) + (", and " if len(shapes) > 1 else "") + shapes[-1],
+        "ranges": "; ".join(ranges),
+        "fixed": ", ".join(fixed),
+        "choices": ", ".join(choices),
+        "nonfinite": spec.coverage.nonfinite,
+        "plain_inputs": list(spec.coverage.plain_inputs),
+        "constraints": list(spec.coverage.constraints),
+    }
+
+
 def spec_view(loaded: Any) -> dict[str, Any]:
     """Plain data for ``task.md.j2`` from a ``LoadedSpec`` (or ``KernelSpec``)."""
     spec = getattr(loaded, "spec", loaded)
@@ -209,8 +306,6 @@ def spec_view(loaded: Any) -> dict[str, Any]:
             "outputs": ", ".join(f"{t.name}{spec.shape_of(t, dims)}" for t in spec.entry.outputs),
         }
 
-    tol = spec.tolerance
-    lowp = sorted({t.dtype for t in spec.entry.inputs if t.dtype in ("bfloat16", "float16")}) or ["float32"]
     return {
         "name": spec.name,
         "description": " ".join(spec.description.split()),
@@ -228,13 +323,10 @@ def spec_view(loaded: Any) -> dict[str, Any]:
         "max_launches": spec.entry.max_launches,
         "max_gemm_launches": spec.entry.max_gemm_launches,
         "allowed_torch": list(spec.entry.allowed_torch),
-        "tolerance": {
-            "rule": tol.rule,
-            "factor": _fmt_num(tol.factor),
-            "floor": f"{tol.floor:g}",
-            "lowp": " / ".join(lowp),
-        },
-        "seeds": list(spec.shapes.seeds),
+        "workspace": _workspace_view(spec),
+        "tolerance": _tolerance_view(spec),
+        "coverage": _coverage_view(spec),
+        "n_seeds": len(spec.shapes.seeds),
         "correctness": [case_view(c) for c in spec.shapes.correctness],
         "benchmark": [case_view(c) for c in spec.shapes.benchmark],
         "flops": spec.bench.flops,

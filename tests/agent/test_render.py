@@ -54,7 +54,7 @@ def test_prompt_contains_docs_examples_tricks_and_spec(workspace, fwd_spec):
     assert "- `postact`: shape (M, I), dtype bfloat16 -- silu(gate) * up." in task
     assert "postact[m, j] = silu(gate[m, j]) * up[m, j]" in task  # the math
     assert "max |out - ref32| <= 2 * max |ref_lowp - ref32| + 1e-06" in task
-    assert "(bfloat16)" in task
+    assert "the same reference computed in bfloat16." in task  # the low precision
     assert "- ragged-all: M=517, K=264, I=328 (ragged: I, K, M not a multiple of 128)" in task
     assert "inputs x(517, 264), w1(656, 264) -> outputs preact(517, 656), postact(517, 328)" in task
     assert "- llama3-70b/M16384: M=16384, K=8192, I=28672" in task
@@ -130,7 +130,8 @@ def test_prompt_structure_and_token_estimate(workspace, fwd_spec):
     assert p.system_blocks[0].startswith("You are an expert author of fused GEMM-epilogue GPU kernels")
     assert "exactly ONE fenced code block" in p.system_blocks[0]
     assert "imports only these modules (or names defined in them): `torch`, `math`, `functools`" in p.system_blocks[0]
-    assert "try`/`except" in p.system_blocks[0] and "ONE launch per call" in p.system_blocks[0]
+    assert "try`/`except" in p.system_blocks[0]
+    assert "the GEMM and its epilogue are one kernel" in p.system_blocks[0]
     assert DOC_MARKER in p.system_blocks[1]
     assert GELU_MARKER in p.system_blocks[2]
     assert TRICK_MARKER in p.system_blocks[3]
@@ -225,3 +226,184 @@ def test_a_tricks_entry_cannot_split_the_system_prompt(workspace, fwd_spec):
     assert len(after.system_blocks) == len(before.system_blocks)
     assert BLOCK_BREAK in "".join(after.system_blocks)
     assert render_prompt(fwd_spec, workspace).system_blocks == after.system_blocks  # stable for the cache
+
+
+# --------------------------------------------------------------------------- the rules as stated
+
+
+def _task(loaded) -> str:
+    from coda_agent.agent.render import render_task
+
+    return render_task(loaded)
+
+
+def test_task_prompt_states_every_numeric_rule_with_the_specs_numbers(fwd_spec):
+    """The five rules of verifier/numerics.py's judge, each with the spec's numbers."""
+    tol = fwd_spec.spec.tolerance
+    assert (tol.factor, tol.floor, tol.ulps, tol.floor_ulps, tol.quantile_factor) == (2.0, 1e-6, 3.0, 2.0, 2.0)
+    task = _task(fwd_spec)
+    assert "1. max-abs: max |out - ref32| <= 2 * max |ref_lowp - ref32| + 1e-06." in task
+    assert ("2. per element: |out_i - ref32_i| <= 3 * ulp_out(ref32_i) + 2 * |ref_lowp_i - ref32_i| "
+            "+ 2 * ulp_bf16(scale of row i) + 1e-06.") in task
+    assert ("3. error quantiles: the 50th, 90th, 99th percentiles of |out - ref32| are each at most 2 * the same "
+            "percentile of |ref_lowp - ref32| + ulp_bf16(scale of the tensor) + 1e-06.") in task
+    assert ("4. sign: wherever |ref32_i| > 2 * (2 * |ref_lowp_i - ref32_i| + 2 * ulp_bf16(scale of row i) + 1e-06), "
+            "out_i * ref32_i > 0 (no zero, no flipped sign).") in task
+    assert "5. non-finite: out is NaN/Inf exactly where ref32 is, and nowhere else." in task
+    assert "ulp_out(v) is the spacing of the output's dtype at |v|, ulp_bf16(x) the spacing of bfloat16 at x." in task
+    assert "rows = the last dim" in task
+    # what it means in practice
+    assert "Small and medium values count as much as the largest" in task
+    assert "Compute every element in float32 and round once, at the store" in task
+    assert "No approximation coarser than the output dtype" in task
+    assert "Every size counts" in task
+    # the seeds are secret: their number is stated, not their values
+    assert "each run with 2 secret seeds" in task and "seed (0, 1)" not in task
+    # the old rule's wording, which made any NaN a failure
+    assert "NaN or Inf anywhere fails" not in task
+    # every number in the rules is the spec's: change them all and every rule follows
+    spec = fwd_spec.spec
+    numbers = {"factor": 3.5, "floor": 2e-5, "ulps": 5.0, "floor_ulps": 4.0, "quantile_factor": 1.5}
+    other = spec.model_copy(update={"tolerance": spec.tolerance.model_copy(update=numbers)})
+    task = _task(other)
+    assert "max |out - ref32| <= 3.5 * max |ref_lowp - ref32| + 2e-05." in task
+    assert "<= 5 * ulp_out(ref32_i) + 3.5 * |ref_lowp_i - ref32_i| + 4 * ulp_bf16(scale of row i) + 2e-05." in task
+    assert "at most 1.5 * the same percentile of |ref_lowp - ref32| + ulp_bf16(scale of the tensor) + 2e-05." in task
+    assert "> 2 * (3.5 * |ref_lowp_i - ref32_i| + 4 * ulp_bf16(scale of row i) + 2e-05)" in task
+
+
+def test_task_prompt_states_per_output_overrides(fwd_spec):
+    from coda_agent.verifier.spec import OutputTolerance
+
+    spec = fwd_spec.spec
+    tol = spec.tolerance.model_copy(update={"outputs": {"postact": OutputTolerance(factor=4.0, ulps=8.0)}})
+    task = _task(spec.model_copy(update={"tolerance": tol}))
+    pre = task.index("For `preact`:")
+    post = task.index("For `postact`:")
+    assert pre < post
+    preact_rules, postact_rules = task[pre:post], task[post:task.index("ulp_out(v) is the spacing")]
+    assert "max |out - ref32| <= 2 * max |ref_lowp - ref32| + 1e-06." in preact_rules
+    assert "<= 3 * ulp_out(ref32_i) + 2 * |ref_lowp_i - ref32_i| + 2 * ulp_bf16" in preact_rules
+    assert "max |out - ref32| <= 4 * max |ref_lowp - ref32| + 1e-06." in postact_rules
+    assert "<= 8 * ulp_out(ref32_i) + 4 * |ref_lowp_i - ref32_i| + 2 * ulp_bf16" in postact_rules
+    assert "> 2 * (4 * |ref_lowp_i - ref32_i|" in postact_rules
+    assert "at most 2 * the same percentile" in postact_rules  # quantile_factor not overridden
+    # an override equal to the spec-wide numbers makes no separate group
+    same = spec.tolerance.model_copy(update={"outputs": {"postact": OutputTolerance(factor=2.0)}})
+    assert "For `" not in _task(spec.model_copy(update={"tolerance": same}))
+
+
+def test_rule_constants_in_the_prompt_match_the_verifier():
+    """render.py copies two numbers of verifier/numerics.py (rendering imports no torch); and
+    task.md.j2 words the input draws of verifier/inputs.py."""
+    from coda_agent.agent import render
+    from coda_agent.verifier import inputs, numerics
+
+    assert render.SIGN_MARGIN == numerics.SIGN_MARGIN
+    assert render.QUANTILES == numerics.QUANTILES
+    assert inputs.DRAWS == ("spec", "heavy", "outliers", "saturate", "tiny_rows", "nonfinite"), \
+        "a new input draw: say what it draws in task.md.j2's Coverage section"
+
+
+def test_task_prompt_states_the_limits(workspace, fwd_spec):
+    task = _task(fwd_spec)
+    spec = fwd_spec.spec
+    assert "At most 1 CUDA kernel launch per call." in task
+    assert "Host code may call no torch function beyond allocation" in task
+    assert ("The budget: half the largest tensor the spec declares (input or output) at that shape, "
+            "or 8 MiB if that is more") in task
+    for c in spec.shapes.benchmark:
+        mib = spec.workspace_budget(c.dims)[0] / 2**20
+        assert f"{c.name} {mib:.1f}".removesuffix(".0") + " MiB" in task
+    assert "llama3-70b/M16384 896 MiB." in task
+    # a spec's own budget expression and its values; its GEMM count
+    ce = load_spec(workspace / "kernel_specs" / "cross_entropy_bwd")
+    task = _task(ce)
+    assert "The budget: `2*M*V + 4*V + 8*1048576` bytes (the spec's `max_workspace`)" in task
+    b = ce.spec.shapes.benchmark[0]
+    assert f"{b.name} {ce.spec.workspace_budget(b.dims)[0] / 2**20:.1f} MiB" in task
+    assert "At most 4 CUDA kernel launches per call, of which at most 3 may be GEMMs" in task
+    assert "Host code may additionally call these torch functions: arange." in task
+    # a finishing step within the launch budget is stated as allowed
+    rms = load_spec(workspace / "kernel_specs" / "gemm_residual_partial_rms")
+    task = _task(rms)
+    assert "At most 4 CUDA kernel launches per call, of which only one may be a GEMM" in task
+    assert "a finishing step (such as finalizing a statistic from per-tile partials)" in task
+    assert "never PyTorch math in place of the epilogue" in task
+    assert "Host code may additionally call these torch functions: sum, rsqrt." in task
+
+
+ROPE_COVERAGE = """
+[coverage]
+fixed = ["HD"]
+constraints = ["HD is 64 or 128 (the head dims of the Llama-3 family)", "positions < S <= 131072 (2^17)"]
+dims = { S = { high = 131072 } }
+"""
+
+
+@pytest.mark.parametrize("name", ["gemm_rope", "rope_bwd", "gemm_rmsnorm_rope"])
+def test_task_prompt_states_the_coverage_of_the_rope_specs(workspace, name):
+    """A RoPE spec that fixes HD and states its position constraint (the catalogue's RoPE
+    kernels are general in HD, so their specs leave it free)."""
+    from coda_agent.verifier.coverage import dim_rules
+
+    toml = workspace / "kernel_specs" / name / "spec.toml"
+    text = toml.read_text()
+    toml.write_text(text.replace("[tolerance]", ROPE_COVERAGE.strip() + "\n\n[tolerance]", 1))
+    loaded = load_spec(toml.parent)
+    spec = loaded.spec
+    assert "HD" in spec.coverage.fixed and spec.coverage.constraints
+    task = _task(loaded)
+    sec = task[task.index("## Coverage: secret shapes and inputs"):task.index("## Performance")]
+    assert "must be correct for every legal shape and input, not only the listed ones" in sec
+    assert "a failure names the secret shape it happened at" in sec
+    assert "one with M in [1, 64]" in sec and "one production-size ragged shape" in sec
+    rules = dim_rules(spec)
+    assert rules["HD"] == {"choices": [64, 128]}
+    assert "Fixed: HD in {64, 128}" in sec
+    for d, r in rules.items():
+        if "choices" not in r:
+            assert f"{d} {r['low']} to {r['high']}" in sec, d
+    assert "M 1 to 32768" in sec and "S 4096 to 131072" in sec  # M: twice the largest benchmark M; S: coverage.dims
+    assert "- Input constraints (every draw keeps them; you may rely on them):" in sec
+    for line in spec.coverage.constraints:
+        assert f"  - {line}\n" in sec
+    assert "positions < S <= 131072 (2^17)" in sec
+    assert "No NaN/Inf inputs are drawn." in sec
+    for words in ("heavy tails", "outlier rows and columns (|x| up to ~100)", "gates near +-90", "near-zero rows"):
+        assert words in sec
+    assert "- Inputs: only the input constraints listed under Coverage are guaranteed." in task
+
+
+def test_task_prompt_coverage_without_constraints_and_with_nonfinite(workspace, fwd_spec):
+    task = _task(fwd_spec)
+    sec = task[task.index("## Coverage"):task.index("## Performance")]
+    assert "Input constraints" not in sec and "Fixed:" not in sec
+    assert "Dim ranges: M 1 to 32768; K 264 to 8192; I 200 to 28672." in sec
+    toml = workspace / "kernel_specs" / "swiglu_fwd" / "spec.toml"
+    toml.write_text(toml.read_text() + '\n[coverage]\nnonfinite = true\nfixed = ["K"]\n'
+                    'dims = { M = { high = 4096, multiple_of = 8 } }\nconstraints = ["K is fixed"]\n')
+    task = _task(load_spec(toml.parent))
+    sec = task[task.index("## Coverage"):task.index("## Performance")]
+    assert "Rows holding a NaN, +Inf or -Inf are drawn too" in sec and "No NaN/Inf" not in sec
+    assert "M 1 to 4096 (a multiple of 8)" in sec and "Fixed: K in {264, 320, 512, 2048, 4096, 8192}" in sec
+    assert "  - K is fixed" in sec
+
+
+def test_system_prompt_states_the_launch_rule_truthfully(workspace, fwd_spec):
+    system = render_prompt(fwd_spec, workspace).system_blocks[0]
+    assert "No second kernel for a finishing step" not in system
+    assert "ONE launch per call" not in system
+    assert "the GEMM and its epilogue are one kernel" in system
+    assert 'stated under "Limits" in the task' in system
+    assert "finalizing a" in system and "Never PyTorch math in place of the epilogue" in system
+    assert "secret" in system  # the verifier's secret shapes and draws are announced
+
+
+def test_contract_doc_states_the_launch_rule_truthfully():
+    from agent_helpers import REPO
+
+    doc = (REPO / "primitives_docs" / "00-contract.md").read_text()
+    assert "must launch **one** kernel" not in doc
+    assert "The GEMM and its epilogue are **one** kernel launch" in doc
+    assert "finishing step" in doc and '"Limits" section' in doc
