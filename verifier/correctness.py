@@ -33,6 +33,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from coda_agent.verifier.coverage import KEY_PREFIX as COVERAGE_KEY_PREFIX
 from coda_agent.verifier.gpu_results import GpuRun, failure_finding, jsonable
 from coda_agent.verifier.numerics import (
     bitwise_equal,
@@ -406,6 +407,12 @@ def correctness_stage(loaded: LoadedSpec, run: GpuRun) -> StageResult:
         return stage_result("correctness", "error", err, f.items + [Finding(kind="verifier-error", message=err)], metrics, t0)
     metrics["trials"] = by_trial
     metrics["worst"] = worst(by_trial)
+    metrics["cases"] = [{"key": t.key, "case": t.case, "dims": t.dims, "draw": t.draw, "seed": t.seed,
+                         "sampled": t.sample} for t in trials]
+    secret = {t.key for t in trials if t.key.startswith(COVERAGE_KEY_PREFIX)}
+    if secret:
+        metrics["coverage_s"] = run.trial_seconds(secret)
+        metrics["trials_s"] = run.trial_seconds({t.key for t in trials})
     err = _launch_check(loaded, run, f, metrics)
     if err:
         return stage_result("correctness", "error", err, f.items, metrics, t0)
@@ -435,8 +442,10 @@ def correctness_stage(loaded: LoadedSpec, run: GpuRun) -> StageResult:
     if status == "pass":
         w = metrics["worst"]
         if w:
-            summary = (f"{len(done)} trials x {len(w)} output(s) within tolerance; worst "
-                       f"{max(w.items(), key=lambda kv: kv[1]['ratio'])[0]} at {max(m['ratio'] for m in w.values()):.2f} of allowed")
+            n_secret = sum(1 for t in done if t.key.startswith(COVERAGE_KEY_PREFIX))
+            summary = (f"{len(done)} trials ({n_secret} secret coverage cases) x {len(w)} output(s) within every "
+                       f"numerics rule; worst {max(w.items(), key=lambda kv: kv[1]['ratio'])[0]} at "
+                       f"{max(m['ratio'] for m in w.values()):.2f} of its bound")
         else:  # every output is a gradient: compared by the gradients stage
             summary = f"{len(done)} trials: outputs well-formed (all are gradients, compared in the gradients stage)"
         if metrics.get("launches") is not None:

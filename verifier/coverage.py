@@ -50,6 +50,8 @@ SEED_BASE = 20_000
 """Secret cases use seeds ``SEED_BASE + secret + j``."""
 DRAW_TRIES = 64
 """Shapes tried per case before the draw falls back to the smallest legal shape."""
+KEY_PREFIX = "cov"
+"""Run keys of the secret coverage cases start with this."""
 
 
 def _cases(spec: Any) -> list[dict[str, int]]:
@@ -235,6 +237,6 @@ def coverage_runs(spec: Any, secret: int, device: str = "cuda") -> list[Run]:
         cases.append((draw, draw_shape(spec, rng, rules, budget), 0))
     runs = []
     for j, (draw, dims, sample) in enumerate(cases):
-        runs.append(Run(key=f"cov{j}", case=_label(j, draw, dims), dims=dims, seed=SEED_BASE + secret + j,
+        runs.append(Run(key=f"{KEY_PREFIX}{j}", case=_label(j, draw, dims), dims=dims, seed=SEED_BASE + secret + j,
                         draw=draw, sample=sample))
     return runs

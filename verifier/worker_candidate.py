@@ -64,6 +64,7 @@ from __future__ import annotations
 import time as _time
 
 _perf_counter = _time.perf_counter
+_T0 = _perf_counter()  # records carry seconds since the worker started ("t")
 
 import argparse  # noqa: E402
 import functools  # noqa: E402
@@ -243,7 +244,7 @@ class Worker:
     def record(self, part: str, **fields: Any) -> None:
         """Append one record to the parent's results pipe (a pipe can only be appended to:
         nothing in this process can rewrite earlier records; the file is read-only here)."""
-        self._out.write(record_line({"part": part, **fields}))
+        self._out.write(record_line({"part": part, "t": round(_perf_counter() - _T0, 4), **fields}))
         self._out.flush()
         if self._fsync:
             os.fsync(self._out.fileno())

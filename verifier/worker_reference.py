@@ -104,6 +104,7 @@ class RefWorker:
     """State of one reference-worker run."""
 
     def __init__(self, folder: Path):
+        self.t0 = time.perf_counter()  # records carry seconds since the worker started ("t")
         self.dir = folder
         self.plan = Plan.from_json((folder / PLAN_FILE).read_text())
         self.results = folder / RESULTS_FILE
@@ -114,7 +115,7 @@ class RefWorker:
         self.ref = self.loaded.load_reference()
 
     def record(self, part: str, **fields: Any) -> None:
-        append_record(self.results, {"part": part, **fields})
+        append_record(self.results, {"part": part, "t": round(time.perf_counter() - self.t0, 4), **fields})
 
     def sync(self) -> None:
         if self.cuda:
