@@ -105,7 +105,26 @@ def _torch_bf16_alternatives(spec, ref, inputs, run) -> dict[str, dict[str, torc
     return out
 
 
-def calibrate(names: list[str] | None, device: str, secrets: int, bench: bool) -> list[dict]:
+class _Rows(list):
+    """A list that also appends each row to a JSON-lines file."""
+
+    def __init__(self, sink: Path | None):
+        super().__init__()
+        self.sink = sink
+        if sink is not None:
+            sink.write_text("")
+
+    def append(self, row: dict) -> None:
+        super().append(row)
+        if self.sink is not None:
+            with open(self.sink, "a") as f:
+                f.write(json.dumps(row, default=str) + "\n")
+
+
+def calibrate(names: list[str] | None, device: str, secrets: int, bench: bool, sample: int = 1 << 62,
+              sink: Path | None = None) -> list[dict]:
+    """Judge every candidate (module doc) and return the rows; each row is also appended to
+    ``sink`` (JSON lines) as soon as it exists, so a run cut short keeps what it judged."""
     from coda_agent.verifier.inputs import make_inputs
     from coda_agent.verifier.numerics import tolerance_check
     from coda_agent.verifier.protocol import BENCH_CHECK_SAMPLE, make_bench_checks, make_bench_shapes, make_runs, sample_index
@@ -114,15 +133,15 @@ def calibrate(names: list[str] | None, device: str, secrets: int, bench: bool) -
 
     _exact_fp32()
     dev = torch.device(device)
-    rows: list[dict] = []
+    rows: list[dict] = _Rows(sink)
     accepted = {p.parent.name for p in (ROOT / "generated_kernels").glob("*/kernel.py")}
     for loaded in find_specs(ROOT):
         if names and loaded.name not in names:
             continue
         spec, ref = loaded.spec, loaded.load_reference()
         runs = []
-        for s in range(1, secrets + 1):
-            runs += [r for r in make_runs(spec, secret=s, device=device) if not r.recheck
+        for s in range(1, secrets + 1):  # (the sampled production-size case: benchmarks/reverify.py)
+            runs += [r for r in make_runs(spec, secret=s, device=device) if not r.recheck and not r.sample
                      and (s == 1 or r.key.startswith("cov"))]
         if bench and device == "cuda" and spec.shapes.benchmark:
             shapes = make_bench_shapes(spec)[:1]
@@ -159,10 +178,12 @@ def calibrate(names: list[str] | None, device: str, secrets: int, bench: bool) -
                 for cname, res in results.items():
                     if o.name in res:
                         outs[cname] = res[o.name].to(getattr(torch, o.dtype)).cpu()
-                outs.update(wrong_variants(ideal, r32, o.dtype))
+                if not run.sample:
+                    outs.update(wrong_variants(ideal, r32, o.dtype))
                 for cname, out in outs.items():
-                    if run.sample:
-                        idx = sample_index(out.numel(), run.sample, run.seed, pos)
+                    n = run.sample or (sample if out.numel() > sample else 0)
+                    if n:  # sampled positions, as the verifier's benchmark-shape checks
+                        idx = sample_index(out.numel(), n, run.seed, pos)
                         o_, r_, l_ = out.reshape(-1)[idx], r32.reshape(-1)[idx], lp.reshape(-1)[idx]
                     else:
                         o_, r_, l_ = out, r32, lp
@@ -227,15 +248,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--secrets", type=int, default=2, help="secrets whose coverage cases are judged")
     ap.add_argument("--spec", action="append", help="only these specs (repeatable)")
-    ap.add_argument("--no-bench", action="store_true", help="skip the sampled benchmark-shape case (GPU)")
-    ap.add_argument("--json", type=Path, help="write every judged row here")
+    ap.add_argument("--bench", action="store_true", help="also the first benchmark shape, sampled (GPU)")
+    ap.add_argument("--sample", type=int, default=1 << 62,
+                    help="judge at most this many sampled elements per output (the rules on a sample)")
+    ap.add_argument("--json", type=Path, help="append every judged row here as it is judged (JSON lines)")
+    ap.add_argument("--summarize", type=Path, help="print the tables of an earlier --json file and exit")
     a = ap.parse_args(argv)
-    rows = calibrate(a.spec, a.device, a.secrets, bench=not a.no_bench)
+    if a.summarize:
+        rows = [json.loads(line) for line in a.summarize.read_text().splitlines() if line.strip()]
+    else:
+        rows = calibrate(a.spec, a.device, a.secrets, bench=a.bench, sample=a.sample, sink=a.json)
     print(summarize(rows))
     print()
     print(per_spec(rows))
-    if a.json:
-        a.json.write_text(json.dumps(rows, indent=1, default=str))
     honest_fail = [r for r in rows if r.get("candidate") in HONEST and r.get("ok") is False]
     wrong_pass = [r for r in rows if r.get("candidate") in WRONG and r.get("ok") is True]
     for r in honest_fail[:30]:

@@ -185,20 +185,17 @@ def draw_shape(spec: Any, rng: random.Random, rules: dict[str, dict[str, Any]], 
 
 
 def production_shape(spec: Any, rng: random.Random, rules: dict[str, dict[str, Any]]) -> dict[str, int] | None:
-    """A benchmark shape with M redrawn ragged in [M/2, 2M] and every other free dim moved
-    down to a legal value no multiple of 64 (within 8 steps of its multiple); None when the
-    spec has no benchmark shapes."""
+    """A benchmark shape with every free dim of 512 or more moved down to a legal value no
+    multiple of 64 (within 8 steps of its multiple), then M redrawn ragged (odd) in [M/2, 2M]
+    (fewer rows where the spec's own checks refuse more, e.g. a workspace budget that
+    outgrows its cap); None when the spec has no benchmark shapes or no legal shape is
+    found."""
     if not spec.shapes.benchmark:
         return None
     dims = dict(rng.choice(spec.shapes.benchmark).dims)
     for d, v in dims.items():
         rule = rules.get(d, {})
-        if "choices" in rule:
-            continue
-        if d == ROW_DIM:
-            lo, hi = max(1, v // 2), 2 * v
-            m = rng.randint(lo, hi)
-            dims[d] = m if m % 2 else m + 1
+        if "choices" in rule or d == ROW_DIM or v < 512:
             continue
         step = max(rule.get("multiple_of", 1), 8)
         for k in rng.sample(range(1, 9), 8):
@@ -206,6 +203,13 @@ def production_shape(spec: Any, rng: random.Random, rules: dict[str, dict[str, A
             if cand >= rule.get("low", 1) and cand % RAGGED_TO and _legal(spec, {**dims, d: cand}):
                 dims[d] = cand
                 break
+    if ROW_DIM in dims and "choices" not in rules.get(ROW_DIM, {}):
+        m0 = dims[ROW_DIM]
+        for lo, hi in ((max(1, m0 // 2), 2 * m0), (max(1, m0 // 2), m0)):
+            for _ in range(8):
+                m = rng.randint(lo, hi) | 1
+                if _legal(spec, {**dims, ROW_DIM: m}):
+                    return {**dims, ROW_DIM: m}
     return _nudge(spec, dims, rules, rng)
 
 
