@@ -21,6 +21,22 @@ if [ -n "$LIGER_WHL" ]; then
   fi
   export PYTHONPATH="$LIGER_PY:$PYTHONPATH"
 fi
+# transformers 5.x (the `hf` extra: benchmarks/hf_train.py, the GPU tests of
+# tests/kernels/test_hf_patch.py): its wheels and those of the dependencies the device
+# lacks travel in the git-ignored .device-bundle/hf/ (benchmarks/hf_bundle.sh stages
+# them; carry it), unzipped once per machine like Liger's, last on PYTHONPATH (the
+# device's own packages win). Without them those scripts and tests say they need it.
+if ls "$REPO"/.device-bundle/hf/*.whl >/dev/null 2>&1; then
+  HF_PY=/tmp/hf-py
+  HF_STAMP=$(ls "$REPO"/.device-bundle/hf/ | sort | md5sum | cut -c1-12)
+  if [ ! -f "$HF_PY/.done" ] || [ "$(cat "$HF_PY/.done")" != "$HF_STAMP" ]; then
+    rm -rf "$HF_PY" && mkdir -p "$HF_PY"
+    HF_OK=1
+    for w in "$REPO"/.device-bundle/hf/*.whl; do python3 -m zipfile -e "$w" "$HF_PY" || HF_OK=0; done
+    [ "$HF_OK" = 1 ] && echo "$HF_STAMP" > "$HF_PY/.done"
+  fi
+  export PYTHONPATH="$PYTHONPATH:$HF_PY"
+fi
 export QUACK_CACHE_DIR=${QUACK_CACHE_DIR:-/tmp/quack-cache}
 export PYTHONUNBUFFERED=1
 coda() { python3 -m coda_agent.cli "$@"; }
@@ -34,5 +50,5 @@ def ver(dist):
 print("device:", torch.cuda.get_device_name(0), "cc", torch.cuda.get_device_capability(0),
       "torch", torch.__version__, "cuda", torch.version.cuda,
       "cutlass-dsl", md.version("nvidia-cutlass-dsl"), "quack", md.version("quack-kernels"),
-      "liger-kernel", ver("liger-kernel"))
+      "liger-kernel", ver("liger-kernel"), "transformers", ver("transformers"))
 PY
