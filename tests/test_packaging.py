@@ -55,3 +55,11 @@ def test_wheel_layout_and_plain_install(tmp_path):
         check=True, capture_output=True, text=True, cwd=tmp_path,
     )
     assert out.stdout.strip().startswith(str(target))
+    # `python -m coda_agent` is the command (the package's __main__ ships in the wheel)
+    assert "coda_agent/__main__.py" in names
+    env_path = [str(target)] + [p for p in sys.path if "site-packages" in p]
+    ver = subprocess.run(
+        [sys.executable, "-m", "coda_agent", "--version"], capture_output=True, text=True, cwd=tmp_path,
+        env={"PYTHONPATH": ":".join(env_path), "PATH": "/usr/bin:/bin"},
+    )
+    assert ver.returncode == 0 and ver.stdout.startswith("coda-agent"), (ver.stdout, ver.stderr)
