@@ -98,23 +98,32 @@ def _log_uniform(rng: random.Random, low: int, high: int) -> int:
 
 def _pick(rng: random.Random, rule: dict[str, Any], *, low: int | None = None, high: int | None = None,
           ragged: bool | None = None) -> int:
-    """One value under ``rule`` (within ``[low, high]`` when given), ragged or aligned."""
+    """One value under ``rule`` within its range (and ``[low, high]`` when given), a multiple
+    of its ``multiple_of``: aligned (a multiple of :data:`ALIGNED_TO`) or ragged (no multiple
+    of :data:`RAGGED_TO`); the other kind where the range holds none of the one asked for."""
     if "choices" in rule:
         return rng.choice(rule["choices"])
-    lo, hi, mult = rule["low"], rule["high"], rule["multiple_of"]
-    lo, hi = max(lo, low or lo), min(hi, high or hi)
+    mult = rule["multiple_of"]
+    lo, hi = max(rule["low"], low or rule["low"]), min(rule["high"], high or rule["high"])
     if hi < lo:
         lo = hi = min(max(rule["low"], low or rule["low"]), rule["high"])
     v = _log_uniform(rng, lo, hi)
     if ragged is None:
         ragged = rng.random() < 0.5
-    step = mult if ragged else math.lcm(mult, ALIGNED_TO)
-    if step > hi:  # no aligned value in range (small dims such as head counts)
-        step, ragged = mult, True
-    v = max(step, v // step * step) if v >= step else step
-    if ragged and v % RAGGED_TO == 0 and v + mult <= max(hi, v + mult):
-        v += mult
-    return max(1, v)
+    first = lambda step: -(-lo // step) * step  # noqa: E731  (smallest multiple of step >= lo)
+    if not ragged:
+        step = math.lcm(mult, ALIGNED_TO)
+        if first(step) <= hi:
+            return min(max(v // step * step, first(step)), hi // step * step)
+    # ragged: a multiple of mult in range, moved off multiples of RAGGED_TO when one is near
+    if first(mult) > hi:
+        return max(1, lo)  # no multiple of mult in range: the range's own bound
+    v = min(max(v // mult * mult, first(mult)), hi // mult * mult)
+    if v % RAGGED_TO == 0:
+        for cand in (v + mult, v - mult):
+            if lo <= cand <= hi and cand % RAGGED_TO:
+                return cand
+    return v
 
 
 def _legal(spec: Any, dims: dict[str, int]) -> bool:
@@ -133,14 +142,15 @@ def _nudge(spec: Any, dims: dict[str, int], rules: dict[str, dict[str, Any]], rn
     free = [d for d in dims if "choices" not in rules[d]]
     rng.shuffle(free)
     for d in free:
-        step = rules[d]["multiple_of"]
+        step, high = rules[d]["multiple_of"], rules[d]["high"]
         for k in range(1, 17):
             trial = {**dims, d: dims[d] + k * step}
-            if _legal(spec, trial):
+            if trial[d] <= high and _legal(spec, trial):
                 return trial
-    # several dims at once: every free dim rounded up to a multiple of 8
+    # several dims at once: every free dim rounded up to a multiple of 8 (within its range)
     trial = {d: (-(-v // 8) * 8 if d in free else v) for d, v in dims.items()}
-    return trial if _legal(spec, trial) else None
+    inside = all(trial[d] <= rules[d]["high"] for d in free)
+    return trial if inside and _legal(spec, trial) else None
 
 
 def _tensor_bytes(spec: Any, dims: dict[str, int]) -> int:

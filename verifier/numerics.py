@@ -212,15 +212,20 @@ def _quantiles(x: torch.Tensor, qs: tuple[float, ...] = QUANTILES) -> list[float
 
 def row_scale(r: torch.Tensor) -> torch.Tensor:
     """Per row of ``r`` (fp64; rows = the last dim, a 1-D tensor is one row) the root mean
-    square of its finite values clipped at their 90th-percentile magnitude, shape (rows, 1):
-    a scale that outlier elements (up to 10 % of a row) do not inflate. Rows are tokens
-    with scales of their own (outlier rows, near-zero rows)."""
+    square of its finite values clipped at their 90th-percentile magnitude, shape (rows, 1)
+    (0 for a row with no finite value): a scale that outlier elements (up to 10 % of a row)
+    do not inflate. Rows are tokens with scales of their own (outlier rows, near-zero rows)."""
     r2 = r.reshape(-1, r.shape[-1]) if r.dim() >= 2 else r.reshape(1, -1)
-    a = torch.where(torch.isfinite(r2), r2.abs(), torch.zeros_like(r2))
+    fin = torch.isfinite(r2)
+    a = torch.where(fin, r2.abs(), torch.full_like(r2, -1.0))  # non-finite sort first
     if a.numel() == 0:
         return torch.zeros(a.shape[0], 1, dtype=torch.float64)
-    q = a.kthvalue(max(1, math.ceil(0.9 * a.shape[1])), dim=1).values[:, None]
-    return a.clamp(max=q).pow(2).mean(1, keepdim=True).sqrt()
+    n = fin.sum(1, keepdim=True)
+    srt = a.sort(dim=1).values
+    idx = (a.shape[1] - n + torch.ceil(0.9 * n).long() - 1).clamp(0, a.shape[1] - 1)
+    q = srt.gather(1, idx)
+    clipped = torch.where(fin, a.clamp(max=q), torch.zeros_like(a))
+    return (clipped.pow(2).sum(1, keepdim=True) / n.clamp_min(1)).sqrt()
 
 
 def judge(out: torch.Tensor, ref32: torch.Tensor, ref_lowp: torch.Tensor, tol: Any, dtype: str,
