@@ -21,17 +21,28 @@ gate/up rows interleaved in ``w1``), for a residual stream ``x`` (M, D) bf16, M 
   rstd + SwiGLU in the gate/up epilogue, plain torch backward), down projection in torch;
   ``"deferred_mlp"``: ``deferred_rmsnorm_swiglu_mlp`` (gemm_rmsnorm_swiglu forward,
   swiglu_bwd backward: neither h2 nor a torch SwiGLU backward).
+* chained (:func:`chained_layer`): ``coda_agent.kernels.chained_layer`` (``_chain``: the
+  backward inherits the forward's structure, paper section 3: every RMSNorm backward is
+  rms_bwd in its consumer's dgrad GEMM, its per-row correction emitted by swiglu_bwd_rms or
+  reduced with the RoPE backward; the residual gradient routed into the QKV dgrad), the
+  first layer's deferred norm from ``chain_start``; a stack hands ``(x3, normed_w3,
+  rstd3)`` from layer to layer (``g_next``), the last layer passes ``g_next=None``.
 
-:func:`check` compares both with the standard layer in fp32 from the same bf16 inputs
+:func:`check` compares each with the standard layer in fp32 from the same bf16 inputs
 (outputs and the gradients of x and every weight; error budget 2 x the standard bf16
 layer's error, as the verifier's). :func:`main` times one training step (forward +
 gradients), eager, ``torch.compile`` and CUDA graphs (``mode="reduce-overhead"``), in
-rounds that each time every variant (:func:`time_step`).
+rounds that each time every variant (:func:`time_step`); with ``--profile N`` (default 2)
+it splits every variant's GPU time into GEMM / attention / everything else
+(:func:`split_profile`) and states the targets (:func:`targets`: everything else <= 2 % of
+the chained step at llama3-8b; compiled chained >= 6 % (8b) / 7 % (1b) faster than
+compiled standard; reported, not asserted). Both shapes, defaults: about 5 minutes on one
+H200.
 
 Usage (device, after ``source .device-bundle/p2/install.sh && source benchmarks/device_env.sh``)::
 
     python3 benchmarks/llama_layer.py --out $OUT/layer [--check-only | --time-only] [--shape llama3-8b]
-        [--layers N] [--profile N]
+        [--layers N] [--profile N] [--rounds N]
 
 Writes ``llama_layer.json``. Raises SystemExit without CUDA.
 """
@@ -68,6 +79,8 @@ LLAMA3_8B = LayerShape("llama3-8b", D=4096, I=14336, HQ=32, HKV=8, HD=128)
 SHAPES = {s.name: s for s in (LLAMA3_1B, LLAMA3_8B)}
 MLPS = ("swiglu", "deferred", "deferred_mlp")
 """The MLP wirings of :func:`coda_layer` (module docstring)."""
+VARIANTS = (*MLPS, "chained")
+"""What :func:`check` compares with the standard layer: the coda_layer wirings and the chained layer."""
 PARAMS = ("g1", "w_qkv", "w_o", "g2", "w1", "w_down")
 """The layer's weights, in the order the layer functions take them after x."""
 
@@ -154,36 +167,143 @@ def coda_layer(x, g1, w_qkv, w_o, g2, w1, w_down, *, positions, inv_freq, S: int
     raise ValueError(f"mlp must be one of {MLPS}, got {mlp!r}")
 
 
+def chained_stack(x, *weights, positions, inv_freq, S: int, shape: LayerShape):
+    """``len(weights) / 6`` layers (weights in :data:`PARAMS` order per layer) through
+    ``coda_agent.kernels.chained_layer``: ``chain_start`` once, then each layer hands
+    ``(x3, normed_w3, rstd3)`` to the next (``g_next`` = the next layer's g1); the last
+    layer passes ``g_next=None``. Returns the last layer's x3."""
+    import coda_agent.kernels as K
+
+    n = len(PARAMS)
+    layers = [weights[i:i + n] for i in range(0, len(weights), n)]
+    heads = {"n_q_heads": shape.HQ, "n_kv_heads": shape.HKV, "head_dim": shape.HD}
+    normed_w, rstd = K.chain_start(x, layers[0][0], eps=EPS)
+    for i, ws in enumerate(layers):
+        g_next = layers[i + 1][0] if i + 1 < len(layers) else None
+        x, normed_w, rstd = K.chained_layer(x, normed_w, rstd, *ws, g_next, positions=positions, inv_freq=inv_freq,
+                                            seq_len=S, eps=EPS, **heads)
+    return x
+
+
+def chained_layer(x, g1, w_qkv, w_o, g2, w1, w_down, *, positions, inv_freq, S: int, shape: LayerShape):
+    """One layer through the chained ops (a stack of one: ``chain_start`` included)."""
+    return chained_stack(x, g1, w_qkv, w_o, g2, w1, w_down, positions=positions, inv_freq=inv_freq, S=S,
+                         shape=shape)
+
+
+def layer_fn(variant: str, **kw):
+    """``fn(x, *weights) -> out`` of a stack of ``len(weights) / 6`` layers: ``"standard"``,
+    a :data:`MLPS` wiring of :func:`coda_layer`, or ``"chained"`` (:func:`chained_stack`)."""
+    if variant == "chained":
+        return lambda x, *ws: chained_stack(x, *ws, **kw)
+    one = (lambda *a: standard_layer(*a, **kw)) if variant == "standard" else (
+        lambda *a: coda_layer(*a, mlp=variant, **kw))
+    n = len(PARAMS)
+
+    def run(x, *ws):
+        for i in range(0, len(ws), n):
+            x = one(x, *ws[i:i + n])
+        return x
+    return run
+
+
 def _grads(fn, args, dy):
     xs = [a.detach().requires_grad_() for a in args]
     out = fn(*xs)
     return (out, *torch.autograd.grad(out, xs, dy))
 
 
-def check(shape: LayerShape, M: int, S: int, *, device: str = "cuda", mlp: str = "swiglu", seed: int = 0) -> dict:
-    """Max abs error of the CODA layer's output and gradients (x, then :data:`PARAMS`) against
-    the standard layer in fp32 from the same bf16 inputs, next to the standard bf16 layer's
-    error (the budget is twice that). Returns ``{name: {"coda": err, "standard_bf16": err}}``."""
+def check(shape: LayerShape, M: int, S: int, *, device: str = "cuda", mlp: str = "swiglu", seed: int = 0,
+          layers: int = 1, compiled: bool = False) -> dict:
+    """Max abs error of a CODA variant's output and gradients (x, then :data:`PARAMS` per
+    layer) against the standard layer (a stack of ``layers``) in fp32 from the same bf16
+    inputs, next to the standard bf16 layer's error (the budget is twice that). ``mlp``: a
+    :data:`VARIANTS` name; ``compiled``: the variant under ``torch.compile(fullgraph=True)``.
+    Returns ``{name: {"coda": err, "standard_bf16": err}}``."""
     args = make_inputs(shape, M, device=device, seed=seed)
+    for i in range(1, layers):
+        args += make_inputs(shape, M, device=device, seed=seed + 10 * i)[1:]
     positions, inv_freq = rope_tables(M, S, shape.HD, device)
     kw = dict(positions=positions, inv_freq=inv_freq, S=S, shape=shape)
     dy = make_inputs(shape, M, device=device, seed=seed + 1)[0]
-    ref = _grads(lambda *a: standard_layer(*a, **kw), [a.float() for a in args], dy.float())
-    low = _grads(lambda *a: standard_layer(*a, **kw), args, dy)
-    got = _grads(lambda *a: coda_layer(*a, mlp=mlp, **kw), args, dy)
-    names = ("out", "dx", *(f"d{p}" for p in PARAMS))
+    ref = _grads(layer_fn("standard", **kw), [a.float() for a in args], dy.float())
+    low = _grads(layer_fn("standard", **kw), args, dy)
+    fn = layer_fn(mlp, **kw)
+    got = _grads(torch.compile(fn, fullgraph=True) if compiled else fn, args, dy)
+    names = ("out", "dx", *(f"d{p}" + (f"[{i}]" if layers > 1 else "") for i in range(layers) for p in PARAMS))
     return {n: {"coda": (g.float() - r).abs().max().item(), "standard_bf16": (b.float() - r).abs().max().item()}
             for n, g, r, b in zip(names, got, ref, low)}
 
 
-def _bench(fn) -> float:
+def _bench(fn, rep: int = 1000) -> float:
     from triton.testing import do_bench
-    return float(do_bench(fn, warmup=50, rep=1000, return_mode="median"))
+    return float(do_bench(fn, warmup=50, rep=rep, return_mode="median"))
 
 
-def time_step(shape: LayerShape, M: int, S: int, rounds: int = 3, profile: int = 0, layers: int = 1) -> dict:
+ATTENTION_WORDS = ("flash", "fmha", "sdpa", "attention", "cudnn::fusion")
+"""Attention kernels by name (lower case): FlashAttention / cuDNN SDPA forward and backward,
+and cuDNN's SDPA helpers (``cudnn::fusion::compute_dot_do_o``, ``convert_dq_to_16bits``,
+``fmha_reduce_head``)."""
+GEMM_WORDS = ("gemmmod", "gemm", "xmma", "nvjet", "cutlass")
+"""GEMM kernels by name (lower case): quack's ``GemmMod`` kernels (the accepted kernels) and
+cuBLAS / cuBLASLt. Inductor's triton kernels (``triton_*``) are never GEMMs here (no
+max-autotune templates), though their names may carry a custom op's name."""
+
+
+def kernel_class(name: str) -> str:
+    """``"attention"``, ``"gemm"`` or ``"other"`` for a profiled kernel name (attention first:
+    SDPA kernel names may also say wgmma / xmma)."""
+    low = name.lower()
+    if any(w in low for w in ATTENTION_WORDS):
+        return "attention"
+    if not low.startswith("triton_") and any(w in low for w in GEMM_WORDS):
+        return "gemm"
+    return "other"
+
+
+def split_profile(prof: dict, top_other: int = 15) -> dict:
+    """GPU time per step of a ``host_probe.kernel_profile`` result (with every kernel in its
+    ``top``) by class: ``{"gemm us", "attention us", "other us", "other %"}`` (% of the
+    busy GPU time) and ``"other top"``: the ``top_other`` costliest other kernels."""
+    by = {"gemm": 0.0, "attention": 0.0, "other": 0.0}
+    others = []
+    for k in prof["top"]:
+        c = kernel_class(k["kernel"])
+        by[c] += k["us/step"]
+        if c == "other":
+            others.append(k)
+    busy = sum(by.values()) or 1.0
+    return {"gemm us": round(by["gemm"], 1), "attention us": round(by["attention"], 1),
+            "other us": round(by["other"], 1), "other %": round(100 * by["other"] / busy, 2),
+            "other top": others[:top_other]}
+
+
+def down_proj_choice(shape: LayerShape, M: int) -> dict:
+    """ms of the last layer's down projection with its residual (``chained_mlp`` without
+    g_next): cuBLAS addmm with x2 as C (what it runs), the gemm_residual_partial_rms kernel
+    with gamma = ones (the alternative), and mm + add."""
+    import coda_agent.kernels as K
+    g = torch.Generator(device="cuda").manual_seed(0)
+    post = torch.randn(M, shape.I, generator=g, device="cuda").to(torch.bfloat16)
+    w_down = (torch.randn(shape.D, shape.I, generator=g, device="cuda") * shape.I ** -0.5).to(torch.bfloat16)
+    x2 = torch.randn(M, shape.D, generator=g, device="cuda").to(torch.bfloat16)
+    ones = torch.ones(shape.D, device="cuda", dtype=torch.bfloat16)
+    cases = {"addmm (x2 as C)": lambda: torch.addmm(x2, post, w_down.T),
+             "gemm_residual_partial_rms (gamma = ones)": lambda: K.gemm_residual_partial_rms_op(post, w_down, x2, ones),
+             "mm + add": lambda: x2 + post @ w_down.T}
+    res = {}
+    for name, fn in cases.items():
+        try:
+            fn()
+            res[name] = round(_bench(fn, rep=300), 4)
+        except Exception as e:  # a kernel not accepted must not lose the others
+            res[name] = f"failed: {type(e).__name__}: {str(e)[:200]}"
+    return res
+
+
+def time_step(shape: LayerShape, M: int, S: int, rounds: int = 2, profile: int = 0, layers: int = 1) -> dict:
     """Median ms of one training step (forward + gradients of x and every weight) per
-    implementation: standard / coda (each MLP wiring) x eager / compile / cudagraphs.
+    implementation: standard / coda (each MLP wiring) / chained x eager / compile / cudagraphs.
 
     The weights are ``nn.Parameter`` s, as in a model: CUDA graph trees keep them in place
     (a plain tensor input is copied into the graph's memory on every replay). Every step
@@ -192,15 +312,20 @@ def time_step(shape: LayerShape, M: int, S: int, rounds: int = 3, profile: int =
     round share the machine's state. Returns ``{variant: {"median": ms, "rounds": [ms]}}``
     and, per CUDA-graph variant, the cudagraph skips Inductor counted (0: it ran as graphs).
     ``layers`` > 1: a stack of that many layers (own weights each; gradients of x and every
-    weight), standard and the ``deferred_mlp`` wiring only: whether the per-layer gain
-    holds when layers follow each other, as in a model (in one layer's step the GPU starts
-    idle and waits for the host's first launches). ``profile`` > 0: afterwards,
-    ``profile:<variant>`` for the compiled and graphed variants (except the ``deferred
-    swiglu`` wiring's), GPU time per step by kernel and the GPU's idle gaps over that many
-    steps (``host_probe.kernel_profile``, top 30 kernels).
+    weight; the chained stack hands normed_w / rstd from layer to layer), standard, the
+    ``deferred_mlp`` wiring and chained only. ``profile`` > 0: afterwards, for every variant,
+    ``profile:<variant>``: GPU time per step by kernel and the GPU's idle gaps over that
+    many steps (``host_probe.kernel_profile``, top 30 kernels) and ``split``: GEMM /
+    attention / other (:func:`split_profile`).
     """
     from torch._dynamo.utils import counters
 
+    # the variants' step functions share code objects (layer_fn's run): dynamo's per-code
+    # recompile limit (8) would send the later ones back to eager without an error
+    torch._dynamo.reset()
+    for limit in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit", "accumulated_cache_size_limit"):
+        if hasattr(torch._dynamo.config, limit):
+            setattr(torch._dynamo.config, limit, max(getattr(torch._dynamo.config, limit), 256))
     x, *weights = make_inputs(shape, M, device="cuda")
     for i in range(1, layers):
         weights += make_inputs(shape, M, device="cuda", seed=i)[1:]
@@ -210,23 +335,13 @@ def time_step(shape: LayerShape, M: int, S: int, rounds: int = 3, profile: int =
     positions, inv_freq = rope_tables(M, S, shape.HD, "cuda")
     kw = dict(positions=positions, inv_freq=inv_freq, S=S, shape=shape)
     dy = torch.randn_like(x)
-    n = len(PARAMS)
-
-    def stacked(layer):
-        def run(x, *ws):
-            for i in range(layers):
-                x = layer(x, *ws[i * n:(i + 1) * n])
-            return x
-        return run
-    impls = {"standard": lambda *a: standard_layer(*a, **kw),
-             "coda (swiglu op)": lambda *a: coda_layer(*a, mlp="swiglu", **kw),
-             "coda (deferred swiglu)": lambda *a: coda_layer(*a, mlp="deferred", **kw),
-             "coda (deferred swiglu mlp)": lambda *a: coda_layer(*a, mlp="deferred_mlp", **kw)}
+    impls = {"standard": "standard", "coda (swiglu op)": "swiglu", "coda (deferred swiglu)": "deferred",
+             "coda (deferred swiglu mlp)": "deferred_mlp", "chained": "chained"}
     if layers > 1:
-        impls = {k: v for k, v in impls.items() if k in ("standard", "coda (deferred swiglu mlp)")}
+        impls = {k: v for k, v in impls.items() if v in ("standard", "deferred_mlp", "chained")}
     steps, res = {}, {}
-    for name, layer in impls.items():
-        fn = stacked(layer)
+    for name, variant in impls.items():
+        fn = layer_fn(variant, **kw)
         for mode, f in (("eager", fn), ("compile", torch.compile(fn, dynamic=False)),
                         ("cudagraphs", torch.compile(fn, dynamic=False, mode="reduce-overhead"))):
             key = f"{name} ({mode})"
@@ -255,9 +370,37 @@ def time_step(shape: LayerShape, M: int, S: int, rounds: int = 3, profile: int =
     if profile:
         from host_probe import kernel_profile
         for key, step in steps.items():
-            if key.endswith(("(compile)", "(cudagraphs)")) and not key.startswith("coda (deferred swiglu) "):
-                res[f"profile:{key}"] = kernel_profile(step, profile, top=30)
+            prof = kernel_profile(step, profile, top=10 ** 6)
+            res[f"split:{key}"] = split_profile(prof)
+            res[f"profile:{key}"] = {**prof, "top": prof["top"][:30]}
     return res
+
+
+TARGETS = {"llama3-8b": {"other %": 2.0, "compile speedup %": 6.0}, "llama3-1b": {"compile speedup %": 7.0}}
+"""Targets of the chained layer (reported, not asserted): GPU time outside GEMM + attention
+as a share of the chained step's busy GPU time; compiled chained step vs compiled standard."""
+
+
+def targets(shape_name: str, res: dict) -> dict:
+    """The chained layer against :data:`TARGETS` from one :func:`time_step` result, per mode
+    (compile, cudagraphs, eager): the step's speedup over the standard one
+    (``100 (t_std / t_chained - 1)``) and, when profiled, the other kernels' share of the
+    busy GPU time (``other %``, the target's measure) and of the timed step."""
+    def ms(key):
+        v = res.get(key)
+        return v["median"] if isinstance(v, dict) else None
+
+    out = {"targets": TARGETS.get(shape_name, {})}
+    for mode in ("compile", "cudagraphs", "eager"):
+        std, ch = ms(f"standard ({mode})"), ms(f"chained ({mode})")
+        if std and ch:
+            out[f"{mode} speedup %"] = round(100 * (std / ch - 1), 2)
+        sp = res.get(f"split:chained ({mode})")
+        if sp:
+            out[f"{mode} other %"] = sp["other %"]
+            if ch:
+                out[f"{mode} other % of step time"] = round(sp["other us"] / (10 * ch), 2)
+    return out
 
 
 def main(argv=None) -> int:
@@ -266,12 +409,12 @@ def main(argv=None) -> int:
     ap.add_argument("--check-only", action="store_true", help="numerics only, no timing")
     ap.add_argument("--time-only", action="store_true", help="timing only, no numerics")
     ap.add_argument("--shape", action="append", choices=sorted(SHAPES), help="default: both")
-    ap.add_argument("--rounds", type=int, default=3, help="timing rounds (each times every variant once)")
+    ap.add_argument("--rounds", type=int, default=2, help="timing rounds (each times every variant once)")
     ap.add_argument("--layers", type=int, default=1,
-                    help="time a stack of this many layers (standard and the deferred_mlp wiring only)")
-    ap.add_argument("--profile", type=int, default=0, metavar="N",
-                    help="also profile N steps of every compiled and graphed variant except the deferred "
-                         "swiglu wiring's: GPU time by kernel, idle gaps")
+                    help="time a stack of this many layers (standard, the deferred_mlp wiring and chained)")
+    ap.add_argument("--profile", type=int, default=2, metavar="N",
+                    help="profile N steps of every variant (0: none): GPU time by kernel, idle gaps, the "
+                         "GEMM / attention / other split")
     args = ap.parse_args(argv)
     if args.layers < 1 or args.rounds < 1 or args.profile < 0:
         ap.error("--layers and --rounds must be >= 1, --profile >= 0")
@@ -282,25 +425,38 @@ def main(argv=None) -> int:
     from host_probe import env_line
 
     args.out.mkdir(parents=True, exist_ok=True)
-    results: dict = {"env": env_line(), "eps": EPS, "check": {}, "step_ms": {}}
+    results: dict = {"env": env_line(), "eps": EPS, "command": " ".join(sys.argv), "check": {}, "step_ms": {},
+                     "targets": {}, "down_proj_ms": {}}
 
     def save():
         (args.out / "llama_layer.json").write_text(json.dumps(results, indent=1))
 
     for shape in ([] if args.time_only else shapes):
-        for mlp in MLPS:
-            key = f"{shape.name} M=1024 (2 x 512) mlp={mlp}"
-            results["check"][key] = check(shape, 1024, 512, mlp=mlp)
+        for variant, n in (*((v, 1) for v in VARIANTS), ("chained", 2)):   # + a chained stack: the hand-offs
+            key = f"{shape.name} M=1024 (2 x 512) mlp={variant}" + (f", {n} layers" if n > 1 else "")
+            try:
+                results["check"][key] = check(shape, 1024, 512, mlp=variant, layers=n)
+            except Exception as e:  # a kernel not accepted yet must not lose the others
+                results["check"][key] = f"failed: {type(e).__name__}: {str(e)[:300]}"
+                print(key, results["check"][key], flush=True)
+                continue
             worst = max(v["coda"] / (2 * v["standard_bf16"] + 1e-6) for v in results["check"][key].values())
             print(key, f"worst error / budget {worst:.3f}", flush=True)
             save()
     if not args.check_only:
         for shape in shapes:
             key = f"{shape.name} M=8192 (1 x 8192)" + (f", {args.layers} layers" if args.layers > 1 else "")
-            results["step_ms"][key] = time_step(shape, 8192, 8192, rounds=args.rounds, profile=args.profile,
-                                                layers=args.layers)
-            print(key, json.dumps({k: v for k, v in results["step_ms"][key].items() if not k.startswith("profile:")}),
+            res = results["step_ms"][key] = time_step(shape, 8192, 8192, rounds=args.rounds, profile=args.profile,
+                                                      layers=args.layers)
+            results["targets"][key] = targets(shape.name, res)
+            results["down_proj_ms"][shape.name] = down_proj_choice(shape, 8192)
+            print(key, json.dumps({k: v for k, v in res.items() if not k.startswith(("profile:", "split:"))}),
                   flush=True)
+            print(key, "split (us/step: gemm, attention, other, other %):", json.dumps(
+                {k[6:]: [v["gemm us"], v["attention us"], v["other us"], v["other %"]]
+                 for k, v in res.items() if k.startswith("split:")}), flush=True)
+            print(key, "targets:", json.dumps(results["targets"][key]), "down projection + residual (ms):",
+                  json.dumps(results["down_proj_ms"][shape.name]), flush=True)
             save()
     return 0
 

@@ -16,8 +16,8 @@ autograd-capable, ``torch.compile``-compatible ops:
   ``deferred_rmsnorm_linear`` custom op.
 
 The kernel wrappers (``<kernel>_op``) check device, architecture, contiguity and 16-byte
-base pointers of what they pass on; the training ops and ``rope_bwd_op`` / ``rms_bwd_op``
-also check shapes and dtypes.
+base pointers of what they pass on; the training ops and ``rope_bwd_op`` / ``rms_bwd_op`` /
+``swiglu_bwd_rms_op`` also check shapes and dtypes.
 
 Kernel modules are imported lazily (first call), so ``import coda_agent.kernels`` works on
 machines without a GPU, triton or quack. They are imported under their package path
@@ -27,7 +27,8 @@ function, so a stable import name lets compiled kernels be found again. Importin
 name in this package may equal a kernel folder's name: the kernel wrappers are ``<kernel>_op``.
 
 Layout: ``_registry.py`` (``load``, ``accepted``, the argument checks, ``run_kernel``),
-``_swiglu.py``, ``_rmsnorm.py``, ``_rope.py``, ``_cross_entropy.py``. The family modules look
+``_swiglu.py``, ``_rmsnorm.py``, ``_rope.py``, ``_cross_entropy.py``, ``_chain.py`` (the
+chained layer). The family modules look
 ``load``, ``_check_device`` and ``_check_layout`` up through this package at call time, so
 ``monkeypatch.setattr(coda_agent.kernels, "load", ...)`` reaches every op (the CPU tests run
 the specs' PyTorch baselines as stand-ins for the kernels that way).
@@ -50,6 +51,9 @@ SwiGLU MLP -- ``swiglu(x, w1, w_down)`` [1 + 7]
     SwiGLU epilogue) then the down-projection GEMM; only ``preact`` is saved. Backward:
     ``swiglu_bwd`` fuses the down projection's dgrad GEMM with the SwiGLU backward and
     recomputes ``postact`` (for the down projection's wgrad); the other GEMMs are plain.
+    The kernels' fast sigmoid (also ``gemm_rmsnorm_swiglu``'s) is 0 for gates below -87.34
+    (sigmoid under 2^-126): silu and its derivative are then 0 instead of values below
+    1.03e-36 in magnitude, far below bf16 rounding (``_swiglu.FLUSHED_GATE``).
 
 Residual + RMSNorm statistics -- ``residual_rmsnorm(x, w_o, residual, gamma, *, eps=1e-6)`` [3]
     ``y = x @ w_o^T + residual`` -> ``(resid_out = y, normed_w = y * gamma,
@@ -94,6 +98,34 @@ LM head + cross-entropy -- ``linear_cross_entropy(h, w_vocab, target)`` [6 + 9]
     materialized. Forward: ``gemm_cross_entropy`` (saves lse). Backward:
     ``cross_entropy_bwd`` (logits recomputed, softmax from lse, dh and dw_vocab GEMMs).
 
+Chained layer -- ``chained_layer``, ``chain_start``, ``chained_qkv_rope``, ``chained_out_proj``,
+``chained_mlp`` [2 + 3 + 5 + 7 + 8] (``_chain``; CODA paper section 3)
+    A decoder layer whose backward runs no RMSNorm backward and no rstd pass of its own:
+    every norm backward is ``rms_bwd`` in the dgrad GEMM of the norm's consumer, with the
+    per-row correction ``zdz = (1/D) sum_n dpre_n pre_n`` reduced by the backward that
+    produced ``dpre``. Rules:
+    ``normed_w = z * g`` and ``rstd`` hand-offs are not differentiable (the consuming op's
+    backward is their norm's backward; z and g get their gradients as that op's inputs).
+    ``chain_start(x, g1) -> (normed_w1, rstd1)``: the first layer's, in torch, once per model.
+    ``chained_qkv_rope(x, normed_w1, rstd1, g1, w_qkv, positions, inv_freq, *, heads) ->
+    (qkv, resid_port)``: forward ``gemm_rmsnorm_rope``; backward R^T of dqkv and
+    ``zdz1 = (1/D) sum dqkv * qkv`` in one pass, ``rms_bwd`` (dx with dresid = the port's
+    gradient, dg1), the wgrad.
+    ``chained_out_proj(attn, w_o, x, g2, resid_port, *, eps) -> (x2, normed_w2, rstd2)``:
+    forward ``gemm_residual_partial_rms``; backward the dgrad / wgrad, x's residual gradient
+    dx2 returned to the port, so it reaches the QKV op's ``rms_bwd`` as dresid (no add pass).
+    ``chained_mlp(x2, normed_w2, rstd2, g2, w1, w_down, g_next, *, eps) -> (x3, normed_w3,
+    rstd3)``: forward ``gemm_rmsnorm_swiglu`` then ``gemm_residual_partial_rms`` into the
+    next layer's norm (cuBLAS addmm when ``g_next`` is None: the last layer, whose x3 the
+    model's final norm takes in torch); backward ``swiglu_bwd_rms`` (dpreact, postact,
+    zdz2), the down wgrad, ``rms_bwd`` (dx2 with dresid = dx3, dg2), the gate/up wgrad.
+    ``chained_layer(x, normed_w1, rstd1, g1, w_qkv, w_o, g2, w1, w_down, g_next, *, positions,
+    inv_freq, seq_len, heads, eps, attention=None) -> (x3, normed_w3, rstd3)``: the four
+    with SDPA (``causal_gqa_attention``, torch autograd) between; stack it by handing
+    ``(x3, normed_w3, rstd3)`` on with ``g_next`` = the next layer's g1.
+    ``swiglu_bwd_rms_op(dout, w_down, preact) -> (dpreact, postact, zdz)``: the
+    ``swiglu_bwd_rms`` kernel (swiglu_bwd [7] that also reduces zdz) as a plain custom op.
+
 Why some backwards are plain torch: the catalogue's backward kernels fuse into the GEMM
 that *produces* the gradient (swiglu_bwd: the down projection's dgrad; rms_bwd: the
 consumer's dgrad; rope_bwd: the attention backward's GEMM). Inside an op whose incoming
@@ -105,7 +137,7 @@ rms_bwd also needs a per-row input that only a producing kernel gives for free).
 from __future__ import annotations
 
 from ._registry import KERNELS_DIR, _check_device, _check_layout, accepted, load, run_kernel  # noqa: F401  (first)
-from ._swiglu import swiglu, swiglu_bwd_op, swiglu_fwd_op
+from ._swiglu import swiglu, swiglu_bwd_op, swiglu_bwd_rms_op, swiglu_fwd_op
 from ._rmsnorm import (
     deferred_rmsnorm_linear,
     deferred_rmsnorm_swiglu,
@@ -119,9 +151,24 @@ from ._rmsnorm import (
 )
 from ._rope import deferred_rmsnorm_qkv_rope, gemm_rmsnorm_rope_op, gemm_rope_op, qkv_rope, rope_bwd_op
 from ._cross_entropy import cross_entropy_bwd_op, gemm_cross_entropy_op, linear_cross_entropy
+from ._chain import (
+    causal_gqa_attention,
+    chain_start,
+    chained_layer,
+    chained_mlp,
+    chained_out_proj,
+    chained_qkv_rope,
+)
+from .hf import apply_coda, remove_coda  # Hugging Face Llama patch; transformers imported lazily
 
 __all__ = [
     "accepted",
+    "causal_gqa_attention",
+    "chain_start",
+    "chained_layer",
+    "chained_mlp",
+    "chained_out_proj",
+    "chained_qkv_rope",
     "cross_entropy_bwd_op",
     "deferred_rmsnorm_linear",
     "deferred_rmsnorm_qkv_rope",
@@ -142,5 +189,6 @@ __all__ = [
     "rope_bwd_op",
     "swiglu",
     "swiglu_bwd_op",
+    "swiglu_bwd_rms_op",
     "swiglu_fwd_op",
 ]

@@ -1,4 +1,6 @@
-"""SwiGLU MLP ops (CODA catalogue items 1 + 7): ``swiglu``, ``swiglu_fwd_op``, ``swiglu_bwd_op``.
+"""SwiGLU MLP ops (CODA catalogue items 1 + 7): ``swiglu``, ``swiglu_fwd_op``, ``swiglu_bwd_op``,
+``swiglu_bwd_rms_op`` (swiglu_bwd that also emits the MLP norm's backward statistic; used by
+``_chain.chained_mlp``).
 
 See the package docstring for the math. ``load`` / ``_check_device`` are looked up through
 the package at call time (tests monkeypatch them there).
@@ -13,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from ._registry import _expect, _pkg, run_kernel
+from ._registry import _expect, _pkg, _stat_dtype, run_kernel
 
 FLUSHED_GATE = -87.34
 """Below this gate value (``-126 * ln 2``) the kernels' sigmoid is flushed to 0: the exact
@@ -60,6 +62,39 @@ def swiglu_bwd_op(
 @swiglu_bwd_op.register_fake
 def _(dout, w_down, preact):
     return preact.new_empty(preact.shape), preact.new_empty((preact.shape[0], preact.shape[1] // 2))
+
+
+@torch.library.custom_op("coda_agent::swiglu_bwd_rms", mutates_args=())
+def swiglu_bwd_rms_op(
+    dout: torch.Tensor, w_down: torch.Tensor, preact: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """swiglu_bwd plus the RMSNorm backward's per-row statistic (CODA's chained backward,
+    paper section 3). dout (M, K), w_down (K, I), preact (M, 2I) bf16 -> (dpreact (M, 2I),
+    postact (M, I) bf16, zdz (M,) fp32) with ``zdz[m] = (1/K) sum_n dpreact[m, n] *
+    preact[m, n]`` reduced from the fp32 dpreact in the epilogue: when ``preact =
+    RMSNorm(h) @ w1^T`` (K = h's width) it is ``rms_bwd_op``'s ``zdz`` input for that norm.
+    dpreact and postact as :func:`swiglu_bwd_op` (0 where gate < :data:`FLUSHED_GATE`).
+
+    A plain custom op (no autograd: it is a backward). Raises ValueError on inconsistent
+    shapes (K, I, 2I), a dtype other than bf16, a non-contiguous tensor, rows not a multiple
+    of 16 bytes (K and I multiples of 8) or tensors not on one CUDA device;
+    ModuleNotFoundError when swiglu_bwd_rms is not accepted yet."""
+    op = "swiglu_bwd_rms_op"
+    _expect(dout.dim() == 2 and w_down.dim() == 2 and preact.dim() == 2 and dout.shape[1] == w_down.shape[0]
+            and tuple(preact.shape) == (dout.shape[0], 2 * w_down.shape[1]), op,
+            lambda: f"need dout (M, K), w_down (K, I), preact (M, 2I); got {tuple(dout.shape)}, "
+                    f"{tuple(w_down.shape)}, {tuple(preact.shape)}")
+    bf16 = torch.bfloat16
+    _pkg._check_layout(op, dout=(dout, bf16), w_down=(w_down, bf16), preact=(preact, bf16))
+    _pkg._check_device(op, dout=dout, w_down=w_down, preact=preact)
+    dpreact, postact, zdz = run_kernel("swiglu_bwd_rms", dout, w_down, preact)
+    return dpreact, postact, zdz
+
+
+@swiglu_bwd_rms_op.register_fake
+def _(dout, w_down, preact):
+    m, n2 = preact.shape
+    return preact.new_empty((m, n2)), preact.new_empty((m, n2 // 2)), preact.new_empty((m,), dtype=_stat_dtype(preact))
 
 
 @torch.library.custom_op("coda_agent::swiglu_mlp", mutates_args=())

@@ -72,3 +72,40 @@ def test_coda_layer_matches_the_standard_layer_on_gpu(mlp):
     errs = L.check(L.LLAMA3_1B, 528, 264, mlp=mlp)
     for name, e in errs.items():
         assert e["coda"] <= 2 * e["standard_bf16"] + 1e-6, (name, e)
+
+
+# --------------------------------------------------------------------------- the profile split
+
+PROFILED_NAMES = {   # kernel names from H200 profiles of this layer (benchmarks/results/dev), and others
+    "nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT": "gemm",
+    "kernel_cutlass_kernel_quackepiloguefrontendGemmMod_rstd_rope_epi_00a087cc4238dace_g_col_col_row_sm9_": "gemm",
+    "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_segment_k_of": "gemm",
+    "cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_f16_knob_26_64x64x128_1x4x1_cga1x1x1_kernel0": "attention",
+    "void cudnn::fusion::compute_dot_do_o_specialized<true, 128>(void const*, void const*, void*, void*, ": "attention",
+    "void cudnn::fusion::convert_dq_to_16bits<true>(void const*, void*, unsigned int, unsigned int, unsig": "attention",
+    "void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128, 128, 64, 4, false, false, cutlass": "attention",
+    "fmha_cutlassF_bf16_aligned_64x64_rf_sm80(PyTorchMemEffAttention::AttentionKernel<cutlass::bfloat16_": "attention",
+    "triton_red_fused__to_copy_add_deferred_rmsnorm_qkv_rope_mean_mul_pow_rsqrt_0": "other",
+    "triton_per_fused_gemm_residual_partial_rms_mul_sum_3": "other",
+    "void at::native::reduce_kernel<128, 4, at::native::ReduceOp<float, at::native::func_wrapper_t<float,": "other",
+    "void at::native::(anonymous namespace)::CatArrayBatchedCopy_alignedK_contig<at::native::(anonymous n": "other",
+}
+
+
+def test_kernel_classes():
+    for name, cls in PROFILED_NAMES.items():
+        assert L.kernel_class(name) == cls, name
+
+
+def test_split_profile_and_targets():
+    prof = {"top": [{"kernel": n, "us/step": float(i + 1), "calls/step": 1.0} for i, n in enumerate(PROFILED_NAMES)]}
+    sp = L.split_profile(prof, top_other=2)
+    assert (sp["gemm us"], sp["attention us"], sp["other us"]) == (6.0, 30.0, 42.0)
+    assert sp["other %"] == round(100 * 42 / 78, 2)
+    assert [k["kernel"] for k in sp["other top"]] == list(PROFILED_NAMES)[8:10]
+    res = {"standard (compile)": {"median": 10.6}, "chained (compile)": {"median": 10.0},
+           "split:chained (compile)": sp, "chained (eager)": "failed: ModuleNotFoundError"}
+    got = L.targets("llama3-8b", res)
+    assert got["compile speedup %"] == 6.0 and got["compile other %"] == sp["other %"]
+    assert got["compile other % of step time"] == round(42.0 / 10_000 * 100, 2)
+    assert "eager speedup %" not in got and got["targets"] == L.TARGETS["llama3-8b"]

@@ -21,7 +21,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import coda_agent.kernels as K
 from coda_agent.kernels import _registry
-from glue_helpers import use_standins
+from glue_helpers import entry, reference_module, use_standins
 from test_cross_entropy_ops import ce_inputs
 from test_cross_entropy_ops import standins as ce_standins
 from test_rmsnorm_ops import deferred_inputs as rms_deferred_inputs
@@ -37,7 +37,23 @@ BF16 = torch.bfloat16
 
 
 def all_standins() -> dict:
-    return {**swiglu_standins(), **rms_standins("baseline"), **rope_standins("baseline"), **ce_standins()}
+    sbr = entry(reference_module("swiglu_bwd_rms").baseline, ["dout", "w_down", "preact"], ["dpreact", "postact", "zdz"])
+    return {**swiglu_standins(), **rms_standins("baseline"), **rope_standins("baseline"), **ce_standins(),
+            "swiglu_bwd_rms": sbr}
+
+
+def chained_mlp_inputs(dtype=BF16, M=24, D=16, I=16):
+    """x2, normed_w2, rstd2 (fp32), g2, w1 (2I, D), w_down (D, I) of chained_mlp."""
+    x2, rstd, w1 = rms_deferred_inputs("cpu", dtype, M=M, K=D, N=2 * I)
+    gamma = residual_inputs("cpu", dtype, M=M, K=D, N=D)[3]
+    return [x2, x2 * gamma, rstd, gamma, w1, rms_deferred_mlp_inputs("cpu", dtype, M=M, K=D, N=2 * I)[3]]
+
+
+def chained_qkv_inputs(dtype=BF16):
+    """x, normed_w, rstd, gamma, w_qkv, positions, inv_freq of chained_qkv_rope (K = 16)."""
+    a, rstd, w_qkv, positions, inv_freq = rope_deferred_inputs("cpu", dtype, K=16)
+    gamma = torch.ones(16, dtype=dtype)
+    return [a, a * gamma, rstd, gamma, w_qkv, positions, inv_freq]
 
 
 def swiglu_inputs(dtype=BF16, M=24, Kd=16, I=24, seed=0):
@@ -60,6 +76,9 @@ def _ops() -> dict:
         "deferred_rmsnorm_qkv_rope": (K.deferred_rmsnorm_qkv_rope, rope_deferred_inputs("cpu", BF16, K=16), CONSTS),
         "rope_bwd_op": (K.rope_bwd_op, qkv_inputs("cpu", BF16, K=16), CONSTS),
         "linear_cross_entropy": (K.linear_cross_entropy, ce_inputs("cpu", BF16, K=16, V=40), {}),
+        "chained_qkv_rope": (K.chained_qkv_rope, chained_qkv_inputs(), CONSTS),
+        "chained_out_proj": (K.chained_out_proj, residual_inputs("cpu", BF16, K=16, N=16), {}),
+        "chained_mlp": (K.chained_mlp, chained_mlp_inputs(), {}),
     }
 
 
@@ -83,14 +102,16 @@ def test_aligned_bf16_inputs_pass_the_checks(name, checked):
     op, args, consts = _ops()[name]
     out = op(*args, **consts)
     outs = out if isinstance(out, tuple) else (out,)
-    assert all(torch.isfinite(o.float()).all() for o in outs)
+    if name == "chained_qkv_rope":
+        outs = outs[:1]                         # (qkv, resid_port): the port's values are unspecified
+    assert all(torch.isfinite(o.float()).all() for o in outs if o is not None)   # chained_mlp: (x3, None, None)
     assert sum(checked.values()) >= 1           # a stand-in kernel ran
 
 
 @pytest.mark.parametrize("name", OP_NAMES)
 def test_a_float32_or_strided_bf16_tensor_is_refused_by_name(name, checked):
     op, args, consts = _ops()[name]
-    bf16_2d = [(i, p) for i, p in enumerate(_params(op)) if args[i].dtype == BF16 and args[i].dim() == 2]
+    bf16_2d = [(i, p) for i, p in enumerate(_params(op)[:len(args)]) if args[i].dtype == BF16 and args[i].dim() == 2]
     assert bf16_2d, "every op has a 2-D bf16 operand"
     for i, pname in bf16_2d:
         bad = list(args)
@@ -121,6 +142,10 @@ def test_rmsnorm_linear_takes_a_strided_gamma(checked):
     ("deferred_rmsnorm_linear", "rstd", BF16, torch.float32),
     ("deferred_rmsnorm_swiglu", "rstd", BF16, torch.float32),
     ("deferred_rmsnorm_qkv_rope", "rstd", BF16, torch.float32),
+    ("chained_qkv_rope", "rstd", BF16, torch.float32),
+    ("chained_mlp", "rstd2", BF16, torch.float32),
+    ("chained_qkv_rope", "gamma", torch.float32, BF16),
+    ("chained_out_proj", "g2", torch.float32, BF16),
     ("qkv_rope", "inv_freq", BF16, torch.float32),            # a model cast with .to(bfloat16)
     ("deferred_rmsnorm_qkv_rope", "inv_freq", BF16, torch.float32),
     ("rope_bwd_op", "inv_freq", BF16, torch.float32),
@@ -327,6 +352,13 @@ def _backward_flops(op, args, consts, diff, trainable) -> int:
     # deferred_rmsnorm_swiglu_mlp (normed_w, rstd, w1, w_down), M=24, K=16, 2I=32: frozen
     # weights: no dw_down (2 K M I) and no dw1 (2 2I M K)
     ("deferred_rmsnorm_swiglu_mlp", {0, 1, 2, 3}, {0, 1}, 2 * 16 * 24 * 16 + 2 * 32 * 24 * 16),
+    # chained_mlp (x2, normed_w2, rstd2, g2, w1, w_down), M=24, D=16, I=16, only x2 trains:
+    # no dw_down (2 D M I) and no dw1 (2 2I M D)
+    ("chained_mlp", {0, 3, 4, 5}, {0}, 2 * 16 * 24 * 16 + 2 * 32 * 24 * 16),
+    # chained_qkv_rope (x, normed_w, rstd, gamma, w_qkv, ...), N = 32, M=10, K=16: no wgrad
+    ("chained_qkv_rope", {0, 3, 4}, {0, 3}, 2 * 32 * 10 * 16),
+    # chained_out_proj (attn, w_o, x, g2), M=24, K=16, D=16: only w_o trains: no dgrad (2 M D K)
+    ("chained_out_proj", {0, 1, 2}, {1}, 2 * 24 * 16 * 16),
 ])
 def test_backward_skips_the_gemms_of_frozen_inputs(name, diff, trainable, skipped, monkeypatch):
     use_standins(monkeypatch, all_standins())
