@@ -41,7 +41,7 @@ class UsageError(Exception):
 # --------------------------------------------------------------------------- helpers
 
 def _root(args) -> Path:
-    from coda_agent.verifier.workspace import WorkspaceError, find_root
+    from .verifier.workspace import WorkspaceError, find_root
 
     try:
         return find_root(getattr(args, "root", None))
@@ -51,7 +51,7 @@ def _root(args) -> Path:
 
 def _spec(root: Path, name_or_path: str):
     """Resolve SPEC (a name under kernel_specs/ or a path) to a LoadedSpec."""
-    from coda_agent.verifier.spec import SpecError, load_spec
+    from .verifier.spec import SpecError, load_spec
 
     p = Path(name_or_path)
     by_name = root / "kernel_specs" / name_or_path
@@ -144,9 +144,9 @@ def print_bench_rows(rows: list[dict]) -> None:
 
 def cmd_list(args) -> int:
     """Specs and accepted kernels with their status."""
-    from coda_agent.verifier.accept import ManifestError, read_manifest
-    from coda_agent.verifier.spec import SpecError, load_spec
-    from coda_agent.verifier.workspace import sha256_file
+    from .verifier.library.accept import ManifestError, read_manifest
+    from .verifier.spec import SpecError, load_spec
+    from .verifier.workspace import sha256_file
 
     root = _root(args)
     t = Table(title=f"coda-agent workspace: {root}")
@@ -306,7 +306,7 @@ def _out_dir(root: Path, value: str | None, flag: str = "--out") -> Path | None:
 
 
 def _write_out(path: Path, text: str, flag: str = "--json") -> None:
-    from coda_agent.verifier.workspace import atomic_write_text
+    from .verifier.workspace import atomic_write_text
 
     try:
         atomic_write_text(path, text)
@@ -316,7 +316,7 @@ def _write_out(path: Path, text: str, flag: str = "--json") -> None:
 
 def cmd_prompt(args) -> int:
     """Print exactly what the model would receive for SPEC, with a token estimate."""
-    from coda_agent.agent.render import render_prompt
+    from .agent.render import render_prompt
 
     root = _root(args)
     loaded = _spec(root, args.spec)
@@ -355,7 +355,7 @@ def cmd_verify(args) -> int:
         raise UsageError(f"--accept needs every stage on a Hopper GPU, benchmark included ({why}): "
                          "nothing would be accepted, so nothing was run")
     _check_library_spec(root, loaded, "pass it by name, or drop --accept", when=args.accept)
-    from coda_agent.verifier.pipeline import verify
+    from .verifier.pipeline import verify
 
     verdict = verify(loaded, cand, cpu_only=args.cpu_only, bench=not args.no_bench)
     print_verdict(verdict)
@@ -374,7 +374,7 @@ def cmd_verify(args) -> int:
                        "use --cpu-only for static + compile only")
         return FAILED
     if args.accept:
-        from coda_agent.verifier.accept import AcceptError, accept
+        from .verifier.library.accept import AcceptError, accept
 
         try:
             dest = accept(loaded, cand, verdict, root=root, force=args.force,
@@ -431,7 +431,7 @@ def _run_dir(root: Path, value: str) -> Path:
 
 def _has_gpu() -> bool:
     """Whether torch sees a CUDA device (commands that verify or measure need one)."""
-    from coda_agent.verifier import environment
+    from .verifier.gpu import environment
 
     return environment.cuda_available()
 
@@ -439,7 +439,7 @@ def _has_gpu() -> bool:
 def _check_library_spec(root: Path, loaded, hint: str, *, when: bool) -> None:
     """Refuse up front (``when`` a kernel would be accepted) what ``accept`` would refuse
     only after the whole GPU run: a spec from outside this workspace's kernel_specs/."""
-    from coda_agent.verifier.accept import outside_library
+    from .verifier.library.accept import outside_library
 
     why = outside_library(root, loaded) if when else None
     if why:
@@ -448,8 +448,8 @@ def _check_library_spec(root: Path, loaded, hint: str, *, when: bool) -> None:
 
 def cmd_generate(args) -> int:
     """The main job: spec -> LLM -> verifier -> (repair)* -> accepted kernel."""
-    from coda_agent.agent.llm import NO_BACKEND_HELP, LLMError, default_backend_name, make_backend
-    from coda_agent.agent.loop import RunError, accepted_by, generate, load_run
+    from .agent.llm import NO_BACKEND_HELP, LLMError, default_backend_name, make_backend
+    from .agent.loop import RunError, accepted_by, generate, load_run
 
     root = _root(args)
     if not (root / "kernel_specs" / args.spec).is_dir() and _holds_run(_find_run(root, args.spec)):
@@ -518,7 +518,7 @@ def cmd_generate(args) -> int:
     if not no_accept:
         import functools
 
-        from coda_agent.verifier.accept import accept
+        from .verifier.library.accept import accept
 
         accept_fn = functools.partial(accept, allow_unconfined=args.allow_unconfined)
     try:
@@ -560,7 +560,7 @@ def _refuse_ignored(what: str, *flags: tuple[str, object]) -> None:
 
 def cmd_bench(args) -> int:
     """Benchmark accepted kernels (GPU) and write benchmarks/results/<date>-<gpu>.md (+ PNG)."""
-    from coda_agent.verifier.benchrun import bench_kernels
+    from .verifier.library.bench import bench_kernels
 
     root = _root(args)
     out_dir = _out_dir(root, args.out)
@@ -581,8 +581,8 @@ def cmd_bench(args) -> int:
             _check_out_target(root, vdir, "--from-verdicts", str(vdir))
         if out_dir is None:  # the page goes beside DIR
             _check_out_target(root, vdir.parent / f"{vdir.name}.md", "--from-verdicts", str(vdir))
-        from coda_agent.verifier.benchrun import page_from_kept
-        from coda_agent.verifier.kept import check_page, merge_kept
+        from .verifier.library.bench import page_from_kept
+        from .verifier.library.kept import check_page, merge_kept
 
         try:
             if args.merge_from is not None:
@@ -616,7 +616,7 @@ def cmd_bench(args) -> int:
             raise UsageError("bench --from-manifests renders the page of every accepted kernel: use --all")
         _refuse_ignored("bench --from-manifests measures nothing", *_measuring_flags(args))
     if args.spec:  # a typo is named before "no GPU" (a new user read that as the problem)
-        from coda_agent.verifier.accept import accepted_names
+        from .verifier.library.accept import accepted_names
 
         try:
             accepted_names(root, list(args.spec))
@@ -646,7 +646,7 @@ def cmd_bench(args) -> int:
 
 
 def cmd_regress(args) -> int:
-    from coda_agent.verifier.regress import regress
+    from .verifier.library.regress import regress
 
     root = _root(args)
     json_out = _out_file(args.json, "--json", root, kind="regress")
@@ -657,7 +657,7 @@ def cmd_regress(args) -> int:
         raise UsageError("regress --shape picks the benchmark shapes to measure; "
                          + ("--cpu-only measures none" if args.cpu_only else "--verdicts judges what was measured"))
     if args.kernels:  # a misspelt name first, as bench does (before the no-GPU refusal)
-        from coda_agent.verifier.accept import accepted_names
+        from .verifier.library.accept import accepted_names
 
         try:
             accepted_names(root, args.kernels)
@@ -687,7 +687,7 @@ def cmd_regress(args) -> int:
 
 
 def cmd_tricks(args) -> int:
-    from coda_agent.agent.tricks import TrickError, add_from_run, add_trick
+    from .agent.tricks import TrickError, add_from_run, add_trick
 
     root = _root(args)
     try:
@@ -719,8 +719,8 @@ def _tricks_add(root, args, add_from_run, add_trick) -> int:
 
 
 def cmd_review(args) -> int:
-    from coda_agent.verifier.accept import ManifestError
-    from coda_agent.verifier.review import review_text
+    from .verifier.library.accept import ManifestError
+    from .verifier.library.review import review_text
 
     root = _root(args)
     loaded = _spec(root, args.spec)
@@ -871,7 +871,7 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as e:  # argparse: --help -> 0, usage error -> 2
         return int(e.code or 0)
     if args.cmd in CANDIDATE_COMMANDS:
-        from coda_agent.verifier.fs_sandbox import ENV_SWITCH, switched_off
+        from .verifier.confine.landlock import ENV_SWITCH, switched_off
 
         if switched_off():  # the verdict records it; the person at the console should see it too
             err.print(f"[yellow]warning: {ENV_SWITCH}=off: candidate code runs unconfined (no Landlock, no seccomp); "
@@ -906,7 +906,7 @@ def _interrupted(signum: int, frame: object) -> None:
     """Signal handler of the CLI: kill the verifier's workers and an ``--llm command`` first
     (each runs in its own session, so neither a terminal's Ctrl-C nor a SIGTERM reaches it,
     and without this they ran on unread: new-user pass, session 16), then raise."""
-    from coda_agent.verifier.sandbox import kill_live_groups
+    from .verifier.confine.sandbox import kill_live_groups
 
     kill_live_groups()
     if signum == signal.SIGINT:

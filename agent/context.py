@@ -22,7 +22,7 @@ a kernel while showing the model the answer would make the verifier's acceptance
 meaningless (a leak). When nothing is accepted yet, the examples inside the primitive
 docs serve, and the prompt says so.
 
-Manifests are written by ``verifier/accept.py``; this module reads them leniently
+Manifests are written by ``verifier/library/accept.py``; this module reads them leniently
 (missing keys fall back to the example's own ``kernel_specs/<name>/spec.toml``), so a
 manifest schema change never breaks prompt rendering.
 """

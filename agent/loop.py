@@ -71,17 +71,17 @@ from typing import Any, Callable
 
 from pydantic import BaseModel, Field, computed_field
 
-from coda_agent.agent.context import gather_context
-from coda_agent.agent.extract import ExtractError, extract_module
-from coda_agent.agent.llm.base import AwaitingAnswer, LLMError, LLMResponse, Usage
-from coda_agent.agent.render import (
+from .context import gather_context
+from .extract import ExtractError, extract_module
+from .llm.base import AwaitingAnswer, LLMError, LLMResponse, Usage
+from .render import (
     Prompt,
     build_lesson_prompt,
     build_repair_prompt,
     build_task_prompt,
 )
-from coda_agent.verifier.verdict import Verdict
-from coda_agent.verifier.workspace import atomic_write_text, remove_tree, sha256_bytes
+from ..verifier.verdict import Verdict
+from ..verifier.workspace import atomic_write_text, remove_tree, sha256_bytes
 
 RUN_FILE = "run.json"
 PROPOSED_TRICK = "proposed_trick.md"
@@ -367,7 +367,7 @@ def check_run_files(run_dir: Path) -> None:
     ``response.md`` blocked ``--resume`` forever (red team 13), a symlink would have the
     loop read, and send on to the model, a file from elsewhere, and a ``__pycache__/``
     beside ``candidate.py`` held bytecode that ran in its place (red team 14; the verifier
-    no longer imports through bytecode caches either, see ``verifier/snapshot.py``).
+    no longer imports through bytecode caches either, see ``verifier/confine/snapshot.py``).
     Raises :class:`RunError` naming the entry."""
     run_dir = Path(run_dir)
     folders = [run_dir, *(d for d in run_dir.iterdir() if d.name.startswith("attempt-") or d.name == "lesson")]
@@ -406,7 +406,7 @@ def library_verdict(root: Path, spec_name: str, run_dir: Path, attempt: int | No
     is byte for byte the run's ``attempt-<k>/candidate.py``, ``k`` being the manifest's
     ``provenance.attempts`` (and ``attempt`` when given). A folder of the same name, or a
     manifest later replaced by another run, gives None (red team, session 15)."""
-    from coda_agent.verifier.accept import ManifestError, read_manifest, verdict_from_manifest
+    from ..verifier.library.accept import ManifestError, read_manifest, verdict_from_manifest
 
     try:
         man = read_manifest(Path(root) / "generated_kernels" / spec_name / "manifest.json")
@@ -446,7 +446,7 @@ def default_verifier(*, cpu_only: bool = False, bench: bool = True, timeout_s: f
     """A verifier callable over ``coda_agent.verifier.pipeline.verify`` (imported lazily)."""
 
     def run(loaded: Any, candidate: Path, workdir: Path) -> Verdict:
-        from coda_agent.verifier.pipeline import verify
+        from ..verifier.pipeline import verify
 
         return verify(loaded, candidate, cpu_only=cpu_only, bench=bench, workdir=workdir, timeout_s=timeout_s)
 
@@ -478,7 +478,7 @@ def minimal_feedback(verdict: Verdict, source: str) -> str:
 def feedback_text(verdict: Verdict, source: str) -> str:
     """The verifier's feedback for the repair prompt (verifier/feedback.py when present)."""
     try:
-        from coda_agent.verifier.feedback import render_feedback
+        from ..verifier.feedback import render_feedback
     except ImportError:
         return minimal_feedback(verdict, source)
     try:

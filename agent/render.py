@@ -40,7 +40,7 @@ from typing import Any, Literal
 import jinja2
 from pydantic import BaseModel, Field
 
-from coda_agent.agent.context import PromptContext, gather_context, spec_mode
+from .context import PromptContext, gather_context, spec_mode
 
 PROMPTS_DIR = Path(__file__).parent / "prompts"
 BLOCK_BREAK = "<<<CODA-SYSTEM-BLOCK-BREAK>>>"
@@ -210,7 +210,7 @@ def _fmt_mib(nbytes: int) -> str:
 def _workspace_view(spec: Any) -> dict[str, Any]:
     """The workspace rule and its value at each benchmark shape (the correctness shapes
     when the spec has none)."""
-    from coda_agent.verifier.spec import WORKSPACE_FLOOR
+    from ..verifier.spec import WORKSPACE_FLOOR
 
     cases = spec.shapes.benchmark or spec.shapes.correctness
     return {
@@ -223,8 +223,8 @@ def _workspace_view(spec: Any) -> dict[str, Any]:
 
 
 def _coverage_view(spec: Any) -> dict[str, Any]:
-    """The secret coverage draws of ``spec`` (``verifier/coverage.py``) in words."""
-    from coda_agent.verifier import coverage as cov
+    """The secret coverage draws of ``spec`` (``verifier/gpu/coverage.py``) in words."""
+    from ..verifier.gpu import coverage as cov
 
     rules = cov.dim_rules(spec)
     order = list(dict.fromkeys(d for c in (*spec.shapes.correctness, *spec.shapes.benchmark) for d in c.dims))

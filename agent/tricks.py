@@ -30,7 +30,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from coda_agent.verifier.workspace import atomic_write_text
+from ..verifier.workspace import atomic_write_text
 
 TRICKS_FILE = "tricks_log.md"
 MAX_TRICK_CHARS = 1000
@@ -163,7 +163,7 @@ def _is_logged(body: str, kernel: str | None, date: str, entries: list[TrickEntr
 
 def _accepted_from(root: Path, kernel: str | None) -> str:
     """Where the library's ``kernel`` says it came from, in words (for an error message)."""
-    from coda_agent.verifier.accept import ManifestError, read_manifest
+    from ..verifier.library.accept import ManifestError, read_manifest
 
     if kernel is None:
         return "run.json names no spec"
@@ -259,7 +259,7 @@ def add_from_run(root: str | Path, run_dir: str | Path, date: str | None = None,
     nothing vouches for it, when the lesson is longer than :data:`MAX_TRICK_CHARS` or
     already in the log.
     """
-    from coda_agent.agent.loop import RunError, accepted_by, check_run_files
+    from .loop import RunError, accepted_by, check_run_files
 
     run_dir = Path(run_dir)
     try:  # the run folder is the answerer's to write: no symlinked proposed_trick.md

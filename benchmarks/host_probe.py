@@ -14,8 +14,8 @@ entry (about 12 launches), a chain of 6 small torch ops, and one ``torch.mm``:
 0. plain (CUDA up);
 1. after one ``torch.profiler.profile`` session (the worker counts launches with it);
 2. inside the per-call guard (sync debug mode "error" + heap ballast, as ``no_host_sync``);
-3. after the seccomp filter (``fs_sandbox.install_seccomp``);
-4. after Landlock (``fs_sandbox.restrict_writes``).
+3. after the seccomp filter (``landlock.install_seccomp``);
+4. after Landlock (``landlock.restrict_writes``).
 
 Per call: host us in a pipelined loop (no sync inside), host us of one call right after a
 sync (what the page's "host ms" is), and do_bench ms. Writes ``host_probe.json`` and prints
@@ -94,7 +94,7 @@ def kernel_profile(run, steps: int, top: int = 10) -> dict:
     ``span us/step`` (first kernel start to last kernel end, over the ``steps`` back-to-back
     steps), ``idle us/step`` (span minus busy) and ``gaps``: the 8 longest idle stretches
     (us, and the kernels before and after, cut to 60 characters)."""
-    from coda_agent.verifier.protocol import gpu_kernels
+    from coda_agent.verifier.gpu.protocol import gpu_kernels
     run()
     torch.cuda.synchronize()
     acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
@@ -169,7 +169,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("host_probe: needs a CUDA device")
-    from coda_agent.verifier import fs_sandbox
+    from coda_agent.verifier.confine import landlock
 
     args.out.mkdir(parents=True, exist_ok=True)
     calls = _rope_entry()
@@ -196,9 +196,9 @@ def main(argv=None) -> int:
 
     results, wrap = [], plain
     layers = [("0 plain", None), ("1 after a profiler session", profiled),
-              ("2 guard", "guard"), ("3 + seccomp", lambda: fs_sandbox.install_seccomp(drop_caps=False)),
-              ("4 + landlock", lambda: fs_sandbox.restrict_writes([tempfile.mkdtemp(), *fs_sandbox.own_proc_dir(),
-                                                                   *fs_sandbox.device_files()]))]
+              ("2 guard", "guard"), ("3 + seccomp", lambda: landlock.install_seccomp(drop_caps=False)),
+              ("4 + landlock", lambda: landlock.restrict_writes([tempfile.mkdtemp(), *landlock.own_proc_dir(),
+                                                                   *landlock.device_files()]))]
     for name, step in layers:
         note = None
         if step == "guard":

@@ -2,7 +2,7 @@
 
 Why: the correctness stage enforces a spec's ``entry.max_launches`` at the first
 correctness shape only; the bench stage records the count at every benchmark shape and
-reports an excess as the warning ``launches-at-bench-shape`` (verifier/bench.py). Before
+reports an excess as the warning ``launches-at-bench-shape`` (verifier/stages/bench.py). Before
 that warning becomes a failure, every accepted kernel must be shown to stay within its
 budget at every shape, correctness and benchmark: a torch op in a kernel's host glue
 could launch a different number of kernels at another size.
@@ -11,7 +11,7 @@ For each ``generated_kernels/<k>/kernel.py`` and each of its spec's shapes: draw
 (seed 0, ``verifier.inputs.make_inputs``), call the entry once to compile, then count the
 CUDA kernels of one call under ``torch.profiler`` the way the candidate worker does
 (memcpys, memsets and syncs are not launches), and the call's workspace (device memory
-held beyond inputs and outputs, ``verifier/device_memory.py``) against the spec's
+held beyond inputs and outputs, ``verifier/gpu/device_memory.py``) against the spec's
 ``workspace_budget`` (session 9: the evidence that the default budget fits every honest
 kernel). Prints one line per (kernel, shape) and a summary; writes
 ``launch_census.json`` under ``--out``. Exit status 1 when any count is 0 or over the
@@ -35,9 +35,9 @@ REPO = Path(__file__).resolve().parents[1]
 
 def count(call) -> tuple[int, list[str], int]:
     """(kernel count, kernel names, workspace bytes) of one ``call()``: the candidate
-    worker's rules (``protocol.gpu_kernels``, ``verifier/device_memory.py``)."""
-    from coda_agent.verifier import device_memory
-    from coda_agent.verifier.protocol import gpu_kernels
+    worker's rules (``protocol.gpu_kernels``, ``verifier/gpu/device_memory.py``)."""
+    from coda_agent.verifier.gpu import device_memory
+    from coda_agent.verifier.gpu.protocol import gpu_kernels
 
     acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
     dev = torch.device("cuda", torch.cuda.current_device())
@@ -58,7 +58,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("launch_census: needs a CUDA device")
-    from coda_agent.verifier.inputs import make_inputs
+    from coda_agent.verifier.gpu.inputs import make_inputs
     from coda_agent.verifier.spec import load_spec
 
     names = args.kernels or sorted(p.parent.name for p in (REPO / "generated_kernels").glob("*/kernel.py"))

@@ -19,7 +19,7 @@ standard definition from the same inputs; the budget is ``2 * max |torch_bf16 - 
    op's single-row share not above the control's + 0.1.
 2. ``swiglu``: swiglu's kernels at gates -88.5, -90, 90, -87.0, -87.5 (preact built to hit
    them exactly; the other gates O(1)): the values at those gates from the kernels and from
-   PyTorch (fp32), and ``coda_agent.verifier.numerics.judge`` of postact (swiglu_fwd,
+   PyTorch (fp32), and ``coda_agent.verifier.stages.numerics.judge`` of postact (swiglu_fwd,
    gemm_rmsnorm_swiglu), dpreact and postact (swiglu_bwd); the swiglu op's output and
    gradients against the budget (judge shown too). Verdict ``ok`` (not a bug): the kernels'
    judges accept, the op is within budget, and the kernels' postact is 0 only below
@@ -299,7 +299,7 @@ def _gate_inputs(M=64, K=None, I=256, seed=20):
 
 
 def _judge(out, ref32, low) -> dict:
-    from coda_agent.verifier.numerics import judge
+    from coda_agent.verifier.stages.numerics import judge
     from coda_agent.verifier.spec import ToleranceSpec
     v = judge(out, ref32, low, ToleranceSpec(), "bfloat16", "bfloat16")
     return {"ok": bool(v["ok"]), "failed": v.get("failed", []), "max_err": v.get("max_err")}

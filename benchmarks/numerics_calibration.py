@@ -1,9 +1,9 @@
 """Calibrate the verifier's numerics rules: honest results must pass with margin, wrong ones fail.
 
 For every spec, at its correctness shapes and at the secret coverage cases of a few
-secrets (``verifier/coverage.py``: production-size ragged, tiny M, heavy-tailed,
+secrets (``verifier/gpu/coverage.py``: production-size ragged, tiny M, heavy-tailed,
 outlier, saturating and near-zero-row inputs), it judges with
-:func:`coda_agent.verifier.numerics.tolerance_check` (the verifier's own rules and the
+:func:`coda_agent.verifier.stages.numerics.tolerance_check` (the verifier's own rules and the
 spec's numbers):
 
 * honest results: ``ideal`` (ref32 rounded once to the output dtype, the best any kernel
@@ -88,7 +88,7 @@ def _torch_bf16_alternatives(spec, ref, inputs, run) -> dict[str, dict[str, torc
     """torch's bf16 computation of the reference by other kernels than the yardstick's: on
     the CPU (small cases) and on the GPU with reduced-precision bf16 reductions."""
     from coda_agent.verifier.spec import eval_expr
-    from coda_agent.verifier.worker_reference import reference_outputs
+    from coda_agent.verifier.gpu.worker_reference import reference_outputs
 
     out = {}
     flops = float(eval_expr(spec.bench.flops, run.dims)) if spec.bench.flops else math.inf
@@ -125,11 +125,11 @@ def calibrate(names: list[str] | None, device: str, secrets: int, bench: bool, s
               sink: Path | None = None) -> list[dict]:
     """Judge every candidate (module doc) and return the rows; each row is also appended to
     ``sink`` (JSON lines) as soon as it exists, so a run cut short keeps what it judged."""
-    from coda_agent.verifier.inputs import make_inputs
-    from coda_agent.verifier.numerics import tolerance_check
-    from coda_agent.verifier.protocol import BENCH_CHECK_SAMPLE, make_bench_checks, make_bench_shapes, make_runs, sample_index
+    from coda_agent.verifier.gpu.inputs import make_inputs
+    from coda_agent.verifier.stages.numerics import tolerance_check
+    from coda_agent.verifier.gpu.protocol import BENCH_CHECK_SAMPLE, make_bench_checks, make_bench_shapes, make_runs, sample_index
     from coda_agent.verifier.spec import find_specs
-    from coda_agent.verifier.worker_reference import _exact_fp32, reference_outputs
+    from coda_agent.verifier.gpu.worker_reference import _exact_fp32, reference_outputs
 
     _exact_fp32()
     dev = torch.device(device)

@@ -30,7 +30,7 @@ overflows), so the kernels differ from it there only for gates in (-88.72, -87.3
 This holds for every finite gate and is not an error at bf16 precision: with |up| and
 |dpost| up to 1e6 the error is below 1e-24, far below the bf16 rounding of any row holding a
 value above 1e-20, and within the verifier's per-element bound
-(``coda_agent.verifier.numerics.judge``, whose absolute floor is 1e-6; tested in
+(``coda_agent.verifier.stages.numerics.judge``, whose absolute floor is 1e-6; tested in
 tests/kernels/test_probe_regressions.py)."""
 
 

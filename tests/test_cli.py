@@ -220,7 +220,7 @@ def test_gpu_commands_stop_early_without_a_gpu(ws, capsys, monkeypatch):
     """Without a CUDA GPU, bench and regress refuse before compiling anything, and generate
     refuses to spend API tokens on answers that could never be accepted (manual and
     command authors only get a warning: their answers are checked as with --cpu-only)."""
-    from coda_agent.verifier import environment
+    from coda_agent.verifier.gpu import environment
 
     monkeypatch.setattr(environment, "cuda_available", lambda: False)
     assert main(["bench", "swiglu_fwd"]) == 2
@@ -384,7 +384,7 @@ def test_a_committed_run_record_is_not_resumed(ws, capsys, monkeypatch):
 
 def test_resuming_a_run_of_another_spec_is_refused_before_any_warning(ws, capsys, monkeypatch):
     """The no-GPU warning printed before this unrelated usage error (new-user pass, session 13)."""
-    from coda_agent.verifier import environment
+    from coda_agent.verifier.gpu import environment
 
     monkeypatch.setattr(environment, "cuda_available", lambda: False)
     assert main(["generate", "swiglu_fwd", "--llm", "manual", "--no-accept"]) == 0
@@ -415,7 +415,7 @@ def test_a_library_the_verifier_cannot_import_is_a_verifier_error_not_the_candid
     """quack.activation needs triton; without it the accepted swiglu_fwd kernel used to fail
     the static stage as `unknown-name` (exit 1, and in `generate` a spent attempt with that
     feedback for the model). Now: a verifier error naming the module and the fix, exit 2."""
-    from coda_agent.verifier import surface
+    from coda_agent.verifier.static import surface
 
     real = surface._import.__wrapped__
     monkeypatch.setattr(surface, "_import", lambda name: (None, "ModuleNotFoundError: No module named 'triton'")

@@ -34,7 +34,7 @@ Checks:
   example against a minimal KernelSpec built from the marker (entry name, args as inputs,
   the entry's returned names as outputs); skipped when the static stage is absent.
 * ``test_example_compiles`` (marked ``compile``): the example is compiled for sm_90a on
-  the CPU with ``coda_agent.verifier.compile.compile_cpu`` when it exists, else with the
+  the CPU with ``coda_agent.verifier.compile.stage.compile_cpu`` when it exists, else with the
   same recipe run here in a subprocess (QUACK_ARCH=sm_90, CUTE_DSL_ARCH=sm_90a,
   ``get_max_active_clusters`` stubbed, ``run_gemm_epi_plan`` replaced by a counter). Every
   call of the entry must launch exactly one (suppressed) kernel.
@@ -291,7 +291,7 @@ def test_example_compiles(ex: Example, tmp_path: Path):
     path = tmp_path / f"{ex.id}.py"
     path.write_text(ex.source)
     try:
-        from coda_agent.verifier.compile import compile_cpu
+        from coda_agent.verifier.compile.stage import compile_cpu
     except ImportError:
         compile_cpu = None
     where = f"{ex.doc}:{ex.line}: example {ex.id}"

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from coda_agent.verifier.verdict import Finding, StageResult, Verdict
+from .verdict import Finding, StageResult, Verdict
 
 MAX_MESSAGE_LINES = 12
 """Lines kept from one finding's message (DSL diagnostics and tracebacks run long)."""

@@ -7,10 +7,10 @@ static violation before a compile error before a wrong number).
 
 GPU stages run in three processes (ARCHITECTURE.md, "GPU stages: three processes"):
 
-1. the candidate worker (:mod:`~coda_agent.verifier.worker_candidate`, untrusted,
+1. the candidate worker (:mod:`~coda_agent.verifier.gpu.worker_candidate`, untrusted,
    sandboxed with a timeout) runs every trial, counts launches, times the benchmark
    shapes and re-checks after timing;
-2. the reference worker (:mod:`~coda_agent.verifier.worker_reference`, trusted, started
+2. the reference worker (:mod:`~coda_agent.verifier.gpu.worker_reference`, trusted, started
    only after the candidate's process group is gone, in a freshly created folder, with
    ``PYTHONSAFEPATH=1`` so nothing the candidate left in a folder can shadow a module)
    computes the references and times the baselines;
@@ -19,7 +19,7 @@ GPU stages run in three processes (ARCHITECTURE.md, "GPU stages: three processes
 
 Without a CUDA GPU (and without ``cpu_only``) the GPU stages are recorded as
 ``skip`` with the summary "no CUDA GPU: not verified"; ``Verdict.gpu_verified`` is
-then False, and :mod:`~coda_agent.verifier.accept` refuses such a verdict.
+then False, and :mod:`~coda_agent.verifier.library.accept` refuses such a verdict.
 
 ``static.py`` and ``compile.py`` are imported lazily (another module owns them); a
 missing one makes its stage an ``error``, never a silent pass. A bug in a stage
@@ -47,10 +47,10 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable
 
-from coda_agent.verifier.environment import collect_environment, cuda_available
-from coda_agent.verifier.gpu_results import GpuRun
-from coda_agent.verifier.inputs import rotation_count, tensor_bytes
-from coda_agent.verifier.protocol import (
+from .gpu.environment import collect_environment, cuda_available
+from .gpu.results import GpuRun
+from .gpu.inputs import rotation_count, tensor_bytes
+from .gpu.protocol import (
     CAND_DIR,
     PLAN_FILE,
     REF_DIR,
@@ -66,15 +66,15 @@ from coda_agent.verifier.protocol import (
     timed_loop_check_run,
     wall_check_run,
 )
-from coda_agent.verifier.sandbox import kill_live_groups, run_worker, worker_env
-from coda_agent.verifier.snapshot import Snapshot, take
-from coda_agent.verifier.spec import LoadedSpec, load_spec
-from coda_agent.verifier.verdict import Finding, StageResult, Verdict
-from coda_agent.verifier.workspace import atomic_write_text, remove_tree
+from .confine.sandbox import kill_live_groups, run_worker, worker_env
+from .confine.snapshot import Snapshot, take
+from .spec import LoadedSpec, load_spec
+from .verdict import Finding, StageResult, Verdict
+from .workspace import atomic_write_text, remove_tree
 
 GPU_STAGES = ("correctness", "gradients", "bench")
-CAND_WORKER = "coda_agent.verifier.worker_candidate"
-REF_WORKER = "coda_agent.verifier.worker_reference"
+CAND_WORKER = "coda_agent.verifier.gpu.worker_candidate"
+REF_WORKER = "coda_agent.verifier.gpu.worker_reference"
 
 
 def _skip_summary(loaded: LoadedSpec, stage: str, why: str) -> str:
@@ -95,7 +95,7 @@ def _guarded(stage: str, fn: Callable[[], StageResult]) -> StageResult:
     try:
         return fn()
     except Exception as e:  # noqa: BLE001
-        from coda_agent.verifier.surface import LibraryUnavailable
+        from .static.surface import LibraryUnavailable
 
         if isinstance(e, LibraryUnavailable):  # the machine's fault, and the message says the fix: no traceback
             return StageResult(stage=stage, status="error", summary=f"verifier error in the {stage} stage: {e}",
@@ -106,9 +106,9 @@ def _guarded(stage: str, fn: Callable[[], StageResult]) -> StageResult:
 
 
 def run_static(loaded: LoadedSpec, snap: Snapshot) -> StageResult:
-    """The static stage (``verifier/static.py: check_static``) over the snapshot's text, imported lazily."""
+    """The static stage (``verifier/static/: check_static``) over the snapshot's text, imported lazily."""
     try:
-        from coda_agent.verifier.static import check_static
+        from .static import check_static
     except ImportError as e:
         return StageResult(stage="static", status="error", summary=f"static checker unavailable: {e}")
     # the snapshot is a private copy of the same name: messages name the file, not the copy
@@ -116,9 +116,9 @@ def run_static(loaded: LoadedSpec, snap: Snapshot) -> StageResult:
 
 
 def run_compile(loaded: LoadedSpec, snap: Snapshot, timeout_s: float = 300) -> StageResult:
-    """The compile stage (``verifier/compile.py: compile_stage``) of the snapshot, imported lazily."""
+    """The compile stage (``verifier/compile/stage.py: compile_stage``) of the snapshot, imported lazily."""
     try:
-        from coda_agent.verifier.compile import compile_stage
+        from .compile.stage import compile_stage
     except ImportError as e:
         return StageResult(stage="compile", status="error", summary=f"compile stage unavailable: {e}")
     return compile_stage(loaded, snap.path, timeout_s=timeout_s, sha256=snap.sha256)
@@ -168,7 +168,7 @@ def run_gpu_workers(
     logs = _fresh_dir(workdir / "logs")
     env = _worker_env()
     cand_dir = _fresh_dir(workdir / CAND_DIR)
-    # The candidate worker may write only beneath cand_dir/scratch (fs_sandbox.py): its temporary
+    # The candidate worker may write only beneath cand_dir/scratch (confine/landlock.py): its temporary
     # files and compile caches live there too (a private quack cache also means a
     # candidate cannot plant compiled kernels that the reference worker would load).
     scratch = cand_dir / SCRATCH_DIR
@@ -292,9 +292,9 @@ def _worker_env() -> dict[str, str]:
 
 def gpu_stages(loaded: LoadedSpec, run: GpuRun) -> list[StageResult]:
     """correctness -> gradients -> bench from a finished :class:`GpuRun`, stopping at the first failure."""
-    from coda_agent.verifier.bench import bench_stage
-    from coda_agent.verifier.correctness import correctness_stage
-    from coda_agent.verifier.gradients import gradients_stage
+    from .stages.bench import bench_stage
+    from .stages.correctness import correctness_stage
+    from .stages.gradients import gradients_stage
 
     out: list[StageResult] = []
     for name, fn in (("correctness", correctness_stage), ("gradients", gradients_stage), ("bench", bench_stage)):

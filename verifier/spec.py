@@ -60,7 +60,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator, model_validator
 
-from coda_agent.verifier.protocol import LAUNCH_NAMES_KEPT, RECHECK_ROW_DIM
+from .gpu.protocol import LAUNCH_NAMES_KEPT, RECHECK_ROW_DIM
 
 DTYPES = ("bfloat16", "float16", "float32", "int32", "int64")
 """dtype names a spec may use (torch attribute names)."""
@@ -347,7 +347,7 @@ class OutputTolerance(_Strict):
 
 
 class ToleranceSpec(_Strict):
-    """The acceptance rules for every output and gradient (``verifier/numerics.py`` has
+    """The acceptance rules for every output and gradient (``verifier/stages/numerics.py`` has
     the rationale of each).
 
     ``rule="coda"``: four rules, all of which must hold:
@@ -411,11 +411,11 @@ class DimDraw(_Strict):
 
 
 class CoverageSpec(_Strict):
-    """What the verifier's secret draws may vary (``[coverage]``; ``verifier/coverage.py``).
+    """What the verifier's secret draws may vary (``[coverage]``; ``verifier/gpu/coverage.py``).
 
     Every verification also runs the candidate at shapes drawn from a per-run secret and
     on inputs drawn in several ways (heavy tails, outlier rows/columns, saturating
-    scales, near-zero rows; ``verifier/inputs.py``). This table states the limits of
+    scales, near-zero rows; ``verifier/gpu/inputs.py``). This table states the limits of
     those draws for one spec:
 
     * ``fixed``: dims that keep the values the spec's shape cases use (e.g. a head dim
@@ -674,7 +674,7 @@ class KernelSpec(_Strict):
     def workspace_budget(self, dims: dict[str, int]) -> tuple[int, str]:
         """``(bytes, rule)``: the device memory one call of the entry may hold at its peak
         beyond its inputs and the outputs it returns (measured by the candidate worker with
-        the caching allocator's requested-bytes peak, ``verifier/device_memory.py``).
+        the caching allocator's requested-bytes peak, ``verifier/gpu/device_memory.py``).
 
         ``entry.max_workspace`` when the spec sets it; else half the largest declared tensor
         (input or output) at ``dims``, at least :data:`WORKSPACE_FLOOR`. Why: a fused op's
@@ -767,7 +767,7 @@ def _import_file(path: Path, modname: str) -> ModuleType:
     """Execute a spec-folder Python file (trusted code) as a fresh module named ``modname``,
     from its source bytes: never through ``__pycache__`` (an unchecked-hash pyc planted there
     ran instead of the reference that ``spec_hash`` covers, red team 15)."""
-    from coda_agent.verifier.snapshot import load_module
+    from .confine.snapshot import load_module
 
     return load_module(path, modname, None, follow_symlinks=True)
 

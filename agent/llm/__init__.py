@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from coda_agent.agent.llm.base import (
+from .base import (
     AwaitingAnswer,
     LLMAuthError,
     LLMBackend,
@@ -52,22 +52,22 @@ def make_backend(name: str | None, **opts: Any) -> LLMBackend:
     if name is None:
         raise LLMError(NO_BACKEND_HELP)
     if name == "anthropic":
-        from coda_agent.agent.llm.anthropic import AnthropicBackend
+        from .anthropic import AnthropicBackend
 
         return AnthropicBackend(**opts)
     if name == "command":
-        from coda_agent.agent.llm.command import CommandBackend
+        from .command import CommandBackend
 
         cmd = opts.pop("command", None) or opts.pop("cmd", None)
         if not cmd:
             raise LLMError('--llm command needs the command line: --llm command --cmd "CMD"')
         return CommandBackend(cmd, **{k: v for k, v in opts.items() if k in ("timeout_s", "model")})
     if name == "manual":
-        from coda_agent.agent.llm.manual import ManualBackend
+        from .manual import ManualBackend
 
         return ManualBackend(**{k: v for k, v in opts.items() if k in ("directory", "model")})
     if name == "scripted":
-        from coda_agent.agent.llm.scripted import ScriptedBackend
+        from .scripted import ScriptedBackend
 
         if "responses" not in opts:
             raise LLMError("the scripted backend needs responses=[...] (it exists for tests)")

@@ -45,7 +45,7 @@ import random
 import time
 from typing import Any, Callable
 
-from coda_agent.agent.llm.base import LLMAuthError, LLMError, LLMResponse, Usage
+from .base import LLMAuthError, LLMError, LLMResponse, Usage
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 from pydantic import BaseModel
 
 if TYPE_CHECKING:  # pragma: no cover
-    from coda_agent.agent.render import Prompt
+    from ..render import Prompt
 
 
 class Usage(BaseModel):

@@ -16,8 +16,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from coda_agent.agent.llm.base import AwaitingAnswer, LLMError, LLMResponse
-from coda_agent.verifier.workspace import atomic_write_text
+from .base import AwaitingAnswer, LLMError, LLMResponse
+from ...verifier.workspace import atomic_write_text
 
 PROMPT_FILE = "prompt.md"
 ANSWER_FILE = "response.md"

@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Iterable
 
-from coda_agent.agent.llm.base import LLMError, LLMResponse, Usage
+from .base import LLMError, LLMResponse, Usage
 
 
 class ScriptedBackend:

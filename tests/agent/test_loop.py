@@ -28,7 +28,7 @@ class Acceptor:
                                provenance=provenance, force=force, source=Path(candidate).read_text()))
         if self.fail:
             raise self.fail
-        from coda_agent.verifier.accept import build_manifest
+        from coda_agent.verifier.library.accept import build_manifest
 
         dest = Path(root) / "generated_kernels" / loaded.name  # the manifest accept() writes (the loop reads it back)
         dest.mkdir(parents=True, exist_ok=True)
@@ -353,7 +353,7 @@ def test_verifier_crash_marks_failed_and_propagates(workspace, fwd_spec):
 
 
 def test_with_real_accept_kernel_becomes_example_for_others_only(workspace, fwd_spec, fake_verifier):
-    accept_mod = pytest.importorskip("coda_agent.verifier.accept")
+    accept_mod = pytest.importorskip("coda_agent.verifier.library.accept")
     from coda_agent.agent.render import render_prompt
 
     s = generate(fwd_spec, root=workspace, backend=ScriptedBackend([reply(GOOD_MODULE)]), verifier=fake_verifier,

@@ -238,7 +238,7 @@ def _task(loaded) -> str:
 
 
 def test_task_prompt_states_every_numeric_rule_with_the_specs_numbers(fwd_spec):
-    """The five rules of verifier/numerics.py's judge, each with the spec's numbers."""
+    """The five rules of verifier/stages/numerics.py's judge, each with the spec's numbers."""
     tol = fwd_spec.spec.tolerance
     assert (tol.factor, tol.floor, tol.ulps, tol.floor_ulps, tol.quantile_factor) == (2.0, 1e-6, 3.0, 2.0, 2.0)
     task = _task(fwd_spec)
@@ -294,10 +294,11 @@ def test_task_prompt_states_per_output_overrides(fwd_spec):
 
 
 def test_rule_constants_in_the_prompt_match_the_verifier():
-    """render.py copies two numbers of verifier/numerics.py (rendering imports no torch); and
-    task.md.j2 words the input draws of verifier/inputs.py."""
+    """render.py copies two numbers of verifier/stages/numerics.py (rendering imports no torch); and
+    task.md.j2 words the input draws of verifier/gpu/inputs.py."""
     from coda_agent.agent import render
-    from coda_agent.verifier import inputs, numerics
+    from coda_agent.verifier.gpu import inputs
+    from coda_agent.verifier.stages import numerics
 
     assert render.SIGN_MARGIN == numerics.SIGN_MARGIN
     assert render.QUANTILES == numerics.QUANTILES
@@ -345,7 +346,7 @@ dims = { S = { high = 131072 } }
 def test_task_prompt_states_the_coverage_of_the_rope_specs(workspace, name):
     """A RoPE spec that fixes HD and states its position constraint (the catalogue's RoPE
     kernels are general in HD, so their specs leave it free)."""
-    from coda_agent.verifier.coverage import dim_rules
+    from coda_agent.verifier.gpu.coverage import dim_rules
 
     toml = workspace / "kernel_specs" / name / "spec.toml"
     text = toml.read_text()

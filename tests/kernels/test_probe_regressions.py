@@ -12,7 +12,7 @@ on an H200).
   it on about a third of the rows (tested), so small M is judged pooled over >= 32 rows.
 * Fast sigmoid: silu and its derivative are 0 for gates below ``_swiglu.FLUSHED_GATE``
   (-87.34) instead of values below 1.03e-36 in magnitude; the verifier's numerics
-  (``coda_agent.verifier.numerics.judge``) accept that and reject a real error there.
+  (``coda_agent.verifier.stages.numerics.judge``) accept that and reject a real error there.
 * Non-finite rows: a NaN / Inf in one row of an input leaves every output and gradient
   non-finite exactly where PyTorch's standard computation is (residual_rmsnorm's eps
   re-finalization included).
@@ -31,7 +31,7 @@ import torch.nn.functional as F
 
 import coda_agent.kernels as K
 from coda_agent.kernels import _swiglu
-from coda_agent.verifier.numerics import judge
+from coda_agent.verifier.stages.numerics import judge
 from coda_agent.verifier.spec import ToleranceSpec
 from glue_helpers import use_standins
 from test_rmsnorm_ops import (

@@ -27,10 +27,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from coda_agent.verifier.inputs import make_inputs, upcast
-from coda_agent.verifier.numerics import coda_check
+from coda_agent.verifier.gpu.inputs import make_inputs, upcast
+from coda_agent.verifier.stages.numerics import coda_check
 from coda_agent.verifier.spec import eval_expr, load_spec
-from coda_agent.verifier.worker_reference import autograd_gradient
+from coda_agent.verifier.gpu.worker_reference import autograd_gradient
 
 ROOT = Path(__file__).resolve().parents[2]
 SPECS = ROOT / "kernel_specs"

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from coda_agent.verifier.inputs import make_inputs, upcast
+from coda_agent.verifier.gpu.inputs import make_inputs, upcast
 from coda_agent.verifier.spec import eval_expr, load_spec
 
 ROOT = Path(__file__).resolve().parents[2]

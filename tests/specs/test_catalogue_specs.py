@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from coda_agent.verifier.inputs import make_inputs
+from coda_agent.verifier.gpu.inputs import make_inputs
 from coda_agent.verifier.spec import load_spec
 
 ROOT = Path(__file__).resolve().parents[2]

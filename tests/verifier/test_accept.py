@@ -1,12 +1,12 @@
-"""verifier/accept.py: only GPU-verified verdicts, atomic writes, no silent overwrite, history."""
+"""verifier/library/accept.py: only GPU-verified verdicts, atomic writes, no silent overwrite, history."""
 
 import json
 from pathlib import Path
 
 import pytest
 
-import coda_agent.verifier.accept as acc
-from coda_agent.verifier.accept import AcceptError, accept
+import coda_agent.verifier.library.accept as acc
+from coda_agent.verifier.library.accept import AcceptError, accept
 from coda_agent.verifier.spec import load_spec
 from coda_agent.verifier.verdict import Environment, StageResult, Verdict
 from coda_agent.verifier.workspace import sha256_file

@@ -1,10 +1,10 @@
-"""verifier/bench.py on synthetic numbers: speed of light, wall cross-check, ratios, bars."""
+"""verifier/stages/bench.py on synthetic numbers: speed of light, wall cross-check, ratios, bars."""
 
 from pathlib import Path
 
 import pytest
 
-from coda_agent.verifier.bench import (
+from coda_agent.verifier.stages.bench import (
     bench_stage,
     peaks_for,
     shape_metrics,
@@ -12,8 +12,8 @@ from coda_agent.verifier.bench import (
     throughput,
     untimed_work,
 )
-from coda_agent.verifier.gpu_results import GpuRun
-from coda_agent.verifier.protocol import (
+from coda_agent.verifier.gpu.results import GpuRun
+from coda_agent.verifier.gpu.protocol import (
     TIMED_LOOP_SLOTS,
     BenchShape,
     Plan,
@@ -21,7 +21,7 @@ from coda_agent.verifier.protocol import (
     timed_loop_check_run,
     wall_check_run,
 )
-from coda_agent.verifier.sandbox import WorkerOutcome
+from coda_agent.verifier.confine.sandbox import WorkerOutcome
 from coda_agent.verifier.spec import load_spec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -173,7 +173,7 @@ def test_sandbox_comes_from_the_first_setup_record():
 def test_a_timer_with_far_fewer_calls_than_do_bench_gives_fails():
     """Fifth red team: slow estimate calls made do_bench measure 2 calls (9 in all) of a
     ~1 ms kernel; the rule gives ~100. Honest counts pass at any size of call."""
-    from coda_agent.verifier.bench import do_bench_calls, short_timer
+    from coda_agent.verifier.stages.bench import do_bench_calls, short_timer
 
     assert do_bench_calls(1.0) == 1 + 5 + 25 + 100 and do_bench_calls(200.0) == 8
     assert short_timer(1.0, 9) and not short_timer(1.0, do_bench_calls(1.07))
@@ -236,7 +236,7 @@ def test_launches_at_a_bench_shape_over_the_limit_are_reported():
 def test_launch_budget_is_judged_at_every_correctness_shape():
     """The worker counts one call per correctness shape; a count over max_launches (or 0) at
     any of them is a finding naming that shape, not only at the first."""
-    from coda_agent.verifier.correctness import FindingSet, _launch_check
+    from coda_agent.verifier.stages.correctness import FindingSet, _launch_check
 
     limit = FWD.spec.entry.max_launches
     recs = [{"part": "launches", "count": 1, "kernels": ["gemm"], "case": "aligned", "key": "aligned-s0"},
@@ -281,8 +281,8 @@ def test_workspace_over_budget_fails_correctness_and_bench():
     """Tenth red team: gemm_cross_entropy with its (M, V) fp32 logits materialized fits the
     launch budget. The worker records each counted call's workspace; over the spec's
     budget it is a finding at that correctness shape, and a failing one at a bench shape."""
-    from coda_agent.verifier.correctness import FindingSet, _workspace_check
-    from coda_agent.verifier.protocol import make_runs
+    from coda_agent.verifier.stages.correctness import FindingSet, _workspace_check
+    from coda_agent.verifier.gpu.protocol import make_runs
 
     runs = [r for r in make_runs(FWD.spec) if not r.recheck]
     first, later = {}, {}
@@ -331,7 +331,7 @@ TORCH_ELEMENTWISE = ("void at::native::vectorized_elementwise_kernel<4, at::nati
 
 
 def test_gemm_launches_are_told_from_host_prep_by_name():
-    from coda_agent.verifier.protocol import gemm_launches
+    from coda_agent.verifier.gpu.protocol import gemm_launches
 
     cublas = ["sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_segment_k_off",
               "nvjet_tst_128x256_64x4_1x2_h_bz_coopA_TNT", "ampere_bf16_s16816gemm_bf16_128x128_ldg8_f2f_tn"]
@@ -345,7 +345,7 @@ def test_gemm_launches_are_told_from_host_prep_by_name():
 def test_a_second_gemm_pass_within_the_launch_budget_is_rejected():
     """rope_bwd allows 11 launches and one GEMM: a bare GEMM plus a dummy-K GEMM rotating
     the stored output in place (corpus/second_gemm_pass.py) fits the 11 but not the one."""
-    from coda_agent.verifier.correctness import FindingSet, _launch_check
+    from coda_agent.verifier.stages.correctness import FindingSet, _launch_check
 
     rope = load_spec(ROOT / "kernel_specs" / "rope_bwd")
     assert rope.spec.entry.max_launches == 11 and rope.spec.entry.max_gemm_launches == 1
@@ -374,7 +374,7 @@ def test_a_second_gemm_pass_within_the_launch_budget_is_rejected():
 def test_a_launch_record_without_every_name_is_not_a_silent_pass():
     """GEMMs are counted from the names: a record naming fewer kernels than it counts is a
     verifier problem at the correctness shapes and a failing finding at a benchmark shape."""
-    from coda_agent.verifier.correctness import FindingSet, _launch_check
+    from coda_agent.verifier.stages.correctness import FindingSet, _launch_check
 
     rope = load_spec(ROOT / "kernel_specs" / "rope_bwd")
     short = [{"part": "launches", "count": 11, "kernels": [TORCH_ELEMENTWISE] * 3, "case": "aligned-hd64", "key": "a"}]

@@ -4,11 +4,11 @@ import importlib.util
 import shutil
 from pathlib import Path
 
-from coda_agent.verifier.accept import accept
+from coda_agent.verifier.library.accept import accept
 import pytest
 
-from coda_agent.verifier.accept import verdict_from_manifest
-from coda_agent.verifier.benchrun import bench_kernels, page_from_kept, results_markdown
+from coda_agent.verifier.library.accept import verdict_from_manifest
+from coda_agent.verifier.library.bench import bench_kernels, page_from_kept, results_markdown
 from coda_agent.verifier.spec import load_spec
 from coda_agent.verifier.verdict import Environment, StageResult, Verdict
 from coda_agent.verifier.workspace import sha256_file
@@ -66,7 +66,7 @@ def test_verdict_roundtrip_through_manifest():
 
 
 def test_bar_lines_report_met_and_missed_bars():
-    from coda_agent.verifier.benchrun import _bar_lines
+    from coda_agent.verifier.library.bench import _bar_lines
 
     lines = _bar_lines({"bare_gemm": {"limit": 1.05, "met": False, "met_shapes": 2, "shapes": 6},
                         "quack_library": {"limit": 1.03, "met": True, "met_shapes": 6, "shapes": 6},
@@ -152,7 +152,7 @@ def test_cpu_only_verdicts_are_not_kept(tmp_path):
 
 
 def test_targets_table_reports_worst_shapes():
-    from coda_agent.verifier.benchrun import targets_table
+    from coda_agent.verifier.library.bench import targets_table
 
     def verdict(name, rows):
         # fused 1.0 ms everywhere, so a baseline's ms is 1 / its ratio
@@ -184,7 +184,7 @@ def test_targets_table_reports_worst_shapes():
 
 
 def test_targets_table_without_host_bound_shapes_and_borderline_repeats():
-    from coda_agent.verifier.benchrun import targets_table
+    from coda_agent.verifier.library.bench import targets_table
 
     shapes = {
         # host-bound (host 0.5 ms >= 0.8 x 0.4 ms): misses the bare-GEMM target
@@ -202,7 +202,7 @@ def test_targets_table_without_host_bound_shapes_and_borderline_repeats():
 
 
 def test_page_shows_host_time_and_flags_host_bound_shapes():
-    from coda_agent.verifier.benchrun import results_markdown
+    from coda_agent.verifier.library.bench import results_markdown
 
     shapes = {
         # host 0.48 ms for a 0.40 ms call: host-bound (>= 0.8 x)

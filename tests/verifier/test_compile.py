@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from coda_agent.verifier.compile import FAIL_KINDS, _interpret, compile_cpu, select_cases
-from coda_agent.verifier.sandbox import worker_env
-from coda_agent.verifier.compile_worker import (
+from coda_agent.verifier.compile.stage import FAIL_KINDS, _interpret, compile_cpu, select_cases
+from coda_agent.verifier.confine.sandbox import worker_env
+from coda_agent.verifier.compile.worker import (
     clip_lines,
     lines_from_stack_dump,
     strip_ansi,

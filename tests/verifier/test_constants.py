@@ -90,7 +90,7 @@ def test_static_requires_the_constants_keyword_only(tmp_path, sig, ok):
 def test_compile_stage_calls_the_entry_with_the_constants_and_valid_indices(tmp_path):
     """The sm_90a compile stage calls the entry like the GPU workers do: constants as keyword
     ints, integer inputs holding valid indices (zeros), so host indexing does not fail there."""
-    from coda_agent.verifier.compile import compile_stage
+    from coda_agent.verifier.compile.stage import compile_stage
 
     toml = TOML.replace('''[[entry.outputs]]''', '''[[entry.inputs]]
 name = "idx"

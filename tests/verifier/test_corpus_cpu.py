@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from coda_agent.verifier.compile import ERROR_KINDS, FAIL_KINDS, compile_stage
+from coda_agent.verifier.compile.stage import ERROR_KINDS, FAIL_KINDS, compile_stage
 from coda_agent.verifier.spec import load_spec
 from coda_agent.verifier.static import KINDS, check_static
 

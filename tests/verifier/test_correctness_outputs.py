@@ -4,8 +4,8 @@ from pathlib import Path
 
 import torch
 
-from coda_agent.verifier.correctness import FindingSet, check_outputs
-from coda_agent.verifier.protocol import Run
+from coda_agent.verifier.stages.correctness import FindingSet, check_outputs
+from coda_agent.verifier.gpu.protocol import Run
 from coda_agent.verifier.spec import load_spec
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,5 +1,5 @@
-"""verifier/coverage.py (the secret coverage cases of every verification) and the input draws
-of verifier/inputs.py (``make_inputs(..., draw=)``), on every catalogue spec."""
+"""verifier/gpu/coverage.py (the secret coverage cases of every verification) and the input draws
+of verifier/gpu/inputs.py (``make_inputs(..., draw=)``), on every catalogue spec."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-import coda_agent.verifier.coverage as coverage
-from coda_agent.verifier.coverage import (
+import coda_agent.verifier.gpu.coverage as coverage
+from coda_agent.verifier.gpu.coverage import (
     ALIGNED_TO,
     CPU_MEDIUM_BYTES,
     KEY_PREFIX,
@@ -22,9 +22,9 @@ from coda_agent.verifier.coverage import (
     coverage_runs,
     dim_rules,
 )
-from coda_agent.verifier.inputs import DRAWS, OUTLIER_SCALE, SATURATE_STD, TINY_ROW_SCALE, make_inputs, tensor_bytes
-from coda_agent.verifier.numerics import bitwise_equal
-from coda_agent.verifier.protocol import BENCH_CHECK_SAMPLE, make_runs, secret_seed
+from coda_agent.verifier.gpu.inputs import DRAWS, OUTLIER_SCALE, SATURATE_STD, TINY_ROW_SCALE, make_inputs, tensor_bytes
+from coda_agent.verifier.stages.numerics import bitwise_equal
+from coda_agent.verifier.gpu.protocol import BENCH_CHECK_SAMPLE, make_runs, secret_seed
 from coda_agent.verifier.spec import CoverageSpec, eval_expr, find_specs
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -259,7 +259,7 @@ def test_unknown_draw_is_refused():
 def test_spec_draw_is_the_declared_draw(loaded):
     """draw="spec" is bit-identical to the default call and to the declared distribution drawn
     from each tensor's own generator (what make_inputs did before the draws existed)."""
-    from coda_agent.verifier.inputs import tensor_seed
+    from coda_agent.verifier.gpu.inputs import tensor_seed
 
     spec = loaded.spec
     dims = dict(spec.shapes.correctness[-1].dims)

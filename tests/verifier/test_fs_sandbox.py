@@ -1,4 +1,4 @@
-"""verifier/fs_sandbox.py: Landlock confinement, checked in a child process (it is irreversible).
+"""verifier/confine/landlock.py: Landlock confinement, checked in a child process (it is irreversible).
 
 Skipped (never faked) where the kernel has no Landlock."""
 
@@ -10,8 +10,8 @@ import textwrap
 import pytest
 from verifier_helpers import run_child
 
-from coda_agent.verifier.fs_sandbox import SandboxUnavailable, abi_version, confine_worker, write_rights
-from coda_agent.verifier.sandbox import LAUNCHER
+from coda_agent.verifier.confine.landlock import SandboxUnavailable, abi_version, confine_worker, write_rights
+from coda_agent.verifier.confine.sandbox import LAUNCHER
 
 try:
     ABI = abi_version()
@@ -31,7 +31,7 @@ def test_writes_only_beneath_the_given_folders(tmp_path):
     (other / "keep.txt").write_text("precious")
     out = _child(f"""
         import os, subprocess
-        from coda_agent.verifier.fs_sandbox import confine_worker
+        from coda_agent.verifier.confine.landlock import confine_worker
         print(confine_worker([{str(ok)!r}]))
         open({str(ok / 'a.txt')!r}, "w").write("x"); print("inside ok")
         for what, f in (("create", lambda: open({str(other / 'b.txt')!r}, "w")),
@@ -64,7 +64,7 @@ def test_signals_to_the_parent_are_denied_where_scoped():
         pytest.skip(f"Landlock ABI {ABI} has no signal scoping")
     out = _child("""
         import os
-        from coda_agent.verifier.fs_sandbox import confine_worker
+        from coda_agent.verifier.confine.landlock import confine_worker
         confine_worker(["/tmp"])
         try:
             os.kill(os.getppid(), 0); print("ALLOWED")
@@ -86,7 +86,7 @@ def test_description_counts_threads_that_landlock_does_not_bind(tmp_path):
     # already (torch's and CUDA's in the candidate worker): the verdict must say so
     out = _child(f"""
         import threading
-        from coda_agent.verifier.fs_sandbox import restrict_writes
+        from coda_agent.verifier.confine.landlock import restrict_writes
         stop = threading.Event()
         threading.Thread(target=stop.wait).start()
         print(restrict_writes([{str(tmp_path)!r}]))
@@ -94,7 +94,7 @@ def test_description_counts_threads_that_landlock_does_not_bind(tmp_path):
     """)
     assert "; 1 earlier thread(s) not confined" in out[0], out
     alone = _child(f"""
-        from coda_agent.verifier.fs_sandbox import restrict_writes
+        from coda_agent.verifier.confine.landlock import restrict_writes
         print(restrict_writes([{str(tmp_path)!r}]))
     """)
     assert "earlier thread" not in alone[0], alone
@@ -102,7 +102,7 @@ def test_description_counts_threads_that_landlock_does_not_bind(tmp_path):
 
 @needs_landlock
 def test_launcher_confines_before_any_thread_and_threads_inherit(tmp_path):
-    # confine_launch confines while the interpreter has one thread, then runs the worker
+    # confine/launch.py confines while the interpreter has one thread, then runs the worker
     # module: threads the worker starts later (numpy's BLAS pool, a Python thread) are bound
     # too; records go into a pipe (no truncating/rewriting them) and the file is read-only
     ok, other = tmp_path / "ok", tmp_path / "other"
@@ -112,8 +112,8 @@ def test_launcher_confines_before_any_thread_and_threads_inherit(tmp_path):
     (tmp_path / "launched_probe.py").write_text(textwrap.dedent(f"""
         import os, sys, threading
         import numpy  # starts a BLAS thread pool on import
-        from coda_agent.verifier import fs_sandbox
-        print(fs_sandbox.LAUNCH_SANDBOX)
+        from coda_agent.verifier.confine import landlock
+        print(landlock.LAUNCH_SANDBOX)
         print("argv", sys.argv[1:])
         print("threads", len(os.listdir("/proc/self/task")) > 1)
         def attempt():
@@ -122,7 +122,7 @@ def test_launcher_confines_before_any_thread_and_threads_inherit(tmp_path):
             except PermissionError:
                 print("thread write denied")
         t = threading.Thread(target=attempt); t.start(); t.join()
-        fd = fs_sandbox.LAUNCH_RESULTS_FD
+        fd = landlock.LAUNCH_RESULTS_FD
         os.write(fd, b"record\\n"); print("pipe append ok")
         for what, call in (("truncate", lambda: os.ftruncate(fd, 0)), ("pwrite", lambda: os.pwrite(fd, b"x", 0)),
                            ("fallocate", lambda: os.posix_fallocate(fd, 0, 1 << 20))):
@@ -159,10 +159,10 @@ def test_cuda_comes_up_inside_the_launched_confinement(tmp_path):
     (tmp_path / "cuda_probe.py").write_text(textwrap.dedent("""
         import os, subprocess
         import torch
-        from coda_agent.verifier import fs_sandbox
-        print(fs_sandbox.LAUNCH_SANDBOX)
+        from coda_agent.verifier.confine import landlock
+        print(landlock.LAUNCH_SANDBOX)
         torch.cuda.get_device_capability(0)  # the worker's order: driver up, then seccomp,
-        seccomp = fs_sandbox.install_seccomp(drop_caps=False)  # then the context and kernels
+        seccomp = landlock.install_seccomp(drop_caps=False)  # then the context and kernels
         a = torch.randn(256, 256, device="cuda")
         print("matmul", float((a @ a).abs().sum()) > 0)
         print(seccomp)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from coda_agent.verifier.bench import bench_stage
+from coda_agent.verifier.stages.bench import bench_stage
 from coda_agent.verifier.pipeline import gpu_stages, run_gpu_workers, verify
 from coda_agent.verifier.spec import load_spec
 
@@ -83,12 +83,12 @@ def test_good_corpus_candidate_is_gpu_verified(path, tmp_path):
     assert set(checked) == {f"bench {first}", f"timed {first}", f"wall {first}",
                             *(f"timed-loop {first} #{j}" for j in range(8))}
     # the candidate worker ran confined wherever the kernel has Landlock (never silently)
-    from coda_agent.verifier.fs_sandbox import SandboxUnavailable, abi_version
+    from coda_agent.verifier.confine.landlock import SandboxUnavailable, abi_version
 
     try:
         abi_version()
         assert v.environment.worker_sandbox.startswith("landlock ABI"), v.environment.worker_sandbox
-        # confined before torch and CUDA started their threads (confine_launch): none escaped
+        # confined before torch and CUDA started their threads (confine/launch.py): none escaped
         assert "earlier thread" not in v.environment.worker_sandbox, v.environment.worker_sandbox
     except SandboxUnavailable:
         assert v.environment.worker_sandbox.startswith("unavailable"), v.environment.worker_sandbox
@@ -192,7 +192,7 @@ def test_quack_gemm_floor_is_timed_next_to_the_bare_gemm(spec, tmp_path):
     # swiglu_fwd; three for cross_entropy_bwd, one an M-major transposed view), so its
     # time is within a small factor of cuBLAS's (not an order of magnitude off: a wrong
     # operand capture or shape would show)
-    from coda_agent.verifier.gemm_floor import NAME
+    from coda_agent.verifier.gpu.gemm_floor import NAME
 
     loaded = _spec(spec)
     first = loaded.spec.shapes.benchmark[0].name

@@ -1,4 +1,4 @@
-"""verifier/inputs.py: bit-identical inputs across processes, declared scales, O(1) outputs."""
+"""verifier/gpu/inputs.py: bit-identical inputs across processes, declared scales, O(1) outputs."""
 
 import subprocess
 import sys
@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from coda_agent.verifier.inputs import make_inputs, rotation_count, tensor_bytes, tensor_seed, upcast
-from coda_agent.verifier.numerics import bitwise_equal
+from coda_agent.verifier.gpu.inputs import make_inputs, rotation_count, tensor_bytes, tensor_seed, upcast
+from coda_agent.verifier.stages.numerics import bitwise_equal
 from coda_agent.verifier.spec import KernelSpec, load_spec
 from verifier_helpers import write_spec
 
@@ -18,7 +18,7 @@ SPECS = ROOT / "kernel_specs"
 _GEN = """
 import sys, torch
 from coda_agent.verifier.spec import load_spec
-from coda_agent.verifier.inputs import make_inputs
+from coda_agent.verifier.gpu.inputs import make_inputs
 loaded = load_spec(sys.argv[1])
 case = loaded.spec.shapes.correctness[-1]
 torch.save(make_inputs(loaded, case.dims, int(sys.argv[2]), "cpu"), sys.argv[3])

@@ -1,4 +1,4 @@
-"""verifier/kept.py: the kept verdicts folder of ``bench`` (merging shape by shape, folding a
+"""verifier/library/kept.py: the kept verdicts folder of ``bench`` (merging shape by shape, folding a
 copied-back folder in, reading back, guarding hand-written pages) and what the page says."""
 
 import shutil
@@ -8,9 +8,9 @@ import pytest
 from test_benchrun import ROOT, _accepted
 from test_repeats import FWD, SHAPES, TWO, _run
 
-from coda_agent.verifier.benchrun import bench_kernels, page_from_kept, results_markdown
-from coda_agent.verifier.kept import PAGE_MARK, keep_verdict, merge_kept
-from coda_agent.verifier.repeats import combine, merge_shapes
+from coda_agent.verifier.library.bench import bench_kernels, page_from_kept, results_markdown
+from coda_agent.verifier.library.kept import PAGE_MARK, keep_verdict, merge_kept
+from coda_agent.verifier.library.repeats import combine, merge_shapes
 from coda_agent.verifier.verdict import Verdict
 from coda_agent.verifier.workspace import sha256_file
 
@@ -109,7 +109,7 @@ def test_a_page_bench_did_not_write_is_never_overwritten_without_force(tmp_path)
     def fake(loaded, kernel, **kw):
         return _run(loaded, 1.2, 1.0, started="t9", cand=sha256_file(kernel))
 
-    with mock.patch("coda_agent.verifier.benchrun.verdicts_dir", lambda out, date, gpu: vdir):
+    with mock.patch("coda_agent.verifier.library.bench.verdicts_dir", lambda out, date, gpu: vdir):
         rep = bench_kernels(tmp_path, ["swiglu_fwd"], verify_fn=fake, out_dir=res)
     assert any(n.startswith("page not written: ") for n in rep.notes)
     assert page.read_text() == "# hand-written again\n"
@@ -141,7 +141,7 @@ def test_a_verdict_without_stages_is_left_out_by_name(tmp_path):
     session 11); it is left off the page, by name."""
     import json
 
-    from coda_agent.verifier.kept import day_verdicts
+    from coda_agent.verifier.library.kept import day_verdicts
 
     _, vdir = _kept_folder(tmp_path, "2026-11-30-nvidia-h200")
     d = json.loads((vdir / "swiglu_fwd.json").read_text())

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from coda_agent.verifier.benchrun import bench_baselines, bench_kernels, results_markdown
-from coda_agent.verifier.protocol import PLAN_FILE, Plan
+from coda_agent.verifier.library.bench import bench_baselines, bench_kernels, results_markdown
+from coda_agent.verifier.gpu.protocol import PLAN_FILE, Plan
 from coda_agent.verifier.spec import LIGER_FILE, LIGER_MISSING, NO_LIGER, find_specs, load_spec, spec_hash
 from coda_agent.verifier.verdict import StageResult, Verdict
-from coda_agent.verifier.worker_reference import RefWorker
+from coda_agent.verifier.gpu.worker_reference import RefWorker
 
 ROOT = Path(__file__).resolve().parents[2]
 SPECS = ROOT / "kernel_specs"
@@ -186,7 +186,7 @@ def test_results_page_shows_unavailable_liger_as_na():
 
 def test_plot_skips_errored_baselines(tmp_path):
     pytest.importorskip("matplotlib")
-    from coda_agent.verifier.benchrun import plot_speedups
+    from coda_agent.verifier.library.bench import plot_speedups
 
     m = {"fused_ms": 1.0, "baselines": {"bare_gemm": {"ms": 1.1, "ratio": 0.9}, "liger": {"error": NO_LIGER}}}
     v = Verdict(spec="x", spec_hash="h", candidate_hash="c",

@@ -1,11 +1,11 @@
-"""verifier/numerics.py: the CODA criterion, sanity checks, poison detection, diagnoses."""
+"""verifier/stages/numerics.py: the CODA criterion, sanity checks, poison detection, diagnoses."""
 
 import math
 
 import pytest
 import torch
 
-from coda_agent.verifier.numerics import (
+from coda_agent.verifier.stages.numerics import (
     POISON_WORD16,
     abs_check,
     bitwise_equal,

@@ -1,4 +1,4 @@
-"""verifier/numerics.py: the five rules of ``judge`` on hand-made tensors, ``ulp``, ``row_scale``,
+"""verifier/stages/numerics.py: the five rules of ``judge`` on hand-made tensors, ``ulp``, ``row_scale``,
 per-output tolerances, and the rule names ``check_output`` reports.
 
 Each rule has a case that passes and a case that fails that rule alone (the others hold).
@@ -13,8 +13,8 @@ import math
 import pytest
 import torch
 
-from coda_agent.verifier.correctness import check_output
-from coda_agent.verifier.numerics import RULE_ORDER, judge, row_scale, tolerance_check, ulp
+from coda_agent.verifier.stages.correctness import check_output
+from coda_agent.verifier.stages.numerics import RULE_ORDER, judge, row_scale, tolerance_check, ulp
 from coda_agent.verifier.spec import ToleranceSpec
 
 TOL = ToleranceSpec()

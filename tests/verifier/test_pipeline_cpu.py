@@ -18,7 +18,7 @@ import pytest
 
 import coda_agent.verifier.pipeline as pipeline
 from coda_agent.verifier.pipeline import verify
-from coda_agent.verifier.protocol import make_runs
+from coda_agent.verifier.gpu.protocol import make_runs
 from coda_agent.verifier.spec import load_spec
 from coda_agent.verifier.verdict import Finding, StageResult, Verdict
 from verifier_helpers import landlock_or_skip, stub_static_compile as stub_stages
@@ -174,7 +174,7 @@ def test_cpu_device_good_fwd_passes_every_stage(tmp_path):
     assert 0 < guard < 0.5, guard
     files = sorted(p.name for p in (tmp_path / "work" / "cand").iterdir())
     assert files == ["plan.json", "results.jsonl", "scratch"]
-    # confined by confine_launch before `import torch` (only that path says "capabilities
+    # confined by confine/launch.py before `import torch` (only that path says "capabilities
     # dropped before": the launcher dropped them, the worker added seccomp after CUDA init)
     sandbox = v.environment.worker_sandbox
     assert "earlier thread" not in sandbox, sandbox
@@ -336,7 +336,7 @@ def test_cpu_device_wrong_gradient(tmp_path):
     assert all(f.output == "dpreact" for f in g.findings)
 
 
-# -- OS-level confinement of the candidate worker (verifier/fs_sandbox.py) ---------------------
+# -- OS-level confinement of the candidate worker (verifier/confine/landlock.py) ---------------------
 
 def test_confined_candidate_cannot_write_outside_scratch(tmp_path):
     """Red-team round 5 wrote a .pth file into a site folder and rewrote results.jsonl;
@@ -399,7 +399,7 @@ def swiglu_fwd(x, w1):
     'open("/dev/null")',                       # the file system
 ])
 def test_the_audit_tripwire_refuses_the_candidates_own_exec_frames_and_files(tmp_path, payload):
-    """verifier/audit_guard.py (session 16): under the static stage, both red-team rounds
+    """verifier/confine/audit.py (session 16): under the static stage, both red-team rounds
     ended in the real `exec` called from candidate code; the workers' audit hook refuses
     such events when the candidate's own code (or code exec'd from a string) raises them,
     while the libraries' own exec/compile (CuTeDSL rewrites epilogues) stay allowed."""
@@ -434,7 +434,7 @@ _f.f_globals["_perf_counter"] = lambda: 0.0
 
 
 def test_an_import_from_candidate_code_after_its_module_ran_is_refused(tmp_path):
-    """audit_guard.seal(): the module's own top-level imports are the static stage's; a fresh
+    """audit.seal(): the module's own top-level imports are the static stage's; a fresh
     module load from the candidate's code once it has run is refused."""
     body = GOOD_FWD + """
 _orig = swiglu_fwd

@@ -1,13 +1,13 @@
-"""verifier/protocol.py, the worker-side helpers that need no GPU, and worker-outcome handling."""
+"""verifier/gpu/protocol.py, the worker-side helpers that need no GPU, and worker-outcome handling."""
 
 import json
 from pathlib import Path
 
 import pytest
 
-from coda_agent.verifier.correctness import FindingSet, _launch_check, correctness_stage
-from coda_agent.verifier.gpu_results import GpuRun, jsonable
-from coda_agent.verifier.protocol import (
+from coda_agent.verifier.stages.correctness import FindingSet, _launch_check, correctness_stage
+from coda_agent.verifier.gpu.results import GpuRun, jsonable
+from coda_agent.verifier.gpu.protocol import (
     Plan,
     append_record,
     gpu_kernels,
@@ -16,9 +16,9 @@ from coda_agent.verifier.protocol import (
     make_runs,
     read_records,
 )
-from coda_agent.verifier.sandbox import WorkerOutcome
+from coda_agent.verifier.confine.sandbox import WorkerOutcome
 from coda_agent.verifier.spec import load_spec
-from coda_agent.verifier.worker_candidate import free_block_sizes, tampered
+from coda_agent.verifier.gpu.worker_candidate import free_block_sizes, tampered
 
 ROOT = Path(__file__).resolve().parents[2]
 FWD = load_spec(ROOT / "kernel_specs" / "swiglu_fwd")
@@ -165,7 +165,7 @@ def test_worker_output_problems_decide_the_stage(field, value, problem, status, 
 
 
 def test_strict_reading_names_what_the_worker_never_writes(tmp_path):
-    from coda_agent.verifier.protocol import MAX_RECORD_LINE, read_records_checked
+    from coda_agent.verifier.gpu.protocol import MAX_RECORD_LINE, read_records_checked
 
     f = tmp_path / "results.jsonl"
     good = [{"part": "setup", "ok": True}, {"part": "begin", "what": "bench s"}, {"part": "bench", "shape": "s"}]
@@ -207,8 +207,8 @@ def test_reservoir_keeps_each_timed_call_with_equal_probability():
     and a loop of at most 8 calls has every call kept (whatever the secret)."""
     import random
 
-    from coda_agent.verifier.protocol import TIMED_LOOP_SLOTS as K
-    from coda_agent.verifier.worker_candidate import reservoir_slot
+    from coda_agent.verifier.gpu.protocol import TIMED_LOOP_SLOTS as K
+    from coda_agent.verifier.gpu.worker_candidate import reservoir_slot
 
     def kept(n, seed):
         rng, slots = random.Random(seed), [None] * K

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from coda_agent.verifier.accept import accept
-from coda_agent.verifier.regress import compare_ratios, regress
+from coda_agent.verifier.library.accept import accept
+from coda_agent.verifier.library.regress import compare_ratios, regress
 from coda_agent.verifier.spec import load_spec
 from coda_agent.verifier.verdict import Environment, StageResult, Verdict
 from coda_agent.verifier.workspace import sha256_file

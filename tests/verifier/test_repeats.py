@@ -1,14 +1,14 @@
-"""verifier/repeats.py and ``bench --repeat``: medians over runs, the spread kept, failures decide."""
+"""verifier/library/repeats.py and ``bench --repeat``: medians over runs, the spread kept, failures decide."""
 
 import shutil
 
 import pytest
 from test_benchrun import ROOT, _accepted
 
-from coda_agent.verifier.bench import shape_metrics, stage_from_shapes
-from coda_agent.verifier.benchrun import bench_kernels
-from coda_agent.verifier.kept import keep_verdict
-from coda_agent.verifier.repeats import combine, merge_shapes, why_not_mergeable
+from coda_agent.verifier.stages.bench import shape_metrics, stage_from_shapes
+from coda_agent.verifier.library.bench import bench_kernels
+from coda_agent.verifier.library.kept import keep_verdict
+from coda_agent.verifier.library.repeats import combine, merge_shapes, why_not_mergeable
 from coda_agent.verifier.spec import load_spec
 from coda_agent.verifier.verdict import Environment, StageResult, Verdict
 from coda_agent.verifier.workspace import sha256_file
@@ -108,7 +108,7 @@ def test_a_partial_bench_merges_into_the_kept_verdict_shape_by_shape():
     new.environment.worker_sandbox = "landlock + seccomp (new)"
     out = merge_shapes(FWD, kept, new)
     # each call's rows keep the confinement they were measured under, and the page says so
-    from coda_agent.verifier.benchrun import _measured_line
+    from coda_agent.verifier.library.bench import _measured_line
 
     assert _measured_line(out, out.stage("bench").metrics["shapes"]) == (
         f"Measured in 2 bench calls: t0 ({TWO[0].name}), candidate worker: landlock (old); "

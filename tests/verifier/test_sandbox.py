@@ -1,4 +1,4 @@
-"""verifier/sandbox.py: workers that finish, raise, segfault, abort, hang or hit a CUDA error."""
+"""verifier/confine/sandbox.py: workers that finish, raise, segfault, abort, hang or hit a CUDA error."""
 
 import os
 import time
@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from proc_helpers import gone
 
-from coda_agent.verifier.sandbox import classify, run_worker, strip_ansi, tail
+from coda_agent.verifier.confine.sandbox import classify, run_worker, strip_ansi, tail
 
 HERE = Path(__file__).resolve().parent
 
@@ -76,7 +76,7 @@ def test_kill_live_groups_ends_a_worker_waited_on_in_another_thread(tmp_path):
     kills every running worker group (kill_live_groups), and run_worker forgets it after."""
     import threading
 
-    from coda_agent.verifier import sandbox
+    from coda_agent.verifier.confine import sandbox
 
     pidfile = tmp_path / "child.pid"
     box = {}
@@ -133,7 +133,7 @@ def test_tail_and_strip():
 def test_worker_gets_no_secrets_and_parent_reads_only_the_stderr_tail(tmp_path, monkeypatch):
     """A candidate may read its environment and flood stderr: neither reaches the parent."""
     from coda_agent.verifier.pipeline import _worker_env
-    from coda_agent.verifier.sandbox import run_worker
+    from coda_agent.verifier.confine.sandbox import run_worker
 
     monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-must-not-leak")
     env = _worker_env()
@@ -156,7 +156,7 @@ def test_worker_gets_no_secrets_and_parent_reads_only_the_stderr_tail(tmp_path, 
 def test_logs_reach_the_parent_through_capped_pipes(tmp_path):
     # a worker's stdout/stderr are pipes: the parent keeps LOG_HEAD bytes plus the last
     # LOG_TAIL, and the worker cannot truncate or fallocate them (it could a log *file*)
-    from coda_agent.verifier.sandbox import LOG_HEAD, LOG_TAIL
+    from coda_agent.verifier.confine.sandbox import LOG_HEAD, LOG_TAIL
 
     out = _run("flood", tmp_path)
     assert out.ok, out.message()
@@ -170,7 +170,7 @@ def test_logs_reach_the_parent_through_capped_pipes(tmp_path):
 def test_an_escaped_writer_costs_one_grace_period_and_is_reported(tmp_path, monkeypatch):
     import signal
 
-    from coda_agent.verifier import sandbox
+    from coda_agent.verifier.confine import sandbox
 
     monkeypatch.setattr(sandbox, "DRAIN_GRACE_S", 1.0)
     t0 = time.monotonic()
@@ -250,7 +250,7 @@ def test_read_worker_file_refuses_links_fifos_and_big_files(tmp_path):
     """What a confined worker wrote in its own folder is read without following a symlink,
     waiting on a FIFO or reading past the limit (red team, session 15: the compile
     worker's result.json was read whole through any symlink)."""
-    from coda_agent.verifier.sandbox import read_worker_file
+    from coda_agent.verifier.confine.sandbox import read_worker_file
 
     ok = tmp_path / "result.json"
     ok.write_bytes(b'{"phase": "done"}')

@@ -1,4 +1,4 @@
-"""verifier/seccomp_filter.py: the filter on top of Landlock, checked in child processes
+"""verifier/confine/seccomp.py: the filter on top of Landlock, checked in child processes
 (it is irreversible). Skipped (never faked) off x86_64 Linux."""
 
 import platform
@@ -6,7 +6,7 @@ import platform
 import pytest
 from verifier_helpers import run_child
 
-from coda_agent.verifier.seccomp_filter import (
+from coda_agent.verifier.confine.seccomp import (
     AUDIT_ARCH_X86_64, DENIED_IOCTLS, DENIED_X86_64, SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO, SELF_ONLY_X86_64,
     X32_SYSCALL_BIT, program,
 )
@@ -101,7 +101,7 @@ def test_installed_filter_denies_sockets_and_metadata_changes_on_every_thread(tm
     f.write_text("x")
     out = _child(f"""
         import ctypes, os, socket, threading
-        from coda_agent.verifier.seccomp_filter import install
+        from coda_agent.verifier.confine.seccomp import install
         go, done = threading.Event(), threading.Event()
         seen = []
         def early():  # a thread that exists before the filter (as CUDA's do)
@@ -161,7 +161,7 @@ def test_switch_off_and_worker_description(tmp_path):
     out = _child(f"""
         import os
         os.environ["CODA_SECCOMP"] = "off"
-        from coda_agent.verifier.fs_sandbox import confine_worker
+        from coda_agent.verifier.confine.landlock import confine_worker
         print(confine_worker([{str(tmp_path / 'w')!r}]))
         os.chmod({str(tmp_path / 'w')!r}, 0o700); print("chmod allowed")
     """)
@@ -174,7 +174,7 @@ def test_confined_worker_cannot_read_the_parents_environment(tmp_path):
     root worker with its capabilities could read /proc/<parent>/environ past Landlock."""
     out = _child(f"""
         import os
-        from coda_agent.verifier.fs_sandbox import confine_worker
+        from coda_agent.verifier.confine.landlock import confine_worker
         print(confine_worker([{str(tmp_path / 'w')!r}]))
         try:
             open(f"/proc/{{os.getppid()}}/environ", "rb").read(); print("environ read")
@@ -187,7 +187,7 @@ def test_confined_worker_cannot_read_the_parents_environment(tmp_path):
 
 
 def test_the_off_switch_reaches_the_workers(monkeypatch):
-    from coda_agent.verifier.sandbox import worker_env
+    from coda_agent.verifier.confine.sandbox import worker_env
 
     monkeypatch.setenv("CODA_SECCOMP", "off")
     monkeypatch.setenv("ANTHROPIC_API_KEY", "secret")

@@ -1,4 +1,4 @@
-"""verifier/snapshot.py: the candidate is judged, compiled and run from one snapshot of its bytes."""
+"""verifier/confine/snapshot.py: the candidate is judged, compiled and run from one snapshot of its bytes."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from coda_agent.verifier.snapshot import CandidateChanged, load_module, take
+from coda_agent.verifier.confine.snapshot import CandidateChanged, load_module, take
 
 HONEST = "def entry(x):\n    return x * 0  # what static and the verdict's hash judge\n"
 PLANTED = "def entry(x):\n    return x + 1  # what the bytecode beside it says\n"

@@ -666,7 +666,7 @@ def test_a_denied_object_is_refused_under_another_name(monkeypatch):
     import cutlass
     import cutlass.cute
 
-    from coda_agent.verifier import surface
+    from coda_agent.verifier.static import surface
 
     monkeypatch.setattr(cutlass.cute, "sneaky_ptr_s15", cutlass.cute.make_ptr, raising=False)
     monkeypatch.setattr(cutlass.cute, "sneaky_jit_s15", cutlass.cute.jit, raising=False)  # a bound method

@@ -29,7 +29,7 @@ def landlock_or_skip() -> int:
     """The kernel's Landlock ABI version; skips the test (never fakes it) where there is none."""
     import pytest
 
-    from coda_agent.verifier.fs_sandbox import SandboxUnavailable, abi_version
+    from coda_agent.verifier.confine.landlock import SandboxUnavailable, abi_version
 
     try:
         return abi_version()

@@ -1,7 +1,7 @@
 """Stage 2 of the verifier: compile the candidate's kernels for sm_90a, without launching them.
 
 The candidate is imported and its entry point called with CPU ``torch.empty`` tensors in
-a subprocess (:mod:`coda_agent.verifier.compile_worker`); quack traces each
+a subprocess (:mod:`coda_agent.verifier.compile.worker`); quack traces each
 ``@gemm_epilogue``, lowers it and runs ptxas for sm_90a, but the launch is replaced by a
 counter. This needs no GPU (CI runs it), takes 1-3 s per kernel variant after a ~5 s
 import, and catches before any GPU time is spent: DSL errors in the epilogue (typos,
@@ -12,7 +12,7 @@ build a kernel, and hangs.
 Design
 ------
 * **The candidate is untrusted even after the static stage**, so it runs in a child
-  process (``sys.executable -m coda_agent.verifier.compile_worker``) in its own session
+  process (``sys.executable -m coda_agent.verifier.compile.worker``) in its own session
   and process group, in a private temporary folder, with ``CUDA_VISIBLE_DEVICES=""`` and
   an environment reduced to what Python, CUDA tools, quack and the DSL need (no API keys
   or tokens). On timeout the whole group is killed. The result comes back as a JSON file
@@ -57,10 +57,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from coda_agent.verifier.compile_worker import FAULT_FILE, STARTED_FILE, clip_lines, lines_from_stack_dump, strip_ansi
-from coda_agent.verifier.sandbox import read_worker_file, run_worker, tail_file, worker_env
-from coda_agent.verifier.spec import KernelSpec, LoadedSpec, ShapeCase
-from coda_agent.verifier.verdict import Finding, StageResult
+from .worker import FAULT_FILE, STARTED_FILE, clip_lines, lines_from_stack_dump, strip_ansi
+from ..confine.sandbox import read_worker_file, run_worker, tail_file, worker_env
+from ..spec import KernelSpec, LoadedSpec, ShapeCase
+from ..verdict import Finding, StageResult
 
 __all__ = ["compile_cpu", "compile_stage", "select_cases", "strip_ansi", "FAIL_KINDS"]
 
@@ -116,7 +116,7 @@ def _run_worker(
             )
         dump_after = max(timeout_s - min(5.0, 0.2 * timeout_s), 0.5)
         out = run_worker(
-            "coda_agent.verifier.compile_worker",
+            "coda_agent.verifier.compile.worker",
             ["--request", str(req_path), "--result", str(res_path), "--dump-after", f"{dump_after:.2f}"],
             timeout_s, cwd=tmp, env=env, log_dir=tmp,
         )

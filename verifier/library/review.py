@@ -20,9 +20,9 @@ import difflib
 import subprocess
 from pathlib import Path
 
-from coda_agent.verifier.accept import read_manifest
-from coda_agent.verifier.spec import LoadedSpec, diff_fields
-from coda_agent.verifier.workspace import sha256_file
+from .accept import read_manifest
+from ..spec import LoadedSpec, diff_fields
+from ..workspace import sha256_file
 
 
 def _git_head_version(root: Path, rel: str) -> str | None:

@@ -7,20 +7,20 @@ after ``import torch`` (which starts a BLAS thread pool) and after CUDA init (th
 driver's threads) left 16 threads unconfined and running as root on the H200 host, and native code in the process can run on any of them (the red team
 of 2026-11-30 hijacked one through a signal handler sent with ``tgkill``).
 
-How: ``python -m coda_agent.verifier.confine_launch --write DIR ... [--results-fd FD]
+How: ``python -m coda_agent.verifier.confine.launch --write DIR ... [--results-fd FD]
 MODULE -- ARGS...`` imports nothing but the standard library and
-:mod:`~coda_agent.verifier.fs_sandbox`, applies
-:func:`~coda_agent.verifier.fs_sandbox.confine_worker` with ``seccomp=False`` (Landlock
+:mod:`~coda_agent.verifier.confine.landlock`, applies
+:func:`~coda_agent.verifier.confine.landlock.confine_worker` with ``seccomp=False`` (Landlock
 and the capability drop) while the interpreter has exactly one thread, and then runs ``MODULE`` as
 ``__main__`` in the same process (:func:`runpy.run_module`). Every thread that appears
 later (BLAS, CUDA, the profiler, compilers' children) inherits the Landlock domain and the
 empty capability sets, so the description carries no "earlier thread(s) not confined"
 note. The seccomp filter is the one layer left to the worker: libcuda's init opens a
 socket (denied, ``cuInit`` fails with error 304 on the H200), so the worker installs it
-with :func:`~coda_agent.verifier.fs_sandbox.install_seccomp` once CUDA is up; seccomp's
+with :func:`~coda_agent.verifier.confine.landlock.install_seccomp` once CUDA is up; seccomp's
 thread-sync flag puts it on every thread that exists then, so nothing escapes it either.
 
-The worker learns what happened through two attributes of ``fs_sandbox``, set before it
+The worker learns what happened through two attributes of ``landlock``, set before it
 runs (a candidate's code runs much later, after the worker's first setup record):
 ``LAUNCH_SANDBOX`` (the description for the verdict) and ``LAUNCH_RESULTS_FD`` (the write
 end of a pipe the parent copies into ``results.jsonl``: records can only be appended; a
@@ -39,7 +39,7 @@ import runpy
 import stat
 import sys
 
-from coda_agent.verifier import fs_sandbox
+from . import landlock
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -65,8 +65,8 @@ def main(argv: list[str] | None = None) -> None:
         if not is_pipe:  # a file descriptor could be truncated or rewritten: pipes only
             ap.error(f"--results-fd {a.results_fd} is not an open pipe")
         os.set_inheritable(a.results_fd, False)  # the worker's own children do not get it
-        fs_sandbox.LAUNCH_RESULTS_FD = a.results_fd
-    fs_sandbox.LAUNCH_SANDBOX = fs_sandbox.confine_worker(a.write, seccomp=False)
+        landlock.LAUNCH_RESULTS_FD = a.results_fd
+    landlock.LAUNCH_SANDBOX = landlock.confine_worker(a.write, seccomp=False)
     sys.argv = [a.module, *args]
     runpy.run_module(a.module, run_name="__main__", alter_sys=True)
 

@@ -15,7 +15,7 @@ import shutil
 import socket
 import subprocess
 
-from coda_agent.verifier.verdict import Environment
+from ..verdict import Environment
 
 def _version(dist: str) -> str | None:
     try:

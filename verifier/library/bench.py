@@ -20,7 +20,7 @@ several calls (a GPU machine's per-command time limit) and still land on one pag
 ``coda-agent regress --verdicts <that folder>`` judges regressions from the same
 measurements instead of timing everything a second time. A call that measured only some
 shapes (``--shape``) merges into the kernel's kept verdict shape by shape
-(:func:`~coda_agent.verifier.repeats.merge_shapes`) instead of replacing it: no earlier
+(:func:`~coda_agent.verifier.library.repeats.merge_shapes`) instead of replacing it: no earlier
 shape's numbers are dropped, and each table row says when it was measured.
 
 Before the GPU stages, static and compile run for every kernel with several compiles at
@@ -38,14 +38,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from coda_agent.verifier import gemm_floor
-from coda_agent.verifier.accept import accepted_names, read_manifest, verdict_from_manifest
-from coda_agent.verifier.bench import HOST_BOUND, host_bound
-from coda_agent.verifier.kept import PAGE_MARK, check_page, day_verdicts, keep_verdict, slug, verdicts_dir
-from coda_agent.verifier.repeats import combine, runs_of, shapes_of
-from coda_agent.verifier.spec import LIGER_MISSING, NO_LIGER, LoadedSpec, load_spec
-from coda_agent.verifier.verdict import Verdict
-from coda_agent.verifier.workspace import atomic_write_text
+from ..gpu import gemm_floor
+from .accept import accepted_names, read_manifest, verdict_from_manifest
+from ..stages.bench import HOST_BOUND, host_bound
+from .kept import PAGE_MARK, check_page, day_verdicts, keep_verdict, slug, verdicts_dir
+from .repeats import combine, runs_of, shapes_of
+from ..spec import LIGER_MISSING, NO_LIGER, LoadedSpec, load_spec
+from ..verdict import Verdict
+from ..workspace import atomic_write_text
 
 
 @dataclass
@@ -145,7 +145,7 @@ def _repeat_notes(shapes: dict[str, Any]) -> list[str]:
 def _measured_line(v: Verdict, shapes: dict[str, Any]) -> str:
     """When the kernel's rows were measured and how its candidate worker was confined: one
     call, or each bench call when its shapes were merged from several
-    (:func:`~coda_agent.verifier.repeats.merge_shapes`)."""
+    (:func:`~coda_agent.verifier.library.repeats.merge_shapes`)."""
     calls: dict[str, list[str]] = {}
     boxes: dict[str, str] = {}
     for shape, m in _ordered(shapes):
@@ -165,7 +165,7 @@ def _measured_line(v: Verdict, shapes: dict[str, Any]) -> str:
 def bench_baselines(loaded: LoadedSpec) -> list[str]:
     """The baselines ``coda-agent bench`` times for a spec: its ``bench.baselines``, plus
     ``liger`` when the spec folder has a ``liger.py`` adapter, plus ``quack_gemm`` (quack's
-    own GEMM on the bare GEMM's operands, :mod:`~coda_agent.verifier.gemm_floor`) wherever
+    own GEMM on the bare GEMM's operands, :mod:`~coda_agent.verifier.gpu.gemm_floor`) wherever
     ``bare_gemm`` is timed."""
     names = list(loaded.spec.bench.baselines)
     if loaded.has_liger and "liger" not in names:
@@ -483,7 +483,7 @@ def bench_kernels(root: Path, names: list[str] | None, *, out_dir: Path | None =
 
     ``repeat=N`` verifies every kernel N times, round-robin over the kernels, and keeps one
     verdict per kernel with per-shape medians over the runs and each run's numbers
-    (:mod:`~coda_agent.verifier.repeats`). Raises ValueError when ``repeat`` < 1.
+    (:mod:`~coda_agent.verifier.library.repeats`). Raises ValueError when ``repeat`` < 1.
 
     ``from_manifests=True`` measures nothing: it writes ``<date>-<gpu>-manifests.md`` (its
     own name: it never replaces a measured page) from the numbers each kernel's acceptance
@@ -518,8 +518,8 @@ def bench_kernels(root: Path, names: list[str] | None, *, out_dir: Path | None =
     items = [(load_spec(root / "kernel_specs" / n), root / "generated_kernels" / n / "kernel.py") for n in names]
     extra: dict[str, dict[str, Any]] = {}
     if verify_fn is None:
-        from coda_agent.verifier.pipeline import cpu_stages_many
-        from coda_agent.verifier.pipeline import verify as verify_fn
+        from ..pipeline import cpu_stages_many
+        from ..pipeline import verify as verify_fn
 
         done = cpu_stages_many(items, jobs=jobs or default_jobs())
         extra = {ld.name: {"cpu_done": c} for (ld, _), c in zip(items, done)}

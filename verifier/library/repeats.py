@@ -16,7 +16,7 @@ must not learn which run is timed). :func:`combine` then folds the runs:
 * otherwise it is the first run with its ``bench`` stage rebuilt: per shape, the fused
   time, wall time, host time and every baseline's time are medians over the runs
   (:func:`statistics.median`; the mean of the middle two for an even N), ratios and bars
-  are recomputed from those medians (:func:`~coda_agent.verifier.bench.shape_metrics`),
+  are recomputed from those medians (:func:`~coda_agent.verifier.stages.bench.shape_metrics`),
   and the shape keeps ``runs``: each run's fused ms, start time and paired
   fused/baseline ratios (fused and baseline measured in the same run), so the page can
   show the spread. Each baseline's time is the median of the runs in which it ran.
@@ -33,7 +33,7 @@ verdicts of the same candidate measured on the same GPU and software versions, a
 shape both measured the later measurement wins (so folding in an older copy never
 replaces newer medians). Anything else (a failure, a new kernel, a new driver) replaces
 the kept verdict when it is newer, as it is news, and is left out when it is older; the
-caller says which (:func:`~coda_agent.verifier.benchrun.keep_verdict`).
+caller says which (:func:`~coda_agent.verifier.library.bench.keep_verdict`).
 """
 
 from __future__ import annotations
@@ -41,9 +41,9 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from coda_agent.verifier.bench import shape_metrics, stage_from_shapes
-from coda_agent.verifier.spec import LoadedSpec
-from coda_agent.verifier.verdict import Finding, Verdict
+from ..stages.bench import shape_metrics, stage_from_shapes
+from ..spec import LoadedSpec
+from ..verdict import Finding, Verdict
 
 
 def combine(loaded: LoadedSpec, runs: list[Verdict]) -> Verdict:

@@ -1,6 +1,6 @@
 """A seccomp filter for the processes that run candidate code: what Landlock leaves open.
 
-Why: Landlock (:mod:`~coda_agent.verifier.fs_sandbox`, ABI 7 on the dev machine and the
+Why: Landlock (:mod:`~coda_agent.verifier.confine.landlock`, ABI 7 on the dev machine and the
 H200) confines *writes* to the worker's folder, denies TCP bind/connect and scopes signals
 and abstract unix sockets. Red-team round 6 listed what it does not cover: connecting to a
 *pathname* unix socket (a local daemon's control socket), UDP and other non-TCP sockets,

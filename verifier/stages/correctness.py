@@ -1,7 +1,7 @@
 """The ``correctness`` stage: the candidate's value outputs against the trusted references.
 
 Built in the parent from what the two workers saved (see
-:mod:`~coda_agent.verifier.gpu_results`); nothing here touches the GPU. Checks, in the
+:mod:`~coda_agent.verifier.gpu.results`); nothing here touches the GPU. Checks, in the
 order a finding is reported for each output of each trial:
 
 1. the worker reached the candidate (``not-hopper`` refusal or a setup failure is a
@@ -14,7 +14,7 @@ order a finding is reported for each output of each trial:
    *before* the call must match too, else input generation is broken (verifier error);
 4. per output: memory the kernel never wrote (``stale-memory``: the allocator poison),
    then sanity (``nan-output``, ``zero-output``, ``constant-output``), then the
-   tolerance rule (``tolerance``, with :func:`~coda_agent.verifier.numerics.describe_error`);
+   tolerance rule (``tolerance``, with :func:`~coda_agent.verifier.stages.numerics.describe_error`);
 5. kernel launches <= ``spec.entry.max_launches`` at every correctness shape (one call
    each; ``too-many-launches``; zero kernels seen is ``no-launches``), and GEMM launches
    among them <= ``spec.entry.max_gemm_launches`` (``too-many-gemm-launches``: a second
@@ -33,18 +33,18 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from coda_agent.verifier.coverage import KEY_PREFIX as COVERAGE_KEY_PREFIX
-from coda_agent.verifier.gpu_results import GpuRun, failure_finding, jsonable
-from coda_agent.verifier.numerics import (
+from ..gpu.coverage import KEY_PREFIX as COVERAGE_KEY_PREFIX
+from ..gpu.results import GpuRun, failure_finding, jsonable
+from .numerics import (
     bitwise_equal,
     describe_error,
     output_sanity,
     poison_count,
     tolerance_check,
 )
-from coda_agent.verifier.protocol import Run, gemm_launches
-from coda_agent.verifier.spec import LoadedSpec, OutputSpec, ToleranceSpec
-from coda_agent.verifier.verdict import Finding, StageResult
+from ..gpu.protocol import Run, gemm_launches
+from ..spec import LoadedSpec, OutputSpec, ToleranceSpec
+from ..verdict import Finding, StageResult
 
 
 class FindingSet:
@@ -101,7 +101,7 @@ def check_output(
 
 
 def rule_message(res: dict[str, Any], tol: ToleranceSpec, out: Any, ref32: Any) -> str:
-    """What the first failing numerics rule of ``res`` (:func:`~coda_agent.verifier.numerics.tolerance_check`
+    """What the first failing numerics rule of ``res`` (:func:`~coda_agent.verifier.stages.numerics.tolerance_check`
     of ``out`` against ``ref32``) says: the rule, where, and by how much, with the error diagnosis."""
     diag = lambda allowed: describe_error(out, ref32, allowed=allowed)  # noqa: E731
     if res["rule"] == "abs":
@@ -280,7 +280,7 @@ def gemm_problems(loaded: LoadedSpec, count: Any, names: list[str], where: str,
 
 
 def _workspace_check(loaded: LoadedSpec, run: GpuRun, f: FindingSet, metrics: dict[str, Any]) -> None:
-    """Judge the workspace (``verifier/device_memory.py``) of every correctness trial and
+    """Judge the workspace (``verifier/gpu/device_memory.py``) of every correctness trial and
     fresh-seed recheck (``trial``/``recheck`` records) and of the counted calls
     (``launches`` records) against the spec's budget at the trial's dims: one
     ``workspace-over-budget`` finding per shape case, at its largest workspace.
@@ -302,7 +302,7 @@ def _workspace_check(loaded: LoadedSpec, run: GpuRun, f: FindingSet, metrics: di
 
 
 def workspace_problem(loaded: LoadedSpec, dims: dict[str, int], workspace: int, where: str) -> str | None:
-    """Why ``workspace`` bytes (``verifier/device_memory.py``) exceed the spec's budget at
+    """Why ``workspace`` bytes (``verifier/gpu/device_memory.py``) exceed the spec's budget at
     ``dims``, or None. Shared by the correctness stage and the bench stage
     (``workspace-at-bench-shape``)."""
     budget, rule = loaded.spec.workspace_budget(dims)
@@ -341,7 +341,7 @@ def _prologue(run: GpuRun, stage: str) -> StageResult | None:
                  if setup is not None and setup.get("message") else failure_finding(run.cand))
         return StageResult(stage=stage, status="error", summary="candidate worker failed during setup (verifier problem)",
                            findings=[found])
-    from coda_agent.verifier.pipeline import SCRATCH_BUDGET
+    from ..pipeline import SCRATCH_BUDGET
 
     if run.scratch_bytes > SCRATCH_BUDGET:
         return StageResult(stage=stage, status="fail", summary="the candidate filled its scratch folder",

@@ -28,9 +28,9 @@ Five results are *failures*, because they mean the measurement cannot be trusted
   could not cover them all (fifth red team: 9 timer calls, one cheap measured call).
 * ``timed-check-missing`` -- the worker's record of a shape's timing exists but fewer
   timed calls were kept for checking than it must keep (every one of the first
-  :data:`~coda_agent.verifier.protocol.TIMED_LOOP_SLOTS` timer calls fills a slot, so
+  :data:`~coda_agent.verifier.gpu.protocol.TIMED_LOOP_SLOTS` timer calls fills a slot, so
   ``min(slots, timer calls)``), or the extra call after timing or the secretly picked
-  wall-time call (:func:`~coda_agent.verifier.protocol.wall_check_run`) was not checked: checks
+  wall-time call (:func:`~coda_agent.verifier.gpu.protocol.wall_check_run`) was not checked: checks
   that silently did not run would pass a kernel unchecked. Only candidate code
   reaching into the worker's state can cause it; the worker records every check of a
   shape before that shape's timing record.
@@ -49,7 +49,7 @@ Five results are *failures*, because they mean the measurement cannot be trusted
   (one of the timed rotation), held more device memory beyond its inputs and outputs than
   the spec's workspace budget
   (:meth:`~coda_agent.verifier.spec.KernelSpec.workspace_budget`,
-  ``verifier/device_memory.py``): an intermediate the fused op must not materialize
+  ``verifier/gpu/device_memory.py``): an intermediate the fused op must not materialize
   (the tenth red team's gemm_cross_entropy stored its fp32 logits). The correctness stage
   judges the same on every correctness trial (``workspace-over-budget``); the benchmark
   shapes are where a GEMM-sized intermediate outgrows every declared operand.
@@ -67,10 +67,10 @@ import math
 import time
 from typing import Any
 
-from coda_agent.verifier.correctness import gemm_problems, workspace_problem
-from coda_agent.verifier.gpu_results import GpuRun, failure_finding, jsonable
-from coda_agent.verifier.inputs import tensor_bytes
-from coda_agent.verifier.protocol import (
+from .correctness import gemm_problems, workspace_problem
+from ..gpu.results import GpuRun, failure_finding, jsonable
+from ..gpu.inputs import tensor_bytes
+from ..gpu.protocol import (
     LAUNCH_NAMES_KEPT,
     TIMED_LOOP_SLOTS,
     BenchShape,
@@ -79,8 +79,8 @@ from coda_agent.verifier.protocol import (
     timed_loop_check_run,
     wall_check_run,
 )
-from coda_agent.verifier.spec import LoadedSpec, eval_expr
-from coda_agent.verifier.verdict import Finding, StageResult
+from ..spec import LoadedSpec, eval_expr
+from ..verdict import Finding, StageResult
 
 PEAKS: dict[str, tuple[float, float]] = {
     "H200": (989e12, 4.8e12),

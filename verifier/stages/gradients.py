@@ -4,7 +4,7 @@ Why a stage of its own: a backward kernel's hand-derived formula (e.g. dSwiGLU) 
 part most likely to be subtly wrong, and the reference for it is not written by hand
 at all -- the reference worker differentiates ``reference.<of>`` with
 ``torch.autograd.grad`` (fp32-upcast for ``ref32``, low precision for ``ref_lowp``).
-The comparison itself is the correctness stage's (:func:`~coda_agent.verifier.correctness.check_outputs`:
+The comparison itself is the correctness stage's (:func:`~coda_agent.verifier.stages.correctness.check_outputs`:
 stale memory, sanity, CODA tolerance with a diagnosis, and the post-timing recheck as
 ``drift-after-timing``); contract violations, input mutation and launches were
 already judged by the correctness stage, which runs first.
@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import time
 
-from coda_agent.verifier.correctness import FindingSet, check_outputs, stage_result, store_recheck, worst
-from coda_agent.verifier.gpu_results import GpuRun
-from coda_agent.verifier.spec import LoadedSpec
-from coda_agent.verifier.verdict import Finding, StageResult
+from .correctness import FindingSet, check_outputs, stage_result, store_recheck, worst
+from ..gpu.results import GpuRun
+from ..spec import LoadedSpec
+from ..verdict import Finding, StageResult
 
 
 def gradients_stage(loaded: LoadedSpec, run: GpuRun) -> StageResult:

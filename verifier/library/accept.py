@@ -33,9 +33,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from coda_agent.verifier.spec import LoadedSpec
-from coda_agent.verifier.verdict import STAGES, Verdict
-from coda_agent.verifier.workspace import sha256_bytes
+from ..spec import LoadedSpec
+from ..verdict import STAGES, Verdict
+from ..workspace import sha256_bytes
 
 KERNELS_DIR = "generated_kernels"
 HISTORY_DIR = "history"
@@ -74,7 +74,7 @@ def _stamp(text: str) -> str:
 
 CONFINED = "landlock"
 """How ``environment.worker_sandbox`` starts when the candidate's processes ran confined
-(:func:`~coda_agent.verifier.fs_sandbox.confine_worker`); "off (...)" / "unavailable: ..." otherwise."""
+(:func:`~coda_agent.verifier.confine.landlock.confine_worker`); "off (...)" / "unavailable: ..." otherwise."""
 
 
 def unconfined_workers(verdict: Verdict) -> list[str]:

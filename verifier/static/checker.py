@@ -18,7 +18,7 @@ Design
   re-export the standard library (``cutlass.cute.tuple.signature`` is
   ``inspect.signature``, ``cutlass.base_dsl.Path`` is ``pathlib.Path``, ``cutlass.torch.torch``
   is torch), so every ``from M import n`` and every attribute chain rooted at an imported
-  alias is resolved by :mod:`coda_agent.verifier.surface` in this trusted process (it
+  alias is resolved by :mod:`coda_agent.verifier.static.surface` in this trusted process (it
   imports the *libraries*, never the candidate) and the object itself is judged: modules
   must be allowed and reached under their own name, other objects must be defined in
   cutlass/quack (``__module__``), be immutable constants, or be on the small
@@ -90,9 +90,9 @@ import re
 import time
 from dataclasses import dataclass, field
 
-from coda_agent.verifier import surface
-from coda_agent.verifier.spec import KernelSpec
-from coda_agent.verifier.verdict import Finding, StageResult
+from . import surface
+from ..spec import KernelSpec
+from ..verdict import Finding, StageResult
 
 # --------------------------------------------------------------------------- kinds
 
@@ -162,7 +162,7 @@ ALLOWED_IMPORT_ROOTS = ("torch", "math", "functools", "operator", "typing", "__f
 
 ALLOWED_IMPORT_EXACT = surface.LIBRARY_MODULES
 """The library modules importable by name (explicit submodules, not package trees: see
-:mod:`coda_agent.verifier.surface`)."""
+:mod:`coda_agent.verifier.static.surface`)."""
 
 BANNED_BUILTINS = frozenset({
     "exec", "eval", "compile", "open", "__import__", "getattr", "setattr", "delattr",

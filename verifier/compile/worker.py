@@ -1,7 +1,7 @@
 """The compile-stage worker: imports an UNTRUSTED candidate and compiles its kernels for sm_90a.
 
-Run only by :mod:`coda_agent.verifier.compile`, as
-``python -m coda_agent.verifier.compile_worker --request REQ.json --result RES.json``
+Run only by :mod:`coda_agent.verifier.compile.stage`, as
+``python -m coda_agent.verifier.compile.worker --request REQ.json --result RES.json``
 in its own session/process group, with a timeout, in a private temporary folder.
 
 Design
@@ -290,7 +290,7 @@ def run_request(req: dict[str, Any]) -> dict[str, Any]:
     out["phase"] = "import"
     t1 = time.perf_counter()
     try:
-        from coda_agent.verifier.snapshot import load_module
+        from ..confine.snapshot import load_module
 
         if req.get("started_marker"):
             Path(req["started_marker"]).touch()  # from here on, an exit is the candidate's doing
@@ -300,11 +300,11 @@ def run_request(req: dict[str, Any]) -> dict[str, Any]:
             remaining = req["dump_deadline"] - time.monotonic()
             if remaining > 0:
                 faulthandler.dump_traceback_later(remaining, repeat=False, file=_FAULT_FILE_HANDLE)
-        from coda_agent.verifier import audit_guard
+        from ..confine import audit
 
-        audit_guard.install(str(Path(candidate)))  # the candidate's own frames may not exec, walk frames or reach the OS
+        audit.install(str(Path(candidate)))  # the candidate's own frames may not exec, walk frames or reach the OS
         module = load_module(candidate, "coda_candidate", req.get("sha256"))
-        audit_guard.seal()
+        audit.seal()
     except BaseException as e:  # noqa: BLE001 - untrusted code may raise anything
         out["error"] = summarize_exception(e, candidate)
         return _finish(out, counters)
@@ -392,8 +392,8 @@ def main(argv: list[str] | None = None) -> int:
         resource.setrlimit(resource.RLIMIT_AS, (cap_as, hard_as))
     # Candidate code runs in here (tracing imports and calls it): from now on this process
     # may write only beneath its temporary folder (TMPDIR, private caches) and the shared
-    # compile cache when one was asked for (verifier/fs_sandbox.py).
-    from coda_agent.verifier.fs_sandbox import confine_worker
+    # compile cache when one was asked for (verifier/confine/landlock.py).
+    from ..confine.landlock import confine_worker
 
     shared = [os.environ[k] for k in ("QUACK_CACHE_DIR", "CUTE_DSL_CACHE_DIR") if os.environ.get(k)]
     sandbox = confine_worker([ns.result.parent, *shared])

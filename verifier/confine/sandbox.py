@@ -7,7 +7,7 @@ session means the parent survives all of that and can kill the whole process gro
 (workers may spawn compiler subprocesses) when the time is up.
 
 Results never come back through stdout (a candidate could print anything there):
-workers append JSON records to a results file (see :mod:`coda_agent.verifier.protocol`;
+workers append JSON records to a results file (see :mod:`coda_agent.verifier.gpu.protocol`;
 a confined worker writes them into a pipe that the parent copies there). stdout/stderr
 reach log files through pipes the parent drains with a cap (:class:`_Drain`), and only a
 short, ANSI-stripped stderr tail is kept, for the error message. Classification, in order:
@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from coda_agent.verifier.protocol import last_begun, read_records_checked
+from ..gpu.protocol import last_begun, read_records_checked
 
 OutcomeStatus = Literal["ok", "exception", "signal", "timeout", "cuda-error"]
 
@@ -80,7 +80,7 @@ class WorkerOutcome:
     held open by an escaped process at the deadline): the verifier's problem, said in
     :meth:`message`; ``records_lost`` the one of those that lost records (the results
     file could not be written: nothing can be judged); ``record_anomalies`` what in the results file the worker's own code
-    does not write (:func:`~coda_agent.verifier.protocol.read_records_checked`).
+    does not write (:func:`~coda_agent.verifier.gpu.protocol.read_records_checked`).
     """
 
     status: OutcomeStatus
@@ -123,7 +123,7 @@ class WorkerOutcome:
         return head + (f"\n{self.stderr_tail}" if self.stderr_tail else "")
 
 
-LAUNCHER = "coda_agent.verifier.confine_launch"
+LAUNCHER = "coda_agent.verifier.confine.launch"
 """The module that confines a worker before it runs (``run_worker(confine=...)``)."""
 
 ENV_KEEP = (
@@ -383,7 +383,7 @@ def run_worker(
     ``WorkerOutcome.records``); ``log_dir`` keeps ``<module>.stdout/.stderr`` (a temp
     folder otherwise); both reach their files through pipes (:class:`_Drain`, at most
     :data:`LOG_HEAD` + :data:`LOG_TAIL` bytes each). ``confine`` (folders that stay
-    writable) starts the worker through :mod:`~coda_agent.verifier.confine_launch`:
+    writable) starts the worker through :mod:`~coda_agent.verifier.confine.launch`:
     confined before its first import, writing its records into a pipe that the parent
     copies to ``results``. ``stdin_data`` is written into the worker's stdin (then closed):
     how a secret reaches a worker without lying on disk, where a confined worker can still

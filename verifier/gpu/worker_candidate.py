@@ -1,10 +1,10 @@
 """The untrusted-side GPU worker: runs the candidate kernel and records what it did.
 
-Run as ``python -m coda_agent.verifier.worker_candidate --dir WORKDIR/cand`` by
-:mod:`coda_agent.verifier.pipeline` (through :func:`~coda_agent.verifier.sandbox.run_worker`),
+Run as ``python -m coda_agent.verifier.gpu.worker_candidate --dir WORKDIR/cand`` by
+:mod:`coda_agent.verifier.pipeline` (through :func:`~coda_agent.verifier.confine.sandbox.run_worker`),
 reading its plan from stdin (``--plan-stdin``; ``plan.json`` in that folder otherwise) and
 appending records to ``results.jsonl``
-(format: :mod:`coda_agent.verifier.protocol`).
+(format: :mod:`coda_agent.verifier.gpu.protocol`).
 
 Design (threat numbers from verifier-threats.md):
 
@@ -19,7 +19,7 @@ Design (threat numbers from verifier-threats.md):
   blocks) is filled with the NaN word ``numerics.POISON_WORD16`` and released, so an
   output the kernel never writes reads back as that exact bit pattern (and not as a
   previous trial's result or a freed input temporary).
-* **Trials**: fresh seeded inputs (:mod:`~coda_agent.verifier.inputs`), one call, a
+* **Trials**: fresh seeded inputs (:mod:`~coda_agent.verifier.gpu.inputs`), one call, a
   device synchronize, then checks that each output is exactly ``torch.Tensor``
   (checked with ``type(x) is``, before touching it: a subclass could run code on any
   method call), on the GPU, of the declared shape and dtype, contiguous, and not
@@ -38,13 +38,13 @@ Design (threat numbers from verifier-threats.md):
 * **Recheck** (threats 6, 7): after timing, one more trial with a seed the candidate
   never saw; then, per benchmark shape, a check on fresh inputs at exactly the timed dims
   and the outputs of one extra call in the timed rotation (both compared on sampled
-  elements: :func:`~coda_agent.verifier.protocol.make_bench_checks`,
-  :func:`~coda_agent.verifier.protocol.timed_check_run`), plus the sampled outputs of
+  elements: :func:`~coda_agent.verifier.gpu.protocol.make_bench_checks`,
+  :func:`~coda_agent.verifier.gpu.protocol.timed_check_run`), plus the sampled outputs of
   8 of do_bench's own calls, kept by secret reservoir sampling and each gathered in stream
-  order right after its call (:func:`~coda_agent.verifier.protocol.timed_loop_check_run`). All unpredictable seeds carry the
+  order right after its call (:func:`~coda_agent.verifier.gpu.protocol.timed_loop_check_run`). All unpredictable seeds carry the
   parent's per-verification ``plan.secret``.
-* **Confinement** (:mod:`~coda_agent.verifier.fs_sandbox`): the pipeline starts this
-  module through :mod:`~coda_agent.verifier.confine_launch`, so from before ``import
+* **Confinement** (:mod:`~coda_agent.verifier.confine.landlock`): the pipeline starts this
+  module through :mod:`~coda_agent.verifier.confine.launch`, so from before ``import
   torch`` (one thread; every later thread inherits it) the process may write only beneath
   ``scratch/``, its own ``/proc/<pid>`` and the GPU device nodes, and holds no
   capabilities; the seccomp filter follows once CUDA is up (libcuda's init opens a
@@ -108,10 +108,10 @@ except Exception:  # noqa: BLE001
     _triton_testing = None
     _do_bench = None
 
-from coda_agent.verifier import fs_sandbox  # noqa: E402
-from coda_agent.verifier.inputs import make_inputs, rotation_count, tensor_bytes  # noqa: E402
-from coda_agent.verifier.numerics import POISON_WORD16, bitwise_equal  # noqa: E402
-from coda_agent.verifier.protocol import (  # noqa: E402
+from ..confine import landlock  # noqa: E402
+from .inputs import make_inputs, rotation_count, tensor_bytes  # noqa: E402
+from ..stages.numerics import POISON_WORD16, bitwise_equal  # noqa: E402
+from .protocol import (  # noqa: E402
     LAUNCH_NAMES_KEPT,
     BENCH_SEED_BASE,
     PLAN_FILE,
@@ -128,10 +128,10 @@ from coda_agent.verifier.protocol import (  # noqa: E402
     timed_loop_check_run,
     wall_check_run,
 )
-from coda_agent.verifier import audit_guard  # noqa: E402
-from coda_agent.verifier.snapshot import load_module  # noqa: E402
-from coda_agent.verifier.spec import load_spec  # noqa: E402
-from coda_agent.verifier import device_memory  # noqa: E402  (binds torch.cuda's statistics at import)
+from ..confine import audit  # noqa: E402
+from ..confine.snapshot import load_module  # noqa: E402
+from ..spec import load_spec  # noqa: E402
+from . import device_memory  # noqa: E402  (binds torch.cuda's statistics at import)
 
 
 class Counted(NamedTuple):
@@ -222,7 +222,7 @@ class Worker:
         self.dir = folder
         self.scratch = folder / SCRATCH_DIR
         (self.scratch / "trials").mkdir(parents=True, exist_ok=True)
-        fd = fs_sandbox.LAUNCH_RESULTS_FD  # the parent's results pipe (confine_launch)
+        fd = landlock.LAUNCH_RESULTS_FD  # the parent's results pipe (confine/launch.py)
         self._out = (open(folder / RESULTS_FILE, "a", encoding="utf-8") if fd is None  # noqa: SIM115
                      else os.fdopen(fd, "w", encoding="utf-8"))  # lives as long as the worker
         self._fsync = stat.S_ISREG(os.fstat(self._out.fileno()).st_mode)  # a pipe needs none
@@ -374,9 +374,9 @@ class Worker:
     def import_candidate(self, path: Path, sha256: str | None) -> None:
         # From the snapshot's bytes, hash-checked, never through a bytecode cache (snapshot.py)
         freeze_own_state()
-        audit_guard.install(str(path))  # the candidate's own frames may not exec, walk frames or reach the OS
+        audit.install(str(path))  # the candidate's own frames may not exec, walk frames or reach the OS
         mod = load_module(path, "coda_candidate", sha256)
-        audit_guard.seal()
+        audit.seal()
         fn = getattr(mod, self.spec.entry.function, None)
         if not callable(fn):
             raise AttributeError(f"candidate defines no function {self.spec.entry.function!r}")
@@ -485,7 +485,7 @@ class Worker:
 
     def gather_timed(self, run: Run, res: Any, inputs: dict[str, torch.Tensor],
                      idx: list[torch.Tensor]) -> dict[str, Any]:
-        """A kept timed call (:func:`~coda_agent.verifier.protocol.timed_loop_check_run`):
+        """A kept timed call (:func:`~coda_agent.verifier.gpu.protocol.timed_loop_check_run`):
         :meth:`check_result`, and each valid output's sampled elements gathered on the
         device, in stream order right after the call (``idx[pos]``: the run's sample
         positions for output ``pos``, on the device). Nothing is copied to the host here:
@@ -551,7 +551,7 @@ class Worker:
     def measured_call(self, call: Callable[[], Any]) -> tuple[Any, int | None]:
         """``(result, workspace bytes)`` of one ``call()``, synchronized: the device memory
         it held beyond what was in use before it and what it returned
-        (``verifier/device_memory.py``); None on the CPU device."""
+        (``verifier/gpu/device_memory.py``); None on the CPU device."""
         start = device_memory.mark(self.device) if self.cuda else None
         res = call()
         self.sync()
@@ -689,12 +689,12 @@ class Worker:
 
     # -- main -----------------------------------------------------------------------
     def main(self) -> int:
-        from coda_agent.verifier.environment import collect_environment
+        from .environment import collect_environment
 
-        # Normally confined since before `import torch` (confine_launch: no thread escapes);
+        # Normally confined since before `import torch` (confine/launch.py: no thread escapes);
         # started without the launcher (a developer's direct run), it confines here, after
         # CUDA init, and the description counts the threads that stay unconfined.
-        sandbox = fs_sandbox.LAUNCH_SANDBOX
+        sandbox = landlock.LAUNCH_SANDBOX
         self.begin("setup")
         refusal = self.check_device()
         if refusal:
@@ -702,9 +702,9 @@ class Worker:
             return EXIT_REFUSED
         env = collect_environment(probe_gpu=self.cuda).model_dump()
         if sandbox is None:
-            sandbox = fs_sandbox.confine_worker([self.scratch])
-        elif not fs_sandbox.switched_off():  # the launcher left seccomp for after CUDA init (it opens a socket)
-            sandbox = f"{sandbox}; {fs_sandbox.install_seccomp(drop_caps=False)}"
+            sandbox = landlock.confine_worker([self.scratch])
+        elif not landlock.switched_off():  # the launcher left seccomp for after CUDA init (it opens a socket)
+            sandbox = f"{sandbox}; {landlock.install_seccomp(drop_caps=False)}"
         # The instruments' self-tests run confined, so a library that needs a write outside
         # this folder (or a socket) fails here, as the verifier's problem, not later as the
         # candidate's. No candidate code has run yet, so a failing self-test is the

@@ -39,10 +39,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from coda_agent.verifier.bench import host_bound
-from coda_agent.verifier.accept import ManifestError, accepted_names, read_manifest
-from coda_agent.verifier.spec import SpecError, diff_fields, load_spec
-from coda_agent.verifier.workspace import sha256_file
+from ..stages.bench import host_bound
+from .accept import ManifestError, accepted_names, read_manifest
+from ..spec import SpecError, diff_fields, load_spec
+from ..workspace import sha256_file
 
 RowStatus = Literal["pass", "fail", "needs-reverify", "skip"]
 
@@ -111,7 +111,7 @@ def compare_ratios(accepted_shapes: dict[str, Any], now_shapes: dict[str, Any], 
     ``gate``: only these baselines can make a pair or geomean ``regressed`` (and give
     ``worst``); the others are compared and listed in ``pairs``/``geomean`` but only
     inform (``info_worst``/``info_worst_at``). None: every baseline gates. Shapes that
-    are host-bound at acceptance or now (:func:`~coda_agent.verifier.bench.host_bound`)
+    are host-bound at acceptance or now (:func:`~coda_agent.verifier.stages.bench.host_bound`)
     never gate and are left out of the geometric means; they are listed in ``host_bound``
     and their pairs inform like a non-gating baseline's.
 
@@ -168,7 +168,7 @@ def _cpu_stage_row(name: str, stages: list) -> RegressRow | None:
 
 def _kept_verdict(vdir: Path, name: str, spec_hash: str, kernel_hash: str):
     """The verdict ``coda-agent bench`` kept for ``name`` in ``vdir``, or a failing row saying why not."""
-    from coda_agent.verifier.verdict import Verdict
+    from ..verdict import Verdict
 
     f = Path(vdir) / f"{name}.json"
     if not f.exists():
@@ -235,7 +235,7 @@ def regress_one(root: Path, name: str, *, cpu_only: bool, tolerance: float, veri
         )
 
     if cpu_only:
-        from coda_agent.verifier.pipeline import cpu_stages
+        from ..pipeline import cpu_stages
 
         stages = list(cpu_stages(loaded, kernel).stages)
     else:
@@ -245,7 +245,7 @@ def regress_one(root: Path, name: str, *, cpu_only: bool, tolerance: float, veri
                 return verdict
         else:
             if verify_fn is None:
-                from coda_agent.verifier.pipeline import verify as verify_fn
+                from ..pipeline import verify as verify_fn
             verdict = verify_fn(loaded, kernel, bench_shapes=bench_shapes)  # static and compile included
         stages = verdict.stages
     row = _cpu_stage_row(name, stages)
@@ -312,12 +312,12 @@ def regress(root: Path, kernels: list[str] | None = None, *, cpu_only: bool = Fa
     :func:`regress_one`); ValueError when it is not a folder."""
     if verdicts is not None and not Path(verdicts).is_dir():
         raise ValueError(f"--verdicts {verdicts}: not a folder (expected benchmarks/results/<date>-<gpu>/)")
-    from coda_agent.verifier.environment import collect_environment
+    from ..gpu.environment import collect_environment
 
     rep = RegressReport(cpu_only=cpu_only, tolerance=tolerance,
                         environment=collect_environment().model_dump(mode="json"))
     if verdicts is not None and not cpu_only:
-        from coda_agent.verifier.verdict import Verdict
+        from ..verdict import Verdict
 
         rep.source = f"verdicts kept by coda-agent bench in {verdicts}"
         gpus = set()

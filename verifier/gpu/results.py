@@ -3,7 +3,7 @@
 Why a separate module: the correctness, gradients and bench stages all read the same
 worker folders (records + ``.pt`` files) and all need to turn a dead worker into a
 finding. :class:`GpuRun` bundles the plan (kept in the parent's memory, never re-read
-from a worker folder), the two :class:`~coda_agent.verifier.sandbox.WorkerOutcome` s and
+from a worker folder), the two :class:`~coda_agent.verifier.confine.sandbox.WorkerOutcome` s and
 the workdir; stages are pure functions of it, so they can be tested on synthetic
 folders without a GPU.
 
@@ -22,9 +22,9 @@ from typing import Any
 
 import torch
 
-from coda_agent.verifier.protocol import CAND_DIR, REF_DIR, SCRATCH_DIR, Plan, records_of
-from coda_agent.verifier.sandbox import WorkerOutcome, read_worker_file
-from coda_agent.verifier.verdict import Finding
+from .protocol import CAND_DIR, REF_DIR, SCRATCH_DIR, Plan, records_of
+from ..confine.sandbox import WorkerOutcome, read_worker_file
+from ..verdict import Finding
 
 OUTCOME_KINDS = {"exception": "crash", "signal": "crash", "timeout": "hang", "cuda-error": "cuda-error"}
 """Finding kind for each non-ok worker outcome status."""
@@ -138,7 +138,7 @@ class GpuRun:
 
     @property
     def sandbox(self) -> str | None:
-        """How the candidate worker was confined (``fs_sandbox.confine_worker``'s description)."""
+        """How the candidate worker was confined (``landlock.confine_worker``'s description)."""
         s = self.setup
         return None if s is None else s.get("sandbox")
 

@@ -1,12 +1,12 @@
 """The trusted-side GPU worker: reference outputs, autograd gradients and baseline timings.
 
-Run as ``python -m coda_agent.verifier.worker_reference --dir WORKDIR/ref`` by the
+Run as ``python -m coda_agent.verifier.gpu.worker_reference --dir WORKDIR/ref`` by the
 pipeline *after* the candidate worker, in a separate process that never imports the
 candidate (so nothing the candidate does can reach the references: threats 1, 5, 12).
 
 For every trial of the plan (the same keys, dims and seeds as the candidate worker's,
 including the post-timing recheck) it regenerates the inputs with
-:func:`~coda_agent.verifier.inputs.make_inputs` (bit-identical to the candidate's) and
+:func:`~coda_agent.verifier.gpu.inputs.make_inputs` (bit-identical to the candidate's) and
 saves ``<key>.pt = {"inputs", "ref32", "ref_lowp"}`` (CPU tensors):
 
 * ``ref32[o]``  -- ``reference.reference`` on fp32-upcast inputs (TF32 off), kept fp32;
@@ -23,7 +23,7 @@ recorded with its error and the others still run.
 
 ``quack_gemm`` (added by ``coda-agent bench`` wherever ``bare_gemm`` is timed) is quack's
 identity-epilogue GEMM on the operands ``bare_gemm`` hands to ``aten.mm``, captured per
-input set before timing (:mod:`~coda_agent.verifier.gemm_floor`): the floor for an
+input set before timing (:mod:`~coda_agent.verifier.gpu.gemm_floor`): the floor for an
 epilogue on quack's mainloop.
 
 ``liger`` (Liger Kernel, an optional dependency) is ``reference.liger`` when the
@@ -49,10 +49,10 @@ from typing import Any, Callable
 
 import torch
 
-from coda_agent.verifier import gemm_floor
-from coda_agent.verifier.inputs import make_inputs, rotation_count, tensor_bytes, upcast
-from coda_agent.verifier.protocol import BENCH_SEED_BASE, PLAN_FILE, RESULTS_FILE, Plan, Run, append_record, sample_index
-from coda_agent.verifier.spec import LIGER_MISSING, NO_LIGER, GradientSpec, load_spec
+from . import gemm_floor
+from .inputs import make_inputs, rotation_count, tensor_bytes, upcast
+from .protocol import BENCH_SEED_BASE, PLAN_FILE, RESULTS_FILE, Plan, Run, append_record, sample_index
+from ..spec import LIGER_MISSING, NO_LIGER, GradientSpec, load_spec
 
 
 def _exact_fp32() -> None:
@@ -187,7 +187,7 @@ class RefWorker:
         return f
 
     def quack_gemm_fn(self) -> gemm_floor.Floor | str:
-        """The quack_gemm floor (:mod:`~coda_agent.verifier.gemm_floor`), or why there is none."""
+        """The quack_gemm floor (:mod:`~coda_agent.verifier.gpu.gemm_floor`), or why there is none."""
         if not self.cuda:
             return "quack_gemm needs a CUDA GPU (quack's GEMM)"
         f = getattr(self.ref, "bare_gemm", None)
@@ -247,7 +247,7 @@ class RefWorker:
         return dict(shape=name, dims=dims, baselines=out, n_sets=n)
 
     def main(self) -> int:
-        from coda_agent.verifier.environment import collect_environment
+        from .environment import collect_environment
 
         _exact_fp32()
         self.record("setup", ok=True, device=str(self.device), plan_sha256=self.plan.sha256(),

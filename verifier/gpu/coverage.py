@@ -11,7 +11,7 @@ verification therefore also runs the candidate on cases drawn from the run's sec
 * **one tiny-M shape**: M log-uniform in [1, 64] (single-token decode rows, M = 1);
 * **one shape per extra input draw** (``heavy``, ``outliers``, ``saturate``, ``tiny_rows``
   and, where the spec declares ``coverage.nonfinite``, ``nonfinite``; see
-  :data:`~coda_agent.verifier.inputs.DRAWS`): M log-uniform from 1 to twice the largest
+  :data:`~coda_agent.verifier.gpu.inputs.DRAWS`): M log-uniform from 1 to twice the largest
   benchmark M, every other free dim log-uniform over the range the spec's own shape cases
   span, each dim ragged (no multiple of 64) or aligned (a multiple of 128) with equal
   odds, within :data:`MEDIUM_BYTES` of tensors so the whole output is compared.
@@ -21,7 +21,7 @@ workspace and draw expressions: ``KernelSpec._check_values``), and the spec's
 ``[coverage]`` table bounds the draw: ``fixed`` dims keep their cases' values, ``dims``
 gives ranges, choices and multiples (e.g. ``S``, which bounds the RoPE positions).
 
-Each case is a :class:`~coda_agent.verifier.protocol.Run` judged like the correctness
+Each case is a :class:`~coda_agent.verifier.gpu.protocol.Run` judged like the correctness
 trials (every output rule, launches, workspace); its name says the draw and the dims, so
 the verdict records what ran and a failure names the shape it failed at, while the next
 verification draws new ones. The CPU test device draws no production shape and a smaller
@@ -34,7 +34,7 @@ import math
 import random
 from typing import Any
 
-from coda_agent.verifier.protocol import BENCH_CHECK_SAMPLE, RECHECK_ROW_DIM as ROW_DIM, Run
+from .protocol import BENCH_CHECK_SAMPLE, RECHECK_ROW_DIM as ROW_DIM, Run
 
 MEDIUM_BYTES = 64 << 20
 """Tensor bytes (inputs + outputs) a fully compared secret shape may hold on the GPU."""
@@ -154,7 +154,7 @@ def _nudge(spec: Any, dims: dict[str, int], rules: dict[str, dict[str, Any]], rn
 
 
 def _tensor_bytes(spec: Any, dims: dict[str, int]) -> int:
-    from coda_agent.verifier.inputs import tensor_bytes
+    from .inputs import tensor_bytes
 
     return tensor_bytes(spec, dims)
 
@@ -231,7 +231,7 @@ def coverage_runs(spec: Any, secret: int, device: str = "cuda") -> list[Run]:
     """The secret coverage cases of one verification (see the module doc), as runs judged
     with the correctness trials. Deterministic in ``(spec, secret, device)``; the secret
     alone decides shapes, draws and seeds."""
-    from coda_agent.verifier.inputs import DRAWS
+    from .inputs import DRAWS
 
     rng = random.Random(f"coda-coverage:{secret}")
     rules = dim_rules(spec, device)

@@ -2,11 +2,11 @@
 
 ``bench`` keeps each kernel's full verdict as ``<results>/<date>-<gpu>/<kernel>.json``
 (:func:`verdicts_dir`), and the results page is rendered from that folder
-(:func:`~coda_agent.verifier.benchrun.page_from_kept`), so numbers are never taken from
+(:func:`~coda_agent.verifier.library.bench.page_from_kept`), so numbers are never taken from
 anywhere but a verdict. This module owns the folder:
 
 * writing (:func:`keep_verdict`): a verdict is merged shape by shape into the one already
-  kept for its kernel (:func:`~coda_agent.verifier.repeats.merge_shapes`), so a call that
+  kept for its kernel (:func:`~coda_agent.verifier.library.repeats.merge_shapes`), so a call that
   measured some shapes never drops the others; when the two cannot share a table (a
   failure, another candidate, other versions) the later one is kept whole and the
   returned line says why and what was dropped;
@@ -27,10 +27,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from coda_agent.verifier.repeats import merge_shapes, runs_of, shapes_of, stamp_shapes, why_not_mergeable
-from coda_agent.verifier.spec import LoadedSpec, load_spec
-from coda_agent.verifier.verdict import Verdict
-from coda_agent.verifier.workspace import atomic_write_text, sha256_file
+from .repeats import merge_shapes, runs_of, shapes_of, stamp_shapes, why_not_mergeable
+from ..spec import LoadedSpec, load_spec
+from ..verdict import Verdict
+from ..workspace import atomic_write_text, sha256_file
 
 
 def slug(text: str) -> str:
@@ -73,10 +73,10 @@ def day_verdicts(root: Path, vdir: Path) -> tuple[dict[str, Verdict], list[str]]
 
 def keep_verdict(vdir: Path, loaded: LoadedSpec, v: Verdict, replace: bool = True) -> tuple[Verdict | None, str]:
     """Keep ``v`` as ``vdir/<kernel>.json`` (atomic), merged shape by shape with the verdict
-    already kept there (:func:`~coda_agent.verifier.repeats.merge_shapes`: every shape of
+    already kept there (:func:`~coda_agent.verifier.library.repeats.merge_shapes`: every shape of
     both stays, the later measurement of a shape both have wins).
 
-    When the two cannot share a table (:func:`~coda_agent.verifier.repeats.why_not_mergeable`:
+    When the two cannot share a table (:func:`~coda_agent.verifier.library.repeats.why_not_mergeable`:
     a failing run, another candidate, other versions), the later verdict is kept whole: a
     newer ``v`` replaces the kept one (it is news; ``replace=False`` leaves it out too), an
     older ``v`` is left out. An unreadable kept file is replaced (the page could not have

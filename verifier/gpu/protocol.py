@@ -41,9 +41,9 @@ CAND_DIR = "cand"
 REF_DIR = "ref"
 SCRATCH_DIR = "scratch"
 """The only part of the candidate worker's folder it may write once confined
-(verifier/fs_sandbox.py): saved trial tensors, TMPDIR and its compile caches. Its
+(verifier/confine/landlock.py): saved trial tensors, TMPDIR and its compile caches. Its
 ``plan.json`` and ``results.jsonl`` sit outside it (the worker's records reach the results
-file through a pipe the parent drains: :mod:`~coda_agent.verifier.confine_launch`), and
+file through a pipe the parent drains: :mod:`~coda_agent.verifier.confine.launch`), and
 each saved file's sha256 is in its record."""
 RECHECK_SEED_OFFSET = 1000
 """The post-timing recheck uses seed ``spec.shapes.seeds[0] + RECHECK_SEED_OFFSET``."""
@@ -81,8 +81,8 @@ class Run:
     :func:`sample_index` positions in both workers) are saved and compared, and the
     inputs are not saved (they are large; mutation is checked at the correctness shapes)."""
     draw: str = "spec"
-    """How the inputs are drawn (:data:`~coda_agent.verifier.inputs.DRAWS`): as the spec
-    declares, or one of the secret coverage draws (:mod:`~coda_agent.verifier.coverage`)."""
+    """How the inputs are drawn (:data:`~coda_agent.verifier.gpu.inputs.DRAWS`): as the spec
+    declares, or one of the secret coverage draws (:mod:`~coda_agent.verifier.gpu.coverage`)."""
 
 
 @dataclass(frozen=True)
@@ -185,7 +185,7 @@ def make_runs(spec: Any, secret: int = 0, device: str = "cuda") -> list[Run]:
     ``spec`` is a :class:`~coda_agent.verifier.spec.KernelSpec`. With a ``secret`` (every
     real verification has one) the seeds of the public cases are secret too
     (:func:`secret_seed`; the run keys keep the spec's seed) and the secret coverage cases
-    (:func:`~coda_agent.verifier.coverage.coverage_runs`) follow them. The recheck re-runs
+    (:func:`~coda_agent.verifier.gpu.coverage.coverage_runs`) follow them. The recheck re-runs
     the last ragged correctness case (the hardest one) with seed ``seeds[0] + 1000 +
     secret``, a seed the candidate never saw before timing; with a secret its ``M`` is
     also redrawn (:func:`recheck_rows`) and the case is named ``"<case>, M=<rows>"``.
@@ -197,7 +197,7 @@ def make_runs(spec: Any, secret: int = 0, device: str = "cuda") -> list[Run]:
             runs.append(Run(key=f"c{i}-{_slug(name)}-s{seed}", case=name, dims=dict(case.dims),
                             seed=secret_seed(seed, secret)))
     if secret:
-        from coda_agent.verifier.coverage import coverage_runs
+        from .coverage import coverage_runs
 
         runs += coverage_runs(spec, secret, device)
     cases = list(enumerate(spec.shapes.correctness))

@@ -7,7 +7,7 @@ be able to change anything the verifier trusts afterwards: the spec's ``referenc
 the verifier's own modules, accepted kernels, the quack/cutlass install the trusted
 reference worker imports, or a compile cache that worker reads.
 
-How: before anything else runs in the worker (:mod:`~coda_agent.verifier.confine_launch`),
+How: before anything else runs in the worker (:mod:`~coda_agent.verifier.confine.launch`),
 :func:`confine_worker` calls :func:`restrict_writes`. It builds a Landlock ruleset that *handles* every write-type
 filesystem right (write, truncate, create, remove, rename/link across folders) and grants
 them only beneath the given folders: the worker's own folder (results, saved tensors,
@@ -21,12 +21,12 @@ by every child process; it needs no privileges (``PR_SET_NO_NEW_PRIVS`` is set f
 Threads: Landlock binds the *calling thread* and the threads and children it starts;
 threads that exist before stay unconfined, and native code in the process can run on them
 (red team 2026-11-30: a signal handler sent with ``tgkill``). So the candidate worker is
-started through :mod:`~coda_agent.verifier.confine_launch`, which confines the process
+started through :mod:`~coda_agent.verifier.confine.launch`, which confines the process
 while it has one thread, before ``import torch`` (which starts a BLAS thread pool) and
 before CUDA init (the driver's threads): 16 threads in all on the H200 host; the launcher hands the worker the description and the
 write end of its results pipe through :data:`LAUNCH_SANDBOX` and :data:`LAUNCH_RESULTS_FD`. Whenever
 threads did exist at confinement, the description says how many ("N earlier thread(s)
-not confined"); the seccomp layer (:mod:`~coda_agent.verifier.seccomp_filter`) reaches
+not confined"); the seccomp layer (:mod:`~coda_agent.verifier.confine.seccomp`) reaches
 every thread either way.
 
 The trusted reference worker and the parent are not confined. Landlock exists since
@@ -61,7 +61,7 @@ NET_BIND_TCP, NET_CONNECT_TCP = 1 << 0, 1 << 1  # ABI 4
 SCOPE_ABSTRACT_UNIX_SOCKET, SCOPE_SIGNAL = 1 << 0, 1 << 1  # ABI 6
 
 LAUNCH_SANDBOX: str | None = None
-"""The confinement description, when :mod:`~coda_agent.verifier.confine_launch` confined
+"""The confinement description, when :mod:`~coda_agent.verifier.confine.launch` confined
 this process before the worker module ran (None: it did not)."""
 
 LAUNCH_RESULTS_FD: int | None = None
@@ -214,10 +214,10 @@ def confine_worker(folders: list[str | Path], *, seccomp: bool = True) -> str:
     """A worker's confinement: writes only beneath ``folders`` (created if missing), its own
     ``/proc/<pid>`` (:func:`own_proc_dir`) and the device nodes of :func:`device_files`.
 
-    Used by the candidate worker (its folder, through :mod:`~coda_agent.verifier.confine_launch`)
+    Used by the candidate worker (its folder, through :mod:`~coda_agent.verifier.confine.launch`)
     and the compile worker (its temporary folder and, when shared, the compile cache),
     both of which run candidate code. Then installs the seccomp filter of
-    :mod:`~coda_agent.verifier.seccomp_filter` (sockets, file-metadata changes, io_uring),
+    :mod:`~coda_agent.verifier.confine.seccomp` (sockets, file-metadata changes, io_uring),
     or, with ``seccomp=False``, only drops every capability (per thread, so this must
     happen before threads exist) and leaves the filter to :func:`install_seccomp`: CUDA
     init opens a socket, so a process that initializes CUDA confined installs the filter
@@ -234,17 +234,17 @@ def confine_worker(folders: list[str | Path], *, seccomp: bool = True) -> str:
     except (SandboxUnavailable, OSError) as e:
         desc = f"unavailable: {e}"
     if not seccomp:
-        from coda_agent.verifier.seccomp_filter import drop_capabilities
+        from .seccomp import drop_capabilities
 
         return f"{desc}; {drop_capabilities()}"
     return f"{desc}; {install_seccomp()}"
 
 
 def install_seccomp(drop_caps: bool = True) -> str:
-    """The seccomp layer on top (:mod:`~coda_agent.verifier.seccomp_filter`); it needs
+    """The seccomp layer on top (:mod:`~coda_agent.verifier.confine.seccomp`); it needs
     ``PR_SET_NO_NEW_PRIVS``, which Landlock already set unless Landlock was unavailable.
     Returns its description (never raises)."""
-    from coda_agent.verifier.seccomp_filter import install
+    from .seccomp import install
 
     if _libc().prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
         return f"seccomp unavailable: PR_SET_NO_NEW_PRIVS failed: {os.strerror(ctypes.get_errno())}"

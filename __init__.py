@@ -1,0 +1,1 @@
+"""coda-agent: an LLM writes fused GEMM-epilogue kernels; a verifier proves them; accepted kernels form a library."""

@@ -1,0 +1,1 @@
+"""Running untrusted code: process groups and timeouts, Landlock, seccomp, the audit hook."""

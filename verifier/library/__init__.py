@@ -1,0 +1,1 @@
+"""Maintaining the library of accepted kernels: accept, regress, review, bench."""

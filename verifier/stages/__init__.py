@@ -1,0 +1,1 @@
+"""The judging stages in the parent: correctness, gradients, bench (no GPU here)."""
