@@ -127,7 +127,8 @@ def calibrate(names: list[str] | None, device: str, secrets: int, bench: bool, s
     ``sink`` (JSON lines) as soon as it exists, so a run cut short keeps what it judged."""
     from coda_agent.verifier.gpu.inputs import make_inputs
     from coda_agent.verifier.stages.numerics import tolerance_check
-    from coda_agent.verifier.gpu.protocol import BENCH_CHECK_SAMPLE, make_bench_checks, make_bench_shapes, make_runs, sample_index
+    from coda_agent.verifier.gpu.protocol import BENCH_CHECK_SAMPLE, sample_index
+    from coda_agent.verifier.gpu.runs import make_bench_checks, make_bench_shapes, make_runs
     from coda_agent.verifier.spec import find_specs
     from coda_agent.verifier.gpu.worker_reference import _exact_fp32, reference_outputs
 

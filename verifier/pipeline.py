@@ -57,15 +57,14 @@ from .gpu.protocol import (
     RESULTS_FILE,
     SCRATCH_DIR,
     TIMED_LOOP_SLOTS,
+    SCRATCH_BUDGET,
     Plan,
-    make_bench_checks,
-    make_bench_shapes,
-    make_runs,
-    records_of,
     timed_check_run,
     timed_loop_check_run,
     wall_check_run,
 )
+from .gpu.runs import make_bench_checks, make_bench_shapes, make_runs
+from .confine.records import records_of
 from .confine.sandbox import kill_live_groups, run_worker, worker_env
 from .confine.snapshot import Snapshot, take
 from .spec import LoadedSpec, load_spec
@@ -243,13 +242,6 @@ def _trim_logs(logs: Path, keep: int = 1 << 20) -> None:
                 f.write_bytes(b"[... earlier output cut by the verifier ...]\n" + tail)
         except OSError:
             continue
-
-
-SCRATCH_BUDGET = 24 << 30
-"""Bytes of saved trial tensors a candidate worker may leave (the largest legitimate run,
-a bench-shape check of a big-vocabulary spec, is a few GiB). More is the candidate's
-doing (red-team round 6 filled the disk so the *reference* worker's files failed, which
-read as a verifier error): the run fails as ``scratch-over-budget``."""
 
 
 def _clean_scratch(scratch: Path, keep: set[str]) -> int:

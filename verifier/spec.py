@@ -60,7 +60,6 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator, model_validator
 
-from .gpu.protocol import LAUNCH_NAMES_KEPT, RECHECK_ROW_DIM
 
 DTYPES = ("bfloat16", "float16", "float32", "int32", "int64")
 """dtype names a spec may use (torch attribute names)."""
@@ -76,6 +75,16 @@ LIGER_MISSING = "liger-kernel is not installed (pip install coda-agent[bench])"
 
 WORKSPACE_FLOOR = 8 << 20
 """The smallest default workspace budget, bytes (see :meth:`KernelSpec.workspace_budget`)."""
+
+RECHECK_ROW_DIM = "M"
+"""The dim the post-timing recheck redraws at random (every catalogue spec's GEMM M, the
+token rows: any value is legal for a correct kernel)."""
+
+LAUNCH_NAMES_KEPT = 256
+"""Kernel names a launch record keeps (the candidate worker's bench-shape record; the
+correctness records keep all). ``entry.max_launches`` may not exceed it, so every launch
+of a call within budget is named and its GEMMs can be counted
+(:func:`~coda_agent.verifier.gpu.protocol.gemm_launches`)."""
 
 _DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "int32": 4, "int64": 8}
 
@@ -581,7 +590,7 @@ class KernelSpec(_Strict):
                 at = f"shapes.{group}[{i}] ({c.name!r})"
                 self._check_values(at, c.dims, bench=group == "benchmark")
                 if group == "correctness" and RECHECK_ROW_DIM in c.dims:
-                    # the post-timing recheck redraws M in [ceil(M/2), 2M] (protocol.recheck_rows)
+                    # the post-timing recheck redraws M in [ceil(M/2), 2M] (gpu/runs.py: recheck_rows)
                     m = c.dims[RECHECK_ROW_DIM]
                     for redrawn in (-(-m // 2), 2 * m):
                         self._check_values(f"{at} at the recheck's {RECHECK_ROW_DIM} = {redrawn}",

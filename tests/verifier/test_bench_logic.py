@@ -282,7 +282,7 @@ def test_workspace_over_budget_fails_correctness_and_bench():
     launch budget. The worker records each counted call's workspace; over the spec's
     budget it is a finding at that correctness shape, and a failing one at a bench shape."""
     from coda_agent.verifier.stages.correctness import FindingSet, _workspace_check
-    from coda_agent.verifier.gpu.protocol import make_runs
+    from coda_agent.verifier.gpu.runs import make_runs
 
     runs = [r for r in make_runs(FWD.spec) if not r.recheck]
     first, later = {}, {}

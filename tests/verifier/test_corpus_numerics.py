@@ -39,7 +39,8 @@ import coda_agent.verifier.gpu.coverage as coverage
 import coda_agent.verifier.pipeline as pipeline
 from coda_agent.verifier.gpu.coverage import KEY_PREFIX
 from coda_agent.verifier.pipeline import verify
-from coda_agent.verifier.gpu.protocol import Run, make_runs
+from coda_agent.verifier.gpu.protocol import Run
+from coda_agent.verifier.gpu.runs import make_runs
 from coda_agent.verifier.spec import load_spec
 from verifier_helpers import stub_static_compile
 

@@ -23,8 +23,9 @@ from coda_agent.verifier.gpu.coverage import (
     dim_rules,
 )
 from coda_agent.verifier.gpu.inputs import DRAWS, OUTLIER_SCALE, SATURATE_STD, TINY_ROW_SCALE, make_inputs, tensor_bytes
-from coda_agent.verifier.stages.numerics import bitwise_equal
-from coda_agent.verifier.gpu.protocol import BENCH_CHECK_SAMPLE, make_runs, secret_seed
+from coda_agent.verifier.gpu.poison import bitwise_equal
+from coda_agent.verifier.gpu.protocol import BENCH_CHECK_SAMPLE
+from coda_agent.verifier.gpu.runs import make_runs, secret_seed
 from coda_agent.verifier.spec import CoverageSpec, eval_expr, find_specs
 
 ROOT = Path(__file__).resolve().parents[2]

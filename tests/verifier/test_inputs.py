@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from coda_agent.verifier.gpu.inputs import make_inputs, rotation_count, tensor_bytes, tensor_seed, upcast
-from coda_agent.verifier.stages.numerics import bitwise_equal
+from coda_agent.verifier.gpu.poison import bitwise_equal
 from coda_agent.verifier.spec import KernelSpec, load_spec
 from verifier_helpers import write_spec
 

@@ -1,18 +1,17 @@
-"""verifier/stages/numerics.py: the CODA criterion, sanity checks, poison detection, diagnoses."""
+"""verifier/stages/numerics.py: the CODA criterion, sanity checks, diagnoses; verifier/gpu/poison.py:
+poison detection."""
 
 import math
 
 import pytest
 import torch
 
+from coda_agent.verifier.gpu.poison import POISON_WORD16, bitwise_equal, poison_count
 from coda_agent.verifier.stages.numerics import (
-    POISON_WORD16,
     abs_check,
-    bitwise_equal,
     coda_check,
     describe_error,
     output_sanity,
-    poison_count,
     tolerance_check,
 )
 from coda_agent.verifier.spec import ToleranceSpec

@@ -18,7 +18,7 @@ import pytest
 
 import coda_agent.verifier.pipeline as pipeline
 from coda_agent.verifier.pipeline import verify
-from coda_agent.verifier.gpu.protocol import make_runs
+from coda_agent.verifier.gpu.runs import make_runs
 from coda_agent.verifier.spec import load_spec
 from coda_agent.verifier.verdict import Finding, StageResult, Verdict
 from verifier_helpers import landlock_or_skip, stub_static_compile as stub_stages
@@ -474,7 +474,7 @@ def test_sandbox_off_switch_is_reported(tmp_path, monkeypatch):
 def test_kernel_wrong_only_at_the_benchmark_shape_is_caught(tmp_path):
     """Red-team round 6: a kernel that does 3/4 of K only at the (public) benchmark dims
     passed every correctness trial and was timed fast. Every benchmark shape now gets a
-    post-timing check on sampled output elements (protocol.make_bench_checks)."""
+    post-timing check on sampled output elements (runs.make_bench_checks)."""
     body = GOOD_FWD + """
 _orig = swiglu_fwd
 def swiglu_fwd(x, w1):

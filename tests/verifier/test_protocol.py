@@ -7,15 +7,9 @@ import pytest
 
 from coda_agent.verifier.stages.correctness import FindingSet, _launch_check, correctness_stage
 from coda_agent.verifier.gpu.results import GpuRun, jsonable
-from coda_agent.verifier.gpu.protocol import (
-    Plan,
-    append_record,
-    gpu_kernels,
-    last_begun,
-    make_bench_shapes,
-    make_runs,
-    read_records,
-)
+from coda_agent.verifier.confine.records import append_record, last_begun, read_records
+from coda_agent.verifier.gpu.protocol import Plan, gpu_kernels
+from coda_agent.verifier.gpu.runs import make_bench_shapes, make_runs
 from coda_agent.verifier.confine.sandbox import WorkerOutcome
 from coda_agent.verifier.spec import load_spec
 from coda_agent.verifier.gpu.worker_candidate import free_block_sizes, tampered
@@ -165,7 +159,7 @@ def test_worker_output_problems_decide_the_stage(field, value, problem, status, 
 
 
 def test_strict_reading_names_what_the_worker_never_writes(tmp_path):
-    from coda_agent.verifier.gpu.protocol import MAX_RECORD_LINE, read_records_checked
+    from coda_agent.verifier.confine.records import MAX_RECORD_LINE, read_records_checked
 
     f = tmp_path / "results.jsonl"
     good = [{"part": "setup", "ok": True}, {"part": "begin", "what": "bench s"}, {"part": "bench", "shape": "s"}]

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from ..gpu.protocol import last_begun, read_records_checked
+from .records import last_begun, read_records_checked
 
 OutcomeStatus = Literal["ok", "exception", "signal", "timeout", "cuda-error"]
 
@@ -80,7 +80,7 @@ class WorkerOutcome:
     held open by an escaped process at the deadline): the verifier's problem, said in
     :meth:`message`; ``records_lost`` the one of those that lost records (the results
     file could not be written: nothing can be judged); ``record_anomalies`` what in the results file the worker's own code
-    does not write (:func:`~coda_agent.verifier.gpu.protocol.read_records_checked`).
+    does not write (:func:`~coda_agent.verifier.confine.records.read_records_checked`).
     """
 
     status: OutcomeStatus

@@ -34,7 +34,8 @@ import math
 import random
 from typing import Any
 
-from .protocol import BENCH_CHECK_SAMPLE, RECHECK_ROW_DIM as ROW_DIM, Run
+from ..spec import RECHECK_ROW_DIM as ROW_DIM
+from .protocol import BENCH_CHECK_SAMPLE, Run
 
 MEDIUM_BYTES = 64 << 20
 """Tensor bytes (inputs + outputs) a fully compared secret shape may hold on the GPU."""

@@ -29,10 +29,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 PLAN_FILE = "plan.json"
@@ -45,9 +43,11 @@ SCRATCH_DIR = "scratch"
 ``plan.json`` and ``results.jsonl`` sit outside it (the worker's records reach the results
 file through a pipe the parent drains: :mod:`~coda_agent.verifier.confine.launch`), and
 each saved file's sha256 is in its record."""
-RECHECK_SEED_OFFSET = 1000
-"""The post-timing recheck uses seed ``spec.shapes.seeds[0] + RECHECK_SEED_OFFSET``."""
-BENCH_CHECK_SEED_OFFSET = 2000
+SCRATCH_BUDGET = 24 << 30
+"""Bytes of saved trial tensors a candidate worker may leave (the largest legitimate run,
+a bench-shape check of a big-vocabulary spec, is a few GiB). More is the candidate's
+doing (red-team round 6 filled the disk so the *reference* worker's files failed, which
+read as a verifier error): the run fails as ``scratch-over-budget``."""
 BENCH_CHECK_SAMPLE = 1 << 20
 """Elements per output compared at each benchmark shape (red-team round 6: a kernel that
 did 3/4 of the work only at the benchmark shapes passed, because no benchmark shape was
@@ -153,75 +153,6 @@ def _slug(s: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", s).strip("_") or "case"
 
 
-def _ragged(dims: dict[str, int], tile: int = 128) -> bool:
-    return any(v % tile for v in dims.values())
-
-
-RECHECK_ROW_DIM = "M"
-"""The dim the post-timing recheck redraws at random (every catalogue spec's GEMM M, the
-token rows: any value is legal for a correct kernel)."""
-
-
-def recheck_rows(m: int, secret: int) -> int:
-    """The recheck's secret row count: uniform in ``[ceil(m / 2), 2 m]``, drawn from the
-    per-verification secret, so the candidate cannot know the shape it will be judged at
-    (correctness shapes are public: a kernel right only at those would pass them)."""
-    import random
-
-    return random.Random(secret ^ 0x2EC4ECC).randint(-(-m // 2), 2 * m)
-
-
-def secret_seed(seed: int, secret: int) -> int:
-    """The seed a public correctness case actually runs with: the spec's ``seed`` itself
-    without a secret (tests), else one the candidate cannot predict from the spec."""
-    if not secret:
-        return seed
-    return int.from_bytes(hashlib.sha256(f"coda-seed:{secret}:{seed}".encode()).digest()[:4], "little")
-
-
-def make_runs(spec: Any, secret: int = 0, device: str = "cuda") -> list[Run]:
-    """Every correctness case x seed, the secret coverage cases, then one post-timing recheck.
-
-    ``spec`` is a :class:`~coda_agent.verifier.spec.KernelSpec`. With a ``secret`` (every
-    real verification has one) the seeds of the public cases are secret too
-    (:func:`secret_seed`; the run keys keep the spec's seed) and the secret coverage cases
-    (:func:`~coda_agent.verifier.gpu.coverage.coverage_runs`) follow them. The recheck re-runs
-    the last ragged correctness case (the hardest one) with seed ``seeds[0] + 1000 +
-    secret``, a seed the candidate never saw before timing; with a secret its ``M`` is
-    also redrawn (:func:`recheck_rows`) and the case is named ``"<case>, M=<rows>"``.
-    """
-    runs: list[Run] = []
-    for i, case in enumerate(spec.shapes.correctness):
-        name = case.name or f"case{i}"
-        for seed in spec.shapes.seeds:
-            runs.append(Run(key=f"c{i}-{_slug(name)}-s{seed}", case=name, dims=dict(case.dims),
-                            seed=secret_seed(seed, secret)))
-    if secret:
-        from .coverage import coverage_runs
-
-        runs += coverage_runs(spec, secret, device)
-    cases = list(enumerate(spec.shapes.correctness))
-    ragged = [(i, c) for i, c in cases if _ragged(c.dims)]
-    i, case = (ragged or cases)[-1]
-    name = case.name or f"case{i}"
-    seed = spec.shapes.seeds[0] + RECHECK_SEED_OFFSET
-    key = f"recheck-c{i}-{_slug(name)}-s{seed}"  # the key never tells the redrawn M
-    dims = dict(case.dims)
-    if secret and RECHECK_ROW_DIM in dims:
-        dims[RECHECK_ROW_DIM] = recheck_rows(dims[RECHECK_ROW_DIM], secret)
-        name = f"{name}, {RECHECK_ROW_DIM}={dims[RECHECK_ROW_DIM]}"
-    runs.append(Run(key=key, case=name, dims=dims, seed=seed + secret, recheck=True))
-    return runs
-
-
-def make_bench_checks(spec: Any, shapes: list[BenchShape], secret: int = 0) -> list[Run]:
-    """One post-timing check per benchmark shape (exactly the timed dims, a fresh seed),
-    compared on :data:`BENCH_CHECK_SAMPLE` sampled elements per output."""
-    seed = spec.shapes.seeds[0] + BENCH_CHECK_SEED_OFFSET
-    return [Run(key=f"bench-{_slug(b.name)}-s{seed}", case=f"bench {b.name}", dims=dict(b.dims), seed=seed + secret,
-                recheck=True, sample=BENCH_CHECK_SAMPLE) for b in shapes]
-
-
 BENCH_SEED_BASE = 10_000
 """Timed input set k of every benchmark shape uses seed ``BENCH_SEED_BASE + plan.secret + k``
 (the same sets in both workers)."""
@@ -284,11 +215,6 @@ def gpu_kernels(names: list[str]) -> list[str]:
     return [n for n in names if not n.startswith(NOT_LAUNCH_PREFIXES) and n not in SYNC_MARKERS]
 
 
-LAUNCH_NAMES_KEPT = 256
-"""Kernel names a launch record keeps (the candidate worker's bench-shape record; the
-correctness records keep all). ``entry.max_launches`` may not exceed it, so every launch
-of a call within budget is named and its GEMMs can be counted (:func:`gemm_launches`)."""
-
 GEMM_NAME_MARKERS = ("gemm", "xmma", "nvjet")
 """Lower-case substrings that make a launch a GEMM: every quack/CuTeDSL GEMM is named
 ``kernel_cutlass_kernel_quackepiloguefrontendGemmMod_<fn>_...`` whatever its epilogue fn
@@ -314,124 +240,3 @@ def sample_index(numel: int, n: int, seed: int, position: int):
     g = torch.Generator().manual_seed(seed * 1009 + position)
     return torch.randint(0, numel, (n,), generator=g)
 
-
-def make_bench_shapes(spec: Any, override: list[Any] | None = None) -> list[BenchShape]:
-    """The benchmark shapes to time: the spec's, or ``override``.
-
-    ``override`` items are shape names from ``spec.shapes.benchmark``, ``ShapeCase``
-    objects or ``{"name", "dims"}`` dicts. Raises ``ValueError`` for an unknown name.
-    """
-    known = {c.name: c for c in spec.shapes.benchmark}
-    if override is None:
-        return [BenchShape(name=c.name or f"bench{i}", dims=dict(c.dims)) for i, c in enumerate(spec.shapes.benchmark)]
-    out: list[BenchShape] = []
-    for item in override:
-        if isinstance(item, str):
-            if item not in known:
-                raise ValueError(f"unknown benchmark shape {item!r} (spec has {sorted(known)})")
-            out.append(BenchShape(name=item, dims=dict(known[item].dims)))
-        elif isinstance(item, dict):
-            out.append(BenchShape(name=str(item.get("name", "custom")), dims={k: int(v) for k, v in item["dims"].items()}))
-        else:
-            out.append(BenchShape(name=item.name or "custom", dims=dict(item.dims)))
-    return out
-
-
-# --------------------------------------------------------------------------- JSONL
-
-
-def record_line(record: dict[str, Any]) -> str:
-    """One results-file line: the JSON object with sorted keys, newline-terminated."""
-    return json.dumps(record, sort_keys=True, default=str) + "\n"
-
-
-def append_record(path: str | Path, record: dict[str, Any]) -> None:
-    """Append one JSON object (sorted keys) as a line, flushed and fsynced."""
-    line = record_line(record)
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(line)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-MAX_RECORD_LINE = 256 << 10
-"""Longest results line read (bytes); a worker's records are a few KiB. Longer lines are
-skipped and reported (red team 2026-11-30: a 255 MiB line of ``{},{},...`` took the
-parent to 6.4 GiB, and 200,000 nested ``[`` crashed ``json.loads`` with RecursionError)."""
-
-RECORD_IDENTITY = {"begin": "what", "trial": "key", "recheck": "key", "bench": "shape", "launches": "case"}
-"""The field that tells apart a part's records; every other part is written once per run."""
-
-
-def read_records(path: str | Path) -> list[dict[str, Any]]:
-    """All complete JSON lines of a results file (a torn last line is dropped).
-
-    A missing file gives ``[]``; lines that are not JSON objects are skipped (see
-    :func:`read_records_checked` for what a strict reader makes of them)."""
-    return read_records_checked(path)[0]
-
-
-def read_records_checked(path: str | Path) -> tuple[list[dict[str, Any]], list[str]]:
-    """``(records, anomalies)`` of a results file. Never raises for its content.
-
-    The worker writes whole lines, each record once, and nothing after ``done``. So an
-    anomaly is: a line that is not a JSON object (other than the last line, which a
-    worker killed mid-write may leave torn), a line over :data:`MAX_RECORD_LINE` bytes,
-    a record repeating an earlier one's part and identity (:data:`RECORD_IDENTITY`), or
-    any record after ``done``. Only code inside the worker's process writes there, so in
-    the candidate worker each is candidate code writing records (the red team of
-    2026-11-30 forged bench and integrity records that way, gluing the worker's real
-    record to a newline-less prefix so that the reader dropped it). Every record is
-    returned, first ones first; callers that trust only first records stay correct, and
-    the verifier fails a candidate worker with any anomaly."""
-    p = Path(path)
-    if not p.is_file():
-        return [], []
-    out: list[dict[str, Any]] = []
-    anomalies: list[str] = []
-    seen: set[tuple[str, str]] = set()
-    done = False
-    with open(p, "rb") as f:
-        lines = f.read().split(b"\n")
-    last = len(lines) - 1
-    for i, raw in enumerate(lines):
-        if not raw.strip():
-            continue
-        if len(raw) > MAX_RECORD_LINE:
-            anomalies.append(f"line {i + 1}: {len(raw)} bytes (over {MAX_RECORD_LINE})")
-            continue
-        try:
-            rec = json.loads(raw.decode("utf-8", errors="replace"))
-        except (ValueError, RecursionError):
-            rec = None
-        if not isinstance(rec, dict):
-            if i != last:  # a torn final line is a crash's, anything earlier is not
-                anomalies.append(f"line {i + 1}: not a JSON object")
-            continue
-        part = str(rec.get("part"))
-        ident = (part, str(rec.get(RECORD_IDENTITY[part])) if part in RECORD_IDENTITY else "")
-        if done:
-            anomalies.append(f"line {i + 1}: a {part!r} record after 'done'")
-        elif ident in seen:
-            anomalies.append(f"line {i + 1}: a second {part!r} record" + (f" for {ident[1]!r}" if ident[1] else ""))
-        seen.add(ident)
-        done = done or part == "done"
-        out.append(rec)
-    return out, anomalies
-
-
-def records_of(records: list[dict[str, Any]], part: str) -> list[dict[str, Any]]:
-    """The records whose ``part`` equals ``part``."""
-    return [r for r in records if r.get("part") == part]
-
-
-def last_begun(records: list[dict[str, Any]]) -> str | None:
-    """What the worker was doing when it stopped: the last ``begin`` not followed by its end."""
-    begun = [r for r in records if r.get("part") == "begin"]
-    if not begun:
-        return None
-    last = begun[-1]
-    idx = records.index(last)
-    if any(r.get("part") not in ("begin",) for r in records[idx + 1:]):
-        return None
-    return str(last.get("what"))

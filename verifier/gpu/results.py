@@ -22,7 +22,8 @@ from typing import Any
 
 import torch
 
-from .protocol import CAND_DIR, REF_DIR, SCRATCH_DIR, Plan, records_of
+from ..confine.records import records_of
+from .protocol import CAND_DIR, REF_DIR, SCRATCH_DIR, Plan
 from ..confine.sandbox import WorkerOutcome, read_worker_file
 from ..verdict import Finding
 
@@ -39,7 +40,7 @@ class GpuRun:
     cand: WorkerOutcome
     ref: WorkerOutcome | None = None
     scratch_bytes: int = 0
-    """Disk bytes of saved trials the candidate worker left (pipeline.SCRATCH_BUDGET)."""
+    """Disk bytes of saved trials the candidate worker left (protocol.SCRATCH_BUDGET)."""
     cand_plan_sha256: str | None = None
     """The hash of the plan the candidate worker was given (``plan`` gains the timed-call
     checks afterwards, for the reference worker); None: ``plan.sha256()``."""

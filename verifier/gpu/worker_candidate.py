@@ -16,7 +16,7 @@ Design (threat numbers from verifier-threats.md):
 * **Poison** (threat 1): in every trial, after the inputs are made and right before the
   call, every free block of the CUDA caching allocator (found with
   ``torch.cuda.memory_snapshot()``) plus fresh slack (one large block, many small-pool
-  blocks) is filled with the NaN word ``numerics.POISON_WORD16`` and released, so an
+  blocks) is filled with the NaN word ``poison.POISON_WORD16`` and released, so an
   output the kernel never writes reads back as that exact bit pattern (and not as a
   previous trial's result or a freed input temporary).
 * **Trials**: fresh seeded inputs (:mod:`~coda_agent.verifier.gpu.inputs`), one call, a
@@ -38,7 +38,7 @@ Design (threat numbers from verifier-threats.md):
 * **Recheck** (threats 6, 7): after timing, one more trial with a seed the candidate
   never saw; then, per benchmark shape, a check on fresh inputs at exactly the timed dims
   and the outputs of one extra call in the timed rotation (both compared on sampled
-  elements: :func:`~coda_agent.verifier.gpu.protocol.make_bench_checks`,
+  elements: :func:`~coda_agent.verifier.gpu.runs.make_bench_checks`,
   :func:`~coda_agent.verifier.gpu.protocol.timed_check_run`), plus the sampled outputs of
   8 of do_bench's own calls, kept by secret reservoir sampling and each gathered in stream
   order right after its call (:func:`~coda_agent.verifier.gpu.protocol.timed_loop_check_run`). All unpredictable seeds carry the
@@ -109,10 +109,10 @@ except Exception:  # noqa: BLE001
     _do_bench = None
 
 from ..confine import landlock  # noqa: E402
+from ..confine.records import record_line  # noqa: E402
 from .inputs import make_inputs, rotation_count, tensor_bytes  # noqa: E402
-from ..stages.numerics import POISON_WORD16, bitwise_equal  # noqa: E402
+from .poison import POISON_WORD16, bitwise_equal  # noqa: E402
 from .protocol import (  # noqa: E402
-    LAUNCH_NAMES_KEPT,
     BENCH_SEED_BASE,
     PLAN_FILE,
     RESULTS_FILE,
@@ -121,7 +121,6 @@ from .protocol import (  # noqa: E402
     BenchShape,
     Plan,
     Run,
-    record_line,
     gpu_kernels,
     sample_index,
     timed_check_run,
@@ -130,7 +129,7 @@ from .protocol import (  # noqa: E402
 )
 from ..confine import audit  # noqa: E402
 from ..confine.snapshot import load_module  # noqa: E402
-from ..spec import load_spec  # noqa: E402
+from ..spec import LAUNCH_NAMES_KEPT, load_spec  # noqa: E402
 from . import device_memory  # noqa: E402  (binds torch.cuda's statistics at import)
 
 

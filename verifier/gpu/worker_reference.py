@@ -51,7 +51,8 @@ import torch
 
 from . import gemm_floor
 from .inputs import make_inputs, rotation_count, tensor_bytes, upcast
-from .protocol import BENCH_SEED_BASE, PLAN_FILE, RESULTS_FILE, Plan, Run, append_record, sample_index
+from ..confine.records import append_record
+from .protocol import BENCH_SEED_BASE, PLAN_FILE, RESULTS_FILE, Plan, Run, sample_index
 from ..spec import LIGER_MISSING, NO_LIGER, GradientSpec, load_spec
 
 

@@ -71,7 +71,6 @@ from .correctness import gemm_problems, workspace_problem
 from ..gpu.results import GpuRun, failure_finding, jsonable
 from ..gpu.inputs import tensor_bytes
 from ..gpu.protocol import (
-    LAUNCH_NAMES_KEPT,
     TIMED_LOOP_SLOTS,
     BenchShape,
     gemm_launches,
@@ -79,7 +78,7 @@ from ..gpu.protocol import (
     timed_loop_check_run,
     wall_check_run,
 )
-from ..spec import LoadedSpec, eval_expr
+from ..spec import LAUNCH_NAMES_KEPT, LoadedSpec, eval_expr
 from ..verdict import Finding, StageResult
 
 PEAKS: dict[str, tuple[float, float]] = {

@@ -35,14 +35,9 @@ from typing import Any
 
 from ..gpu.coverage import KEY_PREFIX as COVERAGE_KEY_PREFIX
 from ..gpu.results import GpuRun, failure_finding, jsonable
-from .numerics import (
-    bitwise_equal,
-    describe_error,
-    output_sanity,
-    poison_count,
-    tolerance_check,
-)
-from ..gpu.protocol import Run, gemm_launches
+from ..gpu.poison import bitwise_equal, poison_count
+from .numerics import describe_error, output_sanity, tolerance_check
+from ..gpu.protocol import SCRATCH_BUDGET, Run, gemm_launches
 from ..spec import LoadedSpec, OutputSpec, ToleranceSpec
 from ..verdict import Finding, StageResult
 
@@ -341,8 +336,6 @@ def _prologue(run: GpuRun, stage: str) -> StageResult | None:
                  if setup is not None and setup.get("message") else failure_finding(run.cand))
         return StageResult(stage=stage, status="error", summary="candidate worker failed during setup (verifier problem)",
                            findings=[found])
-    from ..pipeline import SCRATCH_BUDGET
-
     if run.scratch_bytes > SCRATCH_BUDGET:
         return StageResult(stage=stage, status="fail", summary="the candidate filled its scratch folder",
                            findings=[Finding(kind="scratch-over-budget",

@@ -13,10 +13,8 @@ Everything is computed in fp64 on the CPU. A failing output also gets a diagnosi
 (:func:`describe_error`) saying *where* and *how* it is wrong, because "max error 3.1"
 does not help a model repair its kernel but "only the ragged edge (rows >= 512) wrong"
 does. :func:`output_sanity` rejects outputs that are trivially fake (all zeros,
-constant, non-finite) and :func:`poison_count` recognises memory the kernel never
-wrote: the candidate worker fills the CUDA caching allocator with the 16-bit word
-:data:`POISON_WORD16` before every trial (a NaN in bf16 and fp16, and ``0x7FC17FC1``,
-also a NaN, in fp32), a bit pattern no arithmetic produces.
+constant, non-finite); memory the kernel never wrote is recognised by its poison
+(``verifier/gpu/poison.py``).
 
 The rules (:func:`judge`), each applied to every output and gradient, each with the reason
 it exists; all must hold (``ToleranceSpec`` holds the numbers, per output if a spec needs):
@@ -60,35 +58,6 @@ import math
 from typing import Any
 
 import torch
-
-POISON_WORD16 = 0x7FC1
-"""The 16-bit word the candidate worker fills free GPU memory with (a NaN payload)."""
-
-_POISON_BY_SIZE = {
-    2: (torch.int16, POISON_WORD16),
-    4: (torch.int32, (POISON_WORD16 << 16) | POISON_WORD16),
-    8: (torch.int64, (((POISON_WORD16 << 16) | POISON_WORD16) << 32) | (POISON_WORD16 << 16) | POISON_WORD16),
-}
-
-
-def poison_count(t: torch.Tensor) -> int:
-    """How many elements of ``t`` (any shape/dtype, CPU) still hold the allocator poison."""
-    size = t.element_size()
-    if size not in _POISON_BY_SIZE or t.numel() == 0:
-        return 0
-    itype, word = _POISON_BY_SIZE[size]
-    bits = t.detach().contiguous().reshape(-1).view(itype)
-    return int((bits == word).sum())
-
-
-def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """True when ``a`` and ``b`` have the same shape, dtype and bytes (NaNs compare by bits)."""
-    if a.shape != b.shape or a.dtype != b.dtype:
-        return False
-    if a.numel() == 0:
-        return True
-    return torch.equal(a.contiguous().reshape(-1).view(torch.uint8), b.contiguous().reshape(-1).view(torch.uint8))
-
 
 def _f64(t: torch.Tensor) -> torch.Tensor:
     return t.detach().to("cpu", torch.float64)
