@@ -25,7 +25,7 @@ def test_wheel_layout_and_plain_install(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
     assert tops == {"coda_agent"}, tops
-    for must in ("coda_agent/cli.py", "coda_agent/agent/__init__.py", "coda_agent/verifier/spec.py",
+    for must in ("coda_agent/cli.py", "coda_agent/agent/__init__.py", "coda_agent/verifier/spec/__init__.py",
                  "coda_agent/kernels/__init__.py"):
         assert must in names, must
     assert any(n.startswith("coda_agent/agent/prompts/") and n.endswith(".j2") for n in names) or not list(

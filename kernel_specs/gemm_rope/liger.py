@@ -1,7 +1,7 @@
 """Liger Kernel baseline for gemm_rope (``coda-agent bench``'s ``liger`` column).
 
 A comparison, not the definition: this file is deliberately NOT part of the spec hash
-(verifier/spec.py ``spec_hash`` covers spec.toml and reference.py only), so adding or
+(verifier/spec/loading.py ``spec_hash`` covers spec.toml and reference.py only), so adding or
 fixing it never invalidates an accepted kernel. Only its time is compared; its outputs
 are not checked against the reference. Needs liger-kernel (``pip install
 coda-agent[bench]``); it is imported inside ``liger`` so this module imports without it.

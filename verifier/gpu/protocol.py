@@ -31,7 +31,6 @@ import hashlib
 import json
 import re
 from dataclasses import asdict, dataclass, field
-from typing import Any
 
 PLAN_FILE = "plan.json"
 RESULTS_FILE = "results.jsonl"

@@ -16,8 +16,6 @@ from .protocol import BENCH_CHECK_SAMPLE, BenchShape, Run, _slug
 
 RECHECK_SEED_OFFSET = 1000
 """The post-timing recheck uses seed ``spec.shapes.seeds[0] + RECHECK_SEED_OFFSET``."""
-
-
 BENCH_CHECK_SEED_OFFSET = 2000
 
 

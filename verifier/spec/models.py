@@ -1,77 +1,19 @@
-"""Kernel specs: one fused op described completely, as validated data.
-
-A spec lives in ``kernel_specs/<name>/`` as two files:
-
-* ``spec.toml`` -- the data below (validated by pydantic: :class:`KernelSpec`);
-* ``reference.py`` -- trusted PyTorch code: the op written from its *standard*
-  (not reparameterized) definition, plus the baselines it is benchmarked against.
-
-Design
-------
-The spec is the single contract shared by the agent (it renders it into the task
-prompt), the verifier (it generates inputs, checks outputs and gradients, times the
-benchmark shapes) and the regression (it hashes the spec so an accepted kernel is
-re-verified when its contract changes).
-
-Shapes are written in symbolic dims (``["M", "2*I"]``); a shape case binds each dim
-to an integer. Dim expressions and input scales are tiny arithmetic expressions over
-the dims (``"1/sqrt(K)"``), evaluated by :func:`eval_expr` -- never ``eval``.
-
-Reference module contract (``reference.py``), all functions keyword-only over the
-spec's input names (plus ``entry.constants``, keyword ints, when the spec has any), any dtype in/out (the verifier calls them with fp32-upcast inputs
-for ``ref32`` and with the low-precision inputs for ``ref_lowp``):
-
-* ``reference(**inputs) -> dict[str, Tensor]`` -- every output that is *not*
-  declared as a gradient;
-* the function named by an output's ``gradient.of`` -- a differentiable forward
-  ``f(**inputs_without_upstream) -> Tensor``; the output is checked against
-  ``torch.autograd.grad(f(...), inputs[wrt], grad_outputs=inputs[upstream])``;
-* ``baseline(**inputs) -> dict[str, Tensor]`` -- the standard unfused PyTorch code the
-  fused kernel replaces (timed eager and under ``torch.compile``);
-* ``bare_gemm(**inputs) -> Tensor`` -- the plain GEMM of the same M/N/K (the speed of
-  light for an epilogue that hides under the mainloop);
-* optionally ``quack_library(**inputs) -> dict`` -- quack's hand-written equivalent;
-* optionally ``liger(**inputs) -> dict | Tensor`` -- Liger Kernel's equivalent (the
-  ``liger`` baseline). It usually lives instead in an optional third file,
-  ``kernel_specs/<name>/liger.py``, defining ``liger`` with the same calling convention
-  (the reference's own ``liger`` wins when both exist). liger.py is deliberately *not*
-  part of the spec hash (:func:`spec_hash` covers spec.toml and reference.py only): it
-  is a comparison, not the definition, so adding or fixing an adapter never invalidates
-  an accepted kernel. ``coda-agent bench`` times it when the file exists; liger-kernel
-  is an optional dependency (``pip install coda-agent[bench]``) and a missing install
-  is recorded as that baseline's error, never fatal.
-
-Errors: :func:`load_spec` raises :class:`SpecError` whose message names the file,
-the field path and what was expected.
+"""The spec's data model: pydantic models of ``spec.toml`` (:class:`KernelSpec` and its
+parts), with the whole-spec checks that every shape case is legal at load time.
 """
 
 from __future__ import annotations
 
-import ast
-import difflib
-import hashlib
-import json
 import keyword
 import math
-import tomllib
-from pathlib import Path
-from types import ModuleType
-from typing import Any, Literal
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
 
+from .expressions import _check_expr, eval_expr, expr_names
 
 DTYPES = ("bfloat16", "float16", "float32", "int32", "int64")
 """dtype names a spec may use (torch attribute names)."""
-
-SPEC_FILE = "spec.toml"
-REFERENCE_FILE = "reference.py"
-LIGER_FILE = "liger.py"
-"""Optional Liger Kernel adapter beside reference.py (not hashed: a comparison, not the contract)."""
-NO_LIGER = "no Liger equivalent for this spec"
-"""The ``liger`` baseline's error when neither reference.py nor liger.py defines ``liger``."""
-LIGER_MISSING = "liger-kernel is not installed (pip install coda-agent[bench])"
-"""The ``liger`` baseline's error when ``import liger_kernel`` fails (optional dependency)."""
 
 WORKSPACE_FLOOR = 8 << 20
 """The smallest default workspace budget, bytes (see :meth:`KernelSpec.workspace_budget`)."""
@@ -88,23 +30,8 @@ of a call within budget is named and its GEMMs can be counted
 
 _DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "int32": 4, "int64": 8}
 
-
-class SpecError(ValueError):
-    """A spec that cannot be loaded; the message names the file, field and expectation."""
-
-
-# --------------------------------------------------------------------------- expressions
-
-_ALLOWED_FUNCS = {"sqrt": math.sqrt, "min": min, "max": max, "ceil": math.ceil}
-_ARITY = {"sqrt": (1, 1), "ceil": (1, 1), "min": (2, 64), "max": (2, 64)}
-MAX_EXPONENT = 64
-"""Largest ``**`` exponent a dim expression may use (FLOP counts need 1 or 2)."""
-MAX_INT_BITS = 256
-"""Widest integer a dim expression may produce on the way (a 70B shape's FLOPs take ~50)."""
 MAX_BAR = 10.0
 """Largest bench.bar ratio (a bar of 1e300 is always met; the catalogue's are 1.0-1.1)."""
-MAX_EXPR_CHARS = 400
-"""Longest dim expression (the catalogue's longest is ~40 characters)."""
 DEFAULT_ULPS = 3.0
 """Default per-element bound, in ulps of the output dtype (``ToleranceSpec.ulps``)."""
 DEFAULT_FLOOR_ULPS = 2.0
@@ -113,106 +40,6 @@ MAX_ULPS = 64.0
 """Largest ``ulps`` a spec may set (64 bf16 ulps is half the value: looser judges nothing)."""
 DEFAULT_QUANTILE_FACTOR = 2.0
 """Default factor on the low-precision reference's error quantiles (``ToleranceSpec.quantile_factor``)."""
-
-
-def eval_expr(expr: str | int | float, dims: dict[str, int]) -> float | int:
-    """Evaluate a dim expression such as ``"2*I"`` or ``"1/sqrt(K)"``.
-
-    Only numbers, dim names, ``+ - * / // % **``, parentheses and ``sqrt/min/max/ceil``
-    are accepted. Raises ``ValueError`` naming the unknown dim or the bad construct, a
-    division by zero, an exponent beyond :data:`MAX_EXPONENT` or an integer wider than
-    :data:`MAX_INT_BITS` bits (``"9**9**9"`` would compute for hours).
-    """
-    if isinstance(expr, (int, float)):
-        return expr
-    tree = ast.parse(expr, mode="eval")
-
-    def bounded(x):
-        if isinstance(x, complex):
-            raise ValueError(f"in expression {expr!r}: a complex value ({x})")
-        if isinstance(x, int) and x.bit_length() > MAX_INT_BITS:
-            raise ValueError(f"in expression {expr!r}: an intermediate value is wider than {MAX_INT_BITS} bits")
-        if isinstance(x, float) and abs(x) > 2.0 ** MAX_INT_BITS:
-            raise ValueError(f"in expression {expr!r}: an intermediate value beyond 2**{MAX_INT_BITS}")
-        return x
-
-    def ev(node: ast.AST):
-        if isinstance(node, ast.Expression):
-            return ev(node.body)
-        if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)):
-            return bounded(node.value)
-        if isinstance(node, ast.Name):
-            if node.id not in dims:
-                raise ValueError(f"unknown dim {node.id!r} in {expr!r} (known: {sorted(dims)})")
-            return dims[node.id]
-        if isinstance(node, ast.BinOp):
-            a, b = ev(node.left), ev(node.right)
-            if isinstance(node.op, ast.Pow) and abs(b) > MAX_EXPONENT:
-                raise ValueError(f"in expression {expr!r}: exponent {b} is beyond {MAX_EXPONENT}")
-            if isinstance(node.op, (ast.Div, ast.FloorDiv, ast.Mod)) and b == 0:
-                raise ValueError(f"in expression {expr!r}: division by zero")
-            ops = {
-                ast.Add: lambda: a + b, ast.Sub: lambda: a - b, ast.Mult: lambda: a * b,
-                ast.Div: lambda: a / b, ast.FloorDiv: lambda: a // b, ast.Mod: lambda: a % b,
-                ast.Pow: lambda: a**b,
-            }
-            if type(node.op) in ops:
-                return bounded(ops[type(node.op)]())
-        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
-            return -ev(node.operand)
-        if (
-            isinstance(node, ast.Call)
-            and isinstance(node.func, ast.Name)
-            and node.func.id in _ALLOWED_FUNCS
-            and not node.keywords
-        ):
-            args = [ev(a) for a in node.args]
-            lo, hi = _ARITY[node.func.id]
-            if not lo <= len(args) <= hi:
-                raise ValueError(f"in expression {expr!r}: {node.func.id}() takes "
-                                 + (f"{lo} argument" if lo == hi else f"at least {lo} arguments") + f", got {len(args)}")
-            return bounded(_ALLOWED_FUNCS[node.func.id](*args))
-        raise ValueError(f"unsupported construct {ast.dump(node)[:60]} in expression {expr!r}")
-
-    return ev(tree)
-
-
-def expr_names(expr: str | int | float) -> set[str]:
-    """The dim names an expression refers to (empty for numbers)."""
-    if isinstance(expr, (int, float)):
-        return set()
-    return {
-        n.id for n in ast.walk(ast.parse(expr, mode="eval"))
-        if isinstance(n, ast.Name) and n.id not in _ALLOWED_FUNCS
-    }
-
-
-def _check_expr(v: str | int | float) -> str | int | float:
-    if isinstance(v, str):
-        if len(v) > MAX_EXPR_CHARS:
-            raise ValueError(f"expression of {len(v)} characters (at most {MAX_EXPR_CHARS})")
-        try:
-            tree = ast.parse(v, mode="eval")
-        except SyntaxError as e:
-            raise ValueError(f"not an arithmetic expression: {v!r} ({e.msg})") from None
-        except (MemoryError, RecursionError):
-            raise ValueError(f"expression too deeply nested: {v[:60]!r}...") from None
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Constant) and (type(node.value) not in (int, float)):
-                raise ValueError(f"in expression {v!r}: {ast.unparse(node)} is not a number "
-                                 "(only numbers and dim names)")
-            ok = (
-                ast.Expression, ast.Constant, ast.Name, ast.BinOp, ast.UnaryOp, ast.Call,
-                ast.Add, ast.Sub, ast.Mult, ast.Div, ast.FloorDiv, ast.Mod, ast.Pow, ast.USub,
-                ast.Load,
-            )
-            if not isinstance(node, ok):
-                raise ValueError(f"unsupported construct in expression {v!r}")
-            if isinstance(node, ast.Call) and not (isinstance(node.func, ast.Name) and node.func.id in _ALLOWED_FUNCS
-                                                   and not node.keywords):
-                raise ValueError(f"in expression {v!r}: only {', '.join(sorted(_ALLOWED_FUNCS))}(...) may be "
-                                 f"called, got {ast.unparse(node.func)}(...)")
-    return v
 
 
 # --------------------------------------------------------------------------- models
@@ -731,184 +558,3 @@ class KernelSpec(_Strict):
         outs = ", ".join(t.name for t in self.entry.outputs)
         return f"def {self.entry.function}({args}) -> ({outs})"
 
-
-class LoadedSpec(BaseModel):
-    """A validated spec plus where it came from and its content hash."""
-
-    model_config = ConfigDict(arbitrary_types_allowed=True)
-
-    spec: KernelSpec
-    directory: Path
-    spec_hash: str = Field(description="sha256 over spec.toml and reference.py bytes")
-    raw: dict[str, Any] = Field(description="the parsed TOML, for field-level diffs")
-
-    @property
-    def name(self) -> str:
-        return self.spec.name
-
-    @property
-    def reference_path(self) -> Path:
-        return self.directory / REFERENCE_FILE
-
-    def load_reference(self) -> ModuleType:
-        """Import ``reference.py`` (trusted code) as a fresh module."""
-        return _import_file(self.reference_path, f"coda_reference_{self.spec.name}")
-
-    @property
-    def liger_path(self) -> Path:
-        return self.directory / LIGER_FILE
-
-    @property
-    def has_liger(self) -> bool:
-        """True when the spec has a Liger adapter file (``liger.py``) beside its reference."""
-        return self.liger_path.is_file()
-
-    def load_liger(self) -> ModuleType | None:
-        """Import ``liger.py`` (trusted code, the Liger baseline's adapter) as a fresh module;
-        None when the spec has none. Importing it must not need liger-kernel itself (the
-        adapter imports liger_kernel inside ``liger``)."""
-        if not self.liger_path.is_file():
-            return None
-        return _import_file(self.liger_path, f"coda_liger_{self.spec.name}")
-
-
-def _import_file(path: Path, modname: str) -> ModuleType:
-    """Execute a spec-folder Python file (trusted code) as a fresh module named ``modname``,
-    from its source bytes: never through ``__pycache__`` (an unchecked-hash pyc planted there
-    ran instead of the reference that ``spec_hash`` covers, red team 15)."""
-    from .confine.snapshot import load_module
-
-    return load_module(path, modname, None, follow_symlinks=True)
-
-
-def _field_names() -> set[str]:
-    """Every field name of every spec model (for "did you mean" on a misspelt key)."""
-    names, todo = set(), [_Strict]
-    while todo:
-        cls = todo.pop()
-        todo += cls.__subclasses__()
-        names |= set(getattr(cls, "model_fields", {}))
-    return names
-
-
-def _format_validation_error(path: Path, err: ValidationError) -> str:
-    lines = [f"{path}: invalid kernel spec ({err.error_count()} problem(s))"]
-    for e in err.errors():
-        msg = e["msg"].removeprefix("Value error, ")
-        if not e["loc"]:  # a whole-spec check: its message names the fields itself
-            lines.append(f"  {msg}")
-            continue
-        loc = ".".join(str(x) for x in e["loc"])
-        got = e.get("input")
-        got_s = "" if isinstance(got, dict) else f" (got {got!r})"
-        if e["type"] == "extra_forbidden":
-            close = difflib.get_close_matches(str(e["loc"][-1]), sorted(_field_names()), n=1)
-            msg = "not a spec field" + (f" (did you mean {close[0]!r}?)" if close else "")
-        lines.append(f"  field '{loc}': {msg}{got_s}")
-    return "\n".join(lines)
-
-
-def spec_hash(directory: Path) -> str:
-    """sha256 over the spec's two files (name-prefixed, so moving bytes between them counts).
-
-    An optional ``liger.py`` beside them is not hashed (a benchmark comparison, not the contract)."""
-    h = hashlib.sha256()
-    for fname in (SPEC_FILE, REFERENCE_FILE):
-        p = directory / fname
-        h.update(fname.encode() + b"\0")
-        h.update(p.read_bytes() if p.exists() else b"<missing>")
-    return h.hexdigest()
-
-
-REQUIRED_REFERENCE_FUNCS = ("reference", "baseline", "bare_gemm")
-
-
-def load_spec(path: str | Path) -> LoadedSpec:
-    """Load and validate ``kernel_specs/<name>/`` (or a path to its ``spec.toml``).
-
-    Raises :class:`SpecError` naming the file, field and what was expected when the
-    directory, TOML syntax, any field, or the reference module's functions are wrong.
-    The reference module is checked statically (function names), not imported.
-    """
-    p = Path(path)
-    directory = p.parent if p.name == SPEC_FILE else p
-    toml_path = directory / SPEC_FILE
-    if not toml_path.is_file():
-        raise SpecError(f"{toml_path}: no spec file (expected kernel_specs/<name>/{SPEC_FILE})")
-    try:
-        raw = tomllib.loads(toml_path.read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as e:
-        raise SpecError(f"{toml_path}: not valid TOML: {e}") from None
-    except UnicodeDecodeError as e:
-        raise SpecError(f"{toml_path}: not UTF-8 text (byte {e.start}: {e.reason}); TOML files are UTF-8") from None
-    try:
-        spec = KernelSpec.model_validate(raw)
-    except ValidationError as e:
-        raise SpecError(_format_validation_error(toml_path, e)) from None
-    if spec.name != directory.name:
-        raise SpecError(
-            f"{toml_path}: field 'name': expected the folder name {directory.name!r}, got {spec.name!r}"
-        )
-    ref = directory / REFERENCE_FILE
-    if not ref.is_file():
-        raise SpecError(f"{ref}: missing (every spec needs a PyTorch reference module)")
-    try:
-        tree = ast.parse(ref.read_text(encoding="utf-8"), filename=str(ref))
-    except SyntaxError as e:
-        raise SpecError(f"{ref}:{e.lineno}: syntax error: {e.msg}") from None
-    except UnicodeDecodeError as e:
-        raise SpecError(f"{ref}: not UTF-8 text (byte {e.start}: {e.reason})") from None
-    defined = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
-    needed = set(REQUIRED_REFERENCE_FUNCS) | {o.gradient.of for o in spec.gradient_outputs}
-    needed |= {t.init.fn for t in spec.entry.inputs if t.init.fn}
-    if "quack_library" in spec.bench.baselines:
-        needed.add("quack_library")
-    missing = sorted(needed - defined)
-    if missing:
-        raise SpecError(f"{ref}: missing function(s) {missing} (the spec's fields refer to them)")
-    call_names = [t.name for t in spec.entry.inputs] + list(spec.entry.constants)
-    for fn in tree.body:
-        if isinstance(fn, ast.FunctionDef) and fn.name in (*REQUIRED_REFERENCE_FUNCS, "quack_library"):
-            problem = _keyword_call_problem(fn, call_names)
-            if problem:
-                raise SpecError(f"{ref}:{fn.lineno}: {fn.name}() is called with the spec's inputs and constants "
-                                f"as keywords ({', '.join(call_names)}): {problem}")
-    return LoadedSpec(spec=spec, directory=directory, spec_hash=spec_hash(directory), raw=raw)
-
-
-def _keyword_call_problem(fn: ast.FunctionDef, names: list[str]) -> str | None:
-    """Why ``fn(**{n: ... for n in names})`` would raise a TypeError, or None (read from
-    the def, without importing the module)."""
-    a = fn.args
-    if a.posonlyargs:
-        return "it has positional-only parameters"
-    params = [x.arg for x in (*a.args, *a.kwonlyargs)]
-    unknown = [n for n in names if n not in params] if a.kwarg is None else []
-    n_defaults = len(a.defaults)
-    required = [x.arg for x in a.args[: len(a.args) - n_defaults]] + [
-        x.arg for x, d in zip(a.kwonlyargs, a.kw_defaults) if d is None]
-    unbound = [n for n in required if n not in names]
-    if unknown:
-        return f"it has no parameter {unknown[0]!r} (parameters: {', '.join(params) or 'none'})"
-    if unbound:
-        return f"its parameter {unbound[0]!r} is not one of them and has no default"
-    return None
-
-
-def find_specs(root: str | Path) -> list[LoadedSpec]:
-    """Load every ``kernel_specs/*/spec.toml`` under the workspace ``root``, sorted by name."""
-    base = Path(root) / "kernel_specs"
-    return [load_spec(d) for d in sorted(base.iterdir()) if (d / SPEC_FILE).is_file()]
-
-
-def diff_fields(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
-    """Dotted field paths whose values differ between two parsed spec TOMLs."""
-    out: list[str] = []
-    for k in sorted(set(old) | set(new)):
-        a, b = old.get(k), new.get(k)
-        path = f"{prefix}{k}"
-        if isinstance(a, dict) and isinstance(b, dict):
-            out += diff_fields(a, b, path + ".")
-        elif json.dumps(a, sort_keys=True, default=str) != json.dumps(b, sort_keys=True, default=str):
-            out.append(path)
-    return out
