@@ -12,7 +12,8 @@ from coda_agent.verifier.gpu.protocol import Plan, gpu_kernels
 from coda_agent.verifier.gpu.runs import make_bench_shapes, make_runs
 from coda_agent.verifier.confine.sandbox import WorkerOutcome
 from coda_agent.verifier.spec import load_spec
-from coda_agent.verifier.gpu.worker_candidate import free_block_sizes, tampered
+from coda_agent.verifier.gpu.poison import free_block_sizes
+from coda_agent.verifier.gpu.worker_candidate import tampered
 
 ROOT = Path(__file__).resolve().parents[2]
 FWD = load_spec(ROOT / "kernel_specs" / "swiglu_fwd")
@@ -202,7 +203,7 @@ def test_reservoir_keeps_each_timed_call_with_equal_probability():
     import random
 
     from coda_agent.verifier.gpu.protocol import TIMED_LOOP_SLOTS as K
-    from coda_agent.verifier.gpu.worker_candidate import reservoir_slot
+    from coda_agent.verifier.gpu.timing import reservoir_slot
 
     def kept(n, seed):
         rng, slots = random.Random(seed), [None] * K

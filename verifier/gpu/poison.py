@@ -3,11 +3,14 @@
 The candidate worker fills the CUDA caching allocator with the 16-bit word
 :data:`POISON_WORD16` before every trial (a NaN in bf16 and fp16, and ``0x7FC17FC1``, also
 a NaN, in fp32), a bit pattern no arithmetic produces; the correctness stage counts it in
-the saved outputs (:func:`poison_count`: memory the kernel never wrote). Pure torch, no
-GPU needed: the worker and the parent share these definitions.
+the saved outputs (:func:`poison_count`: memory the kernel never wrote). The worker lays
+the poison (:func:`fill_free_memory`); the parent only reads it, on the CPU.
 """
 
 from __future__ import annotations
+
+import gc
+from typing import Any, Callable
 
 import torch
 
@@ -38,3 +41,50 @@ def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     if a.numel() == 0:
         return True
     return torch.equal(a.contiguous().reshape(-1).view(torch.uint8), b.contiguous().reshape(-1).view(torch.uint8))
+
+
+MAX_POISON_BYTES = 16 << 30
+"""The largest slack block reserved (and poisoned) before a trial: half the free memory, at most this."""
+SMALL_POISON_BLOCKS = 32  # 1 MiB each: allocations <= 1 MiB come from the small pool
+
+
+def free_block_sizes(snapshot: list[dict[str, Any]], device: int = 0) -> list[int]:
+    """Sizes (bytes, largest first) of the free ("inactive") blocks in a
+    ``torch.cuda.memory_snapshot()`` for ``device``; allocating them in this order makes
+    the allocator's best fit return each block exactly."""
+    sizes = []
+    for seg in snapshot:
+        if seg.get("device", device) != device:
+            continue
+        for blk in seg.get("blocks", []):
+            if blk.get("state") == "inactive" and int(blk.get("size", 0)) > 0:
+                sizes.append(int(blk["size"]))
+    return sorted(sizes, reverse=True)
+
+
+def fill_free_memory(device: torch.device, sync: Callable[[], None]) -> int:
+    """Fill every free byte the caching allocator holds (plus slack) with the poison word.
+
+    Called right before each trial's call, with the inputs alive: first slack is
+    reserved (one large block, :data:`SMALL_POISON_BLOCKS` small-pool blocks) so the
+    candidate's allocations come from cached memory, then every free block in the
+    allocator's snapshot is allocated exactly (largest first, so best-fit hands out
+    that very block), everything is filled and released; ``sync`` waits for the fill.
+    Returns bytes poisoned. CUDA devices only.
+    """
+    gc.collect()
+    torch.cuda.empty_cache()
+    free, _total = torch.cuda.mem_get_info(device)
+    big = min(int(free * 0.5), MAX_POISON_BYTES) // (2 << 20) * (2 << 20)
+    blocks = []
+    if big > 0:
+        blocks.append(torch.empty(big, dtype=torch.uint8, device=device))
+    blocks += [torch.empty(1 << 20, dtype=torch.uint8, device=device) for _ in range(SMALL_POISON_BLOCKS)]
+    for size in free_block_sizes(torch.cuda.memory_snapshot(), device.index or 0):
+        blocks.append(torch.empty(size, dtype=torch.uint8, device=device))
+    for b in blocks:
+        b[: b.numel() // 2 * 2].view(torch.int16).fill_(POISON_WORD16)
+    sync()
+    n = sum(b.numel() for b in blocks)
+    del blocks
+    return n

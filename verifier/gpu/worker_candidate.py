@@ -11,19 +11,22 @@ Design (threat numbers from verifier-threats.md):
 * **Before the candidate is imported** the worker captures the objects it measures
   with (``torch.cuda.Event``, ``torch.cuda.synchronize``, ``time.perf_counter``,
   ``triton.testing.do_bench``, ``torch.profiler.profile``, the exact ``torch.Tensor``
-  type) and re-checks at the end that none was replaced (threat 5); it refuses to run
+  type: :mod:`~coda_agent.verifier.gpu.instruments`) and re-checks at the end that none
+  was replaced, nor any global of the harness (:func:`tampered`) (threat 5); it refuses to run
   on anything but sm_90; it self-tests the profiler.
 * **Poison** (threat 1): in every trial, after the inputs are made and right before the
   call, every free block of the CUDA caching allocator (found with
   ``torch.cuda.memory_snapshot()``) plus fresh slack (one large block, many small-pool
-  blocks) is filled with the NaN word ``poison.POISON_WORD16`` and released, so an
+  blocks) is filled with the NaN word ``poison.POISON_WORD16`` and released
+  (:func:`~coda_agent.verifier.gpu.poison.fill_free_memory`), so an
   output the kernel never writes reads back as that exact bit pattern (and not as a
   previous trial's result or a freed input temporary).
 * **Trials**: fresh seeded inputs (:mod:`~coda_agent.verifier.gpu.inputs`), one call, a
   device synchronize, then checks that each output is exactly ``torch.Tensor``
   (checked with ``type(x) is``, before touching it: a subclass could run code on any
   method call), on the GPU, of the declared shape and dtype, contiguous, and not
-  sharing storage with an input or another output (threat 4). Outputs and the inputs
+  sharing storage with an input or another output (threat 4;
+  :mod:`~coda_agent.verifier.gpu.output_contract`). Outputs and the inputs
   before/after the call are saved to ``<key>.pt`` (CPU tensors) for the trusted parent.
   Nothing is compared here: the reference never exists in this process (threat 12).
 * **Launches** (threat 11): the first trial of every correctness shape runs under
@@ -34,7 +37,7 @@ Design (threat numbers from verifier-threats.md):
   (so a cache keyed on the input pointer cannot hit on consecutive calls), timed with
   ``triton.testing.do_bench(..., return_mode="median")`` (which flushes L2 before each
   call) plus a host-wall cross-check (synchronize; t0; call; synchronize; t1) so the
-  parent can flag work that escapes the timed stream.
+  parent can flag work that escapes the timed stream (:mod:`~coda_agent.verifier.gpu.timing`).
 * **Recheck** (threats 6, 7): after timing, one more trial with a seed the candidate
   never saw; then, per benchmark shape, a check on fresh inputs at exactly the timed dims
   and the outputs of one extra call in the timed rotation (both compared on sampled
@@ -60,15 +63,23 @@ sm_90 GPU / profiler broken; a ``setup`` record says why). The worker ends with
 
 from __future__ import annotations
 
-# --- capture the measuring instruments before any other import can touch them -------
-import time as _time
-
-_perf_counter = _time.perf_counter
-_T0 = _perf_counter()  # records carry seconds since the worker started ("t")
+# --- the measuring instruments are captured first, before any other import can touch them
+from .instruments import (  # isort: skip  (first: see instruments.py)
+    _Activity,
+    _DeviceTypeCUDA,
+    _T,
+    _T0,
+    _do_bench,
+    _perf_counter,
+    _profile,
+    _set_sync_debug_mode,
+    _synchronize,
+    SNAPSHOT,
+    WATCHED,
+)
 
 import argparse  # noqa: E402
 import functools  # noqa: E402
-import gc  # noqa: E402
 import hashlib  # noqa: E402
 import io  # noqa: E402
 import math  # noqa: E402
@@ -84,53 +95,29 @@ from typing import Any, Callable, NamedTuple  # noqa: E402
 import torch  # noqa: E402
 import torch.profiler  # noqa: E402
 
-_Tensor = torch.Tensor
-# Tensor methods the worker checks and copies outputs and inputs with, unbound, captured
-# before candidate code runs: an output can carry an instance attribute named like a method
-# (``o.detach = lambda: ...``: methods are non-data descriptors, so the instance wins) and
-# a class-level patch may be undone before the end-of-run integrity check (red team,
-# timed-loop round). Attributes such as shape/dtype/device are data descriptors: safe.
-_T = {m: getattr(torch.Tensor, m) for m in ("detach", "reshape", "index_select", "to", "numel", "is_contiguous",
-                                            "stride", "untyped_storage", "view", "element_size", "sum",
-                                            "storage_offset")}
-_S_data_ptr, _S_nbytes = torch.UntypedStorage.data_ptr, torch.UntypedStorage.nbytes
-_set_sync_debug_mode = torch._C._cuda_set_sync_debug_mode if hasattr(torch._C, "_cuda_set_sync_debug_mode") else None
-_Event = torch.cuda.Event
-_synchronize = torch.cuda.synchronize
-_profile = torch.profiler.profile
-_Activity = torch.profiler.ProfilerActivity
-_DeviceTypeCUDA = torch.autograd.DeviceType.CUDA
-try:  # triton is absent from CPU torch installs; the CPU path (tests) does not need it
-    import triton.testing as _triton_testing
-
-    _do_bench = _triton_testing.do_bench
-except Exception:  # noqa: BLE001
-    _triton_testing = None
-    _do_bench = None
-
 from ..confine import landlock  # noqa: E402
 from ..confine.records import record_line  # noqa: E402
-from .inputs import make_inputs, rotation_count, tensor_bytes  # noqa: E402
-from .poison import POISON_WORD16, bitwise_equal  # noqa: E402
+from .inputs import make_inputs  # noqa: E402
+from .output_contract import check_output, gather, host_copy, storage_span  # noqa: E402
+from .poison import bitwise_equal, fill_free_memory  # noqa: E402
 from .protocol import (  # noqa: E402
-    BENCH_SEED_BASE,
     PLAN_FILE,
     RESULTS_FILE,
     SCRATCH_DIR,
-    TIMED_LOOP_SLOTS,
-    BenchShape,
     Plan,
     Run,
     gpu_kernels,
     sample_index,
-    timed_check_run,
-    timed_loop_check_run,
-    wall_check_run,
 )
 from ..confine import audit  # noqa: E402
 from ..confine.snapshot import load_module  # noqa: E402
-from ..spec import LAUNCH_NAMES_KEPT, load_spec  # noqa: E402
+from ..spec import load_spec  # noqa: E402
 from . import device_memory  # noqa: E402  (binds torch.cuda's statistics at import)
+from .timing import bench_shape  # noqa: E402
+from . import instruments, output_contract, poison, timing  # noqa: E402
+
+HARNESS_MODULES = (instruments, output_contract, poison, timing)
+"""The worker-side modules this worker runs code from: their globals are watched like its own."""
 
 
 class Counted(NamedTuple):
@@ -142,20 +129,6 @@ class Counted(NamedTuple):
     workspace: int | None
 
 
-_WATCHED: dict[str, Callable[[], Any]] = {
-    "time.perf_counter": lambda: _time.perf_counter,
-    "torch.Tensor": lambda: torch.Tensor,
-    "torch.cuda.Event": lambda: torch.cuda.Event,
-    "torch.cuda.Event.record": lambda: torch.cuda.Event.record,
-    "torch.cuda.Event.elapsed_time": lambda: torch.cuda.Event.elapsed_time,
-    "torch.cuda.synchronize": lambda: torch.cuda.synchronize,
-    "torch.profiler.profile": lambda: torch.profiler.profile,
-    "torch.cuda.set_sync_debug_mode": lambda: torch.cuda.set_sync_debug_mode,
-    "triton.testing.do_bench": lambda: None if _triton_testing is None else _triton_testing.do_bench,
-    **{f"torch.Tensor.{m}": (lambda m=m: getattr(torch.Tensor, m)) for m in _T},
-}
-_SNAPSHOT = {k: f() for k, f in _WATCHED.items()}
-
 EXIT_OK, EXIT_CANDIDATE_ERROR, EXIT_VERIFIER_ERROR, EXIT_REFUSED = 0, 1, 2, 3
 
 
@@ -165,27 +138,24 @@ class InputGenerationError(RuntimeError):
     candidate (its import may have exhausted device memory or changed torch), so that no
     candidate can buy a verifier error; the pre-import draw of every correctness case makes
     a spec bug surface before the import."""
-BENCH_WALL_REPS = 7
 BALLAST_MAX = 47
 """Most small objects (1-256 bytes each) in one guarded call's secret-random ballast."""
 
 
 def _noop() -> None:
     """What :meth:`Worker.guard_host_ms` wraps to time the guard alone."""
-MAX_POISON_BYTES = 16 << 30
-SMALL_POISON_BLOCKS = 32  # 1 MiB each: allocations <= 1 MiB come from the small pool
 
 
 def tampered() -> list[str]:
     """Names of the captured instruments that no longer are what they were at start-up, and
-    of this module's own globals and ``Worker``'s attributes that were rebound since
+    of the harness's own globals and ``Worker``'s attributes that were rebound since
     :func:`freeze_own_state` (a candidate that reached this module's globals -- the third
     red team's payload replaced ``_perf_counter`` and ``_do_bench`` here -- is named in the
     ``import`` and ``integrity`` records)."""
     out = []
-    for k, f in _WATCHED.items():
+    for k, f in WATCHED.items():
         try:
-            if f() is not _SNAPSHOT[k]:
+            if f() is not SNAPSHOT[k]:
                 out.append(k)
         except Exception:  # noqa: BLE001
             out.append(k)
@@ -202,12 +172,13 @@ _OWN: dict[str, tuple[dict, str, Any, dict | None]] = {}
 
 
 def freeze_own_state() -> None:
-    """Record this module's globals (functions, classes, the captured instruments and their
-    dicts) and ``Worker``'s class attributes, for :func:`tampered`. Called before the import."""
-    g = globals()
-    for name, value in list(g.items()):
-        if not name.startswith("__") and name not in ("_OWN", "_MISSING"):
-            _OWN[f"worker_candidate.{name}"] = (g, name, value, dict(value) if type(value) is dict else None)
+    """Record the globals of this module and of the worker-side modules whose code it runs
+    (:data:`HARNESS_MODULES`: functions, classes, the captured instruments and their dicts)
+    and ``Worker``'s class attributes, for :func:`tampered`. Called before the import."""
+    for label, g in (("worker_candidate", globals()), *((m.__name__.rsplit(".", 1)[-1], vars(m)) for m in HARNESS_MODULES)):
+        for name, value in list(g.items()):
+            if not name.startswith("__") and name not in ("_OWN", "_MISSING"):
+                _OWN[f"{label}.{name}"] = (g, name, value, dict(value) if type(value) is dict else None)
     cls = vars(Worker)
     for name, value in cls.items():
         if not name.startswith("__"):
@@ -343,32 +314,9 @@ class Worker:
         return lambda: a * 2
 
     def poison(self) -> int:
-        """Fill every free byte the caching allocator holds (plus slack) with the poison word.
-
-        Called right before each trial's call, with the inputs alive: first slack is
-        reserved (one large block, :data:`SMALL_POISON_BLOCKS` small-pool blocks) so the
-        candidate's allocations come from cached memory, then every free block in the
-        allocator's snapshot is allocated exactly (largest first, so best-fit hands out
-        that very block), everything is filled and released. Returns bytes poisoned.
-        """
-        if not self.cuda:
-            return 0
-        gc.collect()
-        torch.cuda.empty_cache()
-        free, _total = torch.cuda.mem_get_info(self.device)
-        big = min(int(free * 0.5), MAX_POISON_BYTES) // (2 << 20) * (2 << 20)
-        blocks = []
-        if big > 0:
-            blocks.append(torch.empty(big, dtype=torch.uint8, device=self.device))
-        blocks += [torch.empty(1 << 20, dtype=torch.uint8, device=self.device) for _ in range(SMALL_POISON_BLOCKS)]
-        for size in free_block_sizes(torch.cuda.memory_snapshot(), self.device.index or 0):
-            blocks.append(torch.empty(size, dtype=torch.uint8, device=self.device))
-        for b in blocks:
-            b[: b.numel() // 2 * 2].view(torch.int16).fill_(POISON_WORD16)
-        self.sync()
-        n = sum(b.numel() for b in blocks)
-        del blocks
-        return n
+        """Fill the allocator's free memory with the poison word right before a trial's call
+        (:func:`~coda_agent.verifier.gpu.poison.fill_free_memory`); bytes poisoned, 0 on the CPU."""
+        return fill_free_memory(self.device, self.sync) if self.cuda else 0
 
     def import_candidate(self, path: Path, sha256: str | None) -> None:
         # From the snapshot's bytes, hash-checked, never through a bytecode cache (snapshot.py)
@@ -408,7 +356,7 @@ class Worker:
         assert self.fn is not None
         inputs = self.inputs_for(run.dims, run.seed, run.draw)
         self.sync()
-        before = {} if run.sample else {k: _host_copy(v) for k, v in inputs.items()}
+        before = {} if run.sample else {k: host_copy(v) for k, v in inputs.items()}
         poisoned = self.poison()
         call = functools.partial(self.no_host_sync, self.entry_with(run.dims), *self.args_of(inputs))
         # the workspace of every trial, not only the profiled one (eleventh red team: code
@@ -437,11 +385,11 @@ class Worker:
                 message=f"returned {len(outs)} value(s); expected {len(expected)} "
                         f"({', '.join(o.name for o in expected)}) as a tuple in that order",
             ))
-        spans = {k: _span(v) for k, v in inputs.items()}
+        spans = {k: storage_span(v) for k, v in inputs.items()}
         out_spans: dict[str, tuple[int, int]] = {}
         per = []
         for pos, (spec_o, o) in enumerate(zip(expected, outs)):
-            v = self.check_output(spec_o, o, run, spans, out_spans)
+            v = check_output(self.spec, spec_o, o, run.dims, self.device, spans, out_spans)
             violations += v
             per.append((pos, spec_o, o, v))
         return per, violations
@@ -453,17 +401,17 @@ class Worker:
         per, violations = self.check_result(run, res, inputs)
         saved: dict[str, torch.Tensor | None] = {o.name: None for o in self.spec.entry.outputs}
         for pos, spec_o, o, v in per:
-            # anything but a plain tensor with its data in place is never read (check_output)
+            # anything but a plain tensor with its data in place is never read (output_contract)
             if not any(x["kind"] == "output-not-plain-tensor" for x in v):
                 if run.sample and not v:
                     idx = sample_index(_T["numel"](o), run.sample, run.seed, pos).to(o.device)
-                    saved[spec_o.name] = _T["to"](_gather(o, idx), "cpu")
+                    saved[spec_o.name] = _T["to"](gather(o, idx), "cpu")
                 elif _T["numel"](o) <= 4 * math.prod(self.spec.shape_of(spec_o, run.dims)) + 1024:
-                    saved[spec_o.name] = _host_copy(o)
+                    saved[spec_o.name] = host_copy(o)
         if run.sample:  # a bench-shape check: inputs are large and already checked at the correctness shapes
             before, after, mutated = {}, {}, []
         else:
-            after = {k: _host_copy(v) for k, v in inputs.items()}
+            after = {k: host_copy(v) for k, v in inputs.items()}
             mutated = [k for k in inputs if not bitwise_equal(before[k], after[k])]
         del res, per, inputs
         return self._write_trial(run, saved, before, after, violations, mutated, **extra)
@@ -493,58 +441,13 @@ class Worker:
         gathered: dict[str, torch.Tensor | None] = {o.name: None for o in self.spec.entry.outputs}
         for pos, spec_o, o, v in per:
             if not v:
-                gathered[spec_o.name] = _gather(o, idx[pos])
+                gathered[spec_o.name] = gather(o, idx[pos])
         return {"run": run, "gathered": gathered, "violations": violations}
 
     def save_gathered(self, kept: dict[str, Any], **extra: Any) -> dict[str, Any]:
         """Write the kept timed call's gathered samples (:meth:`gather_timed`); record fields."""
         saved = {k: (None if g is None else _T["to"](g, "cpu")) for k, g in kept["gathered"].items()}
         return self._write_trial(kept["run"], saved, {}, {}, kept["violations"], [], **extra)
-
-    def check_output(self, spec_o: Any, o: Any, run: Run, in_spans: dict, out_spans: dict) -> list[dict[str, Any]]:
-        """Violations of the output contract for one returned value (see module doc)."""
-        name = spec_o.name
-        if type(o) is not _Tensor:
-            t = type(o)
-            return [dict(kind="output-not-plain-tensor", output=name,
-                         message=f"{name}: returned a {t.__module__}.{t.__qualname__}, expected exactly torch.Tensor "
-                                 "(no subclasses, wrappers or lazy objects)")]
-        attrs = _instance_attrs(o)
-        if attrs:
-            return [dict(kind="output-not-plain-tensor", output=name,
-                         message=f"{name}: carries instance attribute(s) {', '.join(sorted(attrs))[:200]}, which could "
-                                 "shadow tensor methods; return a plain tensor")]
-        if o.layout != torch.strided:
-            return [dict(kind="output-not-plain-tensor", output=name, message=f"{name}: layout {o.layout}, expected a dense strided tensor")]
-        if o.device.type != self.device.type:
-            return [dict(kind="output-not-plain-tensor", output=name,
-                         message=f"{name}: lives on {o.device}, expected the GPU ({self.device})")]
-        v: list[dict[str, Any]] = []
-        want_shape = self.spec.shape_of(spec_o, run.dims)
-        want_dtype = getattr(torch, spec_o.dtype)
-        if tuple(o.shape) != want_shape:
-            v.append(dict(kind="output-shape", output=name,
-                          message=f"{name}: shape {tuple(o.shape)}, expected {want_shape} ({spec_o.shape} at {run.dims})"))
-        if o.dtype != want_dtype:
-            v.append(dict(kind="output-dtype", output=name, message=f"{name}: dtype {o.dtype}, expected {want_dtype}"))
-        if not _T["is_contiguous"](o):
-            v.append(dict(kind="output-shape", output=name,
-                          message=f"{name}: not contiguous (strides {tuple(_T['stride'](o))}); return a dense row-major tensor"))
-        span = _span(o)
-        if not _storage_holds(o, span):
-            return v + [dict(kind="output-not-plain-tensor", output=name,
-                             message=f"{name}: its storage holds {span[1] - span[0]} bytes, fewer than its shape "
-                                     "needs (a resized or freed storage): return a tensor that owns its data")]
-        for k, s in in_spans.items():
-            if _overlap(span, s):
-                v.append(dict(kind="output-aliases-input", output=name,
-                              message=f"{name}: shares storage with input {k!r}; outputs must be freshly allocated"))
-        for k, s in out_spans.items():
-            if _overlap(span, s):
-                v.append(dict(kind="output-aliases-output", output=name,
-                              message=f"{name}: shares storage with output {k!r}"))
-        out_spans[name] = span
-        return v
 
     # -- launches -------------------------------------------------------------------
     def measured_call(self, call: Callable[[], Any]) -> tuple[Any, int | None]:
@@ -584,107 +487,6 @@ class Worker:
             call()
             samples.append((_perf_counter() - t0) * 1e3)
         return statistics.median(samples)
-
-    def bench_shape(self, name: str, dims: dict[str, int]) -> dict[str, Any]:
-        assert self.fn is not None
-        set_bytes = tensor_bytes(self.spec, dims, "inputs")
-        n = rotation_count(set_bytes)
-        set_inputs = [self.inputs_for(dims, BENCH_SEED_BASE + self.plan.secret + k) for k in range(n)]
-        sets = [self.args_of(i) for i in set_inputs]
-        sums_before = self.set_checksums(set_inputs)
-        self.sync()
-        counter = [0]
-        fn = self.entry_with(dims)
-        # The timed-loop checks (protocol.timed_loop_check_run): TIMED_LOOP_SLOTS of the
-        # timer's calls, picked by reservoir sampling with a secret RNG, have their outputs'
-        # sampled elements gathered right after them. Sample positions are drawn per input
-        # set before timing.
-        shape = BenchShape(name=name, dims=dims)
-        slots = TIMED_LOOP_SLOTS
-        loop_runs = [[timed_loop_check_run(shape, k, self.plan.secret, j) for k in range(n)] for j in range(slots)]
-        loop_idx = [[sample_index(math.prod(self.spec.shape_of(o, dims)), r.sample, r.seed, pos).to(self.device)
-                     for pos, o in enumerate(self.spec.entry.outputs)] for r in loop_runs[0]]  # same seed per set
-        pick = random.Random(f"{self.plan.secret}/timed-loop/{name}")
-        timing = {"on": False, "calls": 0}
-        kept: list[dict[str, Any] | None] = [None] * slots
-
-        def call():
-            k = counter[0] % n
-            counter[0] += 1
-            res = self.no_host_sync(fn, *sets[k])
-            if timing["on"]:
-                i = timing["calls"] = timing["calls"] + 1
-                j = reservoir_slot(i, slots, pick)
-                if j is not None:
-                    kept[j] = dict(check=self.gather_timed(loop_runs[j][k], res, set_inputs[k], loop_idx[k]),
-                                   timed_set=k, timed_call=i)
-            return res
-
-        for _ in range(2):
-            call()
-        self.sync()
-        timing["on"] = True
-        event_ms = self.time_event_ms(call)
-        timing["on"] = False
-        self.sync()
-        for slot in kept:
-            if slot is not None:
-                self.record("recheck", **self.save_gathered(slot["check"], timed_set=slot["timed_set"],
-                                                            timed_call=slot["timed_call"]))
-        wall, host = [], []
-        # one wall-time call, picked with the secret RNG, is checked too (protocol.wall_check_run)
-        wall_pick, wall_kept = pick.randrange(BENCH_WALL_REPS), None
-        for w in range(BENCH_WALL_REPS):
-            self.sync()
-            k = counter[0] % n
-            t0 = _perf_counter()
-            res = call()
-            host.append((_perf_counter() - t0) * 1e3)  # until the call returned (launches enqueued)
-            self.sync()
-            wall.append((_perf_counter() - t0) * 1e3)
-            if w == wall_pick:  # gathered after the measurement, outside the timed span
-                wall_kept = dict(check=self.gather_timed(wall_check_run(shape, k, self.plan.secret), res,
-                                                         set_inputs[k], loop_idx[k]), timed_set=k)
-            del res
-        if wall_kept is not None:
-            self.record("recheck", **self.save_gathered(wall_kept["check"], timed_set=wall_kept["timed_set"]))
-        # The launches of one call at this shape (the correctness stage counts them at each
-        # correctness shape; a candidate can branch on shape). Recorded for the bench
-        # stage, which fails a count over the spec's max_launches.
-        launches: dict[str, Any] = {}
-        if self.profiler_ok:
-            # a failure to count is recorded (and fails the bench stage), never a crash of the
-            # run: on the H200 it counted every accepted kernel at every benchmark shape
-            try:
-                counted = self.count_launches(call)  # synchronizes inside
-                # every name of a call within budget: the bench stage counts the GEMMs among them
-                launches = dict(launches=counted.count, launch_kernels=counted.kernels[:LAUNCH_NAMES_KEPT],
-                                workspace_bytes=counted.workspace)
-            except Exception as e:  # noqa: BLE001 -- see above; reported by the bench stage
-                launches = dict(launch_count_error=f"{type(e).__name__}: {e}"[:300])
-        # One more call in the same rotation, indistinguishable from the timed ones: its
-        # sampled outputs are judged against the reference of that input set as drawn
-        # (protocol.timed_check_run), so work skipped only while timing, or inputs
-        # changed during timing, fail the candidate.
-        k = counter[0] % n
-        res, workspace = self.measured_call(call)
-        check = timed_check_run(BenchShape(name=name, dims=dims), k, self.plan.secret)
-        fields = self.save_result(check, res, set_inputs[k], {}, timed_set=k, workspace_bytes=workspace)
-        changed = [i for i, (a, b) in enumerate(zip(sums_before, self.set_checksums(set_inputs))) if not torch.equal(a, b)]
-        if changed:
-            fields["violations"] = [*fields["violations"], dict(
-                kind="input-mutated", output=None,
-                message=f"timed input set(s) {changed} at {name} changed during timing (checksums before/after): "
-                        "inputs are read-only")]
-        self.record("recheck", **fields)
-        del res, sets, set_inputs
-        gc.collect()
-        if self.cuda:
-            torch.cuda.empty_cache()
-        return dict(shape=name, dims=dims, event_ms=event_ms, wall_ms=statistics.median(wall),
-                    host_ms=statistics.median(host), guard_host_ms=self.guard_host_ms(), wall_samples_ms=wall,
-                    timer="do_bench" if self.cuda else "cpu-loop", timer_calls=timing["calls"],
-                    n_sets=n, set_bytes=set_bytes, calls=counter[0], **launches)
 
     # -- main -----------------------------------------------------------------------
     def main(self) -> int:
@@ -762,7 +564,7 @@ class Worker:
         if self.plan.bench:
             for bs in self.plan.bench_shapes:
                 self.begin(f"bench {bs.name}")
-                self.record("bench", **self.bench_shape(bs.name, bs.dims))
+                self.record("bench", **bench_shape(self, bs.name, bs.dims))
 
         for run in self.plan.recheck_runs:
             self.begin(f"recheck {run.key}")
@@ -771,68 +573,6 @@ class Worker:
         self.record("integrity", tampered=tampered())
         self.record("done")
         return EXIT_OK
-
-
-def free_block_sizes(snapshot: list[dict[str, Any]], device: int = 0) -> list[int]:
-    """Sizes (bytes, largest first) of the free ("inactive") blocks in a
-    ``torch.cuda.memory_snapshot()`` for ``device``; allocating them in this order makes
-    the allocator's best fit return each block exactly."""
-    sizes = []
-    for seg in snapshot:
-        if seg.get("device", device) != device:
-            continue
-        for blk in seg.get("blocks", []):
-            if blk.get("state") == "inactive" and int(blk.get("size", 0)) > 0:
-                sizes.append(int(blk["size"]))
-    return sorted(sizes, reverse=True)
-
-
-def reservoir_slot(i: int, k: int, rng: random.Random) -> int | None:
-    """Reservoir sampling (Algorithm R) of ``k`` calls: the slot the ``i``-th call (1-based)
-    takes, or None. Every call of a stream of any length ends up kept with probability
-    k / length, and the draw for call ``i`` needs no knowledge of later calls."""
-    j = i - 1 if i <= k else rng.randrange(i)
-    return j if j < k else None
-
-
-def _span(t: torch.Tensor) -> tuple[int, int]:
-    st = _T["untyped_storage"](t)
-    p = _S_data_ptr(st)
-    return p, p + _S_nbytes(st)
-
-
-def _storage_holds(t: torch.Tensor, span: tuple[int, int]) -> bool:
-    """Whether ``t``'s storage (``span``, from :func:`_span`) has the bytes its offset, shape
-    and strides address (a storage resized to 0 after the call would make any read of
-    ``t`` touch freed memory)."""
-    shape, stride = tuple(t.shape), _T["stride"](t)
-    if 0 in shape:
-        return True
-    last = _T["storage_offset"](t) + sum((n - 1) * st for n, st in zip(shape, stride))
-    return (last + 1) * _T["element_size"](t) <= span[1] - span[0]
-
-
-def _instance_attrs(o: Any) -> list[str]:
-    """Names in ``o``'s instance ``__dict__`` (read without running ``o``'s own lookup)."""
-    try:
-        d = object.__getattribute__(o, "__dict__")
-    except AttributeError:
-        return []
-    return [k if type(k) is str else "<non-str key>" for k in d] if type(d) is dict else ["__dict__"]
-
-
-def _gather(o: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-    """``o``'s flat elements at ``idx`` (device), through the captured Tensor methods."""
-    return _T["index_select"](_T["reshape"](_T["detach"](o), -1), 0, idx)
-
-
-def _host_copy(t: torch.Tensor) -> torch.Tensor:
-    """A CPU copy of ``t`` through the captured Tensor methods."""
-    return _T["to"](_T["detach"](t), "cpu", copy=True)
-
-
-def _overlap(a: tuple[int, int], b: tuple[int, int]) -> bool:
-    return a[1] > a[0] and b[1] > b[0] and a[0] < b[1] and b[0] < a[1]
 
 
 def main(argv: list[str] | None = None) -> int:
