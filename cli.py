@@ -17,15 +17,19 @@ the dependency list to what the design card names.
 from __future__ import annotations
 
 import argparse
-import shlex
 import signal
 import sys
 from pathlib import Path
+from typing import Callable, TypeVar
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
+
+from .verifier import workspace
+
+T = TypeVar("T")
 
 # Piped output (CI logs, files) gets wide tables instead of rich's 80-column default.
 console = Console(width=None if sys.stdout.isatty() else 160)
@@ -41,33 +45,18 @@ class UsageError(Exception):
 # --------------------------------------------------------------------------- helpers
 
 def _root(args) -> Path:
-    from .verifier.workspace import WorkspaceError, find_root
-
     try:
-        return find_root(getattr(args, "root", None))
-    except WorkspaceError as e:
+        return workspace.find_root(getattr(args, "root", None))
+    except workspace.WorkspaceError as e:
         raise UsageError(str(e)) from None
 
 
 def _spec(root: Path, name_or_path: str):
     """Resolve SPEC (a name under kernel_specs/ or a path) to a LoadedSpec."""
-    from .verifier.spec import SpecError, load_spec
+    from .verifier.spec import SpecError, resolve_spec
 
-    p = Path(name_or_path)
-    by_name = root / "kernel_specs" / name_or_path
-    if not p.exists() or (p.is_dir() and not (p / "spec.toml").is_file() and by_name.is_dir()):
-        # a bare name is a spec under kernel_specs/, also when the current folder holds a
-        # folder of that name (generated_kernels/<name>/, runs/...)
-        p = by_name
-    if not p.exists():
-        import difflib
-
-        known = sorted(d.name for d in (root / "kernel_specs").iterdir() if d.is_dir())
-        close = difflib.get_close_matches(name_or_path, known, n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise UsageError(f"unknown spec {name_or_path!r}{hint}; known specs: {', '.join(known)}")
     try:
-        return load_spec(p)
+        return resolve_spec(root, name_or_path)
     except SpecError as e:
         raise UsageError(str(e)) from None
 
@@ -144,174 +133,43 @@ def print_bench_rows(rows: list[dict]) -> None:
 
 def cmd_list(args) -> int:
     """Specs and accepted kernels with their status."""
-    from .verifier.library.accept import ManifestError, read_manifest
-    from .verifier.spec import SpecError, load_spec
-    from .verifier.workspace import sha256_file
+    from .verifier.library.catalogue import catalogue
 
     root = _root(args)
+    rows = catalogue(root)
+    for r in rows:
+        if r.status == "invalid":  # whole; the table shows its start
+            err.print(f"error: {r.detail}", markup=False, emoji=False, highlight=False, soft_wrap=True)
     t = Table(title=f"coda-agent workspace: {root}")
     for c in ("spec", "pattern", "entry", "accepted kernel", "GPU verified", "changed since acceptance"):
         t.add_column(c)
-    problems = 0
-    specs = set()
-    for d in sorted((root / "kernel_specs").iterdir()):
-        if not (d / "spec.toml").exists():
-            if d.is_dir() and not d.name.startswith((".", "_")):
-                # a new spec whose file is misnamed (spec.tml) or not written yet: shown, not hidden
-                others = sorted(p.name for p in d.iterdir())[:4]
-                t.add_row(d.name, "-", "-", "[yellow]no spec.toml[/]", "-",
-                          escape(f"holds {', '.join(others)}" if others else "empty folder"))
-            continue
-        specs.add(d.name)
-        try:
-            ls = load_spec(d)
-        except SpecError as e:
-            problems += 1
-            err.print(f"error: {e}", markup=False, emoji=False, highlight=False, soft_wrap=True)  # whole; the table shows its start
-            lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
-            t.add_row(d.name, "[red]invalid[/]", escape(" ".join(lines[:3])), "", "", "")
-            continue
-        kdir = root / "generated_kernels" / ls.name
-        man_path = kdir / "manifest.json"
-        if man_path.exists():
-            try:
-                man = read_manifest(man_path)
-            except ManifestError as e:
-                problems += 1
-                t.add_row(ls.name, ls.spec.pattern, ls.spec.entry.function, "[red]unreadable manifest[/]", "-",
-                          escape(str(e))[:120])
-                continue
-            env = man.get("environment", {})
-            acc = f"yes ({str(man.get('accepted_at', '?'))[:10]})"
-            gpu = env.get("gpu") or "no"
-            edits = []
-            if man.get("spec_hash") != ls.spec_hash:
-                edits.append("spec")
-            if not (kdir / "kernel.py").is_file() or sha256_file(kdir / "kernel.py") != man.get("kernel_sha256"):
-                edits.append("kernel.py")
-            changed = f"[red]yes ({', '.join(edits)}): re-verify[/]" if edits else "no"
-        else:
-            acc, gpu, changed = "[yellow]not yet[/]", "-", "-"
-        t.add_row(ls.name, ls.spec.pattern, ls.spec.entry.function, acc, gpu, changed)
-    for kdir in sorted((root / "generated_kernels").glob("*/manifest.json")):
-        if kdir.parent.name not in specs:  # accepted, but its spec is gone: never hidden
-            problems += 1
-            t.add_row(kdir.parent.name, "-", "-", "[red]accepted; spec missing[/]", "-",
-                      f"[red]kernel_specs/{escape(kdir.parent.name)}/spec.toml is gone[/]")
+    for r in rows:
+        if r.status == "no-spec-file":
+            t.add_row(r.name, "-", "-", "[yellow]no spec.toml[/]", "-", escape(r.detail))
+        elif r.status == "invalid":
+            lines = [ln.strip() for ln in r.detail.splitlines() if ln.strip()]
+            t.add_row(r.name, "[red]invalid[/]", escape(" ".join(lines[:3])), "", "", "")
+        elif r.status == "unreadable-manifest":
+            t.add_row(r.name, r.pattern, r.entry, "[red]unreadable manifest[/]", "-", escape(r.detail)[:120])
+        elif r.status == "accepted":
+            changed = f"[red]yes ({', '.join(r.changed)}): re-verify[/]" if r.changed else "no"
+            t.add_row(r.name, r.pattern, r.entry, f"yes ({r.accepted_at})", r.gpu, changed)
+        elif r.status == "not-accepted":
+            t.add_row(r.name, r.pattern, r.entry, "[yellow]not yet[/]", "-", "-")
+        else:  # spec-missing
+            t.add_row(r.name, "-", "-", "[red]accepted; spec missing[/]", "-",
+                      f"[red]kernel_specs/{escape(r.name)}/spec.toml is gone[/]")
     console.print(t)
-    return USAGE if problems else OK
+    return USAGE if any(r.problem for r in rows) else OK
 
 
-PROTECTED_DIRS = ("generated_kernels", "kernel_specs")
-"""Workspace folders no output flag may write into: the library (written only by
-acceptance, old versions kept in history/) and the specs (written by hand)."""
-
-
-def _check_out_target(root: Path, p: Path, flag: str, value: str, keep: tuple[Path, ...] = ()) -> None:
-    """UsageError when output ``p`` lies in one of :data:`PROTECTED_DIRS` of ``root`` or is
-    one of the ``keep`` files (the candidate being verified): a new user's ``--out
-    generated_kernels/swiglu_bwd/kernel.py`` replaced an accepted kernel with a prompt."""
+def _output(check: Callable[..., T], *args, **kwargs) -> T:
+    """``check(*args, **kwargs)``, one of the workspace's output-flag checks
+    (:mod:`~coda_agent.verifier.workspace`); a path it refuses is a usage error."""
     try:
-        target = p.resolve()
-        kept = [k.resolve() for k in keep]
-    except (OSError, RuntimeError) as e:  # a symlink loop (RuntimeError before Python 3.13)
-        raise UsageError(f"{flag} {value}: cannot resolve the path ({e})") from None
-    for name, d in _protected_dirs(root):
-        if target == d or d in target.parents:
-            raise UsageError(f"{flag} {value}: inside {name}/ ({d}), which output flags never write "
-                             + ("(accepted kernels change only through --accept)" if name == "generated_kernels"
-                                else "(specs are edited by hand)") + "; choose a path outside it")
-    if target in kept:
-        raise UsageError(f"{flag} {value}: is the candidate itself; choose another file")
-
-
-def _protected_dirs(root: Path) -> list[tuple[str, Path]]:
-    """:data:`PROTECTED_DIRS` of the workspace ``root`` and of the installed package: the
-    library ``import coda_agent.kernels`` loads is the package's, whatever --root or
-    CODA_ROOT name (red team, session 15: `CODA_ROOT=elsewhere prompt --out
-    generated_kernels/swiglu_fwd/kernel.py` replaced the installed kernel)."""
-    import importlib.util
-
-    here = Path(__file__).resolve().parent  # the repository root in a source checkout
-    out = [(name, (root / name).resolve()) for name in PROTECTED_DIRS]
-    out += [(name, (here / name).resolve()) for name in PROTECTED_DIRS if (here / name).is_dir()]
-    spec = importlib.util.find_spec("coda_agent.kernels")  # found without importing it (no torch)
-    out += [("generated_kernels", Path(loc).resolve()) for loc in (spec.submodule_search_locations or [])] if spec else []
-    return out
-
-
-OUTPUT_KINDS = {
-    # what an earlier output of each flag looks like: only such a file is replaced
-    "prompt": ("a prompt written by `coda-agent prompt --out`",
-               lambda text: text.startswith("=== SYSTEM ===")),
-    "verdict": ("a verdict written by `verify --json`",
-                lambda text: _json_keys(text) >= {"stages", "passed", "gpu_verified"}),
-    "regress": ("a report written by `regress --json`",
-                lambda text: _json_keys(text) >= {"rows", "tolerance", "cpu_only"}),
-}
-"""Output kind -> (what it is, a test that an existing file's text is one)."""
-
-
-def _json_keys(text: str) -> set[str]:
-    import json
-
-    try:
-        data = json.loads(text)
-    except ValueError:
-        return set()
-    return set(data) if isinstance(data, dict) else set()
-
-
-def _out_file(value: str | None, flag: str = "--json", root: Path | None = None,
-              keep: tuple[Path, ...] = (), kind: str | None = None) -> Path | None:
-    """Check an output file path before any work starts (a missing folder used to raise a
-    traceback after a whole verification, with the exit status of a rejection); with
-    ``root``, also that it writes nothing of the library or specs (:func:`_check_out_target`);
-    with ``kind`` (:data:`OUTPUT_KINDS`), that an existing file there is an earlier output of
-    the same flag: a new user's `--json tricks_log.md` replaced the lessons every prompt
-    carries, and `regress --json` a kept GPU verdict (session 15)."""
-    if not value:
-        return None
-    p = Path(value)
-    if p.is_dir():
-        raise UsageError(f"{flag} {value}: is a folder; give a file name")
-    if not p.parent.is_dir():
-        raise UsageError(f"{flag} {value}: folder {p.parent} does not exist")
-    if root is not None:
-        _check_out_target(root, p, flag, value, keep)
-    if kind is not None and (p.exists() or p.is_symlink()):
-        what, looks_like = OUTPUT_KINDS[kind]
-        try:
-            ok = p.is_file() and looks_like(p.read_text(errors="replace"))
-        except OSError:
-            ok = False
-        if not ok:
-            raise UsageError(f"{flag} {value}: exists and is not {what}; nothing was run. Remove it or "
-                             "choose another file (an output flag replaces only its own earlier output)")
-    return p
-
-
-def _out_dir(root: Path, value: str | None, flag: str = "--out") -> Path | None:
-    """Check an output folder (``bench --out``): its parent must exist (as for every output
-    flag: a typo is not created) and it writes nothing of the library or specs."""
-    if not value:
-        return None
-    p = Path(value)
-    if p.exists() and not p.is_dir():
-        raise UsageError(f"{flag} {value}: is a file; give a folder")
-    if not p.is_dir() and not p.parent.is_dir():
-        raise UsageError(f"{flag} {value}: folder {p.parent} does not exist")
-    _check_out_target(root, p, flag, value)
-    return p
-
-
-def _write_out(path: Path, text: str, flag: str = "--json") -> None:
-    from .verifier.workspace import atomic_write_text
-
-    try:
-        atomic_write_text(path, text)
-    except OSError as e:
-        raise UsageError(f"{flag} {path}: {e.strerror or e}") from None
+        return check(*args, **kwargs)
+    except workspace.OutputPathError as e:
+        raise UsageError(str(e)) from None
 
 
 def cmd_prompt(args) -> int:
@@ -320,11 +178,11 @@ def cmd_prompt(args) -> int:
 
     root = _root(args)
     loaded = _spec(root, args.spec)
-    out = _out_file(args.out, "--out", root, kind="prompt")
+    out = _output(workspace.out_file, args.out, "--out", root, kind="prompt")
     prompt = render_prompt(loaded, root)
     text = prompt.as_text()
     if args.out:
-        _write_out(out, text, "--out")
+        _output(workspace.write_out, out, text, "--out")
         err.print(escape(f"wrote {args.out}"))
     else:
         console.print(text, markup=False, highlight=False, soft_wrap=True)
@@ -340,7 +198,7 @@ def cmd_verify(args) -> int:
                          "the spec's name first (arguments swapped?)")
     loaded = _spec(root, args.spec)
     cand = Path(args.candidate)
-    json_out = _out_file(args.json, "--json", root, keep=(cand,), kind="verdict")
+    json_out = _output(workspace.out_file, args.json, "--json", root, keep=(cand,), kind="verdict")
     if cand.is_dir():
         raise UsageError(f"candidate {cand} is a folder; give the candidate module's .py file "
                          f"(e.g. {cand / 'kernel.py'})")
@@ -360,7 +218,7 @@ def cmd_verify(args) -> int:
     verdict = verify(loaded, cand, cpu_only=args.cpu_only, bench=not args.no_bench)
     print_verdict(verdict)
     if json_out is not None:
-        _write_out(json_out, verdict.to_json(outcome=True))
+        _output(workspace.write_out, json_out, verdict.to_json(outcome=True))
     broken = verdict.verifier_error
     if broken is not None:
         err.print(f"verifier error in the {broken.stage} stage: the verifier or this machine failed, not the "
@@ -387,48 +245,6 @@ def cmd_verify(args) -> int:
     return OK
 
 
-COMMITTED_RUNS = Path("benchmarks") / "results" / "runs"
-"""Where the runs behind the accepted kernels are committed: records, never resumed."""
-
-
-def _find_run(root: Path, value: str) -> Path:
-    """A run folder given as a path (from the current folder), or by its name under the
-    workspace's ``runs/`` (``--resume RUN``, ``tricks add --from-run RUN``); ``value`` as a
-    path when none holds a run.json (the caller names what is missing)."""
-    p = Path(value)
-    if _holds_run(p):
-        return p
-    return next((c for c in (root / "runs" / value, root / value) if _holds_run(c)), p)
-
-
-def _holds_run(d: Path) -> bool:
-    """Whether ``d/run.json`` is a file; False also where the path cannot be looked at (a
-    name too long for the file system raised OSError)."""
-    try:
-        return (d / "run.json").is_file()
-    except OSError:
-        return False
-
-
-def _run_dir(root: Path, value: str) -> Path:
-    """``--resume RUN`` (:func:`_find_run`). A committed run record
-    (``benchmarks/results/runs/``) is refused: a resume rewrites run.json and the attempt
-    folders, tracked files there."""
-    found = _find_run(root, value)
-    where = found.resolve()
-    # a run folder sits right in runs/: only its parent is looked at (a workspace that itself
-    # lives under some benchmarks/results/runs/ folder is not a record)
-    if where.parent.parts[-3:] == COMMITTED_RUNS.parts and _holds_run(found):
-        dest = root / "runs" / where.name
-        raise UsageError(f"--resume {value}: {found} is a committed run record ({COMMITTED_RUNS}/), kept as it "
-                         f"was; to continue it, copy it into runs/ first: mkdir -p {shlex.quote(str(root / 'runs'))} && "
-                         f"cp -r {shlex.quote(str(where))} {shlex.quote(str(dest))}")
-    if not _holds_run(found):  # named once (load_run's message repeated the path)
-        raise UsageError(f"--resume {value}: no run there (looked for run.json in {Path(value)} and "
-                         f"{root / 'runs' / value}); `ls {root / 'runs'}` lists this workspace's runs")
-    return found
-
-
 def _has_gpu() -> bool:
     """Whether torch sees a CUDA device (commands that verify or measure need one)."""
     from .verifier.gpu import environment
@@ -448,91 +264,30 @@ def _check_library_spec(root: Path, loaded, hint: str, *, when: bool) -> None:
 
 def cmd_generate(args) -> int:
     """The main job: spec -> LLM -> verifier -> (repair)* -> accepted kernel."""
-    from .agent.llm import NO_BACKEND_HELP, LLMError, default_backend_name, make_backend
-    from .agent.loop import RunError, accepted_by, generate, load_run
+    from .agent.loop import RunError, generate
+    from .agent.session import RequestError, prepare_generate
 
     root = _root(args)
-    if not (root / "kernel_specs" / args.spec).is_dir() and _holds_run(_find_run(root, args.spec)):
-        raise UsageError(f"{args.spec} is a run, not a spec: continue it with "
-                         f"`coda-agent generate SPEC --resume {args.spec}` (SPEC: the run's spec, e.g. "
-                         f"{args.spec.rsplit('-', 1)[-1]})")
-    loaded = _spec(root, args.spec)
-    name, command = args.llm, args.cmd
-    if command and name not in (None, "command"):
-        raise UsageError(f"--cmd is for --llm command, not --llm {name}")
-    if command and name is None:
-        name = "command"
-    no_accept, force = args.no_accept, args.force
-    if args.max_attempts is not None and args.max_attempts < 1:  # before any warning about this machine
-        raise UsageError(f"--max-attempts {args.max_attempts}: expected an integer >= 1")
-    if force and no_accept:
-        raise UsageError("--force replaces an accepted kernel and --no-accept never accepts: give one of them")
-    resume = _run_dir(root, args.resume) if args.resume else None
-    if resume is not None:
-        try:  # a resumed run keeps the backend it started with, and a --no-accept run stays one
-            resumed = load_run(resume).state
-        except Exception as e:  # noqa: BLE001 - reported as a usage error below
-            raise UsageError(f"--resume {args.resume}: {e}") from None
-        if resumed.spec != loaded.name:  # before any warning about this machine
-            raise UsageError(f"--resume {args.resume}: a run of spec {resumed.spec!r}, not {loaded.name!r}")
-        name = name or resumed.backend
-        # the run's summary says so; run.json could have it cleared, but a resume that accepts
-        # still verifies in this process and never replaces an accepted kernel without --force
-        no_accept = no_accept or resumed.no_accept
-        # --force is never read from the run folder: in --llm manual mode the answerer writes
-        # there, and a run.json saying "force" replaced accepted kernels (red team 13)
-    name = name or default_backend_name()
-    if name is None:
-        raise UsageError(NO_BACKEND_HELP)
-    if name == "command" and not command:
-        again = " (run.json does not keep it: give the resumed run its command again)" if args.resume else ""
-        raise UsageError(f'--llm command needs the command: --llm command --cmd "CMD"{again}')
-    if args.model and name != "anthropic":
-        raise UsageError(f"--model is for --llm anthropic; --llm {name} takes the model its answerer uses")
-    try:  # first: a missing API key is the first thing to fix
-        backend = make_backend(name, model=args.model, command=command)
-    except LLMError as e:
-        raise UsageError(str(e)) from None
-    gpu = args.cpu_only or _has_gpu()  # (cpu_only: never asked)
-    if not gpu:
-        if name == "anthropic":
-            raise UsageError("no CUDA GPU here: every answer would get the static and sm_90a compile stages only "
-                             "and none could be accepted, while each attempt spends API tokens. Run on a Hopper GPU, "
-                             "or pass --cpu-only to check answers without verifying them")
-        err.print("[yellow]no CUDA GPU here: answers get the static and sm_90a compile stages only and cannot be "
-                  "accepted (as with --cpu-only); resume the run on a Hopper GPU to verify them[/]")
-    accepted_dir = root / "generated_kernels" / loaded.name
-    ours = resume is not None and resumed.accepted_path is not None and accepted_by(root, loaded.name, resume)
-    _check_library_spec(root, loaded, "pass --no-accept to only verify", when=not (no_accept or args.cpu_only))
-    if (accepted_dir / "manifest.json").exists() and gpu and not (force or no_accept or args.cpu_only or ours):
-        # (ours: this run accepted that kernel; a resume to answer its lesson replaces nothing)
-        # checked for resumed runs too: a run started on a CPU machine without --force would
-        # otherwise verify and benchmark on the GPU, then end "accept refused"
-        again = (" (this run was started with --force; a resume must say it again: it is never read from the "
-                 "run folder)") if resume is not None and resumed.force else ""
-        raise UsageError(
-            f"{loaded.name} is already accepted ({accepted_dir}); a new accepted kernel would not replace it. "
-            f"Use --force to replace it (the old one moves to history/) or --no-accept to only verify{again}."
+    try:
+        req = prepare_generate(
+            root, args.spec, llm=args.llm, cmd=args.cmd, model=args.model, max_attempts=args.max_attempts,
+            resume=args.resume, cpu_only=args.cpu_only, no_accept=args.no_accept, force=args.force,
+            allow_unconfined=args.allow_unconfined, has_gpu=_has_gpu, warn=lambda msg: err.print(f"[yellow]{msg}[/]"),
         )
-    accept_fn = None
-    if not no_accept:
-        import functools
-
-        from .verifier.library.accept import accept
-
-        accept_fn = functools.partial(accept, allow_unconfined=args.allow_unconfined)
+    except RequestError as e:
+        raise UsageError(str(e)) from None
     try:
         summary = generate(
-            loaded,
+            req.loaded,
             root=root,
-            backend=backend,
+            backend=req.backend,
             verifier=None,
-            max_attempts=args.max_attempts,
-            resume=resume,
-            accept_fn=accept_fn,
-            force=force,
-            cpu_only=args.cpu_only,
-            no_accept=no_accept,
+            max_attempts=req.max_attempts,
+            resume=req.resume,
+            accept_fn=req.accept_fn,
+            force=req.force,
+            cpu_only=req.cpu_only,
+            no_accept=req.no_accept,
         )
     except RunError as e:
         raise UsageError(str(e)) from None
@@ -563,7 +318,7 @@ def cmd_bench(args) -> int:
     from .verifier.library.bench import bench_kernels
 
     root = _root(args)
-    out_dir = _out_dir(root, args.out)
+    out_dir = _output(workspace.out_dir, root, args.out)
     if args.repeat < 1:
         raise UsageError(f"bench --repeat {args.repeat}: expected an integer >= 1")
     if args.merge_from is not None and args.from_verdicts is None:
@@ -578,9 +333,9 @@ def cmd_bench(args) -> int:
                         ("SPEC names", args.spec), ("--all", args.all), ("--from-manifests", args.from_manifests),
                         *_measuring_flags(args))
         if args.merge_from is not None:  # SRC's verdicts are copied into DIR
-            _check_out_target(root, vdir, "--from-verdicts", str(vdir))
+            _output(workspace.check_out_target, root, vdir, "--from-verdicts", str(vdir))
         if out_dir is None:  # the page goes beside DIR
-            _check_out_target(root, vdir.parent / f"{vdir.name}.md", "--from-verdicts", str(vdir))
+            _output(workspace.check_out_target, root, vdir.parent / f"{vdir.name}.md", "--from-verdicts", str(vdir))
         from .verifier.library.bench import page_from_kept
         from .verifier.library.kept import check_page, merge_kept
 
@@ -649,7 +404,7 @@ def cmd_regress(args) -> int:
     from .verifier.library.regress import regress
 
     root = _root(args)
-    json_out = _out_file(args.json, "--json", root, kind="regress")
+    json_out = _output(workspace.out_file, args.json, "--json", root, kind="regress")
     if args.cpu_only and args.verdicts:
         raise UsageError("regress --cpu-only checks integrity, static and compile only; --verdicts judges what a GPU "
                          "measured: give one of them")
@@ -682,7 +437,7 @@ def cmd_regress(args) -> int:
         t.add_row(r.kernel, f"[{_status_style(r.status)}]{r.status}[/]", r.stage, escape(r.ratio_text), escape(r.message))
     console.print(t)
     if json_out is not None:
-        _write_out(json_out, rep.to_json())
+        _output(workspace.write_out, json_out, rep.to_json())
     return OK if rep.ok else FAILED
 
 
@@ -702,8 +457,10 @@ def _tricks_add(root, args, add_from_run, add_trick) -> int:
     if args.unverified and not args.from_run:
         raise UsageError("--unverified only applies with --from-run RUN")
     if args.from_run:
-        run = _find_run(root, args.from_run)
-        if not _holds_run(run):
+        from .agent.run_folder import find_run, holds_run
+
+        run = find_run(root, args.from_run)
+        if not holds_run(run):
             raise UsageError(f"--from-run {args.from_run}: no such run folder (a path, or a name under {root / 'runs'})")
         entry = add_from_run(root, run, unverified=args.unverified)
     elif args.text:

@@ -5,25 +5,8 @@ Design
 A generation run may take an hour of GPU verification and real money in tokens, so it
 is a *resumable state machine on disk*. Each attempt owns a folder and each finished
 step leaves a file there; the presence of the file marks the step done (for a resume
-of this machine's own run; what the folder is trusted for is below):
-
-    runs/<UTC time>-<spec>/
-      run.json                 the state: spec, spec_hash, backend, model, status,
-                               attempts (stage reached, tokens, cache hits, wall time)
-      attempt-<k>/
-        prompt.md              the exact prompt text (Prompt.as_text)
-        prompt.json            the structured prompt (system blocks, messages)
-        response.json          model, usage, stop reason, LLM wall time
-        response.md            the raw response          <- "LLM step done"
-        candidate.py           the extracted module      (re-derived from response.md)
-        verify/                the verifier's workdir
-        verdict.json           the Verdict               <- "verify step done" (a GPU pass
-                               is verified again on a resume unless the library accepted
-                               it: verdict-stored-<n>.json; a CPU-only pass before a GPU
-                               run: verdict-cpu-<n>.json)
-        feedback.md            what the next repair prompt tells the model
-      lesson/prompt.md, lesson/response.md   the lesson call (fail -> pass)
-      proposed_trick.md        the one-sentence lesson (NOT appended to tricks_log.md)
+of this machine's own run). The folder's layout, its records and what it is trusted for
+are :mod:`~coda_agent.agent.run_folder`'s.
 
 ``run.json`` is rewritten atomically after every step (``status``: ``running``,
 ``waiting-for-answer``, ``accepted``, ``passed`` (verified, no accept requested),
@@ -40,12 +23,12 @@ Other decisions:
   byte-identical and the run is reproducible even if docs change mid-run.
 * The run folder is input, not proof: in --llm manual mode the answerer writes there. A
   stored GPU pass in ``verdict.json`` is verified again on a resume (accepting or not)
-  unless the library's manifest vouches for it (:func:`library_verdict`: the kernel it
-  accepted is this attempt's candidate byte for byte), ``--force``
+  unless the library's manifest vouches for it (``run_folder.library_verdict``: the kernel
+  it accepted is this attempt's candidate byte for byte), ``--force``
   is never read from ``run.json`` (the CLI asks for it on the resume), the manifest's
   provenance says whether this process received the answer itself
   (``answer_received_here``), and symlinks/FIFOs/devices in the folder are refused
-  (:func:`check_run_files`).
+  (``run_folder.check_run_files``).
 * An extraction failure is a failed attempt whose feedback is the extraction error.
 * The verifier is injected (``verifier(loaded, candidate_path, workdir) -> Verdict``);
   :func:`default_verifier` wraps ``coda_agent.verifier.pipeline.verify`` lazily.
@@ -57,23 +40,37 @@ Other decisions:
 
 from __future__ import annotations
 
-import datetime as _dt
 import difflib
 import fcntl
 import json
 import os
 import re
-import shlex
 import stat
 import time
 from pathlib import Path
 from typing import Any, Callable
 
-from pydantic import BaseModel, Field, computed_field
-
 from .context import gather_context
 from .extract import ExtractError, extract_module
 from .llm.base import AwaitingAnswer, LLMError, LLMResponse, Usage
+from .run_folder import (
+    PROPOSED_TRICK,
+    RUN_FILE,
+    LessonRecord,
+    RunError,
+    RunState,
+    RunSummary,
+    accepted_by,
+    check_run_files,
+    library_verdict,
+    load_run,
+    new_run_dir,
+    read_parsed,
+    read_text,
+    record_path,
+    save_state,
+    utc_now,
+)
 from .render import (
     Prompt,
     build_lesson_prompt,
@@ -83,8 +80,6 @@ from .render import (
 from ..verifier.verdict import Verdict
 from ..verifier.workspace import atomic_write_text, remove_tree, sha256_bytes
 
-RUN_FILE = "run.json"
-PROPOSED_TRICK = "proposed_trick.md"
 TERMINAL = ("accepted", "passed", "passed-cpu-only", "out-of-attempts")
 DEFAULT_MAX_ATTEMPTS = 5
 """Attempts of a new run unless ``--max-attempts`` says otherwise."""
@@ -99,347 +94,7 @@ class VerifierError(RuntimeError):
     so the attempt is not spent and no feedback goes to the model."""
 
 
-class RunError(RuntimeError):
-    """The run cannot start or resume (message says why and what to do)."""
-
-
-def _text(p: Path) -> str:
-    """A run-folder file's text. The folder is the answerer's to write (--llm manual), so
-    bytes that are not UTF-8 are a :class:`RunError` naming the file, not a traceback."""
-    try:
-        return p.read_text(encoding="utf-8")
-    except UnicodeDecodeError as e:
-        raise RunError(f"{p}: not UTF-8 text ({e.reason} at byte {e.start}); fix it, then resume") from None
-
-
-def _parsed(p: Path, parse: Callable[[str], Any]) -> Any:
-    """``parse`` of a run-folder file's text; a file it refuses (wrong JSON shape, fields of
-    the wrong type) is a :class:`RunError` naming the file (red team 15: ``verdict.json``
-    holding ``{}`` raised a pydantic traceback)."""
-    text = _text(p)
-    try:
-        return parse(text)
-    except (ValueError, TypeError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise RunError(f"{p}: not what the loop wrote there ({first}); fix or delete it, then resume") from None
-
-
-class AttemptRecord(BaseModel):
-    """One attempt as recorded in ``run.json``."""
-
-    k: int
-    kind: str = "task"
-    step: str = "started"  # started -> prompted -> responded -> verified
-    stage_reached: str | None = None  # "extract" when no module could be extracted
-    passed: bool | None = None
-    failed_stage: str | None = None
-    extract_error: str | None = None
-    backend: str | None = None
-    model: str | None = None
-    stop_reason: str | None = None
-    usage: Usage = Usage()
-    prompt_sha256: str | None = None
-    estimated_prompt_tokens: int | None = None
-    llm_wall_s: float = 0.0
-    verify_wall_s: float = 0.0
-
-    @computed_field  # type: ignore[prop-decorator]
-    @property
-    def wall_s(self) -> float:
-        """LLM + verifier wall time of this attempt (seconds, summed over resumes)."""
-        return round(self.llm_wall_s + self.verify_wall_s, 3)
-
-    @computed_field  # type: ignore[prop-decorator]
-    @property
-    def cache_hit(self) -> bool:
-        """The LLM call read its prefix from the prompt cache."""
-        return self.usage.cache_read_input_tokens > 0
-
-
-class LessonRecord(BaseModel):
-    """The fail -> pass lesson: ``status`` proposed / waiting-for-answer / error / skipped."""
-
-    status: str
-    failed_attempt: int | None = None
-    path: str | None = None
-    text: str | None = None
-    answer_path: str | None = None
-    error: str | None = None
-    usage: Usage = Usage()
-
-
-class RunState(BaseModel):
-    """The content of ``run.json``."""
-
-    version: int = 1
-    spec: str
-    spec_hash: str
-    spec_dir: str
-    root: str
-    backend: str
-    model: str
-    status: str = "running"
-    max_attempts: int
-    cpu_only: bool = False
-    force: bool = False
-    no_accept: bool = False
-    """Started with --no-accept: sticky, a resumed run never accepts (start a new run to accept)."""
-    created_at: str
-    updated_at: str = ""
-    attempts: list[AttemptRecord] = Field(default_factory=list)
-    answer_path: str | None = None
-    accepted_path: str | None = None
-    lesson: LessonRecord | None = None
-    error: str | None = None
-
-    def attempt(self, k: int) -> AttemptRecord:
-        """The record of attempt ``k`` (created, in order, when new)."""
-        for a in self.attempts:
-            if a.k == k:
-                return a
-        rec = AttemptRecord(k=k)
-        self.attempts.append(rec)
-        self.attempts.sort(key=lambda a: a.k)
-        return rec
-
-
-class RunSummary(BaseModel):
-    """What :func:`generate` returns: the run's final state plus totals and a rendering."""
-
-    model_config = {"arbitrary_types_allowed": True}
-
-    run_dir: Path
-    state: RunState
-
-    @property
-    def status(self) -> str:
-        return self.state.status
-
-    @property
-    def attempts(self) -> list[AttemptRecord]:
-        return self.state.attempts
-
-    @property
-    def usage(self) -> Usage:
-        total = Usage()
-        for a in self.state.attempts:
-            total = total + a.usage
-        if self.state.lesson:
-            total = total + self.state.lesson.usage
-        return total
-
-    @property
-    def cache_hits(self) -> int:
-        """LLM calls that read from the prompt cache."""
-        n = sum(1 for a in self.state.attempts if a.cache_hit)
-        if self.state.lesson and self.state.lesson.usage.cache_read_input_tokens > 0:
-            n += 1
-        return n
-
-    @property
-    def wall_s(self) -> float:
-        return sum(a.wall_s for a in self.state.attempts)
-
-    @property
-    def proposed_trick(self) -> Path | None:
-        p = self.run_dir / PROPOSED_TRICK
-        return p if p.is_file() else None
-
-    def resume_command(self, *extra: str) -> str:
-        """The command that continues this run, flags included (``--cpu-only`` while an
-        answer asked for under it is awaited) and ``extra`` flags after them, paths quoted
-        for a shell: ``--force`` and ``--cmd`` are not taken from run.json on a resume
-        (``--force`` by design, the command backend's CMD is not kept), so the hint repeats
-        them, and says so after the command (new-user pass, session 16: the note sat inside
-        the command, before ``--max-attempts``, and a root with a space broke the paste)."""
-        s = self.state
-        # the run's name: --resume finds it under runs/ from any folder of the workspace, on
-        # a GPU machine whose checkout lives elsewhere too
-        ref = self.run_dir.name if self.run_dir.parent.name == "runs" else self.run_dir
-        # ... but only when the workspace is found: from outside it, the hint names it
-        root = self.run_dir.parent.parent.resolve()
-        cwd, env = Path.cwd().resolve(), os.environ.get("CODA_ROOT")
-        found = root == cwd or root in cwd.parents or (env is not None and Path(env).resolve() == root)
-        where = [] if found or ref == self.run_dir else ["--root", str(root)]
-        argv = (["coda-agent", *where, "generate", s.spec, "--resume", str(ref)]
-                + (["--cmd", "CMD"] if s.backend == "command" else [])
-                + (["--force"] if s.force else []) + (["--no-accept"] if s.no_accept else [])
-                # the answer awaited is checked where it was asked for: as this call did
-                + (["--cpu-only"] if s.cpu_only and s.status == "waiting-for-answer" else []) + list(extra))
-        return (shlex.join(argv).replace("--cmd CMD", '--cmd "CMD"')
-                + (" (the command backend's CMD is not kept in run.json: give it again)"
-                   if s.backend == "command" else ""))
-
-    def render(self) -> str:
-        """A plain-text summary for the CLI."""
-        s = self.state
-        lines = [f"run {self.run_dir}: {s.status}" + (f" -> {s.accepted_path}" if s.accepted_path else "")]
-        lines.append(f"spec {s.spec}  backend {s.backend}  model {s.model}")
-        lines.append(f"{'attempt':>7}  {'stage reached':<14} {'result':<7} {'in/out tokens':>15} {'cache read':>10} {'wall s':>8}")
-        for a in s.attempts:
-            res = "pass" if a.passed else ("fail" if a.passed is False else a.step)
-            tok = f"{a.usage.input_tokens}/{a.usage.output_tokens}"
-            lines.append(
-                f"{a.k:>7}  {a.stage_reached or '-':<14} {res:<7} {tok:>15} "
-                f"{a.usage.cache_read_input_tokens:>10} {a.wall_s:>8.1f}"
-            )
-        u = self.usage
-        lines.append(
-            f"total: {len(s.attempts)} attempt(s), tokens in {u.input_tokens} / out {u.output_tokens}, "
-            f"cache hits {self.cache_hits} ({u.cache_read_input_tokens} tokens read, "
-            f"{u.cache_creation_input_tokens} written), wall {self.wall_s:.1f} s"
-        )
-        if s.status == "waiting-for-answer" and s.answer_path:
-            lines.append(
-                f"waiting for the answer: read {Path(s.answer_path).with_name('prompt.md')}, write the "
-                f"model's reply to {s.answer_path}, then resume: {self.resume_command()}"
-            )
-        done = [a for a in s.attempts if a.passed is not None]  # the latest verified attempt, if it failed
-        last = done[-1] if done else None
-        if last is not None and last.passed is False:
-            fb = self.run_dir / f"attempt-{last.k}" / "feedback.md"
-            why = last.extract_error or (f"failed the {last.failed_stage} stage" if last.failed_stage else "failed")
-            if s.status == "out-of-attempts":
-                more = (f" (its feedback: {fb}; to try again: {self.resume_command('--max-attempts', str(last.k + 1))})"
-                        if fb.is_file() else "")
-            else:
-                more = f" (the feedback the next attempt gets: {fb})" if fb.is_file() else ""
-            lines.append(f"attempt {last.k}: {why}{more}")
-        if s.status == "passed-cpu-only":
-            goal = "verify it" if s.no_accept else "verify (and accept) it"
-            lines.append(f"passed the CPU stages only; to {goal}, resume the run on a Hopper GPU: "
-                         f"{self.resume_command()}")
-            taken = (Path(s.root) / "generated_kernels" / s.spec / "manifest.json").is_file()
-            if taken and not (s.no_accept or s.force or accepted_by(Path(s.root), s.spec, self.run_dir)):
-                lines.append(f"({s.spec} already has an accepted kernel: that resume also needs --force to replace "
-                             "it, or --no-accept to only verify)")
-        if s.no_accept:
-            lines.append("this run was started with --no-accept: it verifies but never accepts")
-        if s.error:
-            lines.append(f"error: {s.error}")
-        if s.status in ("failed", "interrupted", "verifier-error"):
-            lines.append(f"to continue once the cause is fixed: {self.resume_command()}")
-        if s.lesson:
-            if s.lesson.status == "proposed":
-                lines.append(
-                    f"proposed trick ({s.lesson.path}): {s.lesson.text}\n"
-                    f"  add it with: coda-agent tricks add --from-run {self.run_dir}"
-                    + (" --unverified (no accepted kernel vouches for a --no-accept run)" if s.no_accept else "")
-                )
-            elif s.lesson.status == "waiting-for-answer":
-                lines.append(f"lesson: waiting for an answer at {s.lesson.answer_path}, then: {self.resume_command()}")
-            elif s.lesson.status == "error":
-                lines.append(f"lesson: not proposed ({s.lesson.error})")
-        return "\n".join(lines)
-
-
 # --------------------------------------------------------------------------- helpers
-
-def _now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-
-
-def _save(run_dir: Path, state: RunState) -> None:
-    state.updated_at = _now()
-    atomic_write_text(run_dir / RUN_FILE, json.dumps(state.model_dump(mode="json"), indent=2, sort_keys=True) + "\n")
-
-
-def load_run(run_dir: str | Path) -> RunSummary:
-    """The summary of an existing run directory (raises :class:`RunError` if none, or when
-    :func:`check_run_files` refuses one of its files)."""
-    run_dir = Path(run_dir)
-    p = run_dir / RUN_FILE
-    try:
-        found = p.is_file()
-    except OSError as e:  # a name too long for the file system, ...
-        raise RunError(f"{str(run_dir)[:200]}: cannot be looked at ({e.strerror})") from None
-    if not found:
-        raise RunError(f"{run_dir}: not a run directory (no {RUN_FILE})")
-    check_run_files(run_dir)
-    return RunSummary(run_dir=run_dir, state=_parsed(p, RunState.model_validate_json))
-
-
-def check_run_files(run_dir: Path) -> None:
-    """Refuse a run folder whose own files (``run.json``, ``.lock``, ``attempt-<k>/*``,
-    ``lesson/*``; not the verifier's workdirs) include anything but regular files and
-    folders, or whose attempt and lesson folders hold any folder but ``verify/``. In --llm
-    manual mode the answerer writes into the run folder: a FIFO named ``.lock`` or
-    ``response.md`` blocked ``--resume`` forever (red team 13), a symlink would have the
-    loop read, and send on to the model, a file from elsewhere, and a ``__pycache__/``
-    beside ``candidate.py`` held bytecode that ran in its place (red team 14; the verifier
-    no longer imports through bytecode caches either, see ``verifier/confine/snapshot.py``).
-    Raises :class:`RunError` naming the entry."""
-    run_dir = Path(run_dir)
-    folders = [run_dir, *(d for d in run_dir.iterdir() if d.name.startswith("attempt-") or d.name == "lesson")]
-    for folder in folders:
-        if folder.is_symlink():
-            raise RunError(f"{folder}: a symlink; a run folder holds only regular files and folders")
-        for e in os.scandir(folder):
-            if (folder == run_dir and e.is_dir(follow_symlinks=False) and not e.is_symlink()
-                    and not (re.fullmatch(r"attempt-\d+", e.name) or e.name == "lesson")):
-                # a folder named proposed_trick.md failed the lesson write after acceptance
-                raise RunError(f"{Path(e.path)}: a folder the loop never writes (a run folder holds attempt-<k>/ "
-                               "and lesson/ only). Remove it, then resume")
-            if folder != run_dir and e.name == "verify" and e.is_dir(follow_symlinks=False):
-                continue  # the verifier's workdir (a real folder: it empties parts of it): its contents are its own
-            if e.is_symlink() or not (e.is_file(follow_symlinks=False) or e.is_dir(follow_symlinks=False)):
-                raise RunError(f"{Path(e.path)}: not a regular file or folder (a symlink, FIFO, socket or device); "
-                               "a run folder holds only regular files and folders. Remove it, then resume")
-            if folder != run_dir and e.is_dir(follow_symlinks=False):
-                raise RunError(f"{Path(e.path)}: a folder the loop never writes (an attempt folder holds files and "
-                               "the verifier's verify/ only). Remove it, then resume")
-
-
-def _record_path(d: Path, kind: str) -> Path:
-    """``d/verdict-<kind>-<n>.json`` with the next free ``n``: where an attempt keeps a verdict
-    set aside for the record (``cpu``: a CPU-only pass before a GPU run, ``stored``: a pass
-    verified again, ``error``: a verifier error, ``stale``: a verdict on an answer edited since)."""
-    return d / f"verdict-{kind}-{len(list(d.glob(f'verdict-{kind}-*.json'))) + 1}.json"
-
-
-def library_verdict(root: Path, spec_name: str, run_dir: Path, attempt: int | None = None) -> Verdict | None:
-    """The verdict the library accepted this run's kernel with, or None.
-
-    ``<root>/generated_kernels/<spec>/manifest.json`` is the trust anchor for a run folder
-    (which is the answerer's to write): its verdict counts for ``run_dir`` only when its
-    provenance names the run (by folder name), and the kernel it holds (``kernel_sha256``)
-    is byte for byte the run's ``attempt-<k>/candidate.py``, ``k`` being the manifest's
-    ``provenance.attempts`` (and ``attempt`` when given). A folder of the same name, or a
-    manifest later replaced by another run, gives None (red team, session 15)."""
-    from ..verifier.library.accept import ManifestError, read_manifest, verdict_from_manifest
-
-    try:
-        man = read_manifest(Path(root) / "generated_kernels" / spec_name / "manifest.json")
-        prov = man.get("provenance")
-        if not isinstance(prov, dict) or Path(str(prov.get("run_dir") or "")).name != Path(run_dir).name:
-            return None
-        k = prov.get("attempts")
-        if not isinstance(k, int) or isinstance(k, bool) or (attempt is not None and k != attempt):
-            return None
-        cand = Path(run_dir) / f"attempt-{k}" / "candidate.py"
-        if cand.is_symlink() or not cand.is_file() or sha256_bytes(cand.read_bytes()) != man.get("kernel_sha256"):
-            return None
-        return verdict_from_manifest(man)
-    except (ManifestError, OSError, KeyError, TypeError, ValueError):
-        return None
-
-
-def accepted_by(root: Path, spec_name: str, run_dir: Path) -> bool:
-    """Whether the library's kernel of ``spec_name`` came from ``run_dir``
-    (:func:`library_verdict`): what a resumed run's ``accepted_path`` must agree with to be
-    believed (``run.json`` is the answerer's to write)."""
-    return library_verdict(root, spec_name, run_dir) is not None
-
-
-def new_run_dir(root: Path, spec_name: str) -> Path:
-    """``<root>/runs/<UTC YYYYmmddTHHMMSSZ>-<spec>`` (suffixed when it exists)."""
-    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    base = Path(root) / "runs" / f"{stamp}-{spec_name}"
-    d, i = base, 2
-    while d.exists():
-        d = base.with_name(f"{base.name}-{i}")
-        i += 1
-    return d
 
 
 def default_verifier(*, cpu_only: bool = False, bench: bool = True, timeout_s: float | None = None) -> Verifier:
@@ -510,7 +165,7 @@ class _Run:
         self.answered_here: set[int] = set()  # attempts whose answer this process received
 
     def save(self) -> None:
-        _save(self.run_dir, self.state)
+        save_state(self.run_dir, self.state)
 
     def adir(self, k: int) -> Path:
         return self.run_dir / f"attempt-{k}"
@@ -519,14 +174,14 @@ class _Run:
     def base_prompt(self) -> Prompt:
         p = self.adir(1) / "prompt.json"
         if p.is_file():
-            return _parsed(p, Prompt.from_json)
+            return read_parsed(p, Prompt.from_json)
         ctx = gather_context(self.root, self.loaded, max_examples=self.max_examples)
         return build_task_prompt(self.loaded, ctx)
 
     def prompt_for(self, k: int) -> Prompt:
         d = self.adir(k)
         if (d / "prompt.json").is_file():
-            return _parsed(d / "prompt.json", Prompt.from_json)
+            return read_parsed(d / "prompt.json", Prompt.from_json)
         base = self.base_prompt()
         if k == 1:
             prompt = base
@@ -535,9 +190,9 @@ class _Run:
             cand = prev / "candidate.py"
             prompt = build_repair_prompt(
                 base,
-                previous_response=_text(prev / "response.md"),
-                previous_candidate=_text(cand) if cand.is_file() else None,
-                feedback=_text(prev / "feedback.md"),
+                previous_response=read_text(prev / "response.md"),
+                previous_candidate=read_text(cand) if cand.is_file() else None,
+                feedback=read_text(prev / "feedback.md"),
                 attempt=k,
                 max_attempts=self.state.max_attempts,
             )
@@ -560,7 +215,7 @@ class _Run:
             "stop_reason": resp.stop_reason,
             "usage": resp.usage.model_dump(),
             "wall_s": round(wall, 3),
-            "finished_at": _now(),
+            "finished_at": utc_now(),
         }
         atomic_write_text(d / "response.json", json.dumps(meta, indent=2, sort_keys=True) + "\n")
         # last: its presence means "done". A blank answer (thinking used every output token,
@@ -574,11 +229,11 @@ class _Run:
     def read_response(d: Path) -> tuple[str, dict[str, Any]]:
         """The answer's text and ``response.json``'s metadata (``{}`` when that file is
         missing or not a JSON object: it is bookkeeping, not the answer)."""
-        text = _text(d / "response.md")
+        text = read_text(d / "response.md")
         meta: dict[str, Any] = {}
         if (d / "response.json").is_file():
             try:
-                meta = json.loads(_text(d / "response.json"))
+                meta = json.loads(read_text(d / "response.json"))
             except ValueError:
                 meta = {}
         return text, meta if isinstance(meta, dict) else {}
@@ -598,7 +253,7 @@ class _Run:
         self.save()
 
         answer = d / "response.md"
-        if not answer.is_file() or not _text(answer).strip():  # an empty file is no answer yet
+        if not answer.is_file() or not read_text(answer).strip():  # an empty file is no answer yet
             rec.backend = getattr(self.backend, "name", None)
             self.save()
             self.call(prompt, d)
@@ -636,7 +291,7 @@ class _Run:
             atomic_write_text(cand, source)
 
         vpath = d / "verdict.json"
-        verdict = _parsed(vpath, Verdict.model_validate_json) if vpath.is_file() else None
+        verdict = read_parsed(vpath, Verdict.model_validate_json) if vpath.is_file() else None
         stale = verdict is not None and verdict.candidate_hash != sha256_bytes(source.encode("utf-8"))
         if (verdict is None or stale) and (self.adir(k + 1) / "prompt.json").is_file():
             # the answer was edited (or now extracts) after attempt k+1 was prompted from its old
@@ -648,12 +303,12 @@ class _Run:
             # a verdict is about the bytes it judged (new-user pass, session 16: an answer edited
             # after its verification kept the old verdict, and the run "passed" with a broken
             # candidate.py); kept for the record, and this candidate is verified
-            vpath.rename(_record_path(d, "stale"))
+            vpath.rename(record_path(d, "stale"))
             verdict = None
         if verdict is not None and verdict.passed and not verdict.gpu_verified and not self.state.cpu_only:
             # A pass of the CPU stages only (--cpu-only, or a machine without a GPU) is not a
             # verification: keep it for the record and verify again, GPU stages included.
-            vpath.rename(_record_path(d, "cpu"))
+            vpath.rename(record_path(d, "cpu"))
             verdict = None
         elif verdict is not None and verdict.gpu_verified:
             # A stored GPU pass is never taken on its word: in --llm manual mode the answerer
@@ -667,7 +322,7 @@ class _Run:
             if anchored is not None and anchored.spec_hash == self.loaded.spec_hash:
                 verdict = anchored
             else:
-                vpath.rename(_record_path(d, "stored"))
+                vpath.rename(record_path(d, "stored"))
                 verdict = None
         if verdict is None:
             t0 = time.monotonic()
@@ -683,7 +338,7 @@ class _Run:
                 # The verifier (or the machine) failed, not the candidate: the model gets no
                 # feedback about it and the attempt is not spent. The verdict is kept for the
                 # record; --resume verifies this attempt again.
-                record = _record_path(d, "error")
+                record = record_path(d, "error")
                 atomic_write_text(record, verdict.to_json())
                 self.save()
                 raise VerifierError(
@@ -756,19 +411,19 @@ class _Run:
         ldir = self.run_dir / "lesson"
         prompt_path = ldir / "prompt.json"
         if prompt_path.is_file():
-            prompt = _parsed(prompt_path, Prompt.from_json)
+            prompt = read_parsed(prompt_path, Prompt.from_json)
         else:
             diff = "".join(
                 difflib.unified_diff(
-                    _text(prev / "candidate.py").splitlines(keepends=True),
-                    _text(cur / "candidate.py").splitlines(keepends=True),
+                    read_text(prev / "candidate.py").splitlines(keepends=True),
+                    read_text(cur / "candidate.py").splitlines(keepends=True),
                     fromfile=f"attempt-{k - 1}/candidate.py",
                     tofile=f"attempt-{k}/candidate.py",
                 )
             )
             prompt = build_lesson_prompt(
                 self.base_prompt(), kernel=s.spec, failed_attempt=k - 1,
-                feedback=_text(prev / "feedback.md"), diff=diff,
+                feedback=read_text(prev / "feedback.md"), diff=diff,
             )
             ldir.mkdir(parents=True, exist_ok=True)
             atomic_write_text(ldir / "prompt.md", prompt.as_text())
@@ -873,7 +528,7 @@ def generate(
             spec=loaded_spec.name, spec_hash=loaded_spec.spec_hash, spec_dir=str(loaded_spec.directory),
             root=str(root), backend=backend_name, model=backend_model,
             max_attempts=DEFAULT_MAX_ATTEMPTS if max_attempts is None else max_attempts,
-            cpu_only=cpu_only, force=force, no_accept=no_accept, created_at=_now(),
+            cpu_only=cpu_only, force=force, no_accept=no_accept, created_at=utc_now(),
         )
     if state.accepted_path is not None:
         # run.json says this run was accepted: believed only when the library's manifest

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import fcntl
-import json
 import os
 import re
 import unicodedata
@@ -31,11 +30,11 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from ..verifier.workspace import atomic_write_text
+from .run_folder import RunError, proposed_lesson
 
 TRICKS_FILE = "tricks_log.md"
 MAX_TRICK_CHARS = 1000
 """Longest tricks entry (the loop proposes one sentence; the longest hand-written one is ~800)."""
-PROPOSED_FILE = "proposed_trick.md"
 HEADER = "# Tricks log\n\nLessons from kernel generations (date, kernel: symptom -> fix). Append-only.\n"
 
 _DATE_RE = re.compile(r"\b(\d{4}-\d{2}-\d{2})\b")
@@ -161,21 +160,6 @@ def _is_logged(body: str, kernel: str | None, date: str, entries: list[TrickEntr
     return _norm(body) in known or any(_norm(e.text) in known for e in parsed)
 
 
-def _accepted_from(root: Path, kernel: str | None) -> str:
-    """Where the library's ``kernel`` says it came from, in words (for an error message)."""
-    from ..verifier.library.accept import ManifestError, read_manifest
-
-    if kernel is None:
-        return "run.json names no spec"
-    try:
-        prov = read_manifest(root / "generated_kernels" / kernel / "manifest.json").get("provenance")
-    except ManifestError:
-        return f"no readable manifest in generated_kernels/{kernel}/"
-    if not isinstance(prov, dict) or not prov.get("run_dir"):
-        return "its manifest names no run"
-    return f"its manifest names run {Path(str(prov['run_dir'])).name}, attempt {prov.get('attempts', '?')}"
-
-
 def read_entries(root: str | Path) -> list[TrickEntry]:
     """Parsed entries of ``<root>/tricks_log.md`` (empty when the file is absent)."""
     p = Path(root) / TRICKS_FILE
@@ -250,7 +234,7 @@ def add_from_run(root: str | Path, run_dir: str | Path, date: str | None = None,
     The kernel is the run's spec (``run.json``). HTML comments are dropped whole (a
     multi-line one hid its body from a markdown preview and put it into every prompt, red
     team 16). The run folder is the answerer's to write, so its word that it passed is not
-    enough: the library's manifest must vouch for the run (``loop.accepted_by``: the
+    enough: the library's manifest must vouch for the run (``run_folder.accepted_by``: the
     accepted kernel is this run's candidate byte for byte), unless ``unverified`` (a
     ``--no-accept`` run that passed, or a folder copied from elsewhere: the caller takes
     the text on its own reading; red team, session 15: a hand-written ``run.json`` got a
@@ -259,38 +243,8 @@ def add_from_run(root: str | Path, run_dir: str | Path, date: str | None = None,
     nothing vouches for it, when the lesson is longer than :data:`MAX_TRICK_CHARS` or
     already in the log.
     """
-    from .loop import RunError, accepted_by, check_run_files
-
-    run_dir = Path(run_dir)
-    try:  # the run folder is the answerer's to write: no symlinked proposed_trick.md
-        check_run_files(run_dir)
-    except (RunError, OSError) as e:
-        raise TrickError(f"{run_dir}: {e}") from None
-    p = run_dir / PROPOSED_FILE
-    if not p.is_file():
-        raise TrickError(
-            f"{p}: no proposed trick in this run (one is proposed only when an attempt failed "
-            "and the next one passed every stage on the GPU; a CPU-only pass proposes none)"
-        )
-    text = re.sub(r"<!--.*?(-->|\Z)", "", p.read_text(errors="replace"), flags=re.S)
-    state = None
-    rj = run_dir / "run.json"
-    if rj.is_file():
-        try:
-            state = json.loads(rj.read_text(errors="replace"))
-        except ValueError:
-            state = None
-    state = state if isinstance(state, dict) else {}
-    lesson = state.get("lesson") if isinstance(state.get("lesson"), dict) else {}
-    if lesson.get("status") != "proposed":
-        raise TrickError(f"{rj}: the run records no proposed lesson (lesson status "
-                         f"{lesson.get('status')!r}); {p.name} is not the loop's proposal")
-    kernel = state.get("spec") if isinstance(state.get("spec"), str) else None
-    if not unverified and (kernel is None or not accepted_by(Path(root), kernel, run_dir)):
-        raise TrickError(
-            f"{run_dir}: nothing outside the run folder vouches that this run passed: the library's "
-            f"{kernel or '<spec>'} kernel was not accepted from it ({_accepted_from(Path(root), kernel)}; the run "
-            "must have that folder name and hold that attempt's candidate byte for byte). A --no-accept run or a "
-            f"renamed copy is never vouched for: read {p} yourself and add it with --unverified, or as text "
-            "with `tricks add TEXT`")
+    try:
+        text, kernel = proposed_lesson(root, run_dir, unverified=unverified)
+    except RunError as e:
+        raise TrickError(str(e)) from None
     return add_trick(root, text, kernel=kernel, date=date)

@@ -8,6 +8,12 @@ else the nearest folder at or above the current directory holding ``kernel_specs
 Every file the tool writes goes through :func:`atomic_write_text`/:func:`atomic_write_bytes`
 (write a temporary file in the same folder, fsync, ``os.replace``), so an interrupted
 run never leaves a half-written manifest or kernel behind.
+
+Output flags (``--json``, ``--out``) are checked before any work starts
+(:func:`out_file`, :func:`out_dir`): their folder must exist, they never write into the
+library or the specs (:data:`PROTECTED_DIRS`, of the workspace and of the installed
+package), never onto the candidate being verified, and replace only an earlier output of
+the same flag (:data:`OUTPUT_KINDS`).
 """
 
 from __future__ import annotations
@@ -22,6 +28,10 @@ from pathlib import Path
 
 class WorkspaceError(RuntimeError):
     """No workspace could be found (message says where it looked)."""
+
+
+class OutputPathError(WorkspaceError):
+    """An output flag's path that is refused (message names the flag and what to do)."""
 
 
 def find_root(start: str | Path | None = None) -> Path:
@@ -104,3 +114,116 @@ def remove_tree(path: str | Path) -> None:
             pass
     if os.path.lexists(p):
         raise OSError(f"could not remove {p}")
+
+
+# --------------------------------------------------------------------------- output flags
+
+PROTECTED_DIRS = ("generated_kernels", "kernel_specs")
+"""Workspace folders no output flag may write into: the library (written only by
+acceptance, old versions kept in history/) and the specs (written by hand)."""
+
+
+def check_out_target(root: Path, p: Path, flag: str, value: str, keep: tuple[Path, ...] = ()) -> None:
+    """:class:`OutputPathError` when output ``p`` lies in one of :data:`PROTECTED_DIRS` of ``root`` or is
+    one of the ``keep`` files (the candidate being verified): a new user's ``--out
+    generated_kernels/swiglu_bwd/kernel.py`` replaced an accepted kernel with a prompt."""
+    try:
+        target = p.resolve()
+        kept = [k.resolve() for k in keep]
+    except (OSError, RuntimeError) as e:  # a symlink loop (RuntimeError before Python 3.13)
+        raise OutputPathError(f"{flag} {value}: cannot resolve the path ({e})") from None
+    for name, d in protected_dirs(root):
+        if target == d or d in target.parents:
+            raise OutputPathError(f"{flag} {value}: inside {name}/ ({d}), which output flags never write "
+                                  + ("(accepted kernels change only through --accept)" if name == "generated_kernels"
+                                     else "(specs are edited by hand)") + "; choose a path outside it")
+    if target in kept:
+        raise OutputPathError(f"{flag} {value}: is the candidate itself; choose another file")
+
+
+def protected_dirs(root: Path) -> list[tuple[str, Path]]:
+    """:data:`PROTECTED_DIRS` of the workspace ``root`` and of the installed package: the
+    library ``import coda_agent.kernels`` loads is the package's, whatever --root or
+    CODA_ROOT name (red team, session 15: `CODA_ROOT=elsewhere prompt --out
+    generated_kernels/swiglu_fwd/kernel.py` replaced the installed kernel)."""
+    import importlib.util
+
+    here = Path(__file__).resolve().parents[1]  # the package root: the repository root in a source checkout
+    out = [(name, (root / name).resolve()) for name in PROTECTED_DIRS]
+    out += [(name, (here / name).resolve()) for name in PROTECTED_DIRS if (here / name).is_dir()]
+    spec = importlib.util.find_spec("coda_agent.kernels")  # found without importing it (no torch)
+    out += [("generated_kernels", Path(loc).resolve()) for loc in (spec.submodule_search_locations or [])] if spec else []
+    return out
+
+
+OUTPUT_KINDS = {
+    # what an earlier output of each flag looks like: only such a file is replaced
+    "prompt": ("a prompt written by `coda-agent prompt --out`",
+               lambda text: text.startswith("=== SYSTEM ===")),
+    "verdict": ("a verdict written by `verify --json`",
+                lambda text: _json_keys(text) >= {"stages", "passed", "gpu_verified"}),
+    "regress": ("a report written by `regress --json`",
+                lambda text: _json_keys(text) >= {"rows", "tolerance", "cpu_only"}),
+}
+"""Output kind -> (what it is, a test that an existing file's text is one)."""
+
+
+def _json_keys(text: str) -> set[str]:
+    import json
+
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return set()
+    return set(data) if isinstance(data, dict) else set()
+
+
+def out_file(value: str | None, flag: str = "--json", root: Path | None = None,
+             keep: tuple[Path, ...] = (), kind: str | None = None) -> Path | None:
+    """Check an output file path before any work starts (a missing folder used to raise a
+    traceback after a whole verification, with the exit status of a rejection); with
+    ``root``, also that it writes nothing of the library or specs (:func:`check_out_target`);
+    with ``kind`` (:data:`OUTPUT_KINDS`), that an existing file there is an earlier output of
+    the same flag: a new user's `--json tricks_log.md` replaced the lessons every prompt
+    carries, and `regress --json` a kept GPU verdict (session 15)."""
+    if not value:
+        return None
+    p = Path(value)
+    if p.is_dir():
+        raise OutputPathError(f"{flag} {value}: is a folder; give a file name")
+    if not p.parent.is_dir():
+        raise OutputPathError(f"{flag} {value}: folder {p.parent} does not exist")
+    if root is not None:
+        check_out_target(root, p, flag, value, keep)
+    if kind is not None and (p.exists() or p.is_symlink()):
+        what, looks_like = OUTPUT_KINDS[kind]
+        try:
+            ok = p.is_file() and looks_like(p.read_text(errors="replace"))
+        except OSError:
+            ok = False
+        if not ok:
+            raise OutputPathError(f"{flag} {value}: exists and is not {what}; nothing was run. Remove it or "
+                                  "choose another file (an output flag replaces only its own earlier output)")
+    return p
+
+
+def out_dir(root: Path, value: str | None, flag: str = "--out") -> Path | None:
+    """Check an output folder (``bench --out``): its parent must exist (as for every output
+    flag: a typo is not created) and it writes nothing of the library or specs."""
+    if not value:
+        return None
+    p = Path(value)
+    if p.exists() and not p.is_dir():
+        raise OutputPathError(f"{flag} {value}: is a file; give a folder")
+    if not p.is_dir() and not p.parent.is_dir():
+        raise OutputPathError(f"{flag} {value}: folder {p.parent} does not exist")
+    check_out_target(root, p, flag, value)
+    return p
+
+
+def write_out(path: Path, text: str, flag: str = "--json") -> None:
+    """Write an output flag's file atomically; :class:`OutputPathError` names the flag when it fails."""
+    try:
+        atomic_write_text(path, text)
+    except OSError as e:
+        raise OutputPathError(f"{flag} {path}: {e.strerror or e}") from None

@@ -17,7 +17,7 @@ import gc
 import math
 import random
 import statistics
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -34,9 +34,6 @@ from .protocol import (
     wall_check_run,
 )
 
-if TYPE_CHECKING:
-    from .worker_candidate import Worker
-
 BENCH_WALL_REPS = 7
 
 
@@ -48,10 +45,11 @@ def reservoir_slot(i: int, k: int, rng: random.Random) -> int | None:
     return j if j < k else None
 
 
-def bench_shape(worker: Worker, name: str, dims: dict[str, int]) -> dict[str, Any]:
+def bench_shape(worker: Any, name: str, dims: dict[str, int]) -> dict[str, Any]:
     """Time the entry at one benchmark shape and check the calls it timed (see the module
-    docstring); the ``bench`` record's fields. The ``recheck`` records of the checked calls
-    are written on the way."""
+    docstring); the ``bench`` record's fields. ``worker`` is the run's
+    :class:`~coda_agent.verifier.gpu.worker_candidate.Worker`; the ``recheck`` records of the
+    checked calls are written through it on the way."""
     assert worker.fn is not None
     set_bytes = tensor_bytes(worker.spec, dims, "inputs")
     n = rotation_count(set_bytes)

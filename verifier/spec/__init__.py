@@ -59,6 +59,7 @@ from .loading import (
     diff_fields,
     find_specs,
     load_spec,
+    resolve_spec,
     spec_hash,
 )
 from .models import (
@@ -127,5 +128,6 @@ __all__ = [
     "expr_names",
     "find_specs",
     "load_spec",
+    "resolve_spec",
     "spec_hash",
 ]

@@ -193,6 +193,25 @@ def _keyword_call_problem(fn: ast.FunctionDef, names: list[str]) -> str | None:
     return None
 
 
+def resolve_spec(root: str | Path, name_or_path: str) -> LoadedSpec:
+    """SPEC as a user gives it: a name under ``<root>/kernel_specs/`` or a path to a spec
+    folder (or its ``spec.toml``). A bare name is a spec under kernel_specs/, also when the
+    current folder holds a folder of that name (generated_kernels/<name>/, runs/...).
+    Raises :class:`SpecError` naming the known specs (and the closest one) for an unknown
+    name, or :func:`load_spec`'s error."""
+    root = Path(root)
+    p = Path(name_or_path)
+    by_name = root / "kernel_specs" / name_or_path
+    if not p.exists() or (p.is_dir() and not (p / "spec.toml").is_file() and by_name.is_dir()):
+        p = by_name
+    if not p.exists():
+        known = sorted(d.name for d in (root / "kernel_specs").iterdir() if d.is_dir())
+        close = difflib.get_close_matches(name_or_path, known, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise SpecError(f"unknown spec {name_or_path!r}{hint}; known specs: {', '.join(known)}")
+    return load_spec(p)
+
+
 def find_specs(root: str | Path) -> list[LoadedSpec]:
     """Load every ``kernel_specs/*/spec.toml`` under the workspace ``root``, sorted by name."""
     base = Path(root) / "kernel_specs"
