@@ -36,6 +36,10 @@ The layer is :func:`coda_decoder_layer` (``benchmarks/llama_layer.py``'s ``coda_
 up at call time, so a replacement (e.g. a chained backward) is one assignment to
 ``coda_agent.kernels.hf.coda_decoder_layer``.
 
+This module holds the patched forwards and ``apply_coda``/``remove_coda``; the fused
+weight layouts and the state-dict hooks are in ``_hf_layout.py``, the checks of what is
+supported in ``_hf_checks.py``.
+
 Parameters (fused, not packed per step). Each patched layer's ``self_attn.q_proj``,
 ``k_proj``, ``v_proj`` become one ``self_attn.qkv_proj`` (an ``nn.Linear`` without bias,
 weight ((HQ + 2 HKV) HD, D): q rows, k rows, v rows, q and k rows permuted per head,
@@ -131,13 +135,36 @@ import importlib
 import inspect
 import sys
 import types
-import warnings
 from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from ._hf_checks import (
+    MODEL_TYPES,
+    _base,
+    _head_dim,
+    _layer_problems,
+    _lm_head_problems,
+    _model_problems,
+    _report,
+    _require_transformers,
+    _rope_problems,
+)
+from ._hf_layout import (  # noqa: F401  (PackedPart, unpack_*, rope_row_permutation: public through hf)
+    _GATE_UP,
+    PackedPart,
+    _fuse_children,
+    _qkv_fused,
+    _unfuse_children,
+    pack_gate_up,
+    pack_qkv,
+    rope_row_permutation,
+    unpack_gate_up,
+    unpack_qkv,
+)
 
 # The package itself (partially initialized while its __init__ imports this module): the ops
 # are looked up through it at call time, like the family modules' ``_pkg``.
@@ -152,80 +179,6 @@ DEFAULT_FUSED_LM_HEAD = False
 MLPS = ("deferred_mlp", "swiglu")
 """MLP wirings of :func:`coda_decoder_layer`: ``deferred_rmsnorm_swiglu_mlp`` on the deferred
 norm (default), or ``swiglu`` on the normalized activations (``h2`` materialized)."""
-
-HEAD_DIMS = (64, 128)
-ROPE_TYPES = ("default", "linear", "llama3")
-MODEL_TYPES = {
-    # model_type: (decoder layer, attention, MLP, RMSNorm class names, extra attention kwargs from config)
-    "llama": ("LlamaDecoderLayer", "LlamaAttention", "LlamaMLP", "LlamaRMSNorm", ()),
-    "mistral": ("MistralDecoderLayer", "MistralAttention", "MistralMLP", "MistralRMSNorm", ("sliding_window",)),
-}
-
-_ATTN_PARTS = ("q_proj", "k_proj", "v_proj")
-_MLP_PARTS = ("gate_proj", "up_proj")
-
-
-# --------------------------------------------------------------------------- layouts
-
-def rope_row_permutation(head_dim: int) -> torch.Tensor:
-    """(head_dim,) int64: row i of a fused q / k head is HF row ``perm[i]`` of that head,
-    ``perm = [0, HD/2, 1, HD/2 + 1, ..., HD/2 - 1, HD - 1]``: the kernel's rotated pair
-    (2j, 2j+1) is HF's rotate_half pair (j, j + HD/2)."""
-    half = head_dim // 2
-    return torch.stack((torch.arange(half), torch.arange(half) + half), dim=1).flatten()
-
-
-def _head_rows(n_heads: int, head_dim: int, inverse: bool = False) -> torch.Tensor:
-    perm = rope_row_permutation(head_dim)
-    if inverse:
-        perm = torch.argsort(perm)
-    return (torch.arange(n_heads)[:, None] * head_dim + perm[None, :]).flatten()
-
-
-def pack_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, n_q_heads: int, n_kv_heads: int,
-             head_dim: int) -> torch.Tensor:
-    """HF's q_proj (HQ HD, D), k_proj (HKV HD, D), v_proj (HKV HD, D) weights -> the fused
-    ((HQ + 2 HKV) HD, D) weight of ``deferred_rmsnorm_qkv_rope``: q and k rows permuted per
-    head by :func:`rope_row_permutation`, v as is. A new contiguous tensor (dtype of the
-    inputs, promoted). ValueError on shapes that do not match the head counts."""
-    _check_rows("pack_qkv", {"q": (q, n_q_heads * head_dim), "k": (k, n_kv_heads * head_dim),
-                             "v": (v, n_kv_heads * head_dim)})
-    qi = _head_rows(n_q_heads, head_dim).to(q.device)
-    ki = _head_rows(n_kv_heads, head_dim).to(k.device)
-    return torch.cat((q[qi], k[ki], v), dim=0).contiguous()
-
-
-def unpack_qkv(w_qkv: torch.Tensor, *, n_q_heads: int, n_kv_heads: int,
-               head_dim: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Inverse of :func:`pack_qkv`: (q, k, v) weights in HF's layout, new contiguous tensors."""
-    nq, nk = n_q_heads * head_dim, n_kv_heads * head_dim
-    _check_rows("unpack_qkv", {"w_qkv": (w_qkv, nq + 2 * nk)})
-    qi = _head_rows(n_q_heads, head_dim, inverse=True).to(w_qkv.device)
-    ki = _head_rows(n_kv_heads, head_dim, inverse=True).to(w_qkv.device)
-    return w_qkv[:nq][qi], w_qkv[nq:nq + nk][ki], w_qkv[nq + nk:].clone()
-
-
-def pack_gate_up(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    """HF's gate_proj and up_proj weights, (I, D) each -> the fused (2I, D) weight ``w1``
-    (row 2j = gate j, row 2j+1 = up j). A new contiguous tensor."""
-    if gate.shape != up.shape or gate.dim() != 2:
-        raise ValueError(f"pack_gate_up: gate and up must be (I, D) of one shape, got {tuple(gate.shape)} and "
-                         f"{tuple(up.shape)}")
-    return torch.stack((gate, up), dim=1).flatten(0, 1)
-
-
-def unpack_gate_up(w1: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Inverse of :func:`pack_gate_up`: (gate, up), new contiguous tensors."""
-    if w1.dim() != 2 or w1.shape[0] % 2:
-        raise ValueError(f"unpack_gate_up: w1 must be (2I, D), got {tuple(w1.shape)}")
-    pairs = w1.unflatten(0, (w1.shape[0] // 2, 2))
-    return pairs[:, 0].contiguous(), pairs[:, 1].contiguous()
-
-
-def _check_rows(op: str, named: dict) -> None:
-    for name, (t, rows) in named.items():
-        if t.dim() != 2 or t.shape[0] != rows:
-            raise ValueError(f"{op}: {name} must have {rows} rows (2-D), got shape {tuple(t.shape)}")
 
 
 # --------------------------------------------------------------------------- the layer's math
@@ -361,166 +314,6 @@ def _patched_class(base: type) -> type:
     return cls
 
 
-# --------------------------------------------------------------------------- state-dict hooks
-
-@dataclass(frozen=True)
-class _Fused:
-    """How one module's separate HF weights map to its fused one."""
-
-    fused: str                       # child holding the fused weight ("qkv_proj" / "gate_up_proj")
-    parts: tuple                     # HF children in state-dict order
-    pack: Callable                   # (*part weights) -> fused
-    unpack: Callable                 # fused -> tuple of part weights
-
-
-def _qkv_fused(hq: int, hkv: int, hd: int) -> _Fused:
-    h = {"n_q_heads": hq, "n_kv_heads": hkv, "head_dim": hd}
-    return _Fused("qkv_proj", _ATTN_PARTS, lambda q, k, v: pack_qkv(q, k, v, **h), lambda w: unpack_qkv(w, **h))
-
-
-_GATE_UP = _Fused("gate_up_proj", _MLP_PARTS, pack_gate_up, unpack_gate_up)
-
-
-def _full(t: torch.Tensor) -> torch.Tensor:
-    """A plain tensor with ``t``'s values: a DTensor is all-gathered."""
-    t = t.detach()
-    return t.full_tensor() if _is_dtensor(t) else t
-
-
-def _is_dtensor(t) -> bool:
-    dt = sys.modules.get("torch.distributed.tensor")
-    return dt is not None and isinstance(t, dt.DTensor)
-
-
-def _like(full: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
-    """``full`` distributed like the DTensor ``ref`` (each rank keeps its own chunk; no
-    communication), or ``full`` itself when ``ref`` is a plain tensor."""
-    if not _is_dtensor(ref):
-        return full
-    from torch.distributed.tensor import distribute_tensor
-    return distribute_tensor(full.to(ref.device), ref.device_mesh, ref.placements, src_data_rank=None)
-
-
-def _state_dict_post_hook(module, state_dict, prefix, local_metadata):
-    """Replace ``prefix + fused.weight`` by the HF part weights, in HF's key order."""
-    spec: _Fused = module._coda_fused
-    key = f"{prefix}{spec.fused}.weight"
-    if key not in state_dict:
-        return
-    mine = [k for k in state_dict if k.startswith(prefix)]   # this module's keys: the last ones inserted
-    items = [(k, state_dict.pop(k)) for k in mine]
-    for k, v in items:
-        if k != key:
-            state_dict[k] = v
-            continue
-        with torch.no_grad():
-            parts = spec.unpack(_full(v))
-        for name, p in zip(spec.parts, parts):
-            state_dict[f"{prefix}{name}.weight"] = _like(p, v)
-
-
-def _load_pre_hook(module, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
-                   error_msgs):
-    """Replace HF's part keys by the fused key. Parts absent from ``state_dict`` keep the
-    model's values (as the unpatched model would) and are reported as missing under ``strict``."""
-    spec: _Fused = module._coda_fused
-    names = [f"{prefix}{p}.weight" for p in spec.parts]
-    if not any(n in state_dict for n in names):
-        return
-    fused_param = getattr(module, spec.fused).weight
-    with torch.no_grad():
-        current = spec.unpack(_full(fused_param))
-        parts = []
-        for n, cur in zip(names, current):
-            if n in state_dict:
-                given = _full(state_dict.pop(n))
-                if given.shape != cur.shape:
-                    error_msgs.append(f"size mismatch for {n}: copying a param with shape {tuple(given.shape)} "
-                                      f"from checkpoint, the shape in current model is {tuple(cur.shape)}.")
-                    return
-                parts.append(given)
-            else:
-                if strict:
-                    missing_keys.append(n)
-                parts.append(cur)
-        device = parts[0].device
-        fused = spec.pack(*(p.to(device) for p in parts))
-    state_dict[f"{prefix}{spec.fused}.weight"] = _like(fused, fused_param)
-
-
-def _register_hooks(module, spec: _Fused) -> None:
-    module._coda_fused = spec
-    module._coda_handles = [module.register_state_dict_post_hook(_state_dict_post_hook),
-                            module.register_load_state_dict_pre_hook(_load_pre_hook)]
-
-
-class PackedPart:
-    """Read-only stand-in for an HF projection folded into a fused weight (``self_attn.q_proj``
-    of a patched layer): ``.weight`` is that projection's weight in HF's layout, computed
-    from the fused parameter on each access (an inference tensor: writing into it raises;
-    load weights with ``load_state_dict``). Not a module: it holds no parameter and is not
-    in ``named_modules()``. It exists so that HF key paths resolve as attributes (DCP's
-    ``get_model_state_dict`` walks them)."""
-
-    def __init__(self, module: nn.Module, index: int):
-        self._module, self._index = module, index
-
-    @property
-    def weight(self) -> torch.Tensor:
-        spec: _Fused = self._module._coda_fused
-        fused = getattr(self._module, spec.fused).weight
-        with torch.no_grad():
-            part = spec.unpack(_full(fused))[self._index]
-        if _is_dtensor(fused):
-            return _like(part, fused)
-        with torch.inference_mode():
-            return part.clone()
-
-    def __repr__(self) -> str:
-        spec: _Fused = self._module._coda_fused
-        return f"PackedPart({spec.parts[self._index]} of {spec.fused}, read-only)"
-
-
-def _fuse_children(module, spec: _Fused, weight: torch.Tensor) -> None:
-    """Swap ``module``'s HF part children for one bias-free nn.Linear ``spec.fused`` holding
-    ``weight``, at the first part's position (``_modules`` order = parameter order); the
-    part names become :class:`PackedPart` attributes."""
-    old = module._modules
-    lin = _linear(weight, old[spec.parts[0]].weight.requires_grad)
-    module._modules = {(spec.fused if n == spec.parts[0] else n): (lin if n == spec.parts[0] else m)
-                       for n, m in old.items() if n not in spec.parts[1:]}
-    _register_hooks(module, spec)
-    for i, name in enumerate(spec.parts):
-        setattr(module, name, PackedPart(module, i))
-
-
-def _unfuse_children(module) -> None:
-    spec: _Fused = module._coda_fused
-    for h in module._coda_handles:
-        h.remove()
-    for name in spec.parts:
-        delattr(module, name)
-    fused = getattr(module, spec.fused).weight
-    with torch.no_grad():
-        parts = spec.unpack(fused.detach())
-    linears = [_linear(p, fused.requires_grad) for p in parts]
-    new = {}
-    for n, m in module._modules.items():
-        if n == spec.fused:
-            new.update(zip(spec.parts, linears))
-        else:
-            new[n] = m
-    module._modules = new
-    del module._coda_fused, module._coda_handles
-
-
-def _linear(weight: torch.Tensor, requires_grad: bool) -> nn.Linear:
-    out_f, in_f = weight.shape
-    lin = nn.Linear(in_f, out_f, bias=False, device="meta", dtype=weight.dtype)
-    lin.weight = nn.Parameter(weight, requires_grad=requires_grad)
-    return lin
-
-
 # --------------------------------------------------------------------------- LM head
 
 def causal_lm_loss(hidden_states: torch.Tensor, w_vocab: torch.Tensor, labels: torch.Tensor | None = None, *,
@@ -589,186 +382,6 @@ def _causal_lm_forward(self, *args, **kwargs):
     return out
 
 
-# --------------------------------------------------------------------------- checks
-
-def _require_transformers():
-    try:
-        import transformers  # noqa: F401
-    except ModuleNotFoundError as e:
-        raise ModuleNotFoundError("apply_coda needs transformers 5.x: pip install 'coda-agent[hf]' "
-                                  "(or 'transformers>=5,<6')") from e
-
-
-def _base(model):
-    """The decoder stack (``LlamaModel``) of ``model`` (itself or ``model.model``), or None."""
-    for cand in (model, getattr(model, "base_model", None), getattr(model, "model", None)):
-        if cand is not None and isinstance(getattr(cand, "layers", None), nn.ModuleList) and \
-                hasattr(cand, "rotary_emb"):
-            return cand
-    return None
-
-
-def _model_problems(model, config, base) -> list[str]:
-    """Model-wide settings the fused layer does not implement (each names the config field)."""
-    mt = getattr(config, "model_type", None)
-    if mt not in MODEL_TYPES:
-        hint = " (Qwen2's q/k/v projections have biases; the fused GEMMs have none)" if mt == "qwen2" else ""
-        return [f"config.model_type = {mt!r} is not supported (supported: {sorted(MODEL_TYPES)}){hint}"]
-    if base is None:
-        return [f"{type(model).__name__} has no decoder stack (.layers and .rotary_emb) where a "
-                f"{mt} model has one"]
-    out = []
-    if getattr(config, "hidden_act", None) != "silu":
-        out.append(f"config.hidden_act = {config.hidden_act!r}: the fused MLP is SwiGLU, needs 'silu'")
-    for name in ("attention_bias", "mlp_bias"):
-        if getattr(config, name, False):
-            out.append(f"config.{name} = True: the fused GEMMs have no bias")
-    hd = _head_dim(config)
-    if hd not in HEAD_DIMS:
-        out.append(f"config.head_dim = {hd}: the RoPE kernels are verified for head_dim in {HEAD_DIMS}")
-    for name in ("hidden_size", "intermediate_size"):
-        n = getattr(config, name)
-        if n % 8:
-            out.append(f"config.{name} = {n} must be a multiple of 8 (16-byte bf16 rows for TMA)")
-    if config.num_attention_heads % config.num_key_value_heads:
-        out.append(f"config.num_attention_heads = {config.num_attention_heads} must be a multiple of "
-                   f"config.num_key_value_heads = {config.num_key_value_heads}")
-    return out
-
-
-def _head_dim(config) -> int:
-    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-
-
-def _rope_params(config) -> dict:
-    rp = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
-    return dict(rp) if isinstance(rp, dict) else {}
-
-
-def _rope_problems(config, base) -> tuple[torch.Tensor | None, list[str]]:
-    """(inv_freq (HD/2,) fp32 on the CPU, problems): inv_freq recomputed from the config as
-    the model's rotary embedding computes it (exact even if the model's buffer was cast to
-    bf16), checked against that buffer when it is fp32 and materialized."""
-    rp = _rope_params(config)
-    rope_type = rp.get("rope_type", rp.get("type", "default"))
-    if rope_type not in ROPE_TYPES:
-        return None, [f"config.rope_parameters['rope_type'] = {rope_type!r} is not supported (supported: "
-                      f"{list(ROPE_TYPES)}: they change inv_freq only; yarn / longrope scale attention, dynamic "
-                      f"changes the frequencies with the sequence length)"]
-    rotary = base.rotary_emb
-    if rope_type == "default":
-        inv_freq, scaling = type(rotary).compute_default_rope_parameters(config)
-    else:
-        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
-        inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](config, torch.device("cpu"))
-    inv_freq = inv_freq.detach().to("cpu", torch.float32)
-    problems = []
-    if float(scaling) != 1.0 or float(getattr(rotary, "attention_scaling", 1.0)) != 1.0:
-        problems.append(f"config.rope_parameters gives attention scaling {float(scaling)} != 1: not implemented")
-    hd = _head_dim(config)
-    if inv_freq.shape != (hd // 2,):
-        problems.append(f"config.rope_parameters rotates {2 * inv_freq.numel()} of head_dim = {hd} dims "
-                        f"(partial_rotary_factor): the kernels rotate whole heads")
-    buf = getattr(rotary, "inv_freq", None)
-    if (buf is not None and buf.dtype == torch.float32 and buf.device.type != "meta" and buf.shape == inv_freq.shape
-            and not torch.equal(buf.detach().cpu(), inv_freq)):
-        problems.append("model.rotary_emb.inv_freq differs from the inverse frequencies its config gives "
-                        "(changed after construction?): refusing to guess which one is meant")
-    return inv_freq, problems
-
-
-def _layer_problems(i: int, layer, config, names) -> list[str]:
-    """Why decoder layer ``i`` cannot be patched (empty: it can)."""
-    layer_cls, attn_cls, mlp_cls, norm_cls, _ = names
-    mod = sys.modules.get(type(layer).__module__)
-    where = f"model layer {i}"
-    if getattr(layer, "_coda", None) is not None:
-        return [f"{where} is already patched by apply_coda"]
-    if type(layer).__name__ != layer_cls or not type(layer).__module__.startswith("transformers.models."):
-        return [f"{where}: {type(layer).__module__}.{type(layer).__qualname__} is not transformers' {layer_cls}"]
-    expect = {"self_attn": attn_cls, "mlp": mlp_cls, "input_layernorm": norm_cls, "post_attention_layernorm": norm_cls}
-    out = []
-    for child, cls_name in expect.items():
-        m = getattr(layer, child, None)
-        if type(m) is not getattr(mod, cls_name, None):
-            out.append(f"{where}: .{child} is {type(m).__name__}, not transformers' {cls_name}")
-    if out:
-        return out
-    attn, mlp = layer.self_attn, layer.mlp
-    hq, hkv, hd, D = config.num_attention_heads, config.num_key_value_heads, _head_dim(config), config.hidden_size
-    I = config.intermediate_size  # noqa: E741
-    linears = {"self_attn.q_proj": (attn.q_proj, (hq * hd, D)), "self_attn.k_proj": (attn.k_proj, (hkv * hd, D)),
-               "self_attn.v_proj": (attn.v_proj, (hkv * hd, D)), "self_attn.o_proj": (attn.o_proj, (D, hq * hd)),
-               "mlp.gate_proj": (mlp.gate_proj, (I, D)), "mlp.up_proj": (mlp.up_proj, (I, D)),
-               "mlp.down_proj": (mlp.down_proj, (D, I))}
-    for name, (lin, shape) in linears.items():
-        if type(lin) is not nn.Linear:
-            out.append(f"{where}: {name} is {type(lin).__name__}, not a plain nn.Linear (adapters / quantized "
-                       f"layers are not supported)")
-    if out:
-        return out
-    for name, (lin, shape) in linears.items():
-        if lin.bias is not None:
-            field_name = "attention_bias" if name.startswith("self_attn") else "mlp_bias"
-            out.append(f"{where}: {name} has a bias (config.{field_name}): the fused GEMMs have none")
-        if tuple(lin.weight.shape) != shape:
-            out.append(f"{where}: {name}.weight has shape {tuple(lin.weight.shape)}, the config implies {shape}")
-    for name in ("input_layernorm", "post_attention_layernorm"):
-        w = getattr(layer, name).weight
-        if tuple(w.shape) != (D,):
-            out.append(f"{where}: {name}.weight has shape {tuple(w.shape)}, expected ({D},)")
-    params = {n: p for n, p in layer.named_parameters()}
-    for n, p in params.items():
-        if p.dtype != WEIGHT_DTYPE:
-            out.append(f"{where}: {n} is {p.dtype} (dtype): the fused kernels need {WEIGHT_DTYPE} weights "
-                       f"(from_pretrained(..., dtype=torch.bfloat16) or model.to(torch.bfloat16) before apply_coda)")
-            break
-    for n, p in params.items():
-        if type(p.data) is not torch.Tensor:
-            out.append(f"{where}: {n} is a {type(p.data).__name__}: call apply_coda before sharding "
-                       f"(fully_shard, tensor parallel) or quantizing the model")
-            break
-    for group in (_ATTN_PARTS, _MLP_PARTS):
-        owner = attn if group is _ATTN_PARTS else mlp
-        flags = {getattr(owner, p).weight.requires_grad for p in group}
-        if len(flags) > 1:
-            out.append(f"{where}: {', '.join(group)} differ in requires_grad: the fused weight has one flag")
-    eps = {layer.input_layernorm.variance_epsilon, layer.post_attention_layernorm.variance_epsilon}
-    if len(eps) > 1:
-        out.append(f"{where}: the two RMSNorms' eps differ ({sorted(eps)}): the fused layer takes one "
-                   f"(config.rms_norm_eps)")
-    return out
-
-
-def _lm_head_problems(model, config) -> list[str]:
-    lm = getattr(model, "lm_head", None)
-    if not type(model).__name__.endswith("ForCausalLM") or not isinstance(lm, nn.Linear):
-        return [f"fused_lm_head=True needs a *ForCausalLM model with an nn.Linear lm_head; got "
-                f"{type(model).__name__}"]
-    out = []
-    if lm.bias is not None:
-        out.append("lm_head has a bias: linear_cross_entropy has none")
-    if config.vocab_size % 8 or lm.weight.shape[0] % 8:
-        out.append(f"config.vocab_size = {config.vocab_size} must be a multiple of 8 for linear_cross_entropy "
-                   f"(16-byte rows)")
-    if lm.weight.dtype != WEIGHT_DTYPE:
-        out.append(f"lm_head.weight is {lm.weight.dtype} (dtype): linear_cross_entropy needs {WEIGHT_DTYPE}")
-    loss_type = getattr(model, "loss_type", "ForCausalLM")
-    if loss_type not in (None, "ForCausalLM"):
-        out.append(f"model.loss_type = {loss_type!r}: the fused LM head implements ForCausalLM's loss only")
-    return out
-
-
-def _report(problems: list[str], strict: bool, consequence: str) -> None:
-    if not problems:
-        return
-    text = "\n  - ".join(problems)
-    if strict:
-        raise ValueError(f"apply_coda: unsupported setting(s):\n  - {text}\n"
-                         f"(apply_coda(..., strict=False) leaves those parts unpatched with a warning)")
-    warnings.warn(f"apply_coda: {consequence}:\n  - {text}", stacklevel=3)
-
-
 # --------------------------------------------------------------------------- public API
 
 @dataclass
@@ -825,8 +438,8 @@ def apply_coda(model: nn.Module, *, fused_lm_head: bool | None = None, strict: b
         _report(problems, strict, "the model is left unpatched")
         return model
     names = MODEL_TYPES[config.model_type]
-    layer_problems = {i: _layer_problems(i, layer, config, names) for i, layer in enumerate(base.layers)}
-    lm_problems = _lm_head_problems(model, config) if fused_lm_head else []
+    layer_problems = {i: _layer_problems(i, layer, config, names, WEIGHT_DTYPE) for i, layer in enumerate(base.layers)}
+    lm_problems = _lm_head_problems(model, config, WEIGHT_DTYPE) if fused_lm_head else []
     if strict:
         _report([p for ps in layer_problems.values() for p in ps] + lm_problems, True, "")
     todo = [i for i, ps in layer_problems.items() if not ps]
