@@ -295,7 +295,7 @@ def cmd_generate(args) -> int:
     ok = {"accepted", "passed", "waiting-for-answer"} | ({"passed-cpu-only"} if args.cpu_only else set())
     if summary.status in ("verifier-error", "failed"):
         # the verifier, the LLM backend (a broken --cmd, an API error) or acceptance failed, not the
-        # candidate: as `verify` (new-user passes, session 15: a script could not tell them apart)
+        # candidate: as `verify`, so that a script can tell the two apart
         return USAGE
     return OK if summary.status in ok else FAILED
 
@@ -662,7 +662,7 @@ class Terminated(KeyboardInterrupt):
 def _interrupted(signum: int, frame: object) -> None:
     """Signal handler of the CLI: kill the verifier's workers and an ``--llm command`` first
     (each runs in its own session, so neither a terminal's Ctrl-C nor a SIGTERM reaches it,
-    and without this they ran on unread: new-user pass, session 16), then raise."""
+    and they would run on unread), then raise (tests/test_cli.py's interrupt tests)."""
     from .verifier.confine.sandbox import kill_live_groups
 
     kill_live_groups()

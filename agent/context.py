@@ -168,7 +168,7 @@ def gather_examples(root: Path, target: Any, *, max_examples: int = 3) -> tuple[
     name) is never returned. Eligible: a folder whose manifest names it (``spec``), records
     a GPU verification and the sha256 of the ``kernel.py`` beside it -- what ``accept``
     writes; the prompt calls examples kernels that passed the verifier, so a draft or a
-    kernel edited after acceptance is not one (red team 16).
+    kernel edited after acceptance is not one.
     """
     root = Path(root)
     base = root / KERNELS_DIR

@@ -64,8 +64,8 @@ def _parse_error(src: str) -> str | None:
 
 def _syntax_error(src: str) -> SyntaxError | ValueError | RecursionError | MemoryError | None:
     """Why ``src`` does not parse, or None. A tree deeper than the parser's recursion limit
-    (a chain of ~3000 ``+`` terms) counts as not parsing: it raised out of the loop and left
-    the run stuck on that answer (red team, session 15)."""
+    (a chain of ~3000 ``+`` terms) counts as not parsing: otherwise it would raise out of
+    the loop and leave the run stuck on that answer."""
     try:
         ast.parse(src)
     except (SyntaxError, ValueError) as e:
@@ -84,8 +84,7 @@ a real syntax error, left for the verifier's static stage to report with its lin
 
 MAX_EXTENSIONS = 64
 """Later closing fences tried when a block ends inside a docstring (each try parses the
-block again: trying every one made a degenerate answer of 800 broken blocks take 35 s,
-red team 16)."""
+block again: trying every one makes a degenerate answer of 800 broken blocks take 35 s)."""
 
 
 def _is_closing(line: str, char: str, length: int) -> bool:

@@ -219,8 +219,8 @@ class _Run:
         }
         atomic_write_text(d / "response.json", json.dumps(meta, indent=2, sort_keys=True) + "\n")
         # last: its presence means "done". A blank answer (thinking used every output token,
-        # a refusal) is still an answer: written blank, a resume took it for "no answer yet"
-        # and paid for the call again, losing this one from the accounting (red team 16).
+        # a refusal) is still an answer: written blank, a resume would take it for "no answer
+        # yet" and pay for the call again, losing this one from the accounting.
         text = resp.text if resp.text.strip() else f"(the model returned no text; stop_reason={resp.stop_reason})\n"
         atomic_write_text(d / "response.md", text)
         return resp, wall
@@ -300,9 +300,9 @@ class _Run:
                            f"prompted from the old verdict: restore {d / 'response.md'}, or remove "
                            f"{self.adir(k + 1)} (and any later attempt) to be prompted from a new verdict; then resume")
         if stale:
-            # a verdict is about the bytes it judged (new-user pass, session 16: an answer edited
-            # after its verification kept the old verdict, and the run "passed" with a broken
-            # candidate.py); kept for the record, and this candidate is verified
+            # a verdict is about the bytes it judged (an answer edited after its verification
+            # must not keep the old verdict and pass with a broken candidate.py); kept for the
+            # record, and this candidate is verified
             vpath.rename(record_path(d, "stale"))
             verdict = None
         if verdict is not None and verdict.passed and not verdict.gpu_verified and not self.state.cpu_only:
@@ -313,9 +313,9 @@ class _Run:
         elif verdict is not None and verdict.gpu_verified:
             # A stored GPU pass is never taken on its word: in --llm manual mode the answerer
             # writes into this folder, and a forged verdict.json (right spec hash, the
-            # candidate's own sha256, "gpu_verified") was accepted unverified (red team 13);
-            # with --no-accept it made the run "passed" and drew a lesson (red team, session
-            # 15). Only the library's manifest vouches for a pass (the kernel it accepted from
+            # candidate's own sha256, "gpu_verified") would be accepted unverified, or with
+            # --no-accept make the run "passed" and draw a lesson (tests/agent/test_loop.py).
+            # Only the library's manifest vouches for a pass (the kernel it accepted from
             # this very attempt); any other is kept for the record and verified again here.
             # (A CPU-only pass is reused: it is never accepted and proposes no lesson.)
             anchored = library_verdict(self.root, self.loaded.name, self.run_dir, k)
@@ -327,8 +327,8 @@ class _Run:
         if verdict is None:
             t0 = time.monotonic()
             # verify/ is the verifier's: emptied first, so nothing planted there (a symlink
-            # where a worker log goes made the verifier truncate its target, red team 14)
-            # is ever written through.
+            # where a worker log goes would make the verifier truncate its target) is ever
+            # written through.
             remove_tree(d / "verify")
             (d / "feedback.md").unlink(missing_ok=True)  # it follows the verdict made now
             verdict = self.verifier(self.loaded, cand, d / "verify")

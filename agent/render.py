@@ -341,7 +341,7 @@ def spec_view(loaded: Any) -> dict[str, Any]:
 def render_system(ctx: PromptContext) -> list[str]:
     """The static system blocks: rules/output format, primitive docs, examples, tricks."""
     # a fresh marker per rendering: one that a tricks entry or a doc contains is never it
-    # (red team 16 split the system prompt into 5 blocks with the fixed marker); the marker
+    # (a fixed marker inside a tricks entry would split the system prompt); the marker
     # never reaches the output, so the blocks stay byte-identical for the prompt cache
     brk = f"{BLOCK_BREAK[:-3]}-{secrets.token_hex(8)}>>>"
     text = _render("system.md.j2", ctx=ctx, BREAK=brk)
@@ -375,7 +375,7 @@ def render_prompt(loaded: Any, root: str | Path, *, max_examples: int = 3) -> Pr
 REPAIR_ECHO_CHARS = 100_000
 """Most characters of the previous answer, and of its module, a repair prompt repeats (an
 answer within the default 16000 output tokens is ~64k characters; a 5.7 MB answer from a
-command backend made a 1.4M-token repair prompt, red team 16). Longer ones keep their
+command backend would make a 1.4M-token repair prompt). Longer ones keep their
 head and tail around a marked cut."""
 
 

@@ -70,8 +70,8 @@ def read_text(p: Path) -> str:
 
 def read_parsed(p: Path, parse: Callable[[str], Any]) -> Any:
     """``parse`` of a run-folder file's text; a file it refuses (wrong JSON shape, fields of
-    the wrong type) is a :class:`RunError` naming the file (red team 15: ``verdict.json``
-    holding ``{}`` raised a pydantic traceback)."""
+    the wrong type) is a :class:`RunError` naming the file (``verdict.json`` holding ``{}``
+    is not a traceback)."""
     text = read_text(p)
     try:
         return parse(text)
@@ -206,8 +206,8 @@ class RunSummary(BaseModel):
         answer asked for under it is awaited) and ``extra`` flags after them, paths quoted
         for a shell: ``--force`` and ``--cmd`` are not taken from run.json on a resume
         (``--force`` by design, the command backend's CMD is not kept), so the hint repeats
-        them, and says so after the command (new-user pass, session 16: the note sat inside
-        the command, before ``--max-attempts``, and a root with a space broke the paste)."""
+        them, and says so after the command (a note inside the command, or an unquoted root
+        with a space, would break the paste)."""
         s = self.state
         # the run's name: --resume finds it under runs/ from any folder of the workspace, on
         # a GPU machine whose checkout lives elsewhere too
@@ -318,10 +318,10 @@ def check_run_files(run_dir: Path) -> None:
     ``lesson/*``; not the verifier's workdirs) include anything but regular files and
     folders, or whose attempt and lesson folders hold any folder but ``verify/``. In --llm
     manual mode the answerer writes into the run folder: a FIFO named ``.lock`` or
-    ``response.md`` blocked ``--resume`` forever (red team 13), a symlink would have the
-    loop read, and send on to the model, a file from elsewhere, and a ``__pycache__/``
-    beside ``candidate.py`` held bytecode that ran in its place (red team 14; the verifier
-    no longer imports through bytecode caches either, see ``verifier/confine/snapshot.py``).
+    ``response.md`` would block ``--resume`` forever, a symlink would have the loop read,
+    and send on to the model, a file from elsewhere, and a ``__pycache__/`` beside
+    ``candidate.py`` would hold bytecode to run in its place (the verifier never imports
+    through bytecode caches either, see ``verifier/confine/snapshot.py``).
     Raises :class:`RunError` naming the entry."""
     run_dir = Path(run_dir)
     folders = [run_dir, *(d for d in run_dir.iterdir() if d.name.startswith("attempt-") or d.name == "lesson")]
@@ -359,7 +359,7 @@ def library_verdict(root: Path, spec_name: str, run_dir: Path, attempt: int | No
     provenance names the run (by folder name), and the kernel it holds (``kernel_sha256``)
     is byte for byte the run's ``attempt-<k>/candidate.py``, ``k`` being the manifest's
     ``provenance.attempts`` (and ``attempt`` when given). A folder of the same name, or a
-    manifest later replaced by another run, gives None (red team, session 15)."""
+    manifest later replaced by another run, gives None."""
     from ..verifier.library.accept import ManifestError, read_manifest, verdict_from_manifest
 
     try:

@@ -131,9 +131,8 @@ def parse_entries(text: str) -> list[TrickEntry]:
 
 def _norm(text: str) -> str:
     """A trick's text as duplicates are compared: NFKC, case folded, with no zero-width
-    characters, markdown emphasis or quotes (``**text**``, `` `text` ``, ``"text"`` were new
-    lessons to a check that only dropped trailing punctuation; second new-user pass, session
-    15), no leading ``- `` or ``name:`` and no punctuation at either end."""
+    characters, markdown emphasis or quotes (``**text**``, `` `text` ``, ``"text"`` are the
+    same lesson as ``text``), no leading ``- `` or ``name:`` and no punctuation at either end."""
     t = unicodedata.normalize("NFKC", text)
     t = re.sub(r"[\u200b-\u200f\u2060\ufeff*_`\"'\u201c\u201d\u2018\u2019]", "", t)
     t = " ".join(t.casefold().split())
@@ -154,7 +153,7 @@ def _known_texts(entries: list[TrickEntry]) -> set[str]:
 def _is_logged(body: str, kernel: str | None, date: str, entries: list[TrickEntry]) -> bool:
     """Whether ``body`` is already an entry: compared as written and as the log would parse
     the new line (the parser takes a leading ``name:`` or backticked word as the kernel, so
-    "swiglu_bwd: recompute ..." was never equal to its own stored text; red team, session 15)."""
+    "swiglu_bwd: recompute ..." is stored as a different text than it was given)."""
     known = _known_texts(entries)
     parsed = parse_entries(format_entry(body, kernel, date))
     return _norm(body) in known or any(_norm(e.text) in known for e in parsed)
@@ -198,9 +197,9 @@ def add_trick(root: str | Path, text: str, kernel: str | None = None, date: str 
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             old = path.read_text() if path.is_file() else ""
-            # whole entries, not substrings: "fp32" was refused as already in the log (red team 16);
-            # a bullet's own line counts whole too: a reviewer's note on the lines below it
-            # made a proposed lesson look new (new-user pass, session 15)
+            # whole entries, not substrings ("fp32" is not already in the log because an entry
+            # mentions it); a bullet's own line counts whole too, so that a reviewer's note on
+            # the lines below it does not make a proposed lesson look new
             if _is_logged(body, kernel, date, parse_entries(old)):
                 raise TrickError(f"this trick is already in {path}")
             line = format_entry(body, kernel, date)
@@ -232,13 +231,13 @@ def add_from_run(root: str | Path, run_dir: str | Path, date: str | None = None,
     """Append the lesson a run proposed (``<run_dir>/proposed_trick.md``).
 
     The kernel is the run's spec (``run.json``). HTML comments are dropped whole (a
-    multi-line one hid its body from a markdown preview and put it into every prompt, red
-    team 16). The run folder is the answerer's to write, so its word that it passed is not
+    multi-line one hides its body from a markdown preview and would put it into every
+    prompt). The run folder is the answerer's to write, so its word that it passed is not
     enough: the library's manifest must vouch for the run (``run_folder.accepted_by``: the
     accepted kernel is this run's candidate byte for byte), unless ``unverified`` (a
     ``--no-accept`` run that passed, or a folder copied from elsewhere: the caller takes
-    the text on its own reading; red team, session 15: a hand-written ``run.json`` got a
-    lesson appended). Raises :class:`TrickError` when the run proposed nothing (a lesson
+    the text on its own reading: a hand-written ``run.json`` vouches for nothing). Raises
+    :class:`TrickError` when the run proposed nothing (a lesson
     is proposed only when attempt k failed and k+1 passed; ``run.json`` must say so), when
     nothing vouches for it, when the lesson is longer than :data:`MAX_TRICK_CHARS` or
     already in the log.

@@ -142,7 +142,7 @@ CASES = {
     "swiglu_bwd/llama3-8b/M16384": (_swiglu_bwd_case(16384, 4096, 14336), GATED_SPACE),
     "swiglu_bwd/llama3-1b/M8192": (_swiglu_bwd_case(8192, 2048, 8192), GATED_SPACE),
     "swiglu_bwd/llama3-70b/M8192": (_swiglu_bwd_case(8192, 8192, 28672), GATED_SPACE),
-    # session 7: rms_bwd reads 0.92x torch.compile at 8B, with quack_gemm/bare_gemm 1.06 there
+    # rms_bwd read 0.92x torch.compile at 8B, with quack_gemm/bare_gemm 1.06 there
     "rms_bwd/llama3-8b/M8192": (
         _rms_bwd_case(8192, 28672, 4096), ["128x192pp", "128x256co", "256x128co", "128x128pp"]),
 }

@@ -12,7 +12,7 @@ for p in $parts; do
   start=$(date +%s)
   case $p in
     probe) timeout ${PROBE_S:-150} python3 benchmarks/library_probe.py --json "$OUT/n/library_probe.json" ;;
-    cal) timeout ${CAL_S:-240} python3 benchmarks/numerics_calibration.py --device cuda --secrets 2 --sample 262144 \
+    cal) timeout ${CAL_S:-240} python3 benchmarks/numerics_calibration.py --device cuda --secrets ${CAL_SECRETS:-2} --sample 262144 \
            --json "$OUT/n/calibration.jsonl" > "$OUT/n/calibration.md" 2> "$OUT/n/calibration.err"; cat "$OUT/n/calibration.md" ;;
     reverify) timeout ${REVERIFY_S:-360} python3 benchmarks/reverify.py --out "$OUT/n/reverify" --jobs 4 ;;
   esac

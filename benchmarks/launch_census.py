@@ -12,7 +12,7 @@ For each ``generated_kernels/<k>/kernel.py`` and each of its spec's shapes: draw
 CUDA kernels of one call under ``torch.profiler`` the way the candidate worker does
 (memcpys, memsets and syncs are not launches), and the call's workspace (device memory
 held beyond inputs and outputs, ``verifier/gpu/device_memory.py``) against the spec's
-``workspace_budget`` (session 9: the evidence that the default budget fits every honest
+``workspace_budget`` (the evidence that the default budget fits every honest
 kernel). Prints one line per (kernel, shape) and a summary; writes
 ``launch_census.json`` under ``--out``. Exit status 1 when any count is 0 or over the
 spec's ``max_launches``, or a workspace is over its budget. Runs the accepted code in this process: it is

@@ -1,10 +1,9 @@
 """What the profiler records on the CUDA device for kernels, copies, fills and syncs (dev tool; H200).
 
 Why: the launch count (``protocol.gpu_kernels``) tells kernel launches from the other
-CUDA-device events of a profiler session *by name*. Until session 9 it dropped names
-starting with ``Memcpy``/``Memset``/``[memory]`` and any name containing ``Sync``; a quack
-kernel is named after its epilogue fn, so the substring invited a kernel named like a
-marker (the eighth red team's ``swiglu_Sync_epi``). This probe measured which names the
+CUDA-device events of a profiler session *by name*. A rule dropping any name containing
+``Sync`` would let a kernel named like a marker through (a quack kernel is named after its
+epilogue fn: tests/verifier/corpus/sync_named_kernel.py). This probe measured which names the
 markers really have (copies: ``Memcpy HtoD (Pinned -> Device)``...; synchronizations: no
 device event at all on torch 2.11), so the rule could become exact names and prefixes.
 

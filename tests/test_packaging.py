@@ -8,10 +8,17 @@ directory is elsewhere -- the plain (non-editable) install path.
 
 import subprocess
 import sys
+import sysconfig
 import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+# Rationale: only the interpreter's own site directories. Entries that libraries add to
+# sys.path at import time (cutlass-dsl adds its package folders) would shadow the standard
+# library in a child process (a `typing.py` inside cutlass) once an earlier test imported them.
+_SITE_DIRS = sorted({sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]})
 
 
 def test_wheel_layout_and_plain_install(tmp_path):
@@ -51,13 +58,13 @@ def test_wheel_layout_and_plain_install(tmp_path):
     )
     out = subprocess.run(
         [sys.executable, "-I", "-c", f"import sys; sys.path.insert(0, {str(target)!r}); "
-         + "sys.path.extend(" + repr([p for p in sys.path if "site-packages" in p]) + "); " + code],
+         + "sys.path.extend(" + repr(_SITE_DIRS) + "); " + code],
         check=True, capture_output=True, text=True, cwd=tmp_path,
     )
     assert out.stdout.strip().startswith(str(target))
     # `python -m coda_agent` is the command (the package's __main__ ships in the wheel)
     assert "coda_agent/__main__.py" in names
-    env_path = [str(target)] + [p for p in sys.path if "site-packages" in p]
+    env_path = [str(target), *_SITE_DIRS]
     ver = subprocess.run(
         [sys.executable, "-m", "coda_agent", "--version"], capture_output=True, text=True, cwd=tmp_path,
         env={"PYTHONPATH": ":".join(env_path), "PATH": "/usr/bin:/bin"},

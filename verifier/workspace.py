@@ -94,8 +94,8 @@ def remove_tree(path: str | Path) -> None:
     followed; a missing path is fine. Raises ``OSError`` when something is left.
 
     Why not :func:`shutil.rmtree`: it recurses once per folder level, and a candidate's
-    scratch folder 5000 levels deep (red team 2026-11-30) raised RecursionError in it, in
-    ``os.walk`` and in ``TemporaryDirectory.cleanup`` (and past 4096 bytes of path no
+    scratch folder 5000 levels deep raises RecursionError in it, in ``os.walk`` and in
+    ``TemporaryDirectory.cleanup`` (and past 4096 bytes of path no
     path-based walk works). coreutils' ``rm -rf`` handles any depth."""
     p = Path(path)
     if not os.path.lexists(p):
@@ -144,8 +144,8 @@ def check_out_target(root: Path, p: Path, flag: str, value: str, keep: tuple[Pat
 def protected_dirs(root: Path) -> list[tuple[str, Path]]:
     """:data:`PROTECTED_DIRS` of the workspace ``root`` and of the installed package: the
     library ``import coda_agent.kernels`` loads is the package's, whatever --root or
-    CODA_ROOT name (red team, session 15: `CODA_ROOT=elsewhere prompt --out
-    generated_kernels/swiglu_fwd/kernel.py` replaced the installed kernel)."""
+    CODA_ROOT name (`CODA_ROOT=elsewhere prompt --out generated_kernels/swiglu_fwd/kernel.py`
+    must not replace the installed kernel)."""
     import importlib.util
 
     here = Path(__file__).resolve().parents[1]  # the package root: the repository root in a source checkout
@@ -184,8 +184,8 @@ def out_file(value: str | None, flag: str = "--json", root: Path | None = None,
     traceback after a whole verification, with the exit status of a rejection); with
     ``root``, also that it writes nothing of the library or specs (:func:`check_out_target`);
     with ``kind`` (:data:`OUTPUT_KINDS`), that an existing file there is an earlier output of
-    the same flag: a new user's `--json tricks_log.md` replaced the lessons every prompt
-    carries, and `regress --json` a kept GPU verdict (session 15)."""
+    the same flag (`--json tricks_log.md` must not replace the lessons every prompt carries,
+    nor `regress --json` a kept GPU verdict)."""
     if not value:
         return None
     p = Path(value)

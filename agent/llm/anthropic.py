@@ -204,7 +204,7 @@ class AnthropicBackend:
                 what = label + (" overloaded" if overloaded and "overloaded" not in label else "")
             except anthropic.APITimeoutError:
                 # Not retried here: the SDK already retried it (max_retries), each try may
-                # have been billed, and 4 x 3 tries of a 600 s timeout is two hours (red team 16).
+                # have been billed, and 4 x 3 tries of a 600 s timeout is two hours.
                 raise LLMError(
                     f"Anthropic API: no answer within {self.timeout_s:.0f} s (after the client's own "
                     "retries); resume the run later (the run's summary prints the command)") from None

@@ -39,7 +39,7 @@ from ...verifier.workspace import atomic_write_text
 
 DEFAULT_TIMEOUT_S = 1800.0
 MAX_OUTPUT = 8 << 20
-"""Most stdout bytes kept (an answer is one Python module; red team 16 fed 200 MB)."""
+"""Most stdout bytes kept (an answer is one Python module; a flood is cut here)."""
 EXIT_GRACE_S = 2.0
 """How long output may still arrive after the command exited, before its group is killed."""
 

@@ -197,19 +197,16 @@ def test_failing_input_generation_is_a_verifier_error_not_the_candidates(tmp_pat
 
 
 def test_input_generation_after_the_import_is_charged_to_the_candidate(tmp_path, stub_static_compile):
-    """Red team 2026-11-30: a candidate whose import makes drawing inputs fail (a device-memory
-    hog, a patched torch) must not buy a verifier error. The worker draws every correctness
-    case before the import; a failure after it is the candidate's (a crash, attempt spent)."""
-    counter = "scratch/draws"  # relative to the candidate worker's folder: its only writable place
-    # Each draw of rstd appends to a file; the pre-import check draws the correctness runs
-    # (1 case x seeds 0, 1) and the recheck run: 3 draws; the 4th (the first trial, after
-    # the import) fails as an exhausted device would.
+    """A candidate whose import makes drawing inputs fail (a device-memory hog, a patched
+    torch) must not buy a verifier error. The worker draws every correctness case before the
+    import; a failure after it is the candidate's (a crash, attempt spent)."""
+    # The reference's rstd draw fails once the candidate module (``coda_candidate``) has been
+    # imported, as an exhausted device would; every draw before the import succeeds.
     once = PIPE_REF.replace(
         "def saved_rstd(*, h):\n    return",
-        f"from pathlib import Path as _P\n_C = _P({counter!r})\n"
-        "def saved_rstd(*, h):\n    n = len(_C.read_text()) if _C.exists() else 0\n"
-        "    _C.write_text('x' * (n + 1))\n"
-        "    if n >= 3:\n        raise MemoryError('out of device memory')\n    return",
+        "import sys as _sys\n"
+        "def saved_rstd(*, h):\n"
+        "    if 'coda_candidate' in _sys.modules:\n        raise MemoryError('out of device memory')\n    return",
     )
     v = _pipe(tmp_path, once)
     st = {s.stage: s for s in v.stages}

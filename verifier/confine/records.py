@@ -35,8 +35,8 @@ def append_record(path: str | Path, record: dict[str, Any]) -> None:
 
 MAX_RECORD_LINE = 256 << 10
 """Longest results line read (bytes); a worker's records are a few KiB. Longer lines are
-skipped and reported (red team 2026-11-30: a 255 MiB line of ``{},{},...`` took the
-parent to 6.4 GiB, and 200,000 nested ``[`` crashed ``json.loads`` with RecursionError)."""
+skipped and reported (a 255 MiB line of ``{},{},...`` takes the parent to 6.4 GiB, and
+200,000 nested ``[`` crash ``json.loads`` with RecursionError)."""
 
 RECORD_IDENTITY = {"begin": "what", "trial": "key", "recheck": "key", "bench": "shape", "launches": "case"}
 """The field that tells apart a part's records; every other part is written once per run."""
@@ -58,9 +58,9 @@ def read_records_checked(path: str | Path) -> tuple[list[dict[str, Any]], list[s
     worker killed mid-write may leave torn), a line over :data:`MAX_RECORD_LINE` bytes,
     a record repeating an earlier one's part and identity (:data:`RECORD_IDENTITY`), or
     any record after ``done``. Only code inside the worker's process writes there, so in
-    the candidate worker each is candidate code writing records (the red team of
-    2026-11-30 forged bench and integrity records that way, gluing the worker's real
-    record to a newline-less prefix so that the reader dropped it). Every record is
+    the candidate worker each is candidate code writing records (forged bench and
+    integrity records, or the worker's real record glued to a newline-less prefix so that
+    the reader drops it). Every record is
     returned, first ones first; callers that trust only first records stay correct, and
     the verifier fails a candidate worker with any anomaly."""
     p = Path(path)

@@ -4,9 +4,9 @@ Why it is measured: a fused GEMM-epilogue op exists so that the GEMM's (M, N) ou
 reaches global memory as an intermediate (the RMSNorm scale, the online LSE, the SwiGLU
 gate are applied while the tile is in registers). The launch budget alone does not see
 an op that materializes that intermediate and finishes in a few torch launches the spec
-allows for a finalize: the tenth red team stored gemm_cross_entropy's full fp32 logits
-with an identity epilogue and reduced them with the spec's ``torch.logsumexp``, inside
-its 13 launches. The spec says "logits are never materialized"; this makes it checked.
+allows for a finalize: gemm_cross_entropy's full fp32 logits stored with an identity
+epilogue and reduced with the spec's ``torch.logsumexp`` fit its 13 launches
+(tests/verifier/corpus/materialized_logits.py). The spec says "logits are never materialized"; this makes it checked.
 
 How: the caching allocator's ``requested_bytes`` statistics (exact request sizes, not
 rounded block sizes). :func:`mark` resets the peak right before the call and returns the
@@ -19,8 +19,7 @@ memory through ``torch.empty`` only (the static stage allows nothing else). The 
 the spec's (:meth:`coda_agent.verifier.spec.KernelSpec.workspace_budget`); the
 correctness stage judges it on every correctness trial and recheck, the bench stage on the
 profiled call and the unprofiled call after timing at every benchmark shape (measuring
-only profiled calls let code that could tell the profiler was on behave only there:
-eleventh red team).
+only profiled calls would let code that can tell the profiler is on behave only there).
 """
 
 from __future__ import annotations

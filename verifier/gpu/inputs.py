@@ -10,7 +10,7 @@ produce bit-identical inputs and adding an input never shifts another's values.
 
 Scales come from the spec's :class:`~coda_agent.verifier.spec.InitSpec` (``std``,
 ``low``, ``high`` are dim expressions like ``"1/sqrt(K)"``), chosen by the spec author
-so that outputs are O(1) -- threat 8 in verifier-threats.md (degenerate references).
+so that outputs are O(1) -- threat 8 of docs/threat-model.md (degenerate references).
 A ``derived`` input (what a forward saved for its backward: ``rstd``, ``lse``) is computed
 from the inputs drawn before it by the spec's trusted ``reference.<fn>`` on the same
 device, so both workers get the same values and the values are consistent.

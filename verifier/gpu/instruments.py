@@ -24,8 +24,8 @@ _Tensor = torch.Tensor
 # Tensor methods the worker checks and copies outputs and inputs with, unbound, captured
 # before candidate code runs: an output can carry an instance attribute named like a method
 # (``o.detach = lambda: ...``: methods are non-data descriptors, so the instance wins) and
-# a class-level patch may be undone before the end-of-run integrity check (red team,
-# timed-loop round). Attributes such as shape/dtype/device are data descriptors: safe.
+# a class-level patch may be undone before the end-of-run integrity check. Attributes such
+# as shape/dtype/device are data descriptors: safe.
 _T = {m: getattr(torch.Tensor, m) for m in ("detach", "reshape", "index_select", "to", "numel", "is_contiguous",
                                             "stride", "untyped_storage", "view", "element_size", "sum",
                                             "storage_offset")}

@@ -45,12 +45,11 @@ each saved file's sha256 is in its record."""
 SCRATCH_BUDGET = 24 << 30
 """Bytes of saved trial tensors a candidate worker may leave (the largest legitimate run,
 a bench-shape check of a big-vocabulary spec, is a few GiB). More is the candidate's
-doing (red-team round 6 filled the disk so the *reference* worker's files failed, which
-read as a verifier error): the run fails as ``scratch-over-budget``."""
+doing (a full disk would fail the *reference* worker's files and read as a verifier
+error): the run fails as ``scratch-over-budget``."""
 BENCH_CHECK_SAMPLE = 1 << 20
-"""Elements per output compared at each benchmark shape (red-team round 6: a kernel that
-did 3/4 of the work only at the benchmark shapes passed, because no benchmark shape was
-ever checked). Sampled positions are drawn from the run's seed, which candidate code
+"""Elements per output compared at each benchmark shape (a kernel that does 3/4 of the
+work only at the benchmark shapes passes every check that skips them). Sampled positions are drawn from the run's seed, which candidate code
 never sees; a wrong tile of 128 x 256 elements in a 134 M-element output is missed with
 probability about exp(-250)."""
 TIMED_LOOP_SAMPLE = 1 << 16
@@ -59,8 +58,8 @@ runs inside one timed call, so it is kept small (a few us on the H200)."""
 TIMED_LOOP_SLOTS = 8
 """Calls kept from inside the timing loop (a reservoir): a kernel that skips work on a
 fraction f of the timer's calls escapes with probability about (1 - f)^8, and a timer made
-to run at most 8 calls has every call checked (red team: slow estimate calls shrink
-do_bench's loop to one measured call)."""
+to run at most 8 calls has every call checked (slow estimate calls shrink do_bench's
+loop to one measured call)."""
 
 
 @dataclass(frozen=True)
@@ -110,8 +109,8 @@ class Plan:
     secret: int = 0
     """Per-verification random offset (drawn by the parent) added to every seed the
     candidate must not predict: the timed input sets, the recheck, the benchmark-shape
-    checks and so their sampled positions (red-team round 7: all seeds were public
-    constants, so a candidate could precompute which inputs were the checks). Only the
+    checks and so their sampled positions (with public seeds a candidate could precompute
+    which inputs are the checks). Only the
     workers read it, before any candidate code runs."""
 
     def to_json(self) -> str:
@@ -160,8 +159,8 @@ BENCH_SEED_BASE = 10_000
 def timed_check_run(shape: BenchShape, set_index: int, secret: int) -> Run:
     """The check of one *timed* call: after timing, the candidate worker makes one more call
     in the same rotation of input sets (indistinguishable from the timed calls) and keeps
-    sampled outputs; this is the run the reference worker and the parent judge it by
-    (red-team round 7 marked its timed inputs and did less work only on marked sets)."""
+    sampled outputs; this is the run the reference worker and the parent judge it by (a
+    candidate that marks its timed inputs and does less work on marked sets fails it)."""
     return Run(key=f"timed-{_slug(shape.name)}", case=f"timed {shape.name}", dims=dict(shape.dims),
                seed=BENCH_SEED_BASE + secret + set_index, recheck=True, sample=BENCH_CHECK_SAMPLE)
 
@@ -172,7 +171,7 @@ def timed_loop_check_run(shape: BenchShape, set_index: int, secret: int, slot: i
     timer's calls (reservoir sampling with the secret RNG, so neither which calls nor how
     many calls is known while a call runs) and gathers :data:`TIMED_LOOP_SAMPLE` sampled
     elements of each kept call's outputs in stream order right after it, before any later
-    call's work (red-team class "tell timed calls apart"). Same inputs and seed as the
+    call's work (threat 15 of docs/threat-model.md). Same inputs and seed as the
     ``set_index`` set of the timed rotation; compared on the sampled elements."""
     return Run(key=f"timedloop{slot}-{_slug(shape.name)}", case=f"timed-loop {shape.name} #{slot}",
                dims=dict(shape.dims), seed=BENCH_SEED_BASE + secret + set_index, recheck=True,
@@ -181,8 +180,8 @@ def timed_loop_check_run(shape: BenchShape, set_index: int, secret: int, slot: i
 
 def wall_check_run(shape: BenchShape, set_index: int, secret: int) -> Run:
     """The check of one of the wall-time calls the candidate worker makes after timing (for
-    ``wall_ms``/``host_ms``), picked with the secret RNG: sixth red team (2026-11-30) kept a
-    call counter in stale freed memory and skipped work only on those unchecked calls.
+    ``wall_ms``/``host_ms``), picked with the secret RNG: a call counter kept in stale freed
+    memory could otherwise skip work only on those unchecked calls.
     Same inputs, seed and sample as the timed-loop checks of set ``set_index``."""
     return Run(key=f"wall-{_slug(shape.name)}", case=f"wall {shape.name}", dims=dict(shape.dims),
                seed=BENCH_SEED_BASE + secret + set_index, recheck=True, sample=TIMED_LOOP_SAMPLE)
@@ -208,7 +207,8 @@ def gpu_kernels(names: list[str]) -> list[str]:
 
     Exact names and prefixes, never substrings: a quack kernel is named after its epilogue
     fn (``kernel_cutlass_kernel_quackepiloguefrontendGemmMod_<fn>_...``), so a substring
-    filter let the eighth red team hide a second GEMM as ``swiglu_Sync_epi``; no kernel
+    filter would let a second GEMM hide as ``swiglu_Sync_epi``
+    (tests/verifier/corpus/sync_named_kernel.py); no kernel
     name cutlass or torch produces starts like a copy or equals a sync record's name.
     The candidate worker counts with this rule; ``benchmarks/launch_census.py`` too."""
     return [n for n in names if not n.startswith(NOT_LAUNCH_PREFIXES) and n not in SYNC_MARKERS]

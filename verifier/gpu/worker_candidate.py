@@ -6,7 +6,7 @@ reading its plan from stdin (``--plan-stdin``; ``plan.json`` in that folder othe
 appending records to ``results.jsonl``
 (format: :mod:`coda_agent.verifier.gpu.protocol`).
 
-Design (threat numbers from verifier-threats.md):
+Design (threat numbers: the rows of docs/threat-model.md):
 
 * **Before the candidate is imported** the worker captures the objects it measures
   with (``torch.cuda.Event``, ``torch.cuda.synchronize``, ``time.perf_counter``,
@@ -149,9 +149,9 @@ def _noop() -> None:
 def tampered() -> list[str]:
     """Names of the captured instruments that no longer are what they were at start-up, and
     of the harness's own globals and ``Worker``'s attributes that were rebound since
-    :func:`freeze_own_state` (a candidate that reached this module's globals -- the third
-    red team's payload replaced ``_perf_counter`` and ``_do_bench`` here -- is named in the
-    ``import`` and ``integrity`` records)."""
+    :func:`freeze_own_state`: a candidate that reaches the harness's globals (replacing
+    ``_perf_counter`` or ``_do_bench``) is named in the ``import`` and ``integrity``
+    records (tests/verifier/test_pipeline_cpu.py)."""
     out = []
     for k, f in WATCHED.items():
         try:
@@ -249,8 +249,7 @@ class Worker:
     @staticmethod
     def set_checksums(sets: list[dict[str, torch.Tensor]]) -> list[torch.Tensor]:
         """Per input set, the int64 sums of every tensor's raw bits (on the device): a
-        write into a timed input (red-team round 8: an epilogue mod's ``out=`` aimed at
-        an input) changes them."""
+        write into a timed input (an epilogue mod's ``out=`` aimed at an input) changes them."""
         ints = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
         T = _T
         return [torch.stack([T["sum"](T["view"](T["reshape"](T["detach"](t), -1), ints[T["element_size"](t)]),
@@ -259,11 +258,11 @@ class Worker:
     def no_host_sync(self, fn: Callable[..., Any], *args: Any) -> Any:
         """``fn(*args)`` with torch's sync debug mode at "error": a device-to-host read in
         candidate code (``float(t)``, ``bool(t)``, ``if t != u``, ``.item()``, ``nonzero``)
-        raises, whatever the syntax (red-team round 8 read values through ``float()`` to
-        tell timed calls from checked ones). A fused kernel's call never needs one."""
+        raises, whatever the syntax (values read through ``float()`` tell timed calls from
+        checked ones). A fused kernel's call never needs one."""
         # a secret-random ballast of small objects alive during the call: where the
-        # candidate's own allocations land no longer tells which call this is (round 9
-        # read object addresses to tell timed calls from checked ones). The guard's own
+        # candidate's own allocations land no longer tells which call this is (object
+        # addresses would tell timed calls from checked ones). The guard's own
         # host cost is what a call pays for it: measured per shape (guard_host_ms).
         raw = self._rng.randbytes(BALLAST_MAX + 1)  # fresh per call, one C-level draw
         ballast = [bytearray(b + 1) for b in raw[1:2 + raw[0] % BALLAST_MAX]]
@@ -350,17 +349,17 @@ class Worker:
         """Run the entry once on fresh inputs; save tensors; return ``(record fields,
         launches)``. ``count``: the call runs under the profiler and ``launches`` is its
         :class:`Counted` (kernel count, names, workspace bytes), else None. Counting a judged, poisoned trial (not a
-        separate call) leaves a candidate nothing to tell the counted call apart by: the
-        eighth red team told an extra, unjudged count call from the judged trials by the
-        allocator poison and ran a torch fallback only where it was judged."""
+        separate call) leaves a candidate nothing to tell the counted call apart by: an
+        extra, unjudged count call can be told from the judged trials by the allocator
+        poison (tests/verifier/corpus/poison_probe_fallback.py)."""
         assert self.fn is not None
         inputs = self.inputs_for(run.dims, run.seed, run.draw)
         self.sync()
         before = {} if run.sample else {k: host_copy(v) for k, v in inputs.items()}
         poisoned = self.poison()
         call = functools.partial(self.no_host_sync, self.entry_with(run.dims), *self.args_of(inputs))
-        # the workspace of every trial, not only the profiled one (eleventh red team: code
-        # that can tell the profiler is on behaves only there)
+        # the workspace of every trial, not only the profiled one (code that can tell the
+        # profiler is on could behave only there)
         t0 = _perf_counter()
         if count:
             res, launches = self.counted_call(call)

@@ -138,7 +138,7 @@ def render_report(manifest: dict[str, Any]) -> str:
         f"- GPU: {env.get('gpu')} (sm {env.get('compute_capability')}), driver {env.get('driver')}, CUDA {env.get('cuda')}",
         f"- versions: torch {env.get('torch')}, nvidia-cutlass-dsl {env.get('cutlass_dsl')}, quack-kernels {env.get('quack')}, python {env.get('python')}",
         # one line whatever the values hold: the model name comes from a run folder the
-        # answerer writes, and a newline in it forged lines of this report (red team 15)
+        # answerer writes, and a newline in it would forge lines of this report
         "- provenance: " + (", ".join(f"{k}={_one_line(v)}" for k, v in sorted(prov.items())) or "-"),
         "",
         "## Stages",
@@ -383,8 +383,8 @@ def _keep_accepted_bytes(dest: Path, target: Path, old_manifest: dict[str, Any])
     """Make ``target`` (a history entry) hold the kernel its manifest names.
 
     A kernel.py edited in place (or removed) after acceptance (``regress`` then says "re-verify it ...
-    --accept --force") is not the version the old manifest describes: the entry used to
-    pair the old manifest with the edited bytes (new-user pass, session 15). The edited
+    --accept --force") is not the version the old manifest describes, so the history entry
+    never pairs the old manifest with the edited bytes. The edited
     file is kept as ``kernel.edited.py``; ``kernel.py`` is the accepted version when git's
     HEAD still has it (sha256 checked), and :data:`HISTORY_NOTE` says which happened."""
     want = old_manifest.get("kernel_sha256")

@@ -491,7 +491,7 @@ def bench_kernels(root: Path, names: list[str] | None, *, out_dir: Path | None =
     page says so), e.g. to publish them without a GPU at hand. Like every page ``bench``
     writes, it ends with a marker line (:data:`MANIFESTS_PAGE_MARK`), and an existing page of
     that name without it (e.g. a hand-written record) is never replaced unless ``force``
-    (ValueError; a new-user pass, session 15, had it overwritten).
+    (ValueError).
     """
     if repeat < 1:
         raise ValueError(f"bench --repeat {repeat}: expected an integer >= 1")

@@ -59,7 +59,7 @@ def day_verdicts(root: Path, vdir: Path) -> tuple[dict[str, Verdict], list[str]]
             notes.append(f"- {f.name}: holds a verdict of {v.spec!r}, not {f.stem!r}; left out (a kept verdict "
                          "is <kernel>.json)")
             continue
-        if not v.stages:  # a damaged file read as "NOT verified: no GPU" (new-user pass, session 11)
+        if not v.stages:  # a damaged file would read as "NOT verified: no GPU"
             notes.append(f"- {f.name}: records no stages (missing or empty 'stages'); left out")
             continue
         kernel = root / "generated_kernels" / f.stem / "kernel.py"

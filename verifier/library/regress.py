@@ -172,8 +172,8 @@ def _kept_verdict(vdir: Path, name: str, spec_hash: str, kernel_hash: str):
 
     f = Path(vdir) / f"{name}.json"
     if not f.exists():
-        # fail-closed (every accepted kernel is judged), but say what it means (new-user pass,
-        # session 16: a --repeat folder of 3 kernels read as 8 kernels' "(FileNotFoundError)")
+        # fail-closed (every accepted kernel is judged), but say what it means: a folder
+        # that measured some kernels only is not a "(FileNotFoundError)" for the others
         return RegressRow(kernel=name, status="fail", stage="bench",
                           message=f"not measured in {vdir} (no {f.name}): run coda-agent bench {name}, or "
                           "name only the kernels that folder holds")

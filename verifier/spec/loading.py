@@ -75,7 +75,7 @@ class LoadedSpec(BaseModel):
 def _import_file(path: Path, modname: str) -> ModuleType:
     """Execute a spec-folder Python file (trusted code) as a fresh module named ``modname``,
     from its source bytes: never through ``__pycache__`` (an unchecked-hash pyc planted there
-    ran instead of the reference that ``spec_hash`` covers, red team 15)."""
+    would run instead of the reference that ``spec_hash`` covers)."""
     from ..confine.snapshot import load_module
 
     return load_module(path, modname, None, follow_symlinks=True)

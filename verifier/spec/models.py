@@ -45,7 +45,7 @@ DEFAULT_QUANTILE_FACTOR = 2.0
 # --------------------------------------------------------------------------- models
 
 class _Strict(BaseModel):
-    # no inf/nan anywhere: `tolerance.floor = inf` made every comparison pass (red team 14)
+    # no inf/nan anywhere: `tolerance.floor = inf` would make every comparison pass
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
@@ -147,7 +147,7 @@ class EntrySpec(_Strict):
         description="GEMM launches (quack GemmMod or cuBLAS kernels, protocol.gemm_launches) one call may "
         "make, within max_launches: the GEMMs of the spec's math (1 for one fused GEMM, e.g. 3 for a "
         "dgrad + wgrad pair behind a fused GEMM). Host prep may spend the rest of max_launches; a second "
-        "pass over a GEMM's output through a dummy-K GEMM may not (red team 13)",
+        "pass over a GEMM's output through a dummy-K GEMM may not (tests/verifier/corpus/second_gemm_pass.py)",
     )
     max_workspace: str | int | None = Field(
         None,
@@ -203,7 +203,7 @@ class ToleranceSpec(_Strict):
     """
 
     rule: Literal["coda", "abs"] = "coda"
-    # bounded: a finite but huge factor or floor (1e300) passes every output (red team 15)
+    # bounded: a finite but huge factor or floor (1e300) would pass every output
     factor: float = Field(2.0, gt=0, le=16)
     floor: float = Field(1e-6, ge=0, le=1e-2)
     ulps: float = Field(DEFAULT_ULPS, gt=0, le=MAX_ULPS)
@@ -474,7 +474,7 @@ class KernelSpec(_Strict):
             row = _DTYPE_BYTES[t.dtype] * d[-1] if d else 0
             if len(d) >= 2 and row % 16:
                     # TMA needs 16-byte row strides; the CPU compile cannot see it, the GPU
-                    # launch fails, and that would read as the candidate's fault (new-user pass)
+                    # launch fails, and that would read as the candidate's fault
                     raise ValueError(f"{where}: entry.{kind}[{t.name}]: rows of {row} bytes (last dim "
                                      f"{t.shape[-1]!r} x {_DTYPE_BYTES[t.dtype]}); a GEMM operand or output "
                                      "row must be a multiple of 16 bytes (8 bf16 / 4 fp32 elements)")
@@ -516,8 +516,9 @@ class KernelSpec(_Strict):
         (input or output) at ``dims``, at least :data:`WORKSPACE_FLOOR`. Why: a fused op's
         scratch is per-tile partials, O(M * N / tile_n) (the LSE partials of
         gemm_cross_entropy are 0.7 % of its logits at the Llama-3 vocab), while an op run
-        unfused materializes a GEMM-sized (M, N) intermediate (the tenth red team kept
-        gemm_cross_entropy's fp32 logits and finished in torch, within the launch budget),
+        unfused materializes a GEMM-sized (M, N) intermediate (keeping gemm_cross_entropy's
+        fp32 logits and finishing in torch fits the launch budget:
+        tests/verifier/corpus/materialized_logits.py),
         which at the benchmark shapes is larger than every operand the op declares. The
         floor covers the library's fixed scratch at the small correctness shapes."""
         if self.entry.max_workspace is not None:

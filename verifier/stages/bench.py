@@ -25,7 +25,7 @@ Five results are *failures*, because they mean the measurement cannot be trusted
 * ``short-timer`` -- do_bench made far fewer calls than its own rule gives for the time
   it measured (:func:`short_timer`): the candidate made the 5 estimate calls slow, so
   that only one or two calls were measured and the timed-loop checks (8 kept calls)
-  could not cover them all (fifth red team: 9 timer calls, one cheap measured call).
+  could not cover them all (9 timer calls, one cheap measured call).
 * ``timed-check-missing`` -- the worker's record of a shape's timing exists but fewer
   timed calls were kept for checking than it must keep (every one of the first
   :data:`~coda_agent.verifier.gpu.protocol.TIMED_LOOP_SLOTS` timer calls fills a slot, so
@@ -38,19 +38,18 @@ Five results are *failures*, because they mean the measurement cannot be trusted
   than the spec's ``entry.max_launches`` (or none), more GEMMs than its
   ``entry.max_gemm_launches``, or the count failed. The candidate
   worker counts the launches of one call at every benchmark shape (GPU only), as the
-  correctness stage does at every correctness shape (until session 8: the first one only);
-  the sixth red team (2026-11-30) showed that a candidate can branch on shape or device: it
-  called the quack epilogue where it was counted and did plain torch math elsewhere, so
-  the time measured would not be the epilogue's. A warning until the H200 census of
-  2026-11-30 (``benchmarks/launch_census.py``: every accepted kernel launches the same
-  number of kernels at all of its shapes, within budget) showed that legitimate host glue
-  does not grow with the shape.
+  correctness stage does at every correctness shape: a candidate can branch on shape or
+  device, calling the quack epilogue where it is counted and doing plain torch math
+  elsewhere, so the time measured would not be the epilogue's. A failure, not a warning:
+  the H200 launch census (``benchmarks/launch_census.py``: every accepted kernel launches
+  the same number of kernels at all of its shapes, within budget) shows that legitimate
+  host glue does not grow with the shape.
 * ``workspace-at-bench-shape`` -- that counted call, or the unprofiled call after timing
   (one of the timed rotation), held more device memory beyond its inputs and outputs than
   the spec's workspace budget
   (:meth:`~coda_agent.verifier.spec.KernelSpec.workspace_budget`,
   ``verifier/gpu/device_memory.py``): an intermediate the fused op must not materialize
-  (the tenth red team's gemm_cross_entropy stored its fp32 logits). The correctness stage
+  (tests/verifier/corpus/materialized_logits.py stores its fp32 logits). The correctness stage
   judges the same on every correctness trial (``workspace-over-budget``); the benchmark
   shapes are where a GEMM-sized intermediate outgrows every declared operand.
 
@@ -138,7 +137,7 @@ def short_timer(event_ms: float, timer_calls: int) -> bool:
     """True when do_bench ran far fewer calls than its own rule gives for the fused time it
     measured (at most :data:`TIMER_MIN_FRACTION` of :func:`do_bench_calls` at
     ``event_ms + TIMER_MARGIN_MS``): the candidate made do_bench's 5 estimate calls slow so
-    that few calls were measured (red team: 9 timer calls, one cheap measured call)."""
+    that few calls were measured (9 timer calls, one cheap measured call)."""
     return timer_calls < TIMER_MIN_FRACTION * do_bench_calls(event_ms + TIMER_MARGIN_MS)
 
 

@@ -164,7 +164,7 @@ def check_outputs(
                 continue  # its contract violation is already a finding
             if out is None or tuple(out.shape) != tuple(ref["ref32"][o.name].shape):
                 # nothing to compare and no violation saying why: never a silent pass
-                # (red team: a run passed with "0 output(s)" compared)
+                # (no run passes with "0 output(s)" compared)
                 got = "nothing saved" if out is None else f"shape {tuple(out.shape)}"
                 findings.add("output-missing", f"[{label}] {o.name}: {got}, expected "
                              f"{tuple(ref['ref32'][o.name].shape)} to compare with the reference",
@@ -353,8 +353,8 @@ def _prologue(run: GpuRun, stage: str) -> StageResult | None:
     if errs and errs[-1].get("verifier"):
         if any(r.get("what") == "import" for r in run.cand_part("begin")):
             # the worker marks an error as the verifier's only before it imports the candidate;
-            # after that, such a record is the candidate's own (sixteenth red team: a forged one
-            # stalled the loop, which never charges a verifier error to the attempt)
+            # after that, such a record is the candidate's own (a forged one would stall the
+            # loop, which never charges a verifier error to the attempt)
             return StageResult(stage=stage, status="fail", summary="the candidate forged a verifier-error record",
                                findings=[Finding(kind="harness-tampered", message="a record claiming a verifier "
                                                  "problem came after the candidate was imported: only the worker's "

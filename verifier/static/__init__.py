@@ -30,8 +30,8 @@ Design
   dtypes, types, plus the spec's ``entry.allowed_torch``): host code only allocates,
   makes views and calls the epilogue mods. Attributes of *values* (tensors, call results,
   locals: their type is invisible to ``ast``) are an allow-list, :data:`VALUE_ATTRIBUTES`
-  (metadata, views, ``GemmConfig`` fields; since the sixteenth red team, whose
-  ``Scalar(name).to_params(0, obj)`` was quack's own getattr); the ban-lists before it
+  (metadata, views, ``GemmConfig`` fields: quack's ``Scalar(name).to_params(0, obj)`` is
+  a getattr, tests/verifier/corpus/getattr_gadget_exec.py); the ban-lists before it
   name the specific misuse with its own finding: the math that does the op's work
   (``.sum()``, ``.exp()``, ``.matmul()`` ...), precision casts (``.float()``,
   ``.to(torch.float32)``), pointer access (``.data_ptr()``), streams/events/sync.
@@ -49,7 +49,7 @@ Design
 * **State across calls is rejected at its source, deny by default.** No
   ``global``/``nonlocal``; no attribute store or delete *anywhere*, whatever the syntax
   (assignment, ``for`` and comprehension targets: ``[0 for torch.Tensor.detach in [f]]``
-  patched a method in a red-team test, 2026-11-30); no subscript store or delete at all
+  patches a method); no subscript store or delete at all
   (``x[i] = v``: host code has no use for item assignment, and ownership analysis is
   defeated by aliasing such as ``[_CACHE][0][0] = v``); no container-mutating method call
   on any receiver (``.append/.update/.setdefault/...``), nor any *reference* to such a
@@ -58,7 +58,7 @@ Design
   constructors may be called (``_HOG = torch.empty(...)``, ``_BUF = _make()`` are
   rejected; decorators other than ``@gemm_epilogue`` too); no generator functions and no
   ``match`` statements (a class pattern reads any attribute by name, dunders included:
-  ``case object(__globals__=G)`` reached ``__builtins__`` in a second red-team round). The
+  ``case object(__globals__=G)`` reaches ``__builtins__``). The
   ownership analysis below still names the more specific cases (module-level
   dicts/lists, closure cells, locals aliased to them, parameters defaulting to them;
   augmented assignment, tensor in-place ``*_``). This is the static
@@ -68,7 +68,7 @@ Design
 * **The @gemm_epilogue contract is checked where quack is silent.** quack ignores a
   returned key that is not declared (a typo such as ``"Dd"`` silently stores the raw
   accumulator) and fails with a bare ``KeyError`` deep in its tracer when a declared
-  output/reduce is not returned (measured, /work/shared/notes/stack-findings.md). So
+  output/reduce is not returned (measured; primitives_docs/00-contract.md, section 4). So
   the declarations (``outputs=``, ``reduces=``, ``outs=``) must be literals and every
   ``return`` of a decorated fn must be a dict literal with exactly those keys (plus
   ``"D"`` optionally).

@@ -131,7 +131,7 @@ def check_static(spec: KernelSpec, source: str, filename: str = "candidate.py") 
     except (RecursionError, MemoryError) as e:
         # a chain of ~3000 `+` terms, unary minus signs or attribute accesses parses into a
         # tree deeper than the parser's (or the checker's) recursion limit: the candidate's
-        # fault, not the verifier's (red team, session 15: it read as a verifier error)
+        # fault, not a verifier error
         return rejected(Finding(kind="syntax-error", message=f"{filename}: the module is nested too deeply to "
                                 f"parse and check ({type(e).__name__}); split long expressions into statements"))
     findings = _dedupe_sort(facts.findings)

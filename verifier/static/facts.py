@@ -400,7 +400,7 @@ class ModuleFacts:
 
     def is_gemm_epilogue(self, func: ast.AST) -> bool:
         # Must resolve to quack's decorator: a candidate's own `def gemm_epilogue` (which would
-        # turn "epilogues" into plain torch math) does not count (red team round 3).
+        # turn "epilogues" into plain torch math) does not count.
         q = self.qualname(func) or ""
         return q.startswith("quack.") and q.endswith(".gemm_epilogue")
 

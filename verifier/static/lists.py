@@ -27,13 +27,13 @@ BANNED_BUILTINS = frozenset({
     "memoryview", "__build_class__", "help", "dir",
     "type", "object", "super", "classmethod", "staticmethod", "property",
     "SystemExit", "KeyboardInterrupt", "BaseException", "GeneratorExit",
-    # round 9: repr()/str() end in "at 0x<address>" and sets order objects by identity hash,
-    # a stateless fingerprint of the heap that told timed calls from checked ones; print()
-    # flooded the worker's log file
+    # repr()/str() end in "at 0x<address>" and sets order objects by identity hash: a
+    # stateless fingerprint of the heap that tells timed calls from checked ones; print()
+    # floods the worker's log file
     "repr", "str", "ascii", "format", "print", "set", "frozenset",
-    # round 12: site's interactive helpers write to the log (license() can read input)
+    # site's interactive helpers write to the log (license() can read input)
     "credits", "license", "copyright",
-    # sixteenth red team: reflection by a name built at run time (and it runs property getters)
+    # reflection by a name built at run time (and it runs property getters)
     "hasattr",
 })
 """Builtins that load code, reach objects by string, read scopes or identity, or do I/O."""
@@ -100,17 +100,17 @@ VALUE_MATH_METHODS = frozenset({
     "index_put_", "index_copy_", "index_fill_", "scatter_", "scatter_add_", "put_",
     "masked_scatter_", "normal_", "uniform_", "random_", "set_", "resize_",
     "resize_as_", "clone", "softplus", "logit",
-    # sixth red team: a GEMM as (x[:, None] * w[None]).sum_to_size(m, n, 1)
+    # a GEMM as (x[:, None] * w[None]).sum_to_size(m, n, 1)
     "sum_to_size", "addr", "kron", "cross", "trace", "logcumsumexp", "cummax", "cummin",
     "float_power", "xlogy", "hypot", "atan2", "dist", "renorm",
-    # eighth red team: a GEMM as a broadcast product reduced with .nanmean(-1) * K, and
-    # type promotion through x + x.new_zeros(1, dtype=torch.float32)
+    # a GEMM as a broadcast product reduced with .nanmean(-1) * K, and type promotion
+    # through x + x.new_zeros(1, dtype=torch.float32)
     "nanmean", "nanmedian", "median", "quantile", "nanquantile", "new_zeros", "new_ones",
     "new_full",
-    # ninth red team: a GEMM as a broadcast product accumulated with .index_add
+    # a GEMM as a broadcast product accumulated with .index_add
     "index_add", "scatter_add", "scatter_reduce", "index_reduce", "index_put", "masked_scatter",
     "bincount", "cov", "corrcoef", "histc", "histogram", "index_fill", "scatter", "put",
-    # tenth red team: the target logit picked from materialized logits with .gather
+    # the target logit picked from materialized logits with .gather
     "gather", "take", "take_along_dim", "index_select", "masked_select",
 })
 """Methods on values (tensors) that compute, fill or rebind data."""
@@ -141,14 +141,14 @@ HOST_ESCAPE_ATTRS = frozenset({
     "numpy", "cpu", "tofile", "fromfile", "dump", "dumps", "tobytes", "tostring", "frombuffer",
     "from_numpy", "memmap", "savetxt", "save", "load", "to_dlpack", "from_dlpack", "pin_memory",
     "share_memory_", "new_tensor", "write_bytes", "write_text", "open",
-    # round 6: storage classes open and mmap files (b.storage_type().from_file(path, True, n)),
+    # storage classes open and mmap files (b.storage_type().from_file(path, True, n)),
     # .new(...) wraps storages/bytes, .fn runs an epilogue body eagerly on host tensors
     "storage_type", "new", "set_", "is_shared", "fn", "gemm_tuned",
-    # round 7: host reads of tensor values (a marker written into an input, read back)
+    # host reads of tensor values (a marker written into an input, read back)
     "item", "tolist",
 })
-"""Ways from a tensor to host memory, numpy or the filesystem (red-team round 5:
-``x.new_tensor(bytes).cpu().numpy().tofile(path)`` wrote any file). A kernel's host code
+"""Ways from a tensor to host memory, numpy or the filesystem
+(``x.new_tensor(bytes).cpu().numpy().tofile(path)`` writes any file). A kernel's host code
 never needs them: outputs are GPU tensors, and nothing leaves the GPU."""
 
 INTROSPECTION_ATTRS = frozenset({
@@ -195,7 +195,7 @@ OPERATOR_BANNED = {
 FUNCTOOLS_CACHES = frozenset({"lru_cache", "cache", "cached_property"})
 
 BANNED_KEYWORDS = {
-    "post_init_attrs": "quack setattr()s these onto its GEMM object (round 7)",
+    "post_init_attrs": "quack setattr()s these onto its GEMM object; pass the library no objects to install",
     "split_k_buffers": "scratch buffers the candidate would own across calls",
     "tile_count_semaphore": "scratch buffers the candidate would own across calls",
 }
@@ -223,9 +223,9 @@ VALUE_ATTRIBUTES = frozenset({
 })
 """Attributes a candidate may read on *values* -- tensors, call results, locals, parameters,
 module-level constants such as a ``GemmConfig`` (whose fields are allowed too, see
-:func:`surface.config_fields`): an allow-list since the sixteenth session's red team. A value's
-type is invisible to ``ast``, and the ban-lists above grew with every red team; a method
-reached on a library object was still open: quack's ``Scalar(name).to_params(gemm, obj)`` is
+:func:`surface.config_fields`): an allow-list, because a value's type is invisible to
+``ast`` and a ban-list misses what it does not name: a method reached on a library object
+is as good as any, and quack's ``Scalar(name).to_params(gemm, obj)`` is
 ``getattr(obj, name)``, and with a computed ``"_" + "_globals__"`` it reached the real
 ``exec`` through ``torch.Tensor.__reduce_ex__``. Names the ban-lists judge (math, casts,
 pointers, host escapes ...) keep their own, more specific findings."""

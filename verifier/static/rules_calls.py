@@ -19,20 +19,21 @@ def library_call_arguments(m: ModuleFacts, node: ast.Call) -> None:
     lib_call = q.split(".")[0] in ("cutlass", "quack") or m.is_epilogue_mod_call(node)
     if lib_call and not m.is_gemm_epilogue(node.func):
         for arg in [*node.args, *(k.value for k in node.keywords)]:
-            for sub in ast.walk(arg):  # also inside tuples/dicts (round 7: post_init_attrs)
+            for sub in ast.walk(arg):  # also inside tuples/dicts (post_init_attrs={...: fn})
                 if isinstance(sub, ast.Lambda) or (isinstance(sub, ast.Name) and sub.id in m.module_defs
                                                    and sub.id not in m.epilogue_names):
                     what = "a lambda" if isinstance(sub, ast.Lambda) else f"your function `{sub.id}`"
                     m.add("library-callback", node,
                           f"`{snippet(node)}` hands {what} to `{q or snippet(node.func)}`: library code may "
-                          "introspect, evaluate or install it (cute.native_struct eval'd annotations, round 4)")
+                          "introspect, evaluate or install it (cute.native_struct evaluates annotations); "
+                          "call your functions yourself, where you name them")
                     break
     for k in node.keywords:
         if k.arg in BANNED_KEYWORDS:
             m.add("banned-call", node, f"`{k.arg}=` in `{snippet(node)}`: {BANNED_KEYWORDS[k.arg]}")
         elif k.arg == "out" and q.startswith("torch."):
             m.add("banned-call", node, f"`out=` in `{snippet(node)}`: torch functions may not write into "
-                  "existing tensors (round 7: torch.empty(..., out=x) reshaped an input to mark it)")
+                  "existing tensors (torch.empty(..., out=x) reshapes x); allocate outputs fresh")
 
 
 def matmul_operator(m: ModuleFacts, node: ast.BinOp | ast.AugAssign) -> None:
@@ -61,8 +62,8 @@ def check_call(m: ModuleFacts, node: ast.Call) -> None:
                  "memory; allocate with `torch.empty(..., device=<input>.device)`")
     if any(k.arg is None for k in node.keywords):
         m.add("banned-call", node, f"`{snippet(node)[:80]}`: `**` unpacking into a call hides what the callee "
-                 "is given (`x.to(**{{'dtype': ...}})` cast unseen, `run(**{{'tile_count_semaphore': ...}})` passed "
-                 "a banned keyword: red team 10); pass arguments by name")
+                 "is given (`x.to(**{{'dtype': ...}})` casts unseen, `run(**{{'tile_count_semaphore': ...}})` passes "
+                 "a banned keyword); pass arguments by name")
     if not isinstance(func, ast.Attribute):
         return
     name = func.attr
@@ -105,8 +106,8 @@ def view_reinterprets(m: ModuleFacts, node: ast.Call) -> bool:
 def check_alloc_device(m: ModuleFacts, node: ast.Call, q: str | None) -> None:
     """``torch.empty``/``empty_strided`` must say ``device=<tensor>.device``, and
     ``empty_like``/``new_empty`` may only repeat that: a host tensor is read without a
-    CUDA sync the guard could see (its stale contents kept state across calls in the
-    ninth red team's probe), and host ops are not counted as launches."""
+    CUDA sync the guard could see (its stale contents can keep state across calls), and
+    host ops are not counted as launches."""
     dev = [k.value for k in node.keywords if k.arg == "device"]
     needs = q in ("torch.empty", "torch.empty_strided")
     if (needs and not dev) or any(not is_device_attr(d) for d in dev):
@@ -119,8 +120,8 @@ def check_to(m: ModuleFacts, node: ast.Call) -> None:
     host code needs to keep a tensor on its inputs' device. A dtype, a tensor
     (``x.to(other)`` takes other's dtype) or a variable may cast (``precision-cast``); a
     device named any other way, or ``non_blocking``, may move data to the host without a
-    synchronization the guard sees (``host-escape``: the eighth red team read the
-    allocator's poison through ``.to("cpu", non_blocking=True)``)."""
+    synchronization the guard sees (``host-escape``: ``.to("cpu", non_blocking=True)``
+    reads the allocator's poison)."""
     args = [*node.args, *(k.value for k in node.keywords if k.arg == "device")]
     other = [k.arg for k in node.keywords if k.arg not in ("device", None)]
     if len(args) == 1 and is_device_attr(args[0]) and not other:

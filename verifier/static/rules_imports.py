@@ -98,8 +98,8 @@ def check_qualified(m: ModuleFacts, node: ast.AST, q: str) -> None:
                 m.add("torch-math", node, torch_math_msg(q, m.spec))
             elif odd:
                 # torch.<x> is a dtype, class or function, never a module: what lies below it
-                # is a value's attribute (`torch.float32.to_params` hid the getattr gadget
-                # behind an alias: sixteenth red team, second round)
+                # is a value's attribute (`torch.float32.to_params` hides the getattr gadget
+                # behind an alias: tests/verifier/corpus/alias_rebinding_gadget.py)
                 m.add("value-attribute", node, f"`{q}`: `.{odd[0]}` is not an attribute candidates may use "
                          f"on `torch.{x}` (allowed on values: {', '.join(sorted(VALUE_ATTRIBUTES))})")
         else:
@@ -134,7 +134,7 @@ def check_surface(m: ModuleFacts, node: ast.AST, q: str) -> None:
             and parent in m.tree.body):
         # `cute = cutlass.cute` at module level: an alias, resolved through m.aliases.
         # Inside a function it would not be (aliases are module-level only), so
-        # `cu = cutlass.cute; cu.make_ptr(...)` went unjudged (red team, session 15).
+        # `cu = cutlass.cute; cu.make_ptr(...)` would go unjudged.
         return
     m.add(
         "banned-attribute", node,

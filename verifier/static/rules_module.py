@@ -48,7 +48,7 @@ def import_time_calls(m: ModuleFacts) -> None:
     arguments, annotations of functions, decorators and their arguments. Only
     cutlass/quack/math constructors may be called there (no torch, no builtins), never
     with one of the candidate's functions as an argument (a library call could run it
-    at import: red team round 3), and defaults and annotations hold no calls at all.
+    at import), and defaults and annotations hold no calls at all.
     Module-level values are not lists/dicts/sets (shared mutable state)."""
     exprs: list[tuple[ast.AST, str]] = []
     for node in m.tree.body:

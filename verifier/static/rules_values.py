@@ -32,8 +32,8 @@ from .rules_imports import check_qualified
 
 def check_name(m: ModuleFacts, node: ast.Name) -> None:
     # No exemption for a name some import or assignment binds: the alias table is
-    # module-wide, so `from math import pi as eval` in a helper freed the real `eval`
-    # everywhere else (eleventh red team). Binding such a name is reported by rules_bindings.bindings.
+    # module-wide, so `from math import pi as eval` in a helper would free the real `eval`
+    # everywhere else. Binding such a name is reported by rules_bindings.bindings.
     if node.id in BANNED_BUILTINS and isinstance(node.ctx, ast.Load):
         m.add("banned-call", node, builtin_msg(node.id))
         return
@@ -56,8 +56,9 @@ def check_value_use(m: ModuleFacts, node: ast.Name | ast.Attribute) -> None:
     ``out=``, ``device=`` of allocations, callbacks handed to the library) see the callee
     where the call names it, so a library callable or an epilogue mod may only be
     *called* where it is named: ``alloc = torch.empty; alloc(..., out=x)``,
-    ``gm = swiglu_epi.gemm`` and ``swiglu_epi.plan(...).run`` got banned keywords past
-    every rule (red team 10). Annotations, ``isinstance`` class arguments and bare
+    ``gm = swiglu_epi.gemm`` and ``swiglu_epi.plan(...).run`` would get banned keywords
+    past every rule (tests/verifier/corpus/aliased_banned_keywords.py). Annotations,
+    ``isinstance`` class arguments and bare
     decorators are not calls and stay allowed; non-callable library values (dtypes,
     constants) too."""
     if not isinstance(node.ctx, ast.Load) or not m.is_chain_top(node) or m.not_a_value(node):
@@ -177,8 +178,8 @@ def method_references(m: ModuleFacts, node: ast.Attribute) -> None:
             and not (isinstance(parent, ast.Call) and parent.func is node)
             and not m.in_epilogue_fn(node) and not m.is_type_info(node.value)):
         m.add("torch-math", node, f"`{snippet(node)}`: a reference to a tensor method the rules check where "
-              "it is called (math, allocation, views) is not allowed: `mm = x.matmul; mm(w)` hid a GEMM "
-              "(eleventh red team); call the method where you name it")
+              "it is called (math, allocation, views) is not allowed (`mm = x.matmul; mm(w)` hides a GEMM); "
+              "call the method where you name it")
     if (isinstance(node.ctx, ast.Load) and recv_q is None and node.attr in CAST_METHODS | {"to"}
             and not (isinstance(parent, ast.Call) and parent.func is node)):
         m.add("precision-cast", node, f"`{snippet(node)}`: a reference to a dtype-cast method (called "
@@ -196,7 +197,7 @@ def string_constant(m: ModuleFacts, node: ast.Constant) -> None:
               "strings may appear only as docstrings, dict keys, subscripts (`res[\"D\"]`), keyword values and "
               "arguments of cutlass/quack/torch calls (`ColVecLoad(\"rstd\")`, `mode=\"acc_pair\"`) and in "
               "comparisons; a string bound to a name, concatenated or passed to your own functions can be "
-              "%-formatted or turned into an attribute name (sixteenth red team)")
+              "%-formatted or turned into an attribute name")
 
 
 def identity_compare(m: ModuleFacts, node: ast.Compare) -> None:
@@ -205,7 +206,7 @@ def identity_compare(m: ModuleFacts, node: ast.Compare) -> None:
             len(node.ops) == 1 and any(isinstance(x, ast.Constant) and x.value is None
                                        for x in (node.left, *node.comparators))):
         m.add("banned-call", node, f"`{snippet(node)[:60]}`: `is`/`is not` compare object identity, which "
-              "tells a library's cached result from a fresh one (a call counter: twelfth red team); "
+              "tells a library's cached result from a fresh one (a call counter); "
               "use `is None` or `==`")
 
 
@@ -223,7 +224,7 @@ def formatting(m: ModuleFacts, node: ast.JoinedStr | ast.Set | ast.SetComp | ast
                 "x.size(i), a GemmConfig field, a module-level numeric constant): write `n % 192`"
                 if what == "%-formatting" else "")
         m.add("banned-call", node, f"{what} (`{snippet(node)[:60]}`) are not allowed: string conversion and "
-              f"set order expose object addresses (a heap fingerprint, red-team round 9){hint}")
+              f"set order expose object addresses (a heap fingerprint){hint}")
 
 
 def str_format(m: ModuleFacts, node: ast.Call) -> None:

@@ -144,20 +144,20 @@ def module_import_allowed(name: str) -> bool:
 POINTER_NAMES = frozenset({"inttoptr", "make_ptr", "recast_ptr", "Pointer", "TypedPointer"})
 """Pointers made from integers or recast (``cutlass.inttoptr``, ``cute.make_ptr``,
 ``cute.recast_ptr``, the ``Pointer``/``TypedPointer`` classes): an epilogue reading or writing device memory that no operand names
-(state kept across calls, writes into other tensors; red team, session 15). Epilogues
+(state kept across calls, writes into other tensors). Epilogues
 reach memory only through the primitives' operands."""
 
 EPILOGUE_BUILDERS = frozenset({"EpiMod", "StaticEpi", "epilogue_from_class"})
 """quack's ways to build an epilogue mod from any function and any declarations, outside
 ``@gemm_epilogue``: none of the static epilogue checks (literal declarations, return keys,
-mode) would see such a mod (sixteenth red team, third round)."""
+mode) would see such a mod."""
 
 DENIED_LIBRARY_NAMES = frozenset({
     "struct", "union", "register_jit_arg_adapter", "JitArgAdapterRegistry",
     # compiler entry points: their option strings write and read files
-    # (--remark-output=PATH truncated a file in red-team round 3), ffi loads code
+    # (--remark-output=PATH truncates a file), ffi loads code
     "compile", "jit", "kernel", "compile_to", "ffi", "CompileOptions",
-    # typing.get_type_hints on a candidate's function: eval of its annotations (round 4)
+    # typing.get_type_hints on a candidate's function: eval of its annotations
     "native_struct", "make_native_struct",
     *EPILOGUE_BUILDERS,
     *POINTER_NAMES,
@@ -226,8 +226,9 @@ def judge(path: str) -> tuple[str, str, bool] | None:
                 return ("banned-import", f"`{here}` is a module outside the allow-list ({', '.join(LIBRARY_MODULES)})", False)
             return ("unknown-name", f"`{here}` does not exist (no attribute `{p}` in `{here.rsplit('.', 1)[0]}`)", False)
         if not isinstance(owner, types.ModuleType) and callable(obj) and not isinstance(obj, type):
-            # red team, session 16: `Scalar.to_params(Scalar(name), 0, obj)` is getattr(obj, name)
-            # by the class's method; a candidate calls module functions and constructors only
+            # `Scalar.to_params(Scalar(name), 0, obj)` is getattr(obj, name) by the class's
+            # method (tests/verifier/corpus/class_method_gadget.py); a candidate calls module
+            # functions and constructors only
             return ("banned-attribute", f"`{here}` is a method of `{here.rsplit('.', 1)[0]}`: candidates call the "
                     "allowed modules' functions and constructors, never methods reached through a class or object "
                     "(several cutlass/quack methods do getattr/setattr by a name they are given)", False)
@@ -253,8 +254,8 @@ def _identity(obj: object) -> tuple[int, int]:
 @functools.lru_cache(maxsize=None)
 def _denied_identities() -> frozenset[tuple[int, int]]:
     """The objects :data:`DENIED_LIBRARY_NAMES` name in the allowed library modules (classes
-    and functions only), so that the same object is refused whatever name reaches it (red
-    team, session 15: the ban went by the last name component only)."""
+    and functions only), so that the same object is refused whatever name reaches it, not
+    only under its last name component."""
     out = set()
     for modname in LIBRARY_MODULES:
         mod, _ = _import(modname)
@@ -317,14 +318,15 @@ def _judge_object(here: str, obj: object, std: str | None) -> tuple[str, str, bo
     if isinstance(obj, type) and issubclass(obj, type):
         # a metaclass builds classes: `cutlass.NumericMeta("Zed", (int,), {k: f})` defined a
         # class with run-time dunders and a fresh type per call (a call counter through
-        # cute.shape's cache), past the class-definition rule (sixteenth red team, third round)
+        # cute.shape's cache), past the class-definition rule
+        # (tests/verifier/corpus/metaclass_call_counter.py)
         return ("banned-call", f"`{here}` is a metaclass (it builds classes): candidates define no classes, "
                 "in any form", False)
     epi_mod = _epilogue_mod_class()
     if epi_mod is not None and isinstance(obj, epi_mod):
         return ("library-epilogue", f"`{here}` is one of quack's ready-made epilogue mods: it is the library baseline "
-                "the kernel is measured against (the red team of session 9 shipped `rope_posfreq_epi` as a kernel); "
-                "write the epilogue with @gemm_epilogue from the primitives", False)
+                "the kernel is measured against, not a candidate; write the epilogue with @gemm_epilogue from the "
+                "primitives", False)
     if isinstance(obj, types.ModuleType):
         if obj.__name__ in ALLOWED_MODULES and obj.__name__ == here:
             return None

@@ -1,8 +1,8 @@
 """A call counter in a process-wide registry: `typing.Iterable` forwards its attributes to
 `collections.abc.Iterable`, so `typing.Iterable.register(cls)` is `ABCMeta.register`, and
 `issubclass(cls, typing.Iterable)` reads the count back (a unary counter over builtin
-exception classes). The surface allowed any attribute below a whitelisted typing name
-(sixteenth red team).
+exception classes). The surface refuses attributes below a whitelisted typing name
+(threat 6, docs/threat-model.md).
 
 SPEC: swiglu_fwd
 EXPECT: static banned-attribute

@@ -2,7 +2,7 @@
 `R.<attr>` was judged as `torch.float32.<attr>` (and torch paths past two parts only by
 their math/cast names); rebinding R to a quack Scalar made `R.to_params(0, obj)` getattr
 again, with the dunder names glued from `cutlass.const_expr` (which returns its argument):
-the real `exec` ran (sixteenth red team, second round).
+the real `exec` ran (threat 19, docs/threat-model.md).
 
 SPEC: swiglu_fwd
 EXPECT: static name-redefined

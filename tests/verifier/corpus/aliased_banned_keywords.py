@@ -1,4 +1,4 @@
-"""Threat 22, tenth red team: banned keywords through aliases and ``**`` unpacking.
+"""Threat 19: banned keywords through aliases and ``**`` unpacking.
 
 SPEC: swiglu_fwd
 EXPECT: static banned-call
@@ -6,8 +6,8 @@ EXPECT: static banned-call
 The keyword rules (``out=`` on torch functions, quack's ``post_init_attrs`` and
 ``tile_count_semaphore``) and the callback rule looked at calls that *name* their callee
 and at ``**`` only in method calls. Here every banned keyword arrives through ``**{...}``
-into a local alias: ``torch.empty`` as ``alloc`` (``out=`` an input, round 7's input
-mark), an epilogue's ``plan(...).run`` (a stale, candidate-owned tile semaphore; ``plan``
+into a local alias: ``torch.empty`` as ``alloc`` (``out=`` an input: a mark on the
+input), an epilogue's ``plan(...).run`` (a stale, candidate-owned tile semaphore; ``plan``
 and ``run`` also skip quack's host checks) and its ``gemm`` (a candidate function
 setattr()ed onto quack's GEMM object). Now ``**`` is banned in every call, library
 callables and epilogue mods may only be called where they are named, and an epilogue mod

@@ -1,4 +1,4 @@
-"""Threat 27, twelfth red team: a parameter named `isinstance`.
+"""Threat 19: a parameter named `isinstance`.
 
 SPEC: swiglu_fwd
 EXPECT: static banned-call

@@ -2,7 +2,7 @@
 resolves as `quack.epilogue.ops.Scalar.to_params`, an object defined in quack, and so
 passed the import-surface rule; with a literal name it reads any attribute the value
 rules ban (`x.numpy` here: a host copy). Methods of library classes are refused by the
-surface (sixteenth red team).
+surface (threat 19, docs/threat-model.md).
 
 SPEC: swiglu_fwd
 EXPECT: static banned-attribute

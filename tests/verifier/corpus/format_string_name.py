@@ -1,6 +1,6 @@
 """%-formatting through a name: the rule on `%` looked for a literal left operand only, so
-`FMT = "%r"; FMT % (iter(()),)` printed `<tuple_iterator object at 0x...>`, the heap
-fingerprint of round 9. Strings may no longer be bound to names (sixteenth red team).
+`FMT = "%r"; FMT % (iter(()),)` printed `<tuple_iterator object at 0x...>`, a heap
+fingerprint (threat 15, docs/threat-model.md). Strings may not be bound to names.
 
 SPEC: swiglu_fwd
 EXPECT: static string-value

@@ -1,8 +1,8 @@
 """A library method used as getattr: quack's `Scalar(name).to_params(gemm, obj)` returns
 `{name: getattr(obj, name)}`. With dunder names built at run time ("_" + "_globals__") it
 walked torch.Tensor.__reduce_ex__ to the real builtins and ran `exec` in both workers:
-eager torch math passed correctness and the worker's own timer was patched (sixteenth red
-team, shown on the CPU test device).
+eager torch math passed correctness and the worker's own timer was patched (threat 20,
+docs/threat-model.md; shown on the CPU test device).
 
 SPEC: swiglu_fwd
 EXPECT: static value-attribute

@@ -1,4 +1,4 @@
-"""Threat 26, twelfth red team: a call counter read from a library cache by identity.
+"""Threat 6: a call counter read from a library cache by identity.
 
 SPEC: swiglu_fwd
 EXPECT: static banned-call

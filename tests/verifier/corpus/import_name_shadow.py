@@ -1,4 +1,4 @@
-"""Threat 28, twelfth red team: torch math and casts under the names of imports.
+"""Threat 19: torch math and casts under the names of imports.
 
 SPEC: swiglu_fwd
 EXPECT: static name-redefined

@@ -1,4 +1,4 @@
-"""Threat 23, tenth red team: quack's own library epilogue shipped as the kernel.
+"""Threat 18: quack's own library epilogue shipped as the kernel.
 
 SPEC: gemm_rope
 EXPECT: static library-epilogue

@@ -1,4 +1,4 @@
-"""Threat 21, tenth red team: an unfused op inside the launch budget.
+"""Threat 17: an unfused op inside the launch budget.
 
 SPEC: gemm_cross_entropy
 EXPECT: gpu workspace

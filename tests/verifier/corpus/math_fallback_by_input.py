@@ -1,4 +1,4 @@
-"""Threat 20, sixth red team: the quack epilogue only where it is checked, torch math elsewhere.
+"""Threat 11: the quack epilogue only where it is checked, torch math elsewhere.
 
 SPEC: swiglu_fwd
 EXPECT: static torch-math
@@ -8,8 +8,7 @@ so a candidate can tell them apart by value (or, on a GPU, by ``x.is_cuda``): it
 quack kernel at compile time and computes the op with plain tensor math at run time. The
 GEMM here is a broadcast multiply reduced with ``sum_to_size``, a compute method the static
 deny-list did not hold; casts go through ``.to(<empty tensor of the dtype>)`` (a
-``precision-cast`` since session 8). On the CPU test device this was accepted before
-``sum_to_size`` was listed. On a GPU the launch count is the backstop: enforced at the first
+``precision-cast``). On the CPU test device it passes unless ``sum_to_size`` is listed. On a GPU the launch count is the backstop: enforced at the first
 correctness shape and at every benchmark shape (``launches-at-bench-shape``).
 """
 import math

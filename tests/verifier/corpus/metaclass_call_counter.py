@@ -2,7 +2,7 @@
 `cutlass.NumericMeta` (a library constructor, so it passed) and keys `cute.shape`'s
 lru_cache with an instance; the cache hands back the first call's key, an instance of
 this call's class only on the first call at a shape, which is the profiled trial. Fused
-there, a cheaper path elsewhere (sixteenth red team, third round; threat 26 again).
+there, a cheaper path elsewhere (threat 6, docs/threat-model.md).
 
 SPEC: swiglu_fwd
 EXPECT: static banned-call

@@ -1,11 +1,11 @@
-"""Threat 25, eleventh red team: tensor methods referenced, then called through a name.
+"""Threat 11: tensor methods referenced, then called through a name.
 
 SPEC: swiglu_fwd
 EXPECT: static torch-math
 
 The math, allocation and view rules judge `x.matmul(...)`, `x.new_empty(...)` where the
 call names the method; `mm = x.matmul; mm(w)` was judged nowhere (a GEMM in torch, and an
-uninitialised host tensor through `new_empty(..., device="cpu")`, the round-9 stale-heap
+uninitialised host tensor through `new_empty(..., device="cpu")`, a stale-heap
 channel). A reference to any such method outside an epilogue body is now torch-math.
 """
 import torch

@@ -1,15 +1,15 @@
-"""Threat 20, eighth red team: tell the judged trials from an unjudged counted call.
+"""Threat 15: tell the judged trials from an unjudged counted call.
 
 SPEC: swiglu_fwd
 EXPECT: static host-escape
 
-Until session 8 the correctness stage counted launches on an extra call whose outputs were
-not compared, and only judged trials run on freshly poisoned memory (every free allocator
+A correctness stage that counts launches on an extra call whose outputs are not compared
+invites this: only judged trials run on freshly poisoned memory (every free allocator
 byte a NaN pattern). A non-blocking copy to the host is invisible to the worker's
 sync-debug guard, so the candidate read a fresh block on the host: poison means a judged
 trial, which gets a correct torch fallback (about 10 launches), while the counted call
 gets one kernel that is wrong at ragged shapes. Benchmark shapes run the honest kernel.
-Now ``.to`` takes ``<tensor>.device`` only, keyword unpacking into methods and the
+The rules: ``.to`` takes ``<tensor>.device`` only, keyword unpacking into methods and the
 fallback's ``.nanmean`` are rejected, and the counted call is a judged, poisoned trial.
 """
 import math

@@ -1,4 +1,4 @@
-"""Threat 24, eleventh red team: a scoped alias that freed `eval` module-wide.
+"""Threat 19: a scoped alias that freed `eval` module-wide.
 
 SPEC: swiglu_fwd
 EXPECT: static banned-call

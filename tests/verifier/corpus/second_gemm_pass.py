@@ -1,4 +1,4 @@
-"""Threat 29, thirteenth red team: a second GEMM pass inside a tight launch budget.
+"""Threat 16: a second GEMM pass inside a tight launch budget.
 
 SPEC: rope_bwd
 EXPECT: gpu gemm-launches

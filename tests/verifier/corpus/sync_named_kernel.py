@@ -1,4 +1,4 @@
-"""Threat 20, eighth red team: a second GEMM the launch count does not see.
+"""Threat 16: a second GEMM the launch count does not see.
 
 SPEC: swiglu_fwd
 EXPECT: static reserved-name
@@ -7,9 +7,9 @@ The candidate worker's launch count skipped profiler events whose name contained
 synchronization markers), and quack names an epilogue's kernel after its fn
 (``GemmMod_<fn name>_<digest>``). An epilogue named ``*_Sync_*`` therefore launched for
 free at every shape: half of the rows go through it here, and one call counted as one
-kernel. Def names that could pass for a profiler marker are now reserved, and since
-session 9 the count drops exact marker names only (``protocol.gpu_kernels``), so this
-kernel would be counted too.
+kernel. Def names that could pass for a profiler marker are reserved, and the count
+drops exact marker names only (``protocol.gpu_kernels``), so this kernel would be counted
+too.
 """
 import torch
 from quack.activation import sigmoid

@@ -1,5 +1,5 @@
-"""Floods its stdout past the parent's cap and attacks the log descriptor (red team
-2026-11-30: ftruncate and fallocate KEEP_SIZE on a file descriptor); records the results."""
+"""Floods its stdout past the parent's cap and attacks the log descriptor (ftruncate and
+fallocate KEEP_SIZE on a file descriptor); records the results."""
 
 import ctypes
 import os

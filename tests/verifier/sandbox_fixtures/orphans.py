@@ -1,6 +1,6 @@
 """Makes children with clone(CLONE_PARENT | SIGCHLD): they belong to the worker's *parent*
-(the verifier), in the worker's process group, and exit at once (red team 2026-11-30: 2000
-zombies the parent never reaped). Records its group id."""
+(the verifier), in the worker's process group, and exit at once (zombies the parent must
+reap). Records its group id."""
 
 import ctypes
 import os
