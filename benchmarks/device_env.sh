@@ -1,4 +1,4 @@
-# Source on the H200 device machine (see ../shared/device/README.md), from the repo root:
+# Source on the H200 device machine (benchmarks/README.md, "On a device machine"), from the repo root:
 #   source .device-bundle/p2/install.sh && source benchmarks/device_env.sh
 # Makes `import coda_agent` work without pip-installing the project there: a shim folder
 # maps coda_agent -> this checkout (and coda_agent.kernels -> generated_kernels/), exactly

@@ -1,14 +1,14 @@
 """One training step through the coda_agent.kernels ops vs the same math in PyTorch (dev tool; H200 only).
 
 Why: the results page scores kernels one at a time against their specs' baselines. A user
-calls the ops, whose backward may add glue around the kernel. Until 2026-12-01
-``rmsnorm_linear``'s backward computed the RMSNorm correction ``zdz = sum_n dy * out / D``
-with one torch pass over dy and the saved out, both (M, N), before the fused ``rms_bwd``
-kernel; for every consumer of a Llama RMSNorm (QKV, gate/up) N >= D, so that pass costs
-more than the unfused backward's extra traffic (dz written and read back, (M, D)). This
-probe measured it (``benchmarks/results/dev/2026-12-01-h200-op-training-probe.json``:
-that glue's ``step:ops (compile)`` 6-16 % over ``step:compile``; its ``deferred
-composition`` rows are the glue that replaced it) and keeps measuring the ops.
+calls the ops, whose backward may add glue around the kernel. A ``rmsnorm_linear``
+backward that computes the RMSNorm correction ``zdz = sum_n dy * out / D`` with one torch
+pass over dy and the saved out, both (M, N), before the fused ``rms_bwd`` kernel costs
+more than the unfused backward's extra traffic (dz written and read back, (M, D)): for
+every consumer of a Llama RMSNorm (QKV, gate/up) N >= D
+(``benchmarks/results/dev/2026-12-01-h200-op-training-probe.json``: that glue's
+``step:ops (compile)`` 6-16 % over ``step:compile``; its ``deferred composition`` rows are
+the glue the ops use). This probe keeps measuring the ops.
 
 Per case, median ms of ``triton.testing.do_bench`` (L2 flushed), all in one process:
 

@@ -171,8 +171,7 @@ def test_tricks_add_appends_dated_entry(ws, capsys):
 
 
 def test_tricks_add_from_run_takes_a_run_name(ws, capsys, monkeypatch, tmp_path):
-    """--from-run takes a run's name under runs/, as --resume does (new-user pass, session 13:
-    only a path worked)."""
+    """--from-run takes a run's name under runs/, as --resume does, not only a path."""
     import json
 
     run = ws / "runs" / "20260101T000000Z-swiglu_fwd"
@@ -231,8 +230,7 @@ def test_gpu_commands_stop_early_without_a_gpu(ws, capsys, monkeypatch):
     assert main(["generate", "swiglu_fwd", "--no-accept"]) == 2
     assert "spends API tokens" in capsys.readouterr().err
     monkeypatch.delenv("ANTHROPIC_API_KEY")
-    # no key and no GPU: the missing key is named first (new-user pass,
-    # session 13: one round-trip each)
+    # no key and no GPU: the missing key is named first (not one round-trip each)
     assert main(["generate", "--llm", "anthropic", "swiglu_fwd", "--no-accept"]) == 2
     assert "ANTHROPIC_API_KEY is not set" in capsys.readouterr().err
     assert main(["generate", "--llm", "manual", "swiglu_fwd", "--no-accept"]) == 0
@@ -242,7 +240,7 @@ def test_gpu_commands_stop_early_without_a_gpu(ws, capsys, monkeypatch):
 
 def test_a_refused_page_rewrite_changes_nothing_in_the_kept_folder(ws, capsys):
     """--merge-from into a folder whose page is hand-written is refused before any verdict
-    there changes (the new-user pass saw verdicts rewritten, then the refusal)."""
+    there changes (not verdicts rewritten, then the refusal)."""
     res = ws / "results"
     for name in ("2026-11-30-nvidia-h200-resample", "2026-11-30-nvidia-h200-repeat"):
         shutil.copytree(ROOT / "benchmarks" / "results" / name, res / name)
@@ -255,10 +253,10 @@ def test_a_refused_page_rewrite_changes_nothing_in_the_kept_folder(ws, capsys):
 
 
 def test_a_resumed_run_on_an_accepted_spec_is_refused_before_the_gpu_stages(ws, capsys, monkeypatch):
-    """New-user pass: a run started without a GPU and without --force on an accepted spec
-    used to be resumed on the GPU, verified and benchmarked, and only then refused at
-    accept. The resume is now refused up front unless the run (or the resume) says
-    --force or --no-accept; a resumed --llm command run is told to give its command again."""
+    """A run started without a GPU and without --force on an accepted spec is refused up
+    front on resume (not resumed on the GPU, verified and benchmarked, and only then refused
+    at accept) unless the run (or the resume) says --force or --no-accept; a resumed --llm
+    command run is told to give its command again."""
     import coda_agent.cli as cli
 
     monkeypatch.setattr(cli, "_has_gpu", lambda: False)
@@ -273,8 +271,8 @@ def test_a_resumed_run_on_an_accepted_spec_is_refused_before_the_gpu_stages(ws, 
 
 
 def test_force_is_never_read_from_the_run_folder(ws, capsys, monkeypatch):
-    """Red team 13: run.json is the answerer's to write in --llm manual mode; a run.json
-    saying "force": true replaced an accepted kernel on a resume without --force."""
+    """run.json is the answerer's to write in --llm manual mode; a run.json saying
+    "force": true must not replace an accepted kernel on a resume without --force."""
     import json
 
     import coda_agent.cli as cli
@@ -307,8 +305,8 @@ def test_a_spec_outside_the_library_cannot_start_an_accepting_run(ws, tmp_path, 
 
 
 def test_a_broken_manifest_is_named_not_a_traceback(ws, capsys):
-    """New-user pass: a malformed manifest.json crashed `list` and `review` with a
-    JSONDecodeError; `list` also missed a kernel.py edited after acceptance."""
+    """A malformed manifest.json is named by `list` and `review`, not a JSONDecodeError;
+    `list` also flags a kernel.py edited after acceptance."""
     (ws / "generated_kernels" / "rope_bwd" / "manifest.json").write_text("{bad")
     k = ws / "generated_kernels" / "swiglu_fwd" / "kernel.py"
     k.write_text(k.read_text() + "# edited\n")
@@ -323,8 +321,8 @@ def test_a_broken_manifest_is_named_not_a_traceback(ws, capsys):
 
 
 def test_flags_that_would_be_ignored_are_refused(ws, capsys):
-    """New-user pass: `regress --cpu-only --shape foo` checked everything and said nothing;
-    `verify --allow-unconfined` without --accept was silently accepted."""
+    """`regress --cpu-only --shape foo` and `verify --allow-unconfined` without --accept
+    are refused, not silently ignored."""
     assert main(["regress", "--cpu-only", "--shape", "foo"]) == 2
     assert "--cpu-only measures none" in capsys.readouterr().err
     good = ws / "generated_kernels" / "swiglu_fwd" / "kernel.py"
@@ -334,8 +332,8 @@ def test_flags_that_would_be_ignored_are_refused(ws, capsys):
 
 def test_verify_no_bench_without_a_gpu_is_not_verified(ws, capsys):
     """--no-bench skips the benchmark, not the GPU: without a GPU the correctness stage is
-    skipped, so nothing was verified and the exit status is 1 (new-user pass, session 13:
-    it was 0, with passed: true in the JSON)."""
+    skipped, so nothing was verified and the exit status is 1 (not 0 with passed: true in
+    the JSON)."""
     import torch
 
     if torch.cuda.is_available():
@@ -346,8 +344,8 @@ def test_verify_no_bench_without_a_gpu_is_not_verified(ws, capsys):
 
 
 def test_verify_prints_notes_of_a_passing_stage(ws, capsys):
-    """A mod called without tuned=False passes compile with a tuned-default note that was
-    only in the JSON (new-user pass): it is printed."""
+    """A mod called without tuned=False passes compile with a tuned-default note: it is
+    printed, not only in the JSON."""
     src = (ws / "generated_kernels" / "swiglu_fwd" / "kernel.py").read_text()
     assert "tuned=False" in src
     cand = ws / "untuned.py"
@@ -358,8 +356,8 @@ def test_verify_prints_notes_of_a_passing_stage(ws, capsys):
 
 
 def test_a_committed_run_record_is_not_resumed(ws, capsys, monkeypatch):
-    """Resuming a run under benchmarks/results/runs/ rewrote its tracked run.json and named
-    the other checkout's path as the accepted kernel (new-user pass, session 13)."""
+    """A run under benchmarks/results/runs/ is a record: resuming it would rewrite its
+    tracked run.json and name the other checkout's path as the accepted kernel."""
     rec = sorted((ROOT / "benchmarks" / "results" / "runs").glob("*-swiglu_fwd"))[-1]
     dest = ws / "benchmarks" / "results" / "runs" / rec.name
     shutil.copytree(rec, dest)
@@ -383,7 +381,7 @@ def test_a_committed_run_record_is_not_resumed(ws, capsys, monkeypatch):
 
 
 def test_resuming_a_run_of_another_spec_is_refused_before_any_warning(ws, capsys, monkeypatch):
-    """The no-GPU warning printed before this unrelated usage error (new-user pass, session 13)."""
+    """The usage error comes first, without the unrelated no-GPU warning."""
     from coda_agent.verifier.gpu import environment
 
     monkeypatch.setattr(environment, "cuda_available", lambda: False)
@@ -398,7 +396,7 @@ def test_resuming_a_run_of_another_spec_is_refused_before_any_warning(ws, capsys
 
 def test_a_workspace_under_a_folder_named_like_the_records_can_resume(tmp_path, monkeypatch, capsys):
     """Only a run folder directly in benchmarks/results/runs/ is a record: a checkout that
-    itself lives below such a path resumed nothing (red team, session 13)."""
+    itself lives below such a path resumes as any other."""
     ws = tmp_path / "benchmarks" / "results" / "runs" / "ws"
     for d in ("kernel_specs", "primitives_docs", "generated_kernels"):
         shutil.copytree(ROOT / d, ws / d, ignore=shutil.ignore_patterns("__pycache__"))
@@ -412,9 +410,9 @@ def test_a_workspace_under_a_folder_named_like_the_records_can_resume(tmp_path, 
 
 
 def test_a_library_the_verifier_cannot_import_is_a_verifier_error_not_the_candidates(ws, monkeypatch, capsys):
-    """quack.activation needs triton; without it the accepted swiglu_fwd kernel used to fail
+    """quack.activation needs triton; without it the accepted swiglu_fwd kernel must not fail
     the static stage as `unknown-name` (exit 1, and in `generate` a spent attempt with that
-    feedback for the model). Now: a verifier error naming the module and the fix, exit 2."""
+    feedback for the model): it is a verifier error naming the module and the fix, exit 2."""
     from coda_agent.verifier.static import surface
 
     real = surface._import.__wrapped__
@@ -430,7 +428,7 @@ def test_a_library_the_verifier_cannot_import_is_a_verifier_error_not_the_candid
     text = " ".join((out.out + out.err).split())
     assert "verifier error in the static stage" in text and "not the candidate" in text
     assert "quack.activation" in text and "No module named 'triton'" in text and "cpu-compile" in text
-    # the message is the fix: no traceback, said once (new-user pass, session 16: 8 frames, thrice)
+    # the message is the fix: no traceback, said once
     assert "Traceback" not in text and text.count("cannot be imported in the verifier") <= 2
 
 
@@ -454,8 +452,8 @@ def test_a_syntax_error_names_the_users_file_not_the_verifiers_copy(ws, tmp_path
 
 
 def test_bench_from_manifests_renders_the_whole_page_and_refuses_ignored_flags(ws, capsys):
-    """New-user pass (session 14): `bench swiglu_fwd --from-manifests` replaced the day's
-    12-section manifests page with 2 sections, and --shape/--repeat were silently ignored."""
+    """`bench swiglu_fwd --from-manifests` would replace the day's 12-section manifests page
+    with 2 sections, and --shape/--repeat would be ignored: both are refused."""
     assert main(["bench", "swiglu_fwd", "--from-manifests"]) == 2
     assert "use --all" in capsys.readouterr().err
     for extra in (["--shape", "llama3-8b/M8192"], ["--repeat", "3"], ["--jobs", "2"]):
@@ -471,8 +469,8 @@ def test_list_shows_an_accepted_kernel_whose_spec_is_gone(ws, capsys):
 
 
 def test_generate_checks_its_flags_before_anything_else(ws, capsys):
-    """New-user pass (session 14): --max-attempts 0 was reported after the no-GPU warning,
-    and --force with --no-accept was accepted silently."""
+    """--max-attempts 0 is reported before (and without) the no-GPU warning, and --force
+    with --no-accept is refused."""
     assert main(["generate", "swiglu_bwd", "--llm", "manual", "--max-attempts", "0"]) == 2
     err = " ".join(capsys.readouterr().err.split())
     assert "--max-attempts 0: expected an integer >= 1" in err and "no CUDA GPU" not in err
@@ -489,9 +487,9 @@ def test_an_unconfined_run_is_announced(ws, monkeypatch, capsys):
 
 
 def test_output_flags_never_write_into_the_library_or_specs(ws, capsys):
-    """New-user pass, session 15: `prompt --out generated_kernels/swiglu_bwd/kernel.py`,
-    `verify --json <manifest>` and `regress --json <kernel.py>` replaced accepted files, and
-    `verify --json CANDIDATE` the candidate itself. Each is refused before any work."""
+    """`prompt --out generated_kernels/swiglu_bwd/kernel.py`, `verify --json <manifest>` and
+    `regress --json <kernel.py>` would replace accepted files, and `verify --json CANDIDATE`
+    the candidate itself. Each is refused before any work."""
     kdir = ws / "generated_kernels" / "swiglu_bwd"
     before = {p.name: p.read_bytes() for p in kdir.iterdir() if p.is_file()}
     good = ws / "generated_kernels" / "swiglu_fwd" / "kernel.py"
@@ -522,9 +520,9 @@ def test_output_flags_never_write_into_the_library_or_specs(ws, capsys):
 
 
 def test_a_usage_error_is_one_line_however_long(ws, capsys):
-    """CI, session 16: rich wrapped a usage error at 160 columns when stderr is not a
-    terminal, so a long temporary path split 'does not exist' over two lines (and a
-    script grepping the message missed it). Errors are soft-wrapped: one line."""
+    """rich wraps at 160 columns when stderr is not a terminal, which would split 'does not
+    exist' after a long temporary path over two lines (and a script grepping the message
+    would miss it). Errors are soft-wrapped: one line."""
     deep = ws / ("d" * 150) / "no" / "such"
     deep.parent.parent.mkdir()
     assert main(["bench", "--all", "--from-manifests", "--out", str(deep)]) == 2
@@ -534,10 +532,10 @@ def test_a_usage_error_is_one_line_however_long(ws, capsys):
 
 @pytest.mark.parametrize("sig,rc", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
 def test_an_interrupted_generate_kills_its_llm_command(ws, tmp_path, sig, rc):
-    """New-user pass, session 16: Ctrl-C or SIGTERM of `generate --llm command` left the
-    command running (its own session: no terminal signal reached it), with nobody reading
-    its answer and, for a paid LLM tool, still spending. SIGTERM also skipped every cleanup
-    (run.json stayed 'running')."""
+    """Ctrl-C or SIGTERM of `generate --llm command` kills the command (its own session: no
+    terminal signal reaches it), which would otherwise run on with nobody reading its answer
+    and, for a paid LLM tool, still spending; SIGTERM also runs every cleanup (run.json does
+    not stay 'running')."""
     pidfile = tmp_path / "cmd.pid"
     script = tmp_path / "slow.sh"
     script.write_text(f"#!/bin/sh\necho $$ > {pidfile}\nexec sleep 120\n")
@@ -562,8 +560,8 @@ def test_an_interrupted_generate_kills_its_llm_command(ws, tmp_path, sig, rc):
 
 
 def test_bench_refuses_flags_it_would_ignore(ws, capsys):
-    """New-user pass, session 15: `bench --from-verdicts DIR swiglu_bwd` rewrote every
-    kernel's page, and --shape/--repeat/--jobs were ignored with exit 0."""
+    """`bench --from-verdicts DIR swiglu_bwd` would rewrite every kernel's page, and
+    --shape/--repeat/--jobs would be ignored with exit 0: each is refused."""
     kept = ws / "kept"
     kept.mkdir()
     for extra, named in ((["swiglu_bwd"], "SPEC names"), (["--shape", "x"], "--shape"), (["--repeat", "3"], "--repeat"),
@@ -575,8 +573,8 @@ def test_bench_refuses_flags_it_would_ignore(ws, capsys):
 
 
 def test_generate_exits_2_when_the_verifier_fails(ws, capsys, monkeypatch):
-    """New-user pass, session 15: a run ending 'verifier-error' exited 1, the status of a
-    rejected candidate, while `verify` exits 2 for the same machine failure."""
+    """A run ending 'verifier-error' exits 2, as `verify` does for the same machine failure,
+    not 1, the status of a rejected candidate."""
     import coda_agent.agent.loop as loop
     from coda_agent.verifier.verdict import StageResult, Verdict
 
@@ -594,8 +592,7 @@ def test_generate_exits_2_when_the_verifier_fails(ws, capsys, monkeypatch):
 
 
 def test_list_shows_a_spec_folder_without_its_spec_file(ws, capsys):
-    """New-user pass, session 15: a kernel_specs/ folder whose file was misnamed
-    (spec.tml) vanished from `list`."""
+    """A kernel_specs/ folder whose file is misnamed (spec.tml) is listed, with the reason."""
     (ws / "kernel_specs" / "my_op").mkdir()
     (ws / "kernel_specs" / "my_op" / "spec.tml").write_text("name = 'my_op'\n")
     assert main(["list"]) == 0
@@ -604,8 +601,8 @@ def test_list_shows_a_spec_folder_without_its_spec_file(ws, capsys):
 
 
 def test_generate_names_runs_and_flags_it_cannot_use(ws, capsys):
-    """New-user pass, session 15: a run's name given as the spec said "unknown spec";
-    `--resume nosuchrun` named the path twice; --model with --llm manual was ignored."""
+    """A run's name given as the spec is named as a run, not "unknown spec"; `--resume
+    nosuchrun` names the path once; --model with --llm manual is refused, not ignored."""
     run = ws / "runs" / "20301212T000000Z-swiglu_fwd"
     run.mkdir(parents=True)
     (run / "run.json").write_text("{}")
@@ -620,9 +617,9 @@ def test_generate_names_runs_and_flags_it_cannot_use(ws, capsys):
 
 
 def test_output_flags_protect_the_installed_library_whatever_the_root(tmp_path, monkeypatch, capsys):
-    """Red team, session 15: with CODA_ROOT naming another workspace, the protected folders
-    were that workspace's, and `prompt --out <package>/generated_kernels/swiglu_fwd/kernel.py`
-    replaced the kernel `import coda_agent.kernels` loads."""
+    """With CODA_ROOT naming another workspace, the installed package's folders stay
+    protected too: `prompt --out <package>/generated_kernels/swiglu_fwd/kernel.py` must not
+    replace the kernel `import coda_agent.kernels` loads."""
     import coda_agent.kernels as K
 
     other = tmp_path / "other"
@@ -638,8 +635,8 @@ def test_output_flags_protect_the_installed_library_whatever_the_root(tmp_path, 
 
 
 def test_bench_from_manifests_never_replaces_a_page_it_did_not_write(ws, capsys, tmp_path):
-    """Second new-user pass, session 15: a hand-written page of the manifests page's name
-    was overwritten (the README promises such pages need --force)."""
+    """A hand-written page of the manifests page's name is not overwritten (the README
+    promises such pages need --force)."""
     out = tmp_path / "pages"
     out.mkdir()
     assert main(["bench", "--all", "--from-manifests", "--out", str(out)]) == 0
@@ -656,9 +653,9 @@ def test_bench_from_manifests_never_replaces_a_page_it_did_not_write(ws, capsys,
 
 
 def test_an_output_flag_replaces_only_its_own_earlier_output(ws, capsys):
-    """Second new-user pass, session 15: `verify --json tricks_log.md` and `prompt --out
-    tricks_log.md` replaced the lessons every prompt carries, and `regress --json` a kept
-    GPU verdict. An existing file is replaced only when it is that flag's earlier output."""
+    """`verify --json tricks_log.md` and `prompt --out tricks_log.md` would replace the
+    lessons every prompt carries, and `regress --json` a kept GPU verdict. An existing file
+    is replaced only when it is that flag's earlier output."""
     log = ws / "tricks_log.md"
     before = log.read_bytes()
     good = ws / "generated_kernels" / "swiglu_fwd" / "kernel.py"
@@ -678,8 +675,8 @@ def test_an_output_flag_replaces_only_its_own_earlier_output(ws, capsys):
 
 
 def test_generate_exits_2_when_the_llm_command_fails(ws, capsys):
-    """Second new-user pass, session 15: a --cmd that exits non-zero (or prints nothing)
-    ended the run 'failed' with exit 1, the status of a rejected candidate."""
+    """A --cmd that exits non-zero (or prints nothing) is a machine failure, exit 2, not a
+    'failed' run with exit 1, the status of a rejected candidate."""
     for cmd in ("echo boom >&2; exit 4", "true"):
         rc = main(["generate", "swiglu_fwd", "--llm", "command", "--cmd", cmd, "--cpu-only"])
         out = capsys.readouterr()

@@ -163,7 +163,7 @@ def run_gpu_workers(
     )
     workdir = Path(workdir).resolve()  # workers run with cwd=their own folder: absolute paths only
     # Fresh, like cand/ and ref/: the workers' logs are written through these paths, and a
-    # symlink planted here made the verifier truncate the file it named (red team 14).
+    # symlink planted here would make the verifier truncate the file it names.
     logs = _fresh_dir(workdir / "logs")
     env = _worker_env()
     cand_dir = _fresh_dir(workdir / CAND_DIR)
@@ -250,8 +250,8 @@ def _clean_scratch(scratch: Path, keep: set[str]) -> int:
     folders and any other file candidate code left go, however deep: ``remove_tree``),
     without following symlinks; return the disk bytes the kept files hold (allocated
     blocks, so sparse files count as written). Keeping only the expected names also
-    ends a flood of files (red team: 175,000 empty files in ``trials/`` in 3 s, which a
-    byte budget does not see)."""
+    ends a flood of files (175,000 empty files in ``trials/`` take 3 s to make, and a
+    byte budget does not see them)."""
     if not scratch.is_dir() or scratch.is_symlink():
         return 0
     trials = scratch / "trials"

@@ -180,7 +180,7 @@ def _json_keys(text: str) -> set[str]:
 
 def out_file(value: str | None, flag: str = "--json", root: Path | None = None,
              keep: tuple[Path, ...] = (), kind: str | None = None) -> Path | None:
-    """Check an output file path before any work starts (a missing folder used to raise a
+    """Check an output file path before any work starts (a missing folder must not raise a
     traceback after a whole verification, with the exit status of a rejection); with
     ``root``, also that it writes nothing of the library or specs (:func:`check_out_target`);
     with ``kind`` (:data:`OUTPUT_KINDS`), that an existing file there is an earlier output of

@@ -251,7 +251,7 @@ def test_missing_key_explains_choices(monkeypatch):
 
 @pytest.mark.parametrize("value", ["abc", "0", "-5"])
 def test_a_bad_max_tokens_is_an_llm_error(monkeypatch, value):
-    """CODA_MAX_TOKENS=abc was a ValueError traceback (red team, session 13)."""
+    """CODA_MAX_TOKENS=abc is an LLMError naming the variable, not a ValueError traceback."""
     monkeypatch.setenv("CODA_MAX_TOKENS", value)
     with pytest.raises(LLMError, match=r"CODA_MAX_TOKENS\) must be"):
         AnthropicBackend(api_key=SECRET, http_client=httpx2.Client(transport=httpx2.MockTransport(Server())))
@@ -292,8 +292,8 @@ def test_key_never_in_repr_logs_or_run_files(workspace, fwd_spec, caplog, monkey
 
 
 def test_a_timeout_is_not_retried_by_the_outer_loop(workspace, fwd_spec):
-    """The SDK retries a timeout itself; the outer loop retrying it too made 4 x 3 billed
-    tries of up to 600 s each (red team 16)."""
+    """The SDK retries a timeout itself; the outer loop retrying it too would make 4 x 3
+    billed tries of up to 600 s each."""
     server = Server(httpx2.ReadTimeout("read timed out"), (200, message_body()))
     b, sleeps = backend(server, attempts=4)
     with pytest.raises(LLMError, match=r"no answer within 600 s"):
@@ -326,8 +326,8 @@ def test_a_large_max_tokens_is_sent_streamed(workspace, fwd_spec):
 @pytest.mark.parametrize("kind", ["overloaded_error", "api_error", "rate_limit_error"])
 def test_an_error_event_mid_stream_is_retried(workspace, fwd_spec, kind):
     """An error event after some text arrives on a 200 response; judged by its type (529,
-    500, 429) it is retried as the same HTTP error would be (red team, session 13: only
-    "overloaded" was, by a substring, and the rest failed the run as "HTTP 200")."""
+    500, 429) it is retried as the same HTTP error would be, not matched by a substring
+    ("overloaded") with the rest failing the run as "HTTP 200"."""
     events = sse_events(message_body())[:3] + [("error", error_body(kind, "something"))]
     server = Server(("sse", events), (200, message_body()))
     b, sleeps = backend(server, attempts=3, backoff_base_s=2.0)

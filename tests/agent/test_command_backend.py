@@ -49,7 +49,7 @@ def test_timeout_and_empty_output(workspace, fwd_spec):
     with pytest.raises(LLMError, match=r"printed nothing on stdout \(exit status 0\) and nothing on stderr"):
         CommandBackend("cat > /dev/null").complete(render_prompt(fwd_spec, workspace))
     # a script whose last command failed exits 0 with the reason on stderr: it is shown
-    # (new-user pass, session 13: "python: not found" was hidden)
+    # (e.g. "python: not found")
     with pytest.raises(LLMError, match=r"printed nothing on stdout \(exit status 0\); stderr:\n.*nosuchtool.*not found"):
         CommandBackend("cat > /dev/null; nosuchtool || true").complete(render_prompt(fwd_spec, workspace))
     # ... also after 1.2 MB of warnings: stderr's tail is kept, not its head
@@ -75,15 +75,15 @@ def test_factory_and_loop_with_a_command(workspace, fwd_spec, tmp_path):
 
 
 def test_non_utf8_output_is_replaced_not_a_traceback(workspace, fwd_spec):
-    """red team 16: bytes that are not UTF-8 raised UnicodeDecodeError out of the loop."""
+    """Bytes that are not UTF-8 are replaced, not a UnicodeDecodeError out of the loop."""
     r = CommandBackend("cat >/dev/null; printf 'x = \"\\377\"\\n'").complete(render_prompt(fwd_spec, workspace))
     assert r.text == 'x = "\ufffd"\n'
 
 
 def test_a_background_child_neither_hangs_a_finished_command_nor_outlives_it(workspace, fwd_spec, tmp_path):
     """The command exits at once but a child it left holds stdout: the answer comes back
-    within the grace period and the child's group is killed (red team 16: waited for the
-    whole timeout; on a timeout only the shell was killed)."""
+    within the grace period, not after the whole timeout, and the child's group is killed
+    (on a timeout too, not only the shell)."""
     import time
     from pathlib import Path
 
@@ -104,8 +104,8 @@ def test_a_background_child_neither_hangs_a_finished_command_nor_outlives_it(wor
 
 def test_a_successful_commands_stderr_is_kept_beside_its_answer(workspace, fwd_spec):
     """A wrapper that exits 0 after printing some non-code text and its error on stderr:
-    the extraction fails, and the stderr (which names the real problem) was thrown away
-    (new-user pass, session 14). It is kept as attempt-<k>/command.stderr."""
+    the extraction fails, and the stderr names the real problem, so it is not thrown away:
+    it is kept as attempt-<k>/command.stderr."""
     b = CommandBackend("cat > /dev/null; echo 'sorry, no code'; echo 'API quota exceeded' >&2")
     s = generate(fwd_spec, root=workspace, backend=b, verifier=FakeVerifier(), run_dir=workspace / "runs" / "e",
                  max_attempts=1)

@@ -107,13 +107,13 @@ def test_unlabeled_block_plus_python_block_takes_python():
 
 
 def test_a_leading_byte_order_mark_is_ignored():
-    """red team 16: a BOM before the first fence read as an answer cut off."""
+    """A BOM before the first fence does not make the answer read as cut off."""
     assert extract_module("\ufeff```python\n" + MOD + "```\n") == MOD
 
 
 def test_a_degenerate_answer_of_many_broken_blocks_is_fast():
-    """Every broken block tried every later closing fence (cubic: 800 blocks took 35 s,
-    red team 16); only a block cut inside a docstring is extended, at most MAX_EXTENSIONS."""
+    """Trying every later closing fence for every broken block is cubic (800 blocks take
+    35 s); only a block cut inside a docstring is extended, at most MAX_EXTENSIONS."""
     import time
 
     t0 = time.monotonic()
@@ -147,17 +147,17 @@ def test_a_cut_in_an_unfinished_tail_statement_is_cut_off():
 
 def test_a_real_syntax_error_far_from_the_end_is_left_to_the_verifier():
     """A complete module with ``def f(x:`` near its top, then prose that ran into the limit:
-    a real syntax error (red team, session 13: it was called a cut-off and its line lost),
-    returned so the static stage reports it with its line."""
+    a real syntax error, not a cut-off (which would lose its line), returned so the static
+    stage reports it with its line."""
     body = "import torch\n\ndef f(x:\n    return x\n" + "y = 2\n" * 50
     got = extract_module("```python\n" + body + "```\nThe kernel works because", stopped_at_limit=True)
     assert got == body
 
 
 def test_a_module_nested_too_deeply_is_extracted_for_the_static_stage():
-    """Red team, session 15: a RecursionError from ast.parse escaped the extractor, so the
-    loop crashed on the answer (and on every resume). Now it parses as 'does not parse':
-    the module is handed on and the static stage reports it; a cut-off answer says so."""
+    """A RecursionError from ast.parse must not escape the extractor (the loop would crash
+    on the answer, and on every resume): it counts as 'does not parse', the module is handed
+    on and the static stage reports it; a cut-off answer says so."""
     module = "import torch\nm = 1\nk = " + " + ".join(["m"] * 3000) + "\n"
     assert extract_module(f"Here:\n\n```python\n{module}```\n") == module
     # not a cut: a module that stopped at the token limit is called cut off only for a

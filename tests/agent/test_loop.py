@@ -153,9 +153,9 @@ def test_out_of_attempts(workspace, fwd_spec, fake_verifier):
 
 
 def test_a_resume_keeps_the_runs_max_attempts(workspace, fwd_spec, fake_verifier):
-    """With --llm manual every step is a resume: a run started with max_attempts=1 went on
-    to attempt 2 (and recorded 5) when the resume did not repeat the flag (new-user pass,
-    session 13). None keeps the run's own limit; a number given on resume replaces it."""
+    """With --llm manual every step is a resume: a run started with max_attempts=1 must not
+    go on to attempt 2 (or record 5) when the resume does not repeat the flag. None keeps
+    the run's own limit; a number given on resume replaces it."""
     run_dir = workspace / "runs" / "m1"
     s = generate(fwd_spec, root=workspace, backend=ManualBackend(), verifier=fake_verifier, run_dir=run_dir,
                  max_attempts=1)
@@ -173,9 +173,9 @@ def test_a_resume_keeps_the_runs_max_attempts(workspace, fwd_spec, fake_verifier
 
 
 def test_a_resume_refuses_a_limit_below_the_attempts_made(workspace, fwd_spec, fake_verifier):
-    """A passed 3-attempt run resumed with --max-attempts 1 ended "out-of-attempts" (the
-    replay stopped at attempt 1) and kept the limit (new-user pass, session 14): refused,
-    naming the count, and the run is left as it was."""
+    """A 3-attempt run resumed with --max-attempts 1 would end "out-of-attempts" (the replay
+    stops at attempt 1) and keep the limit: refused, naming the count, and the run is left
+    as it was."""
     backend = ScriptedBackend([reply(BAD_MODULE)] * 3)
     s = generate(fwd_spec, root=workspace, backend=backend, verifier=fake_verifier, max_attempts=3,
                  run_dir=workspace / "runs" / "r")
@@ -522,13 +522,13 @@ def test_cpu_only_summary_names_the_resume_command_by_run_name(tmp_path, monkeyp
     assert f"coda-agent --root {tmp_path.resolve()} generate swiglu_fwd --resume 20301212T000000Z-swiglu_fwd" in text
 
 
-# -- red team 13: the run folder is input, not proof ---------------------------------------
+# -- the run folder is input, not proof (threat 27 of docs/threat-model.md) ----------------
 
 def test_a_stored_passing_verdict_is_verified_again_before_acceptance(workspace, fwd_spec):
     """In --llm manual mode the answerer writes into the run folder. A verdict.json it
-    wrote (right spec hash, the candidate's own sha256, every stage passed on a GPU) was
-    accepted without running the verifier; now acceptance always follows a verification
-    in this process, and the stored file is kept aside for the record."""
+    wrote (right spec hash, the candidate's own sha256, every stage passed on a GPU) is not
+    taken on its word: acceptance always follows a verification in this process, and the
+    stored file is kept aside for the record."""
     from agent_helpers import make_verdict
 
     run_dir = workspace / "runs" / "forged"
@@ -603,10 +603,9 @@ def test_a_forged_accepted_path_is_not_believed(workspace, fwd_spec):
 
 
 def test_a_no_accept_resume_verifies_a_stored_pass_again(workspace, fwd_spec):
-    """Red team, session 15: with --no-accept a stored passing verdict.json was reused as it
-    was (only an accepting run verified it again), so a forged one made the run "passed"
-    and, after a failed attempt, drew a lesson proposal. Now every stored GPU pass is
-    verified again unless the library's manifest vouches for it."""
+    """With --no-accept too a stored passing verdict.json is not reused as it is: a forged
+    one would make the run "passed" and, after a failed attempt, draw a lesson proposal.
+    Every stored GPU pass is verified again unless the library's manifest vouches for it."""
     from agent_helpers import make_verdict
 
     run_dir = workspace / "runs" / "forged-no-accept"
@@ -666,8 +665,8 @@ def test_a_run_folder_named_like_the_accepted_run_is_not_believed(workspace, fwd
 
 def test_an_accepted_run_from_another_checkout_shows_this_workspaces_kernel(workspace, fwd_spec):
     """A run record copied from another checkout keeps that checkout's accepted_path; when
-    this library's manifest names the run, the path shown is this workspace's (new-user
-    pass, session 13: the summary pointed into the other checkout)."""
+    this library's manifest names the run, the path shown is this workspace's, not one in
+    the other checkout."""
     run_dir = workspace / "runs" / "copied"
     s = generate(fwd_spec, root=workspace, backend=ScriptedBackend([reply(GOOD_MODULE), LESSON]),
                  verifier=FakeVerifier(), run_dir=run_dir, accept_fn=Acceptor())
@@ -686,10 +685,10 @@ def test_an_accepted_run_from_another_checkout_shows_this_workspaces_kernel(work
 
 
 def test_a_planted_pycache_is_refused_and_verify_is_emptied_first(workspace, fwd_spec):
-    """Red team 14: a ``__pycache__/`` beside candidate.py held bytecode that the workers'
-    import ran in the candidate's place, and symlinks planted in ``attempt-k/verify/logs``
-    had the verifier truncate the files they named. An attempt folder holds no folder but
-    verify/, and verify/ is emptied before every verification."""
+    """A ``__pycache__/`` beside candidate.py can hold bytecode that an import would run in
+    the candidate's place, and symlinks planted in ``attempt-k/verify/logs`` would have the
+    verifier truncate the files they name. An attempt folder holds no folder but verify/,
+    and verify/ is emptied before every verification."""
     run_dir = workspace / "runs" / "planted"
     generate(fwd_spec, root=workspace, backend=ManualBackend(), verifier=FakeVerifier(), run_dir=run_dir)
     a1 = run_dir / "attempt-1"
@@ -698,7 +697,7 @@ def test_a_planted_pycache_is_refused_and_verify_is_emptied_first(workspace, fwd
     with pytest.raises(RunError, match=r"attempt-1/__pycache__: a folder the loop never writes"):
         generate(fwd_spec, root=workspace, backend=ManualBackend(), verifier=FakeVerifier(), resume=run_dir)
     (a1 / "__pycache__").rmdir()
-    (run_dir / "proposed_trick.md").mkdir()  # made the lesson write fail after acceptance (red team 15)
+    (run_dir / "proposed_trick.md").mkdir()  # would make the lesson write fail after acceptance
     with pytest.raises(RunError, match=r"proposed_trick.md: a folder the loop never writes"):
         generate(fwd_spec, root=workspace, backend=ManualBackend(), verifier=FakeVerifier(), resume=run_dir)
     (run_dir / "proposed_trick.md").rmdir()
@@ -727,7 +726,7 @@ def test_a_planted_pycache_is_refused_and_verify_is_emptied_first(workspace, fwd
 ])
 def test_malformed_run_files_are_run_errors_naming_the_file(workspace, fwd_spec, name, content, needle):
     """The run folder is the answerer's to write: files the loop cannot read are a RunError
-    naming the file (red team 15: each was a traceback)."""
+    naming the file, never a traceback."""
     run_dir = workspace / "runs" / "malformed"
     generate(fwd_spec, root=workspace, backend=ManualBackend(), verifier=FakeVerifier(), run_dir=run_dir)
     a1 = run_dir / "attempt-1"
@@ -738,8 +737,8 @@ def test_malformed_run_files_are_run_errors_naming_the_file(workspace, fwd_spec,
 
 
 def test_a_blank_answer_is_kept_as_an_answer_not_asked_again(workspace, fwd_spec):
-    """A blank API answer (thinking used every output token) was written blank, and a
-    resume took it for "no answer yet" and paid for the call again (red team 16)."""
+    """A blank API answer (thinking used every output token) is still an answer: written
+    blank, a resume would take it for "no answer yet" and pay for the call again."""
     blank = LLMResponse(text="", model="m", stop_reason="max_tokens", usage=Usage(output_tokens=16000))
     run_dir = workspace / "runs" / "blank"
     s = generate(fwd_spec, root=workspace, backend=ScriptedBackend([blank]), verifier=FakeVerifier(),
@@ -769,9 +768,9 @@ def test_a_response_cut_inside_a_docstring_is_fed_back_as_cut_off(workspace, fwd
 
 
 def test_an_answer_edited_after_its_verdict_is_verified_again(workspace, fwd_spec):
-    """New-user pass, session 16: a CPU-passed attempt whose response.md was replaced by a
-    broken answer kept its old verdict on resume (candidate.py was rewritten, the verdict
-    was about other bytes) and the run 'passed' with exit 0."""
+    """A CPU-passed attempt whose response.md was replaced by a broken answer must not keep
+    its old verdict on resume (candidate.py is rewritten, the verdict is about other bytes)
+    and let the run 'pass' with exit 0."""
     fake_verifier = FakeVerifier(cpu_only=True)
     s = generate(fwd_spec, root=workspace, backend=ManualBackend(), verifier=fake_verifier,
                  run_dir=workspace / "runs" / "e", cpu_only=True)
@@ -813,9 +812,9 @@ def test_an_answer_edited_after_the_next_attempt_was_prompted_is_refused(workspa
 
 
 def test_resume_hints_are_commands_a_shell_runs(tmp_path, fwd_spec, fake_verifier, monkeypatch):
-    """New-user pass, session 16: with a workspace path holding a space the printed
-    `--root /tmp/with space/ws` broke the paste, and for a `--llm command` run the note on
-    CMD sat inside the out-of-attempts command, before `--max-attempts`."""
+    """Printed resume hints paste into a shell: a workspace path holding a space is quoted
+    (`--root '/tmp/with space/ws'`), and for a `--llm command` run the note on CMD is not
+    inside the out-of-attempts command, before `--max-attempts`."""
     import shlex
     import shutil
 

@@ -98,7 +98,7 @@ def test_examples_ranked_most_similar_first_and_capped(workspace, fwd_spec):
     man = {"spec": "packed_bwd", "pattern": "backward", "description": "x"}
     (d / "manifest.json").write_text(json.dumps(man))
     bwd = load_spec(workspace / "kernel_specs" / "swiglu_bwd")
-    # not an example until its manifest records a GPU verification of this very file (red team 16)
+    # not an example until its manifest records a GPU verification of this very file
     assert "packed_bwd" not in [e.spec_name for e in gather_context(workspace, bwd, max_examples=5).examples]
     man.update(gpu_verified=True, kernel_sha256=hashlib.sha256((d / "kernel.py").read_bytes()).hexdigest())
     (d / "manifest.json").write_text(json.dumps(man))
@@ -201,8 +201,8 @@ def test_code_with_fences_is_shown_in_a_longer_fence(workspace, fwd_spec):
 
 
 def test_repair_prompt_repeats_a_huge_answer_only_clipped(workspace, fwd_spec):
-    """A 5.7 MB answer made a 1.4M-token repair prompt (red team 16): the previous answer and
-    module are repeated up to REPAIR_ECHO_CHARS each, head and tail kept."""
+    """A 5.7 MB answer would make a 1.4M-token repair prompt: the previous answer and module
+    are repeated up to REPAIR_ECHO_CHARS each, head and tail kept."""
     from coda_agent.agent.render import REPAIR_ECHO_CHARS, build_repair_prompt, render_prompt
 
     huge = "HEAD\n" + "x = 1\n" * 1_000_000 + "TAIL\n"
@@ -215,8 +215,8 @@ def test_repair_prompt_repeats_a_huge_answer_only_clipped(workspace, fwd_spec):
 
 
 def test_a_tricks_entry_cannot_split_the_system_prompt(workspace, fwd_spec):
-    """The fixed block marker inside a tricks entry split the system prompt into more
-    cache blocks (red team 16); the marker is fresh per rendering."""
+    """A fixed block marker inside a tricks entry would split the system prompt into more
+    cache blocks; the marker is fresh per rendering."""
     from coda_agent.agent.render import BLOCK_BREAK, render_prompt
 
     before = render_prompt(fwd_spec, workspace)

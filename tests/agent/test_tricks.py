@@ -128,9 +128,9 @@ def test_no_stray_files_in_workspace(tmp_path):
 
 
 def test_add_from_run_needs_the_runs_proposal_and_drops_comments_whole(tmp_path):
-    """run.json holding a JSON list raised AttributeError (red team 15); a run that proposed
-    no lesson was accepted, a multi-line HTML comment's body (hidden in a markdown preview)
-    went into every prompt, and so did a 300 KB lesson (red team 16)."""
+    """run.json holding a JSON list is an error, not an AttributeError; a run that proposed
+    no lesson is refused; a multi-line HTML comment's body (hidden in a markdown preview)
+    never goes into every prompt, nor does a 300 KB lesson."""
     root = tmp_path / "ws"
     run = root / "runs" / "20260101T000000Z-swiglu_fwd"
     run.mkdir(parents=True)
@@ -152,14 +152,14 @@ def test_add_from_run_needs_the_runs_proposal_and_drops_comments_whole(tmp_path)
 
 def test_a_trick_that_is_part_of_another_is_not_a_duplicate(tmp_path):
     add_trick(tmp_path, "Keep the fp32 accumulator for the reduction.", date="2026-03-01")
-    add_trick(tmp_path, "fp32", date="2026-03-01")  # was refused as "already in the log"
+    add_trick(tmp_path, "fp32", date="2026-03-01")  # a part of a logged lesson is not "already in the log"
     with pytest.raises(TrickError, match="already in"):
         add_trick(tmp_path, "fp32", date="2026-03-02")
 
 
 def test_a_lesson_already_logged_with_a_reviewer_note_is_refused(tmp_path):
-    """New-user pass, session 15: an entry with a continuation line (a reviewer's note)
-    parsed as one longer text, so the same lesson proposed again was appended twice."""
+    """An entry with a continuation line (a reviewer's note) is still the same lesson: it
+    must not parse as one longer text and let the lesson be appended twice."""
     (tmp_path / "tricks_log.md").write_text(
         "# Tricks\n\n- **2026-11-30** `gemm_rope`: Keep the float-float range reduction in fp32.\n"
         "  (Reviewer: measured 0.4 ms at 1B.)\n")
@@ -175,16 +175,16 @@ def test_a_lesson_already_logged_with_a_reviewer_note_is_refused(tmp_path):
     ("`use` fp32 for the LSE.", "`use` fp32 for the LSE."),
     ("Keep the LSE in fp32.", "keep the LSE in fp32"),
     ("Keep the LSE in fp32.", "Keep the\u200b LSE in fp32!"),
-    # second new-user pass: markdown emphasis, quotes and a kernel prefix made repeats look new
+    # markdown emphasis, quotes and a kernel prefix do not make a repeat new
     ("Keep the LSE in fp32.", "**Keep the LSE in fp32.**"),
     ("Keep the LSE in fp32.", "`Keep the LSE in fp32`"),
     ("Keep the LSE in fp32.", '"Keep the LSE in fp32."'),
     ("Keep the LSE in fp32.", "gemm_rmsnorm_rope: Keep the LSE in fp32."),
 ])
 def test_repeats_are_refused_however_the_text_parses(tmp_path, first, again):
-    """Red team, session 15: text starting with a kernel-like word parsed into another
-    stored text, so the exact same line was appended twice; case, zero-width characters and
-    trailing punctuation made variants look new."""
+    """Text starting with a kernel-like word parses into the same stored text, so the exact
+    same line is never appended twice; case, zero-width characters and trailing punctuation
+    do not make variants new."""
     add_trick(tmp_path, first, date="2026-03-01")
     with pytest.raises(TrickError, match="already in"):
         add_trick(tmp_path, again, date="2026-03-02")

@@ -1,7 +1,7 @@
 """benchmarks/host_probe.kernel_profile, the dev probes' GPU-time-by-kernel helper, on fake
 profiler events (CPU): which device events count as kernels, per-step busy time, idle gaps.
 
-The rule it must keep (a first version broke it on the H200, 2026-12-01): a GPU-side
+The rule it must keep (on the H200 both kinds of event occur): a GPU-side
 annotation of a ``record_function`` range is not a kernel, but a triton kernel whose launch
 also has a CPU event of the same name is.
 """

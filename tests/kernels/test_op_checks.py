@@ -230,8 +230,8 @@ def test_kernel_argument_names_come_from_the_entry_and_never_mask_the_error(monk
 
 
 def test_a_cpu_tensor_is_named_by_the_entrys_argument(monkeypatch):
-    """New-user pass, session 15: ``swiglu_fwd_op(x_cpu, w_cpu)`` said "got cpu, cpu";
-    the device error now names each argument as the entry does."""
+    """``swiglu_fwd_op(x_cpu, w_cpu)`` says which argument is where, not "got cpu, cpu": the
+    device error names each argument as the entry does."""
     use_standins(monkeypatch, all_standins())
     monkeypatch.setattr(K, "_check_device", _registry._check_device)
     dout, w_down, preact = torch.randn(8, 16), torch.randn(16, 8), torch.randn(8, 16)
@@ -307,8 +307,8 @@ def test_a_custom_ignore_index_and_an_out_of_range_target(monkeypatch):
 
 @pytest.mark.parametrize("bad", [0.5, "x", True, torch.tensor(-100)])
 def test_ignore_index_must_be_an_int(monkeypatch, bad):
-    """A float or tensor ignore_index compared against int64 targets silently (new-user pass,
-    session 13)."""
+    """A float or tensor ignore_index is refused: it would be compared against int64 targets
+    silently."""
     use_standins(monkeypatch, ce_standins())
     h, w, t = _ce_case()
     with pytest.raises(ValueError, match=r"linear_cross_entropy: ignore_index must be an int"):
@@ -316,7 +316,7 @@ def test_ignore_index_must_be_an_int(monkeypatch, bad):
 
 
 def test_a_numpy_integer_ignore_index_is_accepted(monkeypatch):
-    """As F.cross_entropy accepts it (red team, session 13: np.int64 was refused)."""
+    """As F.cross_entropy accepts it (np.int64 included)."""
     np = pytest.importorskip("numpy")
     use_standins(monkeypatch, ce_standins())
     h, w, t = _ce_case()

@@ -320,8 +320,8 @@ def test_bad_eps_is_refused(eps, baseline_kernels):
 
 
 def test_numpy_and_int_eps_are_accepted(baseline_kernels):
-    """A config's eps may be a NumPy scalar or 0 (red team, session 13: np.float32 was refused
-    as "not a finite Python number")."""
+    """A config's eps may be a NumPy scalar or 0 (np.float32 is not refused as "not a finite
+    Python number")."""
     np = pytest.importorskip("numpy")
     args = small_rows("rmsnorm_linear", "cpu", torch.float32)
     want = K.rmsnorm_linear(*args, eps=1e-5)

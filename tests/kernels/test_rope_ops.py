@@ -177,8 +177,8 @@ def test_rope_bwd_is_the_adjoint_of_the_forward_rotation():
 
 
 def _rope_rotate_by_cat(t, positions, inv_freq, n_rot, inverse=False):
-    """The glue's rotation as written before 2026-12-01 (rotated heads concatenated with the
-    value heads): the rewrite must not change a bit of it."""
+    """The glue's rotation in its concatenating form (rotated heads concatenated with the
+    value heads), kept as the reference: rope_rotate must not change a bit of it."""
     acc = torch.promote_types(t.dtype, torch.float32)
     half = inv_freq.shape[0]
     theta = positions.double()[:, None] * inv_freq.double()[None, :]
@@ -194,8 +194,8 @@ def _rope_rotate_by_cat(t, positions, inv_freq, n_rot, inverse=False):
 @pytest.mark.parametrize("inverse", [False, True])
 def test_rope_rotate_matches_the_concatenating_form_bitwise(dtype, inverse):
     """Both forms of the glue's rotation (eager: rotate Q/K and concatenate; traced: one
-    pointwise expression, value heads chosen by torch.where) give the bits of the form used
-    before 2026-12-01, in bf16 and fp32, value heads passed through untouched."""
+    pointwise expression, value heads chosen by torch.where) give the bits of the
+    concatenating form, in bf16 and fp32, value heads passed through untouched."""
     from coda_agent.kernels._rope import rope_rotate
 
     n_rot = (HQ + HKV) * HD

@@ -85,7 +85,7 @@ def test_loading_a_kernel_does_not_shadow_the_ops():
 def test_cpu_tensors_are_refused_clearly(monkeypatch):
     x, w1, wd = _inputs("cpu", torch.float32)
     # dtype, contiguity and row widths are checked before the device (a CPU call can be checked
-    # that far; second new-user pass, session 15)
+    # that far)
     with pytest.raises(ValueError, match=r"^swiglu: x must be torch.bfloat16, got torch.float32$"):
         K.swiglu(x, w1, wd)
     monkeypatch.setattr(K, "_check_layout", lambda *a, **kw: None)

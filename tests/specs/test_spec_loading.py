@@ -66,17 +66,17 @@ def _edit(path: Path, old: str, new: str) -> None:
         ('flops = "2*M*K*I"', 'flop = "2*M*K*I"', r"field 'bench\.flops'.*Field required"),
         ("M = 333, K = 320, I = 200", "M = 333, K = 320",
          r"shapes\.correctness\[1\] \('ragged-m'\): dims \['I'\] are not bound \(used: I by entry\.inputs\[w_down\]\.shape"),
-        # a misspelt baseline in a bar was accepted and never judged (new-user walkthrough, session 8)
+        # a misspelt baseline in a bar would be accepted and never judged
         ("torch_compile = 1.0", "torch_compil = 1.0", r"field 'bench\.bar\.torch_compil\.\[key\]'"),
         ("bar = { torch_compile = 1.0,", "bar = { liger = 1.0,", r"bar: \['liger'\] not in baselines"),
         ('flops = "2*M*K*I"', 'flops = "2*M*K*I*J"', r"shapes\.benchmark\[0\] .*dims \['J'\] are not bound \(used: J by bench\.flops\)"),
         ("factor = 2.0", "factor = -1.0", r"field 'tolerance\.factor'.*greater than 0"),
         ('name = "swiglu_bwd"', 'name = "other_name"', r"field 'name': expected the folder name 'swiglu_bwd'"),
         ("[tolerance]", "[tolerence]", r"field 'tolerence': not a spec field \(did you mean 'tolerance'\?\)"),
-        # new-user walkthrough, session 9: these used to load and fail only when inputs were drawn
+        # these are refused at load, not when inputs are drawn
         ('std = "1/sqrt(K)"', 'std = "1/sqrtt(K)"', r"init\.std'.*only ceil, max, min, sqrt\(\.\.\.\) may be called, got sqrtt"),
         ('std = "1/sqrt(K)"', 'std = "1/sqrt(Z)"', r"dims \['Z'\] are not bound \(used: Z by entry\.inputs\[\w+\]\.init\.std\)"),
-        # red team 14: these loaded, and made checks vacuous or failed (or hung) mid-run
+        # these would make checks vacuous or fail (or hang) mid-run (threat 28 of docs/threat-model.md)
         ("floor = 1e-6", "floor = inf", r"field 'tolerance\.floor'.*finite number"),
         ("factor = 2.0", "factor = nan", r"field 'tolerance\.factor'.*finite number"),
         ("seeds = [0, 1]", "seeds = []", r"field 'shapes\.seeds'.*at least 1 item"),
@@ -91,7 +91,7 @@ def _edit(path: Path, old: str, new: str) -> None:
         ('flops = "2*M*K*I"', 'flops = "2*M*K*I*((((2**64)**64)**64)**64)"', r"wider than 256 bits"),
         # a new spec author: rows that are not 16-byte multiples fail only at the GPU launch
         ("M = 333, K = 320, I = 200", "M = 333, K = 320, I = 201", r"'ragged-m'\): entry\.inputs\[w_down\]: rows of 402 bytes.*multiple of 16 bytes"),
-        # red team 15: finite values that made a check vacuous, and expressions that raised tracebacks
+        # finite values that make a check vacuous, and expressions that would raise tracebacks
         ('std = 1.5', 'std = "0"', r"init\.std = '0' must be > 0"),
         ('dist = "normal", std = 1.5', 'dist = "uniform", low = 1, high = 1', r"init: low = 1\.0 and high = 1\.0 draw no range"),
         ("floor = 1e-6", "floor = 1e300", r"field 'tolerance\.floor'.*less than or equal to 0\.01"),
@@ -146,8 +146,8 @@ def test_bad_toml_and_missing_files(tmp_path):
 
 
 def test_a_file_that_is_not_utf8_is_a_spec_error(tmp_path):
-    """A Latin-1 spec.toml (or reference.py) was a UnicodeDecodeError traceback in list and
-    every command (red team, session 13)."""
+    """A Latin-1 spec.toml (or reference.py) is a SpecError, not a UnicodeDecodeError
+    traceback in list and every command."""
     d = _copy_spec(tmp_path)
     good = (d / "spec.toml").read_bytes()
     (d / "spec.toml").write_bytes(good.replace(b'"""', b'"""caf\xe9 ', 1))
@@ -197,8 +197,8 @@ def test_reference_module_runs_on_cpu():
 
 
 def test_reference_runs_from_its_source_never_a_planted_pyc(tmp_path):
-    """An unchecked-hash pyc in kernel_specs/<k>/__pycache__/ ran instead of the reference
-    that spec_hash covers (red team 15); the reference is executed from its bytes."""
+    """An unchecked-hash pyc in kernel_specs/<k>/__pycache__/ never runs instead of the
+    reference that spec_hash covers: the reference is executed from its bytes."""
     import importlib.util
     import py_compile
 

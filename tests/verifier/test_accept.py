@@ -73,7 +73,7 @@ def test_refuses_other_bytes_or_spec(tmp_path, cand):
 
 
 def test_refuses_a_spec_loaded_from_outside_the_library(tmp_path, cand):
-    """Red team 13: a copy of a spec folder elsewhere (same name, e.g. with a weakened
+    """A copy of a spec folder elsewhere (same name, e.g. with a weakened
     reference or tolerance) verifies only itself; it never accepts into generated_kernels/."""
     import shutil
 
@@ -132,7 +132,8 @@ def test_writes_kernel_manifest_report(tmp_path, cand):
 
 
 def test_a_provenance_value_cannot_add_lines_to_the_report(tmp_path, cand):
-    """The model name comes from a run folder the answerer writes (red team 15)."""
+    """The model name comes from a run folder the answerer writes: a newline in it must not
+    forge lines of the report."""
     prov = {**PROV, "model": "m\n## swiglu_fwd: verified by hand\n- GPU: forged"}
     dest = accept(LOADED, cand, _verdict(cand), root=tmp_path, provenance=prov)
     report = (dest / "REPORT.md").read_text()
@@ -166,9 +167,8 @@ def test_no_overwrite_without_force_then_history(tmp_path, cand, monkeypatch):
 
 
 def test_history_keeps_the_accepted_bytes_of_a_kernel_edited_in_place(tmp_path, cand, monkeypatch):
-    """New-user pass, session 15: kernel.py edited in place, then re-accepted with --force
-    (what regress recommends), left a history entry pairing the old manifest with the edited
-    bytes. The edited file is kept as kernel.edited.py, kernel.py is the accepted version
+    """kernel.py edited in place, then re-accepted with --force (what regress recommends),
+    must not leave a history entry pairing the old manifest with the edited bytes. The edited file is kept as kernel.edited.py, kernel.py is the accepted version
     when git HEAD has it (sha256 checked), and a note says which."""
     import subprocess
 

@@ -171,8 +171,8 @@ def test_sandbox_comes_from_the_first_setup_record():
 
 
 def test_a_timer_with_far_fewer_calls_than_do_bench_gives_fails():
-    """Fifth red team: slow estimate calls made do_bench measure 2 calls (9 in all) of a
-    ~1 ms kernel; the rule gives ~100. Honest counts pass at any size of call."""
+    """Slow estimate calls can make do_bench measure 2 calls (9 in all) of a ~1 ms kernel;
+    the rule gives ~100. Honest counts pass at any size of call."""
     from coda_agent.verifier.stages.bench import do_bench_calls, short_timer
 
     assert do_bench_calls(1.0) == 1 + 5 + 25 + 100 and do_bench_calls(200.0) == 8
@@ -205,11 +205,10 @@ def test_timed_checks_that_did_not_run_fail_the_timing():
 
 
 def test_launches_at_a_bench_shape_over_the_limit_are_reported():
-    """Sixth red team: a candidate can run the quack epilogue at the correctness shapes
-    (where launches were enforced, then at the first one only) and torch math elsewhere. The bench record's count at each
-    benchmark shape is checked against max_launches; a count over it, none, or a count that
-    failed fails the stage (the H200 launch census showed no accepted kernel's count
-    grows with the shape)."""
+    """A candidate can run the quack epilogue at the correctness shapes and torch math
+    elsewhere. The bench record's count at each benchmark shape is checked against
+    max_launches; a count over it, none, or a count that failed fails the stage (the H200
+    launch census showed no accepted kernel's count grows with the shape)."""
     ref = [{"part": "bench", "shape": SHAPE.name, "baselines": {"bare_gemm": {"ms": 0.88}}}]
     rec = {"part": "bench", "shape": SHAPE.name, "event_ms": 0.81, "wall_ms": 0.9, "n_sets": 3}
     limit = FWD.spec.entry.max_launches
@@ -278,8 +277,8 @@ def test_workspace_budget_default_and_spec_override():
 
 
 def test_workspace_over_budget_fails_correctness_and_bench():
-    """Tenth red team: gemm_cross_entropy with its (M, V) fp32 logits materialized fits the
-    launch budget. The worker records each counted call's workspace; over the spec's
+    """gemm_cross_entropy with its (M, V) fp32 logits materialized fits the launch budget
+    (tests/verifier/corpus/materialized_logits.py). The worker records each counted call's workspace; over the spec's
     budget it is a finding at that correctness shape, and a failing one at a bench shape."""
     from coda_agent.verifier.stages.correctness import FindingSet, _workspace_check
     from coda_agent.verifier.gpu.runs import make_runs
@@ -323,7 +322,7 @@ def test_workspace_over_budget_fails_correctness_and_bench():
     assert late.status == "fail" and late.metrics["shapes"][SHAPE.name]["workspace_bytes"] == limit + 1
 
 
-# the GEMM launches among them (thirteenth red team): names as the H200 profiler gives them
+# the GEMM launches among them (tests/verifier/corpus/second_gemm_pass.py): names as the H200 profiler gives them
 QUACK_GEMM = ("kernel_cutlass_kernel_quackepiloguefrontendGemmMod_rope_bwd_epi_d231d71a44f09bb3__col_col_col_row_"
               "sm9_object_at__TiledMMA_ThrLayoutVMNK1281111000_PermutationMNK____MMAAtom_ThrID1281_Sha_0")
 TORCH_ELEMENTWISE = ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>, "

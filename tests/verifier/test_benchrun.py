@@ -61,7 +61,7 @@ def test_verdict_roundtrip_through_manifest():
     v = verdict_from_manifest(man)
     assert v.gpu_verified and v.environment.gpu == "NVIDIA H200"
     assert v.stage("bench").metrics["shapes"]["llama3-8b/M8192"]["fused_ms"] > 0
-    # pipeline order, not the manifest's sorted keys (new-user pass, session 15)
+    # pipeline order, not the manifest's sorted keys
     assert [s.stage for s in v.stages] == ["static", "compile", "correctness", "gradients", "bench"]
 
 

@@ -137,8 +137,8 @@ def test_a_verdict_file_named_after_another_kernel_is_left_out(tmp_path):
 
 
 def test_a_verdict_without_stages_is_left_out_by_name(tmp_path):
-    """A kept file with its stages deleted rendered as "NOT verified: no GPU" (new-user pass,
-    session 11); it is left off the page, by name."""
+    """A kept file with its stages deleted is not rendered as "NOT verified: no GPU": it is
+    left off the page, by name."""
     import json
 
     from coda_agent.verifier.library.kept import day_verdicts

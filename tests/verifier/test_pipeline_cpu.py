@@ -3,7 +3,7 @@
 * ``cpu_only`` and "no CUDA GPU" paths: GPU stages are skipped, never verified;
 * the whole worker protocol (candidate worker -> reference worker -> parent stages) on
   the CPU *test device*, with pure-torch candidates that cheat in the ways
-  verifier-threats.md lists. The CPU device skips what only a GPU can do (allocator
+  docs/threat-model.md lists. The CPU device skips what only a GPU can do (allocator
   poison, profiler launch count, do_bench) and its verdicts are marked ``cpu_only``.
 
 static.py / compile.py are stubbed: these candidates use torch math on purpose.
@@ -339,8 +339,8 @@ def test_cpu_device_wrong_gradient(tmp_path):
 # -- OS-level confinement of the candidate worker (verifier/confine/landlock.py) ---------------------
 
 def test_confined_candidate_cannot_write_outside_scratch(tmp_path):
-    """Red-team round 5 wrote a .pth file into a site folder and rewrote results.jsonl;
-    confined, both writes fail and the candidate's failure stays the candidate's."""
+    """A .pth file written into a site folder and a rewritten results.jsonl: confined, both
+    writes fail and the candidate's failure stays the candidate's."""
     landlock_or_skip()
     target = tmp_path / "site" / "zz_evil.pth"
     target.parent.mkdir()
@@ -368,10 +368,10 @@ def swiglu_fwd(x, w1):
 
 
 def test_a_verifier_error_record_after_the_import_is_the_candidates(tmp_path):
-    """Sixteenth red team: candidate code that reached the worker object wrote its own
-    ``error`` record with ``verifier: true`` through the worker's record(), and the stage
-    reported a verifier error (the loop never charges those, so every resume stopped on the
-    same attempt). The worker marks an error as the verifier's only before the import."""
+    """Candidate code that reaches the worker object can write its own ``error`` record with
+    ``verifier: true`` through the worker's record(); read as a verifier error it would never
+    be charged, and every resume would stop on the same attempt. The worker marks an error
+    as the verifier's only before the import."""
     # (inspect.currentframe calls sys._getframe from inspect's own frame, which the audit
     # tripwire does not judge: the static stage bans the import; this checks the record rule)
     body = GOOD_FWD + """
@@ -399,9 +399,9 @@ def swiglu_fwd(x, w1):
     'open("/dev/null")',                       # the file system
 ])
 def test_the_audit_tripwire_refuses_the_candidates_own_exec_frames_and_files(tmp_path, payload):
-    """verifier/confine/audit.py (session 16): under the static stage, both red-team rounds
-    ended in the real `exec` called from candidate code; the workers' audit hook refuses
-    such events when the candidate's own code (or code exec'd from a string) raises them,
+    """verifier/confine/audit.py: under the static stage, a way past it ends in the real
+    `exec` called from candidate code (tests/verifier/corpus/getattr_gadget_exec.py); the
+    workers' audit hook refuses such events when the candidate's own code (or code exec'd from a string) raises them,
     while the libraries' own exec/compile (CuTeDSL rewrites epilogues) stay allowed."""
     body = GOOD_FWD + f"""
 _orig = swiglu_fwd
@@ -416,10 +416,10 @@ def swiglu_fwd(x, w1):
 
 
 def test_a_candidate_that_rebinds_the_workers_own_globals_is_named(tmp_path):
-    """Third round (sixteenth red team): payloads that reached the candidate worker's module
-    globals replaced `_perf_counter`/`_do_bench` there, which the integrity check (torch and
-    triton instruments only) did not watch; the worker's own globals and Worker's attributes
-    are watched now, and the import record names what changed."""
+    """A payload that reaches the candidate worker's module globals can replace
+    `_perf_counter`/`_do_bench` there, beyond the torch and triton instruments; the worker's
+    own globals and Worker's attributes are watched too, and the import record names what
+    changed."""
     body = GOOD_FWD + """
 import inspect
 _f = inspect.currentframe()
@@ -472,9 +472,9 @@ def test_sandbox_off_switch_is_reported(tmp_path, monkeypatch):
 
 
 def test_kernel_wrong_only_at_the_benchmark_shape_is_caught(tmp_path):
-    """Red-team round 6: a kernel that does 3/4 of K only at the (public) benchmark dims
-    passed every correctness trial and was timed fast. Every benchmark shape now gets a
-    post-timing check on sampled output elements (runs.make_bench_checks)."""
+    """A kernel that does 3/4 of K only at the (public) benchmark dims passes every
+    correctness trial and is timed fast. Every benchmark shape gets a post-timing check on
+    sampled output elements (runs.make_bench_checks)."""
     body = GOOD_FWD + """
 _orig = swiglu_fwd
 def swiglu_fwd(x, w1):
@@ -521,10 +521,9 @@ def swiglu_fwd(x, w1):
 
 
 def test_work_skipped_only_on_the_wall_time_calls_is_caught(tmp_path):
-    """Sixth red team: a call counter (there kept in stale freed memory; here an attribute,
-    which static would reject) let a kernel skip work only on the 7 wall-time calls after
-    timing, which were unchecked. One of them, picked with the secret RNG, is checked now
-    (protocol.wall_check_run). At the CPU bench shape the calls are: 2 warm-up, the CPU
+    """A call counter (kept in stale freed memory; here an attribute, which static would
+    reject) lets a kernel skip work only on the 7 wall-time calls after timing. One of them,
+    picked with the secret RNG, is checked (protocol.wall_check_run). At the CPU bench shape the calls are: 2 warm-up, the CPU
     timer's 5, then the 7 wall-time calls (8..14)."""
     body = GOOD_FWD + """
 _orig = swiglu_fwd
@@ -543,9 +542,9 @@ def swiglu_fwd(x, w1):
 
 
 def test_kernel_cheating_only_on_inputs_it_marked_while_timed_is_caught(tmp_path):
-    """Red-team round 7: mark each timed input set on first sight (here: reshape it in
-    place) and do less work on marked sets, i.e. only inside the timing loop; a fresh-seed
-    check never sees a marked set. The extra call in the timed rotation does."""
+    """A kernel that marks each timed input set on first sight (here: reshapes it in place)
+    and does less work on marked sets, i.e. only inside the timing loop: a fresh-seed check
+    never sees a marked set. The extra call in the timed rotation does."""
     body = GOOD_FWD + """
 _orig = swiglu_fwd
 def swiglu_fwd(x, w1):
@@ -565,8 +564,8 @@ def swiglu_fwd(x, w1):
 
 
 def test_write_into_a_timed_input_is_caught(tmp_path):
-    """Red-team round 8: writes into the caller's inputs only at the benchmark dims (where
-    inputs are not saved) are seen by the timed sets' checksums."""
+    """Writes into the caller's inputs only at the benchmark dims (where inputs are not
+    saved) are seen by the timed sets' checksums."""
     body = GOOD_FWD + """
 _orig = swiglu_fwd
 def swiglu_fwd(x, w1):
@@ -582,7 +581,8 @@ def swiglu_fwd(x, w1):
 
 
 def test_worker_logs_are_cut_to_their_tail(tmp_path):
-    """Round 9 printed gigabytes to the worker's stdout (outside the scratch budget)."""
+    """Gigabytes printed to the worker's stdout (outside the scratch budget) are cut to the
+    tail."""
     logs = tmp_path / "logs"
     logs.mkdir()
     (logs / "worker_candidate.stdout").write_bytes(b"x" * (3 << 20) + b"THE END")
@@ -594,8 +594,8 @@ def test_worker_logs_are_cut_to_their_tail(tmp_path):
 
 
 def test_scratch_cleanup_survives_deep_trees_and_keeps_only_the_trial_files(tmp_path):
-    """Red team 2026-11-30: 5000 nested folders crashed shutil.rmtree/os.walk (RecursionError,
-    paths past PATH_MAX) and 175,000 empty files in trials/ slipped past the byte budget."""
+    """5000 nested folders crash shutil.rmtree/os.walk (RecursionError, paths past PATH_MAX)
+    and 175,000 empty files in trials/ slip past a byte budget; the cleanup handles both."""
     scratch = tmp_path / "scratch"
     deep = scratch / "tmp"
     for base in (scratch / "tmp", scratch / "trials" / "junk"):
@@ -620,10 +620,10 @@ def test_scratch_cleanup_survives_deep_trees_and_keeps_only_the_trial_files(tmp_
 
 
 def test_output_with_a_method_shadowing_instance_attribute_is_rejected(tmp_path):
-    """Red team (timed-loop round): an exact torch.Tensor whose *instance* attribute
-    ``detach`` returns an honest result, so the worker's sampling copied the honest values
-    while the timed work was 3/4 of K. The worker now refuses outputs with instance
-    attributes and copies through Tensor methods captured before candidate code ran."""
+    """An exact torch.Tensor whose *instance* attribute ``detach`` returns an honest result
+    would make the worker's sampling copy the honest values while the timed work is 3/4 of
+    K. The worker refuses outputs with instance attributes and copies through Tensor
+    methods captured before candidate code ran."""
     body = GOOD_FWD + """
 _orig = swiglu_fwd
 def swiglu_fwd(x, w1):
@@ -644,8 +644,8 @@ def swiglu_fwd(x, w1):
 
 
 def test_the_plan_and_its_secret_are_not_on_disk_while_the_candidate_runs(tmp_path):
-    """Red team (timed-loop round) read ./plan.json (Landlock confines writes only) and
-    replayed the secret RNG to know which timed calls are kept. The plan now reaches the
+    """A ./plan.json readable by the candidate (Landlock confines writes only) would let it
+    replay the secret RNG and know which timed calls are kept. The plan reaches the
     candidate worker on its stdin; plan.json is written for the record after it ended."""
     body = GOOD_FWD + """
 import os as _os
@@ -663,8 +663,8 @@ def swiglu_fwd(x, w1):
 
 
 def test_output_whose_storage_was_freed_is_a_contract_violation(tmp_path):
-    """Red team re-run: an output whose storage was resized to 0 after the call made the
-    worker's own gather raise (reported as a crash). It is now a named contract violation."""
+    """An output whose storage was resized to 0 after the call is a named contract
+    violation, not a crash of the worker's own gather."""
     body = GOOD_FWD + """
 _orig = swiglu_fwd
 def swiglu_fwd(x, w1):
@@ -682,8 +682,8 @@ def swiglu_fwd(x, w1):
 
 
 def test_bytecode_planted_beside_the_candidate_never_runs(tmp_path):
-    """Red team 14: an unchecked-hash pyc in ``__pycache__/`` beside the candidate (written by
-    a --llm manual answerer into the run folder) ran in the workers' import instead of the
+    """An unchecked-hash pyc in ``__pycache__/`` beside the candidate (written by a --llm
+    manual answerer into the run folder) would run in the workers' import instead of the
     source that static, the verdict's hash and accept() speak of. The verifier judges a
     snapshot of the source's bytes and loads it from memory, so the pyc is never read."""
     import hashlib
@@ -718,7 +718,7 @@ def swiglu_fwd(x, w1):
 ])
 def test_done_as_asked(correctness, bench, cpu_only, want):
     """verify's exit status: --no-bench without a GPU (correctness skipped) is not done as
-    asked (new-user pass, session 13: the CLI and pipeline CLI exited 0 there)."""
+    asked (the CLI and pipeline CLI must not exit 0 there)."""
     stages = [StageResult(stage="static", status="pass", summary="ok"),
               StageResult(stage="correctness", status=correctness, summary="x")]
     if bench:

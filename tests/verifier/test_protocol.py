@@ -167,7 +167,7 @@ def test_strict_reading_names_what_the_worker_never_writes(tmp_path):
     f.write_text("".join(json.dumps(r) + "\n" for r in good) + '{"part": "done"}\n{"part": "da')  # torn last line
     recs, anomalies = read_records_checked(f)
     assert [r["part"] for r in recs] == ["setup", "begin", "bench", "done"] and anomalies == []
-    # red team: a forged bench record, then a newline-less prefix that swallows the worker's
+    # a forged bench record, then a newline-less prefix that swallows the worker's
     # real record, then records after done; a 200k-deep nesting and an over-long line
     f.write_text('{"part": "bench", "shape": "s", "event_ms": 0.0001}\n{"junk":"'
                  '{"part": "bench", "shape": "s", "event_ms": 1.0}\n'
@@ -181,8 +181,8 @@ def test_strict_reading_names_what_the_worker_never_writes(tmp_path):
                          f"line 7: {MAX_RECORD_LINE + 1} bytes (over {MAX_RECORD_LINE})",
                          "line 8: a 'end' record after 'done'"]
     assert read_records_checked(tmp_path / "missing") == ([], [])
-    # one launch count per correctness shape is legitimate; two for one shape are not
-    # (the GPU run of session 8 caught the reader refusing the per-shape records)
+    # one launch count per correctness shape is legitimate (the reader must not refuse the
+    # per-shape records); two for one shape are not
     f.write_text("".join(json.dumps({"part": "launches", "count": 1, "case": c}) + "\n" for c in ("a", "b", "a")))
     assert read_records_checked(f)[1] == ["line 3: a second 'launches' record for 'a'"]
 
@@ -226,8 +226,8 @@ def test_reservoir_keeps_each_timed_call_with_equal_probability():
 def test_gpu_kernels_counts_kernels_by_exact_marker_names():
     """Names as the H200 profiler recorded them (benchmarks/results/dev/
     2026-11-30-h200-profiler-events.log): copies and Kineto's sync records are not launches,
-    but a kernel whose epilogue fn *contains* "Sync" or "Memcpy" is one (the eighth red
-    team's ``swiglu_Sync_epi`` went uncounted under the old substring rule)."""
+    but a kernel whose epilogue fn *contains* "Sync" or "Memcpy" is one (a substring rule
+    would leave ``swiglu_Sync_epi`` uncounted: tests/verifier/corpus/sync_named_kernel.py)."""
     quack_sync = "kernel_cutlass_kernel_quackepiloguefrontendGemmMod_probe_Sync_epi_8602ca0bea11f06c__none_s"
     quack_copy = "kernel_cutlass_kernel_quackepiloguefrontendGemmMod_Memcpy_epi_0000__none_s"
     names = [

@@ -71,9 +71,9 @@ def test_hang_is_killed_with_its_group(tmp_path):
 
 
 def test_kill_live_groups_ends_a_worker_waited_on_in_another_thread(tmp_path):
-    """New-user pass, session 16: a compile worker waited on in a pool thread never saw the
-    main thread's Ctrl-C and outlived `coda-agent verify`; the CLI's signal handler now
-    kills every running worker group (kill_live_groups), and run_worker forgets it after."""
+    """A compile worker waited on in a pool thread never sees the main thread's Ctrl-C and
+    would outlive `coda-agent verify`; the CLI's signal handler kills every running worker
+    group (kill_live_groups), and run_worker forgets it after."""
     import threading
 
     from coda_agent.verifier.confine import sandbox
@@ -233,8 +233,8 @@ def test_children_a_worker_made_ours_are_reaped(tmp_path):
 
 
 def test_a_symlinked_log_file_is_replaced_not_written_through(tmp_path):
-    """Red team 14: a symlink where a worker's log goes made the verifier truncate the file
-    it named and stream the worker's output into it. The link is replaced by a log file."""
+    """A symlink where a worker's log goes would make the verifier truncate the file it
+    names and stream the worker's output into it. The link is replaced by a log file."""
     victim = tmp_path / "accepted_kernel.py"
     victim.write_text("accepted work\n")
     logs = tmp_path / "logs"
@@ -248,8 +248,8 @@ def test_a_symlinked_log_file_is_replaced_not_written_through(tmp_path):
 
 def test_read_worker_file_refuses_links_fifos_and_big_files(tmp_path):
     """What a confined worker wrote in its own folder is read without following a symlink,
-    waiting on a FIFO or reading past the limit (red team, session 15: the compile
-    worker's result.json was read whole through any symlink)."""
+    waiting on a FIFO or reading past the limit (the compile worker's result.json is
+    candidate-writable)."""
     from coda_agent.verifier.confine.sandbox import read_worker_file
 
     ok = tmp_path / "result.json"

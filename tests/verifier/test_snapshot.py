@@ -19,7 +19,7 @@ PLANTED = "def entry(x):\n    return x + 1  # what the bytecode beside it says\n
 
 def _plant_unchecked_pyc(folder: Path, name: str, source: str) -> Path:
     """An unchecked-hash pyc for ``folder/name`` compiled from ``source``: the import
-    system runs it without comparing it with the .py file (red team 14)."""
+    system runs it without comparing it with the .py file."""
     src = folder / "_planted_src.py"
     src.write_text(source)
     tag = sys.implementation.cache_tag
@@ -77,7 +77,7 @@ def test_load_module_reports_the_candidate_line_of_an_error(tmp_path):
 
 def test_getsource_sees_the_compiled_lines_despite_exotic_line_breaks(tmp_path):
     """str.splitlines breaks at form feeds and U+2028 where the compiler does not, and the
-    primed linecache then gave inspect.getsource another function's text (red team 15)."""
+    primed linecache would then give inspect.getsource another function's text."""
     p = tmp_path / "candidate.py"
     p.write_text("# a\fb\u2028c\x1cd\n\ndef decoy():\n    return 1\n\n\ndef real():\n    return 2\n", encoding="utf-8")
     mod = load_module(p, "coda_snapshot_test5", hashlib.sha256(p.read_bytes()).hexdigest())

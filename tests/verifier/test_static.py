@@ -164,8 +164,8 @@ def test_syntax_error_is_a_finding_with_line():
     "k = m" + ".a" * 5000,                 # attribute accesses
 ])
 def test_a_module_nested_too_deeply_is_a_finding_not_a_verifier_error(tail):
-    """Red team, session 15: ast.parse raises RecursionError (not SyntaxError) on a tree
-    deeper than its limit; it escaped check_static and read as the verifier's failure."""
+    """ast.parse raises RecursionError (not SyntaxError) on a tree deeper than its limit;
+    check_static reports it as a finding, not as the verifier's failure."""
     res = check_static(BWD, GOOD + "\nm = 1\n" + tail + "\n", "cand.py")
     assert res.status == "fail" and [f.kind for f in res.findings] == ["syntax-error"]
     assert "cand.py: the module is nested too deeply" in res.findings[0].message
@@ -383,11 +383,11 @@ def test_to_device_is_not_a_cast():
 
 
 @pytest.mark.parametrize("expr", [
-    # sixth red team: `.to(<empty tensor of the dtype>)` casts without naming a dtype
+    # `.to(<empty tensor of the dtype>)` casts without naming a dtype
     "dout.to(torch.empty(0, dtype=torch.float32, device=dout.device))", "dout.to(preact)",
     "dout.to(f32)", "dout.to(dtype=f32)", 'dout.to("float32")', "dout.to(preact.device, f32)",
     "dout.to(*(f32,))",
-    # eighth red team: casts the rule above did not see
+    # casts through other methods and keyword forms
     "dout.half(**{})", "dout.float(memory_format=torch.preserve_format)", "dout.type(dtype=f32)",
     "dout.type_as(other=preact)",
 ])
@@ -401,7 +401,7 @@ def test_a_reference_to_a_cast_method_is_a_cast(expr):
 
 
 @pytest.mark.parametrize("expr", [
-    # eighth red team: an async copy to the host read the allocator's poison unseen by the guard
+    # an async copy to the host reads the allocator's poison unseen by the guard
     'dout.to("cpu", non_blocking=True)', 'dout.to("cpu")', 'dout.to(torch.device("cpu"))',
     'dout.to(device=torch.device("cpu"))', "dout.to(preact.device, non_blocking=True)", 'dout.to("cuda")',
 ])
@@ -416,7 +416,7 @@ def test_keyword_unpacking_into_a_method_is_banned():
 
 @pytest.mark.parametrize("meth", ["nanmean(-1)", "median()", "quantile(0.5)", "new_zeros(1)", "new_ones(1)",
                                   "new_full((1,), 2.0)"])
-def test_eighth_red_team_math_methods(meth):
+def test_reducing_and_new_tensor_methods_are_torch_math(meth):
     assert_flags(module(body=f"_ = dout.{meth}"), "torch-math", f"dout.{meth}")
 
 
@@ -430,7 +430,8 @@ def test_operand_names_like_profiler_markers_are_reserved():
 @pytest.mark.parametrize("name", ["swiglu_Sync_epi", "memcpy_epi", "my_memset", "inMemory"])
 def test_defs_named_like_profiler_markers_are_reserved(name):
     """quack names a kernel after its epilogue fn, and the launch count skips events named
-    like copies and sync markers: `swiglu_Sync_epi` hid a second GEMM (eighth red team)."""
+    like copies and sync markers: `swiglu_Sync_epi` could hide a second GEMM
+    (tests/verifier/corpus/sync_named_kernel.py)."""
     src = module(epi=EPI.replace("def dswiglu_epi", f"def {name}").replace("    return {", "    return {"),
                  entry=ENTRY.replace("dswiglu_epi(", f"{name}(").replace("    BODY\n", ""))
     assert_flags(src, "reserved-name", f"def {name}")
@@ -542,7 +543,7 @@ _record = _make()
 
 
 def test_container_updates_are_rejected_even_on_locals():
-    """Deny by default (red team, 2026-11-30): ownership analysis is defeated by aliasing
+    """Deny by default: ownership analysis is defeated by aliasing
     (`[_CACHE][0][0] = v`), so item stores and mutating calls are rejected on any receiver;
     containers are built whole; `x += y` is rejected in host code too (in place on lists)."""
     body = """
@@ -571,7 +572,7 @@ counter += 1
     "_HOG = torch.empty(1 << 40, dtype=torch.uint8, device='cuda')\n",
     "_HOG = [torch.empty(8) for _ in range(2)]\n",
     "def _h(x, _hog=torch.empty(8)):\n    return x\n",
-    # round 2: match class patterns read dunders; method references; iterators/generators;
+    # match class patterns read dunders; method references; iterators/generators;
     # import-time helpers and decorators; cutlass APIs that patch the class they are given
     "O = 0\ndef _h(x):\n    match x:\n        case O(__globals__=G):\n            return G['__builtins__']\n",
     "_C = []\ndef _h(x):\n    app = list.append\n    app(_C, x)\n",
@@ -584,7 +585,7 @@ counter += 1
     "import cutlass.cute as cute2\n_S = cute2.struct\n",
     "def _h(x):\n    return torch.Tensor.mro()\n",
     "def _h(x):\n    fmt = str.format\n    return fmt('{0}', x)\n",
-    # round 3: compiler options write files; aliases + augmented assignment; annotations and
+    # compiler options write files; aliases + augmented assignment; annotations and
     # decorator arguments run at import; a home-made gemm_epilogue; torch.Tensor.<in-place>
     "import cutlass.cute as cute2\ndef _h(x):\n    return cute2.compile\n",
     "_SEEN = []\ndef _note(seen, item):\n    seen += [item]\n",
@@ -593,32 +594,32 @@ counter += 1
     "def _mk():\n    return 1\ndef _h(x: _mk()):\n    return x\n",
     "def _mk():\n    return 1\n_Y: _mk() = 1\n",
     "def _h(x):\n    return torch.Tensor.addmm_\n",
-    # round 4: cute.native_struct(fn) runs typing.get_type_hints -> eval of a string annotation
+    # cute.native_struct(fn) runs typing.get_type_hints -> eval of a string annotation
     "import cutlass.cute as cute2\n_ANN = 'open(\"/tmp/x\", \"w\") and int'\ndef _probe(x: _ANN):\n    return x\n"
     "def _h(x):\n    return cute2.native_struct(_probe)\n",
     "_ANN = 'int'\ndef _probe(x: _ANN):\n    return x\n",
     "import cutlass.cute as cute2\ndef _probe(x):\n    return x\ndef _h(x):\n    return cute2.make_fragment_like(_probe)\n",
-    # round 5: tensor -> numpy -> file (a .pth in a site folder runs code in every later python)
+    # tensor -> numpy -> file (a .pth in a site folder runs code in every later python)
     "def _h(x):\n    x.new_tensor([105, 109], dtype=torch.uint8).cpu().numpy().tofile('/tmp/x.pth')\n",
     "def _h(x):\n    x.detach().numpy().dump('/tmp/x.pkl')\n",
     "def _h(x):\n    return x.cpu().tolist()\n",
-    # round 6: storage classes mmap files; .new wraps bytes; .fn runs an epilogue body eagerly
+    # storage classes mmap files; .new wraps bytes; .fn runs an epilogue body eagerly
     "def _h(x):\n    b = torch.empty(0, dtype=torch.uint8)\n    return b.new(b.storage_type().from_file('/tmp/x', True, 8))\n",
     "def _h(x):\n    return x.new([1, 2])\n",
     "def _h(x):\n    return torch.ByteStorage\n",
-    # round 7: out= marks an input in place; host reads of values; quack setattr hooks
+    # out= marks an input in place; host reads of values; quack setattr hooks
     "def _h(x):\n    return torch.empty((x.numel(),), dtype=x.dtype, device=x.device, out=x)\n",
     "def _h(x):\n    return x.item() == 7.0\n",
     "def _h(x):\n    return dswiglu_epi.gemm(x, x, post_init_attrs=(('hook', lambda s: s),))\n",
-    # round 9: object addresses through repr/str/format/f-strings/%-formatting/set order; print floods
+    # object addresses through repr/str/format/f-strings/%-formatting/set order; print floods
     "def _h(x):\n    r = repr(iter(()))\n    return int(r[r.rfind('0x'):-1], 16)\n",
     "def _h(x):\n    return f'{x!r}'\n",
     "def _h(x):\n    return '%r' % (x,)\n",
     "def _h(x):\n    a, b = iter(()), iter(())\n    return list({a, b})[0] is a\n",
     "def _h(x):\n    print(x)\n",
 ])
-def test_red_team_escapes_are_rejected(extra):
-    """Each line defeated the 2026-11-30 static stage (two red-team rounds): a method patched
+def test_static_escape_gadgets_are_rejected(extra):
+    """Each line gets past a static stage that does not refuse it: a method patched
     through a for or comprehension target, state kept through aliases, method references,
     iterators or generators, code run at import time, attributes read by a match pattern."""
     ks = kinds(module(extra=extra))
@@ -636,8 +637,8 @@ def test_red_team_escapes_are_rejected(extra):
     "from cutlass.cute import recast_ptr\n",
 ])
 def test_pointer_fabrication_is_banned(use):
-    """Red team, session 15: cutlass.inttoptr / cute.make_ptr / cute.recast_ptr were allowed
-    names; in an epilogue they reach device memory no operand names."""
+    """cutlass.inttoptr / cute.make_ptr / cute.recast_ptr are refused: in an epilogue they
+    reach device memory no operand names."""
     src = module(extra=use)
     res = check_static(BWD, src, "cand.py")
     msgs = [f.message for f in res.findings if f.kind == "banned-call"]
@@ -652,9 +653,9 @@ def test_pointer_fabrication_is_banned(use):
     "p = cutlass.Pointer",
 ])
 def test_a_module_bound_inside_a_function_is_refused(body):
-    """Red team, session 15: aliases are resolved at module level only, and a module bound
-    to a local name (`cu = cutlass.cute`) was let through, so every `cu.<anything>` went
-    unjudged (pointer makers, the DSL compiler, torch through cutlass.torch)."""
+    """Aliases are resolved at module level only, so a module bound to a local name
+    (`cu = cutlass.cute`) is refused: otherwise every `cu.<anything>` would go unjudged
+    (pointer makers, the DSL compiler, torch through cutlass.torch)."""
     src = module(header="import cutlass\nimport cutlass.cute\n", extra=f"def _h(x):\n    {body}\n    return x\n")
     ks = kinds(src)
     assert "banned-attribute" in ks or "banned-call" in ks, ks
@@ -808,7 +809,7 @@ def dswiglu_epi(acc, c):
 
 
 def test_misspelt_mode_is_named_as_such():
-    """A literal mode quack lacks was reported as a non-literal declaration (new-user pass)."""
+    """A literal mode quack lacks is reported as such, not as a non-literal declaration."""
     src = module(epi=EPI.replace('mode="packed_cd_b16x2"', 'mode="packed_cd_b16x2s"'))
     assert_flags(src, "unknown-epilogue-mode", 'mode="packed_cd_b16x2s"')
     assert "non-literal-declaration" not in kinds(src)
@@ -928,7 +929,7 @@ def test_metadata_of_inputs_is_not_an_alias():
 
 
 @pytest.mark.parametrize("body,kind,needle", [
-    # ninth red team: a GEMM as a broadcast product accumulated with .index_add, and a
+    # a GEMM as a broadcast product accumulated with .index_add, and a
     # launch-free fp32 -> bf16 truncation through bit views
     ("_ = preact.index_add(0, preact, dout)", "torch-math", "preact.index_add"),
     ("_ = preact.scatter_add(0, preact, dout)", "torch-math", "preact.scatter_add"),
@@ -943,7 +944,7 @@ def test_metadata_of_inputs_is_not_an_alias():
     ('_ = dout.new_empty(4, device="cpu")', "host-escape", "dout.new_empty"),
     ("_ = torch.Tensor(5)", "host-escape", "torch.Tensor(5)"),
 ])
-def test_ninth_red_team(body, kind, needle):
+def test_scatter_math_bit_view_casts_and_host_tensors_are_flagged(body, kind, needle):
     assert_flags(module(body=body), kind, needle)
 
 
@@ -971,7 +972,7 @@ MODEL_WRITTEN = sorted((ROOT / "benchmarks" / "results" / "runs").glob("*/attemp
 def test_every_model_written_catalogue_candidate_passes_static(path):
     """No false positives on honest code: every answer a fresh model wrote for the catalogue
     (the agent runs kept under benchmarks/results/runs/) passes every static rule added
-    since (red teams 8-10 among them). The run folder's name ends in the spec's name."""
+    since. The run folder's name ends in the spec's name."""
     spec = path.parents[1].name.split("-", 1)[1]
     res = check_static(load_spec(ROOT / "kernel_specs" / spec).spec, path.read_text(), str(path))
     assert res.status == "pass", [(f.kind, f.line, f.message[:120]) for f in res.findings]
@@ -982,8 +983,8 @@ def test_model_written_candidates_are_there():
 
 
 def test_a_module_level_def_may_not_rebind_a_builtin():
-    """Review of session 9: `_bindings` checked nested defs only, so a module-level
-    `def isinstance(a, b): return b` made the value-use rule (which trusts the name
+    """`_bindings` checks module-level defs too, not only nested ones: a module-level
+    `def isinstance(a, b): return b` would make the value-use rule (which trusts the name
     isinstance) hand `torch.empty` out as a value, allocating without device=."""
     src = textwrap.dedent('''
         import torch
@@ -1012,7 +1013,7 @@ def test_a_module_level_def_may_not_rebind_a_builtin():
     assert [(f.kind, f.line) for f in res.findings if f.kind == "banned-call"] == [("banned-call", 13)]
 
 
-# --- sixteenth red team: value attributes are an allow-list, strings stay in place ---------
+# --- value attributes are an allow-list, strings stay in place ----------------------------
 
 @pytest.mark.parametrize("body,needle", [
     ("op = functools.partial(torch.empty, 4).func", ".func"),          # a partial's function back
@@ -1062,8 +1063,8 @@ same = "D" == "D"
 
 
 @pytest.mark.parametrize("extra,body,kind,needle", [
-    # an assignment alias rebound at module level or shadowed by a parameter held any value,
-    # and its attributes were judged as the alias's (second round, sixteenth red team)
+    # an assignment alias rebound at module level or shadowed by a parameter could hold any
+    # value, and its attributes would be judged as the alias's
     ("DT = torch.float32\nDT = torch.empty\n", "", "name-redefined", "DT = torch.empty"),
     ("DT = torch.float32\n\n\ndef _get(DT, obj):\n    return obj\n", "", "name-redefined", "def _get(DT"),
     ("DT = torch.float32\n", "for DT in (dout,):\n    pass", "name-redefined", "for DT in"),
@@ -1073,7 +1074,7 @@ same = "D" == "D"
     ("", "g = dswiglu_epi.gemm.whatever", "value-attribute", ".whatever"),
     ("", "s = dout.grad_fn_graph.shape", "value-attribute", ".grad_fn_graph"),
 ])
-def test_second_round_bypasses_are_refused(extra, body, kind, needle):
+def test_rebound_aliases_and_value_attributes_are_refused(extra, body, kind, needle):
     assert_flags(module(extra=extra, body=body), kind, needle)
 
 
@@ -1087,13 +1088,13 @@ if dout.shape[0] == 0:
 
 
 @pytest.mark.parametrize("header,body,kind,needle", [
-    # third round (sixteenth red team): a metaclass call defines a class, with run-time dunders
+    # a metaclass call defines a class, with run-time dunders
     ("import cutlass\n", "C = cutlass.NumericMeta(\"Zed\", (int,), {})", "banned-call", "NumericMeta"),
     # an epilogue mod built outside @gemm_epilogue, where no epilogue check sees it
     ("from quack.epilogue import EpiMod\n", "", "banned-call", "import EpiMod"),
     # typing names as values: typing.Optional[s] is a ForwardRef library code evaluates
     ("import typing\n", "t = typing.Optional[int]", "banned-attribute", "typing.Optional[int]"),
-    # a nested def handed to a library call escaped library-callback (module-level defs only)
+    # a nested def handed to a library call is a library-callback (not only module-level defs)
     ("import functools\n", "def inner(v):\n    return v\np = functools.partial(inner, 1)", "library-callback",
      "functools.partial(inner"),
     # %-formatting with a run-time format string: the right operand must be a number by its form
@@ -1101,7 +1102,7 @@ if dout.shape[0] == 0:
     # const_expr hands its argument back: a string given to it is a value
     ("import cutlass\n", "u = cutlass.const_expr(\"_\")", "string-value", "const_expr"),
 ])
-def test_third_round_bypasses_are_refused(header, body, kind, needle):
+def test_metaclasses_typing_values_and_callbacks_are_refused(header, body, kind, needle):
     assert_flags(module(header=header, body=body), kind, needle)
 
 

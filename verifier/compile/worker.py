@@ -6,8 +6,7 @@ in its own session/process group, with a timeout, in a private temporary folder.
 
 Design
 ------
-* **Compile without launching, without a GPU.** The recipe measured in
-  /work/shared/notes/stack-findings.md: ``QUACK_ARCH=sm_90`` and ``CUTE_DSL_ARCH=sm_90a``
+* **Compile without launching, without a GPU.** The recipe: ``QUACK_ARCH=sm_90`` and ``CUTE_DSL_ARCH=sm_90a``
   before quack is imported (the parent sets them; ``setdefault`` here for manual runs),
   ``quack.gemm_runtime.host.get_max_active_clusters`` answered without the driver
   (``132 // cluster_size``, the H100/H200 SM count), and ``run_gemm_epi_plan`` replaced by

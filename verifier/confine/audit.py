@@ -3,11 +3,12 @@ walk frames or touch the OS (PEP 578 audit hook, installed in each worker before
 
 The static stage (:mod:`coda_agent.verifier.static`) is the wall: it decides what
 candidate code may name before any of it runs. Python cannot be contained by an AST
-check alone, and the sixteenth red team proved it twice in one session: a quack method
-that is ``getattr(obj, name)`` reached ``torch.Tensor.__reduce_ex__.__func__.__globals__``
-and from there the real ``exec``, which ran eager torch math and patched the worker's
-timer. Each hole was closed in the static stage; this module makes the next one of that
-kind fail at the step where arbitrary code begins.
+check alone: a quack method that is ``getattr(obj, name)`` reaches
+``torch.Tensor.__reduce_ex__.__func__.__globals__`` and from there the real ``exec``, which
+can run eager torch math and patch the worker's timer (threat 20 of docs/threat-model.md;
+``tests/verifier/corpus/getattr_gadget_exec.py``). The static stage refuses each such path
+it knows; this module makes the next one of that kind fail at the step where arbitrary
+code begins.
 
 Design
 ------

@@ -1,8 +1,8 @@
 """OS-level confinement of the candidate worker (Linux Landlock): no writes outside its folder.
 
-Why: the static stage is the first trust boundary, and four red-team rounds each found a
-way past it (e.g. a compile option that truncates any file, a type-hint ``eval`` that ran
-arbitrary code). Whatever a candidate manages to run, the process it runs in should not
+Why: the static stage is the first trust boundary, and a way past it must not be enough
+(e.g. a compile option that truncates any file, a type-hint ``eval`` that runs arbitrary
+code: threats 20 and 21 of docs/threat-model.md). Whatever a candidate manages to run, the process it runs in should not
 be able to change anything the verifier trusts afterwards: the spec's ``reference.py``,
 the verifier's own modules, accepted kernels, the quack/cutlass install the trusted
 reference worker imports, or a compile cache that worker reads.
@@ -20,7 +20,7 @@ by every child process; it needs no privileges (``PR_SET_NO_NEW_PRIVS`` is set f
 
 Threads: Landlock binds the *calling thread* and the threads and children it starts;
 threads that exist before stay unconfined, and native code in the process can run on them
-(red team 2026-11-30: a signal handler sent with ``tgkill``). So the candidate worker is
+(e.g. through a signal handler sent with ``tgkill``; threat 22 of docs/threat-model.md). So the candidate worker is
 started through :mod:`~coda_agent.verifier.confine.launch`, which confines the process
 while it has one thread, before ``import torch`` (which starts a BLAS thread pool) and
 before CUDA init (the driver's threads): 16 threads in all on the H200 host; the launcher hands the worker the description and the
@@ -169,7 +169,7 @@ def restrict_writes(writable: list[str | Path]) -> str:
     earlier = _other_threads()
     if earlier:
         # Landlock binds the calling thread and what it starts; threads that already exist
-        # (torch's, CUDA's) are not confined (red team 2026-11-30: native code hijacked one)
+        # (torch's, CUDA's) are not confined, and native code can take one over
         extras.append(f"{earlier} earlier thread(s) not confined")
     return f"landlock ABI {abi}: writes only beneath {len(writable)} path(s)" + "".join(f"; {e}" for e in extras)
 
@@ -185,7 +185,7 @@ def _other_threads() -> int:
 def device_files() -> list[str]:
     """The device nodes a CUDA process writes: ``/dev/null`` and the NVIDIA nodes
     (``/dev/nvidia*``, ``/dev/nvidia-caps/*``). Not ``/dev`` as a whole: ``/dev/shm`` is a
-    RAM-backed folder that outlives the worker (red-team round 6 kept a call counter there
+    RAM-backed folder that outlives the worker (a call counter kept there would survive
     across verifications)."""
     import glob
 

@@ -4,8 +4,8 @@ Why: Landlock binds the thread that calls ``landlock_restrict_self`` and the thr
 children it starts afterwards, and a dropped capability is dropped for the calling
 thread only. Threads that already exist keep full rights. A worker that confined itself
 after ``import torch`` (which starts a BLAS thread pool) and after CUDA init (the
-driver's threads) left 16 threads unconfined and running as root on the H200 host, and native code in the process can run on any of them (the red team
-of 2026-11-30 hijacked one through a signal handler sent with ``tgkill``).
+driver's threads) would leave 16 threads unconfined and running as root on the H200 host, and native code in the process can run on any of them
+(e.g. through a signal handler sent with ``tgkill``; threat 22 of docs/threat-model.md).
 
 How: ``python -m coda_agent.verifier.confine.launch --write DIR ... [--results-fd FD]
 MODULE -- ARGS...`` imports nothing but the standard library and
@@ -24,8 +24,8 @@ The worker learns what happened through two attributes of ``landlock``, set befo
 runs (a candidate's code runs much later, after the worker's first setup record):
 ``LAUNCH_SANDBOX`` (the description for the verdict) and ``LAUNCH_RESULTS_FD`` (the write
 end of a pipe the parent copies into ``results.jsonl``: records can only be appended; a
-file descriptor would let candidate code truncate or rewrite earlier records, which the
-red team did through one opened before confinement).
+file descriptor opened before confinement would let candidate code truncate or rewrite
+earlier records: threat 24 of docs/threat-model.md).
 
 ``CODA_FS_SANDBOX=off`` switches every layer off (the description says so);
 ``CODA_SECCOMP=off`` only the filter: the launcher drops capabilities either way.

@@ -158,7 +158,7 @@ def read_worker_file(path: str | Path, limit: int = 16 << 20) -> bytes | None:
     """The bytes of a file a confined worker wrote in its own folder, or None when it is
     missing, not a regular file (a symlink is not followed, a FIFO not waited on) or
     larger than ``limit`` bytes: the parent reads what candidate code could have replaced
-    (red team, session 15: ``result.json`` was read whole, through any symlink)."""
+    (``result.json`` read whole, through any symlink, would be the candidate's to choose)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
@@ -177,7 +177,7 @@ def read_worker_file(path: str | Path, limit: int = 16 << 20) -> bytes | None:
 WORKER_FSIZE_LIMIT = 1 << 30
 """Largest file a worker may write (bytes): saved trial tensors are small (benchmark
 shapes are saved as samples); this stops floods in its own folder. Its stdout/stderr go
-through pipes the parent caps (:data:`LOG_HEAD`; round 9 printed 8 GiB of stdout)."""
+through pipes the parent caps (:data:`LOG_HEAD`; threat 25 of docs/threat-model.md)."""
 
 
 LOG_HEAD, LOG_TAIL = 4 << 20, 1 << 20
@@ -188,7 +188,7 @@ RESULTS_CAP = 16 << 20
 """Bytes of records kept from a confined worker's results pipe (a legitimate stream is
 well under 1 MiB); beyond it the stream is dropped, so a flood loses the worker's own
 ``done`` record and reads as an unfinished run. Small on purpose: the parent parses
-what it keeps (red team: a 255 MiB record took it to 6.4 GiB)."""
+what it keeps (a 255 MiB record takes it to 6.4 GiB)."""
 
 
 DRAIN_GRACE_S = 10.0
@@ -205,8 +205,8 @@ class _Drain(threading.Thread):
 
     Why pipes: a worker that holds a *file* descriptor can seek, truncate, ``fallocate``
     or clear ``O_APPEND`` on it whatever Landlock says (rights are checked at open time),
-    and the red team of 2026-11-30 did all four: rewrote earlier records of the results
-    file and hid gigabytes behind 16-byte logs. A pipe's write end can only append."""
+    and so rewrite earlier records of the results file or hide gigabytes behind 16-byte
+    logs (threats 24 and 25 of docs/threat-model.md). A pipe's write end can only append."""
 
     def __init__(self, rfd: int, path: Path, head: int, tail: int):
         super().__init__(name=f"drain-{path.name}", daemon=True)
@@ -217,7 +217,7 @@ class _Drain(threading.Thread):
         kept, cut, ring = 0, 0, bytearray()
         f = None
         try:
-            # never through a symlink: the verifier would write wherever it points (red team 14)
+            # never through a symlink: the verifier would write wherever it points
             f = os.fdopen(os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644), "ab")
         except OSError as e:
             self.error = f"cannot open {self.path.name}: {e}"
@@ -286,8 +286,8 @@ def classify(returncode: int | None, stderr: str, timed_out: bool) -> tuple[Outc
 
 def _reap_group(pgid: int, wait_s: float = 2.0) -> None:
     """Wait for (reap) every child of *this* process still in the worker's group: a child
-    made with ``CLONE_PARENT`` is ours, not the worker's, and would stay a zombie (the
-    red team made 2000). Returns when none is left or after ``wait_s`` seconds."""
+    made with ``CLONE_PARENT`` is ours, not the worker's, and would stay a zombie (a
+    candidate can make thousands). Returns when none is left or after ``wait_s`` seconds."""
     deadline = time.monotonic() + wait_s
     while True:
         try:
@@ -326,8 +326,8 @@ def kill_live_groups() -> int:
     """SIGKILL every registered process group; returns how many there were. The CLI calls it
     when it is interrupted (Ctrl-C, SIGTERM): each worker runs in its own session, so no
     terminal signal reaches it, and a compile waited on in a pool thread never sees the
-    main thread's KeyboardInterrupt (new-user pass, session 16: a hanging candidate's compile
-    worker outlived `coda-agent verify` by minutes). Safe in a signal handler: no waiting."""
+    main thread's KeyboardInterrupt (a hanging candidate's compile worker would outlive
+    `coda-agent verify` by minutes). Safe in a signal handler: no waiting."""
     with _LIVE_LOCK:
         groups = list(_LIVE_GROUPS)
     for pgid in groups:
@@ -458,8 +458,8 @@ def run_worker(
             proc.wait()
         except BaseException:
             # Ctrl-C, or SIGTERM turned into an exception by the CLI: the worker is in its own
-            # session and would run on, unread (new-user pass, session 16: compile workers of a
-            # hanging candidate outlived `coda-agent verify` by minutes)
+            # session and would run on, unread (compile workers of a hanging candidate would
+            # outlive `coda-agent verify` by minutes)
             _kill_now(proc)
             raise
         else:

@@ -2,12 +2,12 @@
 
 Why: Landlock (:mod:`~coda_agent.verifier.confine.landlock`, ABI 7 on the dev machine and the
 H200) confines *writes* to the worker's folder, denies TCP bind/connect and scopes signals
-and abstract unix sockets. Red-team round 6 listed what it does not cover: connecting to a
+and abstract unix sockets. It does not cover: connecting to a
 *pathname* unix socket (a local daemon's control socket), UDP and other non-TCP sockets,
 and changing the metadata of files outside the folder (chmod/chown/utime/xattr are not
-writes to Landlock). None of that is reachable from code that passes the static stage
-today, but the static stage is the layer red teams keep getting past, so the kernel says
-no as well.
+writes to Landlock). None of that is reachable from code that passes the static stage,
+but no layer may rest on the static stage alone (threat 23 of docs/threat-model.md), so the
+kernel says no as well.
 
 What it denies (``EPERM``, never a kill: a denied call is an exception the worker reports
 like any other candidate error):
@@ -20,10 +20,10 @@ like any other candidate error):
   ``file_setattr`` and the attribute ioctls (immutable/append-only through a read-only fd).
 * ``io_uring_setup``/``enter``/``register``: io_uring performs opens, connects and sends
   from kernel workers that seccomp never sees.
-* ``setsid``/``setpgid`` (a child in its own session outlived the worker's group kill),
+* ``setsid``/``setpgid`` (a child in its own session outlives the worker's group kill),
   System V IPC, creating and operating on objects, and kernel keys (state that outlives
   the process), and scheduling, priority and rlimit calls aimed at any process but the
-  caller (aimed at the parent they slowed the trusted reference worker's baselines);
+  caller (aimed at the parent they slow the trusted reference worker's baselines);
   ``ioprio_set`` outright; ``fcntl(F_SETLEASE)`` (a lease stalls other openers of a file).
 * new user namespaces (``unshare``/``clone`` with ``CLONE_NEWUSER``; ``clone3`` fails with
   ENOSYS so libc falls back to ``clone``) and ``setns``: inside a new user namespace a
@@ -35,10 +35,10 @@ like any other candidate error):
   same syscalls under numbers this filter does not list.
 
 Before the filter, the calling thread drops every capability and the bounding set
-(:func:`drop_capabilities`): a worker running as root kept CAP_SYS_PTRACE and
+(:func:`drop_capabilities`): a worker running as root would keep CAP_SYS_PTRACE and
 CAP_DAC_OVERRIDE, enough to read the parent's ``/proc/<pid>/environ`` (the API key)
-through Landlock's ptrace scoping, and CAP_SYS_ADMIN for mount changes. The red team of
-2026-11-30 found each of these from a confined child.
+through Landlock's ptrace scoping, and CAP_SYS_ADMIN for mount changes, each usable from a
+confined child (threat 23 of docs/threat-model.md).
 
 How: a classic-BPF program over ``struct seccomp_data`` installed with
 ``seccomp(SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_TSYNC)``, so every thread of the
@@ -79,11 +79,11 @@ DENIED_X86_64 = {
     "setxattrat": 463, "removexattrat": 466, "file_setattr": 469,
     "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427,
     # a child in a new session/group escapes the parent's process-group kill and outlives
-    # the worker (red team: still alive after run_worker returned)
+    # the worker (still alive after run_worker returned)
     "setsid": 112, "setpgid": 109,
     # System V IPC objects and kernel keys outlive the process: state across verifications;
     # the operations too, since objects that already exist are found in /proc/sysvipc
-    # (red team 2026-11-30: attached, overwrote and removed a root-owned 0600 segment)
+    # (a uid-0 worker can attach, overwrite and remove a root-owned 0600 segment)
     "shmget": 29, "semget": 64, "msgget": 68, "add_key": 248, "request_key": 249, "keyctl": 250,
     "shmat": 30, "shmctl": 31, "semop": 65, "semctl": 66, "msgsnd": 69, "msgrcv": 70, "msgctl": 71,
     "semtimedop": 220,
@@ -105,19 +105,19 @@ SELF_ONLY_X86_64 = {
     "sched_setparam": (142, (0,)), "sched_setscheduler": (144, (0,)), "sched_setaffinity": (203, (0,)),
     "sched_setattr": (314, (0,)), "prlimit64": (302, (0,)),
 }
-"""Calls allowed on the worker itself only: aimed at the parent (``getppid()``) they slowed
+"""Calls allowed on the worker itself only: aimed at the parent (``getppid()``) they slow
 the trusted reference worker started next (nice 19, SCHED_IDLE, one CPU, tiny rlimits)."""
 
 CLONE_NEWUSER, CLONE_PARENT = 0x10000000, 0x8000
 FLAG_DENIED_X86_64 = {
     # name: (nr, argument index, bits that may not be set, errno)
-    # a new user namespace hands back a full capability set inside it (red team 2026-11-30:
-    # after an execve, unshare + its own uid_map, which the /proc/<pid> allowance lets it write);
-    # CLONE_PARENT makes the child the *verifier's*: 2000 zombies it never reaped (a pid
+    # a new user namespace hands back a full capability set inside it (after an execve,
+    # unshare + its own uid_map, which the /proc/<pid> allowance lets it write);
+    # CLONE_PARENT makes the child the *verifier's*: zombies it never reaps (a pid
     # exhaustion for the whole host at ~3000/s)
     "unshare": (272, 0, CLONE_NEWUSER, EPERM), "clone": (56, 0, CLONE_NEWUSER | CLONE_PARENT, EPERM),
     # fallocate with a mode (KEEP_SIZE, PUNCH_HOLE, ...): allocates blocks that st_size and the
-    # file-size rlimit do not see (red team: 3 GiB behind a 16-byte file, outside any budget)
+    # file-size rlimit do not see (3 GiB behind a 16-byte file, outside any budget)
     "fallocate": (285, 1, 0xFFFFFFFF, EOPNOTSUPP),
 }
 """Calls denied, with the given errno, when an argument has any of the given bits (its low
@@ -142,7 +142,7 @@ other command stays allowed."""
 
 SOCKETPAIR_NR, SOCK_TYPE_MASK, SOCK_STREAM = 53, 0xF, 1
 """``socketpair`` is allowed for stream pairs only: a datagram pair can ``sendto`` any
-pathname socket (red team: reached a listener outside the sandbox)."""
+pathname socket (a listener outside the sandbox)."""
 
 # classic BPF opcodes (include/uapi/linux/filter.h)
 _LD_W_ABS = 0x20  # BPF_LD | BPF_W | BPF_ABS

@@ -1,14 +1,15 @@
 """The candidate the verifier judges is one snapshot of its bytes, taken once.
 
 The verifier reads a candidate in three places: the static stage parses its text, the
-compile worker imports it, the candidate worker imports it again on the GPU. Each read
-used to go back to the file the caller named, through Python's import machinery, and the
-fourteenth red team showed what that allows: a ``__pycache__/candidate.cpython-3XX.pyc``
-planted next to ``candidate.py`` (an *unchecked-hash* pyc is never compared with the
-source) is what the import system runs, while static, the verdict's ``candidate_hash``
-and ``accept`` all speak of ``candidate.py``. In ``--llm manual`` mode the answerer
-writes into the run folder, so a zeros-returning ``candidate.py`` with a correct pyc
-beside it passed correctness and would have been accepted, unverified.
+compile worker imports it, the candidate worker imports it again on the GPU. A read that
+goes back to the file the caller named, through Python's import machinery, can run other
+code than was judged: a ``__pycache__/candidate.cpython-3XX.pyc`` planted next to
+``candidate.py`` (an *unchecked-hash* pyc is never compared with the source) is what the
+import system runs, while static, the verdict's ``candidate_hash`` and ``accept`` all
+speak of ``candidate.py``. In ``--llm manual`` mode the answerer writes into the run
+folder, so a zeros-returning ``candidate.py`` with a correct pyc beside it would pass
+correctness and be accepted, unverified (threat 26 of docs/threat-model.md;
+``tests/verifier/test_pipeline_cpu.py``).
 
 So, as one rule:
 
@@ -25,8 +26,8 @@ So, as one rule:
   the text that ran.
 
 The spec's own ``reference.py`` and ``liger.py`` load through :func:`load_module` too
-(red team 15: a pyc planted in ``kernel_specs/<k>/__pycache__/`` replaced the reference
-that ``spec_hash`` covers).
+(a pyc planted in ``kernel_specs/<k>/__pycache__/`` would replace the reference that
+``spec_hash`` covers).
 
 ``accept`` copies the caller's file into the library only when its bytes still hash to
 the verdict's ``candidate_hash``, so what is accepted is what was verified.
@@ -87,8 +88,8 @@ def _decode(data: bytes) -> str:
 def _lines(data: bytes) -> list[str]:
     """The source lines exactly as ``linecache`` would read them from disk (``tokenize.open``:
     PEP 263 encoding, universal newlines). Not ``str.splitlines``: it also breaks at form
-    feeds, U+2028 and the like, which the compiler does not, and ``inspect.getsource`` then
-    returned another function's text (red team 15)."""
+    feeds, U+2028 and the like, which the compiler does not, and ``inspect.getsource`` would
+    then return another function's text."""
     try:
         enc, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
         return io.TextIOWrapper(io.BytesIO(data), enc, line_buffering=True).readlines()

@@ -340,8 +340,8 @@ class ModuleFacts:
 
     def is_library_call(self, call: ast.Call) -> bool:
         """A call of an import-rooted cutlass/quack/torch callable, or of an epilogue mod,
-        that does not hand its argument back: ``cutlass.const_expr("_")`` is ``"_"`` (third
-        round: strings glued from it became dunder names and format strings)."""
+        that does not hand its argument back: ``cutlass.const_expr("_")`` is ``"_"`` (strings
+        glued from it can become dunder names and format strings)."""
         q = self.qualname(call.func) or ""
         if q.rsplit(".", 1)[-1] in PASS_THROUGH_CALLS:
             return False

@@ -70,8 +70,9 @@ def check_qualified(m: ModuleFacts, node: ast.AST, q: str) -> None:
     if parts[0] == "typing" and len(parts) > 1 and parts[1] in surface.STD_WHITELIST["typing"] \
             and not isinstance(node, (ast.Import, ast.ImportFrom)) and not m.not_a_value(node):
         # typing.Optional[s] with a run-time string s is a ForwardRef that library code
-        # evaluates with get_type_hints (third round: quack's Scalar(..., dtype=...) builds
-        # such a type); typing names belong in annotations
+        # evaluates with get_type_hints (quack's Scalar(..., dtype=...) builds such a type;
+        # tests/verifier/test_static.py::test_metaclasses_typing_values_and_callbacks_are_refused);
+        # typing names belong in annotations
         m.add("banned-attribute", node, f"`{q}` is used as a value (`{snippet(m.parents.get(node) or node)[:60]}`): "
                  "typing names may appear only in annotations")
         return

@@ -67,8 +67,8 @@ def check_value_use(m: ModuleFacts, node: ast.Name | ast.Attribute) -> None:
     called = isinstance(parent, ast.Call) and parent.func is node
     if isinstance(node, ast.Name) and node.id in m.local_defs and not called:
         # a def handed to anything as a value reaches library code that may run it, read its
-        # annotations or install it (third round: a nested def escaped library-callback,
-        # which knew module-level defs only, as a class's __init_subclass__)
+        # annotations or install it (nested defs too, not only module-level ones: e.g. as a
+        # class's __init_subclass__)
         m.add("library-callback", node, f"your function `{node.id}` is used as a value (`{snippet(parent or node)[:60]}`): "
                  "call your functions where you name them; none may be passed, stored or returned")
         return

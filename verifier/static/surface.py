@@ -2,8 +2,8 @@
 
 Why introspection, not name lists
 ---------------------------------
-The static stage used to admit whole package trees (``cutlass.*``, ``quack.epilogue.*``) and
-ban a list of *names* (``sys``, ``inspect``, ``exec`` ...). Those packages import the
+A static stage that admits whole package trees (``cutlass.*``, ``quack.epilogue.*``) and
+bans a list of *names* (``sys``, ``inspect``, ``exec`` ...) is not enough. Those packages import the
 standard library for themselves, so they re-export it under other names:
 ``cutlass.cute.tuple.signature`` *is* ``inspect.signature`` (``eval_str=True`` evaluates
 annotations), ``cutlass.base_dsl.ast_helpers.getmembers`` *is* ``inspect.getmembers``

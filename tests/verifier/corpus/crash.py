@@ -8,8 +8,8 @@ CPU. The kernel then gets host addresses for D and postact: on the GPU this is a
 illegal memory access (which poisons the CUDA context -- the worker must die and be
 reported, not hang the verifier), a launcher error about the device, or, on systems
 where the GPU can address pageable host memory, outputs that come back on the wrong
-device. It used to pass static and the compile stage (which runs on CPU tensors) and
-was the GPU crash-path test; allocations must say `device=<input>.device` (a host
+device. Without a static rule it would pass static and the compile stage (which runs
+on CPU tensors) and crash only on the GPU; allocations must say `device=<input>.device` (a host
 tensor of stale heap memory keeps state across calls, read without a sync the guard
 sees), so the static stage names the slip in a fraction of a second. The verifier's survival of a crashing worker is tested on the CPU device
 (`test_pipeline_cpu.py`: SIGSEGV, hang, raised errors).
