@@ -50,9 +50,17 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from ..verifier.verdict import Verdict
+from ..verifier.workspace import atomic_write_text, remove_tree, sha256_bytes
 from .context import gather_context
 from .extract import ExtractError, extract_module
 from .llm.base import AwaitingAnswer, LLMError, LLMResponse, Usage
+from .render import (
+    Prompt,
+    build_lesson_prompt,
+    build_repair_prompt,
+    build_task_prompt,
+)
 from .run_folder import (
     PROPOSED_TRICK,
     RUN_FILE,
@@ -71,14 +79,6 @@ from .run_folder import (
     save_state,
     utc_now,
 )
-from .render import (
-    Prompt,
-    build_lesson_prompt,
-    build_repair_prompt,
-    build_task_prompt,
-)
-from ..verifier.verdict import Verdict
-from ..verifier.workspace import atomic_write_text, remove_tree, sha256_bytes
 
 TERMINAL = ("accepted", "passed", "passed-cpu-only", "out-of-attempts")
 DEFAULT_MAX_ATTEMPTS = 5

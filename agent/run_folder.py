@@ -48,7 +48,6 @@ from ..verifier.verdict import Verdict
 from ..verifier.workspace import atomic_write_text, sha256_bytes
 from .llm.base import Usage
 
-
 RUN_FILE = "run.json"
 
 

@@ -43,7 +43,6 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 from host_probe import env_line, load_kernel, load_reference, pipelined_host_us  # noqa: E402  (sibling dev script)
 from host_probe import randn_bf16 as _randn  # noqa: E402
 
-
 _CFG_NAME = re.compile(r"^(\d+)x(\d+)(pp|co)(?:-c(\d)x(\d))?(?:-sw(\d+))?(-dyn)?$")
 
 

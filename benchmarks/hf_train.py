@@ -203,7 +203,7 @@ def parity(args, res: dict) -> None:
 
 
 def _diff(a: list, b: list, tail: int = 20) -> dict:
-    d = [abs(x - y) for x, y in zip(a, b)]
+    d = [abs(x - y) for x, y in zip(a, b, strict=False)]
     return {"max": max(d), "mean": statistics.fmean(d), "max_last": max(d[-tail:]),
             "mean_last": statistics.fmean(d[-tail:])}
 
@@ -493,9 +493,9 @@ def main(argv=None) -> int:
         args.steps = 40
     try:
         import transformers  # noqa: F401
-    except ModuleNotFoundError:
+    except ModuleNotFoundError as e:
         raise SystemExit("hf_train: needs transformers 5.x (pip install 'coda-agent[hf]'; on the device: "
-                         "benchmarks/hf_bundle.sh, then source benchmarks/device_env.sh)")
+                         "benchmarks/hf_bundle.sh, then source benchmarks/device_env.sh)") from e
     args.out.mkdir(parents=True, exist_ok=True)
     res = {"versions": versions()}
     print("versions:", json.dumps(res["versions"]), flush=True)

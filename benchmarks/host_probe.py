@@ -121,7 +121,7 @@ def kernel_profile(run, steps: int, top: int = 10) -> dict:
     if launches:
         span = max(e.time_range.end for e in launches) - launches[0].time_range.start
         gaps, end = [], launches[0].time_range.end
-        for prev, e in zip(launches, launches[1:]):
+        for prev, e in zip(launches, launches[1:], strict=False):
             end = max(end, prev.time_range.end)
             if e.time_range.start > end:
                 gaps.append((e.time_range.start - end, prev.name[:60], e.name[:60]))
@@ -149,7 +149,9 @@ def pipelined_host_us(call, per_round: int = 40, rounds: int = 5, warm: int = 10
 
 def _measure(fn, wrap) -> dict:
     from triton.testing import do_bench
-    call = (lambda: wrap(fn))
+    def call():
+        return wrap(fn)
+
     piped = pipelined_host_us(call)
     after_sync = []
     for _ in range(21):

@@ -83,7 +83,7 @@ def _run(fn, args, diff, ups, cast=lambda a: a):
     """Outputs, then gradients w.r.t. args[i] for i in diff (upstream ``ups``), detached."""
     xs = [cast(a).detach().clone().requires_grad_() if i in diff else cast(a) for i, a in enumerate(args)]
     outs = _tuple(fn(*xs))
-    grads = torch.autograd.grad(outs, [xs[i] for i in diff], [u.to(o.dtype) for u, o in zip(ups, outs)])
+    grads = torch.autograd.grad(outs, [xs[i] for i in diff], [u.to(o.dtype) for u, o in zip(ups, outs, strict=False)])
     return [t.detach() for t in (*outs, *grads)]
 
 
@@ -187,11 +187,11 @@ def _deferred_call(name, M, seed, with_extra=False):
     ups = [torch.randn(o.shape, generator=g).to(device=o.device, dtype=o.dtype) for o in outs]
     ref = _run(std, args, diff, ups, _f32)
     got, low = _run(op, args, diff, ups), _run(std, args, diff, ups)
-    res = {"names": names, "op": [_err(a, r) for a, r in zip(got, ref)],
-           "torch": [_err(a, r) for a, r in zip(low, ref)]}
+    res = {"names": names, "op": [_err(a, r) for a, r in zip(got, ref, strict=False)],
+           "torch": [_err(a, r) for a, r in zip(low, ref, strict=False)]}
     if with_extra:
         i = names.index("drstd")
-        res["control"] = [_err(a, r) for a, r in zip(_run(alt, args, diff, ups), ref)]
+        res["control"] = [_err(a, r) for a, r in zip(_run(alt, args, diff, ups), ref, strict=False)]
         try:
             res["fp32dz_drstd"] = _err(fp32dz_drstd(name, args, ups), ref[i])
         except Exception as e:                      # an option: its absence must not stop the probe
@@ -220,9 +220,9 @@ def probe_deferred(quick: bool) -> dict:
                 continue
             try:
                 r = _deferred_call(name, M, seed=10 * M)
-                ratios = {n: o / (2 * t + 1e-6) for n, o, t in zip(r["names"], r["op"], r["torch"])}
+                ratios = {n: o / (2 * t + 1e-6) for n, o, t in zip(r["names"], r["op"], r["torch"], strict=False)}
                 out["per_M"][f"{name}/M{M}"] = {n: {"err": o, "budget": 2 * t + 1e-6, "ratio": ratios[n]}
-                                                for n, o, t in zip(r["names"], r["op"], r["torch"])}
+                                                for n, o, t in zip(r["names"], r["op"], r["torch"], strict=False)}
                 if M >= 7 and max(ratios.values()) > 1:
                     ok = False
             except Exception as e:
@@ -247,7 +247,7 @@ def probe_deferred(quick: bool) -> dict:
             if M == 1:
                 i = names.index("drstd")
                 budgets = [2 * c["torch"][i] for c in calls]
-                share = lambda errs, budgets=budgets: sum(e > b for e, b in zip(errs, budgets)) / len(errs)  # noqa: E731
+                share = lambda errs, budgets=budgets: sum(e > b for e, b in zip(errs, budgets, strict=False)) / len(errs)  # noqa: E731
                 single = {"op": share([c["op"][i] for c in calls]), "control": share([c["control"][i] for c in calls])}
                 fp32dz = [c["fp32dz_drstd"] for c in calls]
                 single["op with fp32 dz"] = share(fp32dz) if all(isinstance(x, float) for x in fp32dz) else fp32dz[0]
@@ -299,8 +299,8 @@ def _gate_inputs(M=64, K=None, I=256, seed=20):
 
 
 def _judge(out, ref32, low) -> dict:
-    from coda_agent.verifier.stages.numerics import judge
     from coda_agent.verifier.spec import ToleranceSpec
+    from coda_agent.verifier.stages.numerics import judge
     v = judge(out, ref32, low, ToleranceSpec(), "bfloat16", "bfloat16")
     return {"ok": bool(v["ok"]), "failed": v.get("failed", []), "max_err": v.get("max_err")}
 
@@ -374,7 +374,7 @@ def probe_swiglu() -> dict:
         ups = [torch.randn(x.shape, generator=g).to(device=x.device, dtype=BF16)]
         got, ref = _run(K.swiglu, args, diff, ups), _run(std_swiglu_op, args, diff, ups, _f32)
         low = _run(std_swiglu_op, args, diff, ups)
-        for n, a, r, lo in zip(("out", "dx", "dw1", "dw_down"), got, ref, low):
+        for n, a, r, lo in zip(("out", "dx", "dw1", "dw_down"), got, ref, low, strict=False):
             # the verdict: the max-error budget; judge is shown (its per-element rule, made
             # for a kernel's outputs, also compares single elements of GEMM-accumulated
             # weight gradients against PyTorch's own rounding of them)
@@ -445,7 +445,7 @@ def _bad_rows(t: torch.Tensor) -> list[int]:
 
 def _rows_report(got, want, names):
     rep = {}
-    for n, a, b in zip(names, got, want):
+    for n, a, b in zip(names, got, want, strict=False):
         ra, rb = _bad_rows(a), _bad_rows(b)
         rep[n] = {"op_rows": ra[:8], "torch_rows": rb[:8], "extra_rows": sorted(set(ra) - set(rb))[:8],
                   "missing_rows": sorted(set(rb) - set(ra))[:8],

@@ -232,7 +232,7 @@ def check(shape: LayerShape, M: int, S: int, *, device: str = "cuda", mlp: str =
     got = _grads(torch.compile(fn, fullgraph=True) if compiled else fn, args, dy)
     names = ("out", "dx", *(f"d{p}" + (f"[{i}]" if layers > 1 else "") for i in range(layers) for p in PARAMS))
     return {n: {"coda": (g.float() - r).abs().max().item(), "standard_bf16": (b.float() - r).abs().max().item()}
-            for n, g, r, b in zip(names, got, ref, low)}
+            for n, g, r, b in zip(names, got, ref, low, strict=False)}
 
 
 def _bench(fn, rep: int = 1000) -> float:
@@ -346,10 +346,12 @@ def time_step(shape: LayerShape, M: int, S: int, rounds: int = 2, profile: int =
                         ("cudagraphs", torch.compile(fn, dynamic=False, mode="reduce-overhead"))):
             key = f"{name} ({mode})"
             if mode == "cudagraphs":   # a new training step: earlier replays' outputs may be overwritten
-                step = (lambda f=f: (torch.compiler.cudagraph_mark_step_begin(),
-                                     torch.autograd.grad(f(*args), args, dy)))
+                def step(f=f):
+                    torch.compiler.cudagraph_mark_step_begin()
+                    return torch.autograd.grad(f(*args), args, dy)
             else:
-                step = (lambda f=f: torch.autograd.grad(f(*args), args, dy))
+                def step(f=f):
+                    return torch.autograd.grad(f(*args), args, dy)
             skips = counters["inductor"]["cudagraph_skips"]
             try:
                 for _ in range(3):          # compile, warm up, record

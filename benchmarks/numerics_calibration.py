@@ -87,8 +87,8 @@ def _kernel_fn(name: str):
 def _torch_bf16_alternatives(spec, ref, inputs, run) -> dict[str, dict[str, torch.Tensor]]:
     """torch's bf16 computation of the reference by other kernels than the yardstick's: on
     the CPU (small cases) and on the GPU with reduced-precision bf16 reductions."""
-    from coda_agent.verifier.spec import eval_expr
     from coda_agent.verifier.gpu.worker_reference import reference_outputs
+    from coda_agent.verifier.spec import eval_expr
 
     out = {}
     flops = float(eval_expr(spec.bench.flops, run.dims)) if spec.bench.flops else math.inf
@@ -126,11 +126,11 @@ def calibrate(names: list[str] | None, device: str, secrets: int, bench: bool, s
     """Judge every candidate (module doc) and return the rows; each row is also appended to
     ``sink`` (JSON lines) as soon as it exists, so a run cut short keeps what it judged."""
     from coda_agent.verifier.gpu.inputs import make_inputs
-    from coda_agent.verifier.stages.numerics import tolerance_check
-    from coda_agent.verifier.gpu.protocol import BENCH_CHECK_SAMPLE, sample_index
+    from coda_agent.verifier.gpu.protocol import sample_index
     from coda_agent.verifier.gpu.runs import make_bench_checks, make_bench_shapes, make_runs
-    from coda_agent.verifier.spec import find_specs
     from coda_agent.verifier.gpu.worker_reference import _exact_fp32, reference_outputs
+    from coda_agent.verifier.spec import find_specs
+    from coda_agent.verifier.stages.numerics import tolerance_check
 
     _exact_fp32()
     dev = torch.device(device)
@@ -166,7 +166,7 @@ def calibrate(names: list[str] | None, device: str, secrets: int, bench: bool, s
                         got = fn(**inputs, **consts) if cname != "kernel" else fn(
                             *[inputs[t.name] for t in spec.entry.inputs], **consts)
                     if not isinstance(got, dict):
-                        got = dict(zip([o.name for o in spec.entry.outputs], got if isinstance(got, tuple) else (got,)))
+                        got = dict(zip([o.name for o in spec.entry.outputs], got if isinstance(got, tuple) else (got,), strict=False))
                     results[cname] = {k: v.detach() for k, v in got.items()}
                 except Exception as e:  # noqa: BLE001 -- a candidate that cannot run is a row, not a crash
                     rows.append(dict(spec=loaded.name, run=run.key, case=run.case, candidate=cname, output=None,

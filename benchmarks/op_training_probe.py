@@ -103,7 +103,7 @@ def _steps(op, standard, args, dy) -> dict:
             got = [g.clone() for g in run()]
             res["grad max rel diff:ops (cudagraphs) vs ops"] = max(
                 float((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-30))
-                for a, b in zip(got, want))
+                for a, b in zip(got, want, strict=False))
     return res
 
 

@@ -44,14 +44,13 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("rope_table_probe: needs a CUDA device")
-    from triton.testing import do_bench
+    from host_probe import load_kernel, pipelined_host_us
     from quack.epilogue import gemm_epilogue, pack, unpack
     from quack.epilogue.library import identity_epi
     from quack.epilogue.ops import RowVecLoad
     from quack.epilogue.rotary import rope_table_epi, rotary_cos_sin_load
     from quack.gemm_config import GemmConfig
-
-    from host_probe import load_kernel, pipelined_host_us
+    from triton.testing import do_bench
 
     @gemm_epilogue(ops={"cs": rotary_cos_sin_load("cs"), "mask": RowVecLoad("mask")}, mode="acc_pair")
     def table_mask_epi(acc, cs, mask):
@@ -111,7 +110,7 @@ def main(argv=None) -> int:
                 x, w.T, tuned=False, config=cfg, cs=cs, mask=mask_of().view(1, -1))["D"])
             calls[f"quack table {cname}"] = (cfg, lambda cfg=cfg: rope_table_epi(
                 x, w.T, tuned=False, config=cfg, cs=cs, bias=x.new_zeros(1, n, dtype=torch.float32))["D"])
-        for label, (cfg, call) in calls.items():
+        for label, (_cfg, call) in calls.items():
             try:
                 out = call()
                 torch.cuda.synchronize()

@@ -136,8 +136,16 @@ rms_bwd also needs a per-row input that only a producing kernel gives for free).
 
 from __future__ import annotations
 
+from ._chain import (
+    causal_gqa_attention,
+    chain_start,
+    chained_layer,
+    chained_mlp,
+    chained_out_proj,
+    chained_qkv_rope,
+)
+from ._cross_entropy import cross_entropy_bwd_op, gemm_cross_entropy_op, linear_cross_entropy
 from ._registry import KERNELS_DIR, _check_device, _check_layout, accepted, load, run_kernel  # noqa: F401  (first)
-from ._swiglu import swiglu, swiglu_bwd_op, swiglu_bwd_rms_op, swiglu_fwd_op
 from ._rmsnorm import (
     deferred_rmsnorm_linear,
     deferred_rmsnorm_swiglu,
@@ -150,19 +158,12 @@ from ._rmsnorm import (
     rmsnorm_linear,
 )
 from ._rope import deferred_rmsnorm_qkv_rope, gemm_rmsnorm_rope_op, gemm_rope_op, qkv_rope, rope_bwd_op
-from ._cross_entropy import cross_entropy_bwd_op, gemm_cross_entropy_op, linear_cross_entropy
-from ._chain import (
-    causal_gqa_attention,
-    chain_start,
-    chained_layer,
-    chained_mlp,
-    chained_out_proj,
-    chained_qkv_rope,
-)
+from ._swiglu import swiglu, swiglu_bwd_op, swiglu_bwd_rms_op, swiglu_fwd_op
 from .hf import apply_coda, remove_coda  # Hugging Face Llama patch; transformers imported lazily
 
 __all__ = [
     "accepted",
+    "apply_coda",
     "causal_gqa_attention",
     "chain_start",
     "chained_layer",
@@ -183,6 +184,7 @@ __all__ = [
     "linear_cross_entropy",
     "load",
     "qkv_rope",
+    "remove_coda",
     "residual_rmsnorm",
     "rms_bwd_op",
     "rmsnorm_linear",

@@ -424,7 +424,10 @@ def causal_gqa_attention(qkv: torch.Tensor, *, seq_len: int, n_q_heads: int, n_k
     qkv (M, (HQ + 2 HKV) HD) -> (M, HQ HD), M a multiple of seq_len."""
     m = qkv.shape[0]
     q, k, v = qkv.split((n_q_heads * head_dim, n_kv_heads * head_dim, n_kv_heads * head_dim), dim=1)
-    heads = lambda t, h: t.reshape(m // seq_len, seq_len, h, head_dim).transpose(1, 2)
+
+    def heads(t: torch.Tensor, h: int) -> torch.Tensor:
+        return t.reshape(m // seq_len, seq_len, h, head_dim).transpose(1, 2)
+
     o = F.scaled_dot_product_attention(heads(q, n_q_heads), heads(k, n_kv_heads), heads(v, n_kv_heads),
                                        is_causal=True, enable_gqa=True)
     return o.transpose(1, 2).reshape(m, n_q_heads * head_dim)

@@ -138,7 +138,7 @@ def _layer_problems(i: int, layer, config, names, weight_dtype: torch.dtype) -> 
                "self_attn.v_proj": (attn.v_proj, (hkv * hd, D)), "self_attn.o_proj": (attn.o_proj, (D, hq * hd)),
                "mlp.gate_proj": (mlp.gate_proj, (I, D)), "mlp.up_proj": (mlp.up_proj, (I, D)),
                "mlp.down_proj": (mlp.down_proj, (D, I))}
-    for name, (lin, shape) in linears.items():
+    for name, (lin, _) in linears.items():
         if type(lin) is not nn.Linear:
             out.append(f"{where}: {name} is {type(lin).__name__}, not a plain nn.Linear (adapters / quantized "
                        f"layers are not supported)")

@@ -138,7 +138,7 @@ def _state_dict_post_hook(module, state_dict, prefix, local_metadata):
             continue
         with torch.no_grad():
             parts = spec.unpack(_full(v))
-        for name, p in zip(spec.parts, parts):
+        for name, p in zip(spec.parts, parts, strict=False):
             state_dict[f"{prefix}{name}.weight"] = _like(p, v)
 
 
@@ -154,7 +154,7 @@ def _load_pre_hook(module, state_dict, prefix, local_metadata, strict, missing_k
     with torch.no_grad():
         current = spec.unpack(_full(fused_param))
         parts = []
-        for n, cur in zip(names, current):
+        for n, cur in zip(names, current, strict=False):
             if n in state_dict:
                 given = _full(state_dict.pop(n))
                 if given.shape != cur.shape:
@@ -230,7 +230,7 @@ def _unfuse_children(module) -> None:
     new = {}
     for n, m in module._modules.items():
         if n == spec.fused:
-            new.update(zip(spec.parts, linears))
+            new.update(zip(spec.parts, linears, strict=False))
         else:
             new[n] = m
     module._modules = new

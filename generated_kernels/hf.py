@@ -360,7 +360,7 @@ def _causal_lm_forward(self, *args, **kwargs):
     info: _LMInfo = self._coda_lm
     if len(args) > len(info.params):
         raise TypeError(f"forward() takes at most {len(info.params)} positional arguments, got {len(args)}")
-    kwargs.update(zip(info.params, args))
+    kwargs.update(zip(info.params, args, strict=False))
     labels = kwargs.get("labels")
     keep = kwargs.get("logits_to_keep", 0)
     if labels is None or not self.training or not (isinstance(keep, int) and keep == 0):

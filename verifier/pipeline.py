@@ -47,26 +47,26 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable
 
+from .confine.records import records_of
+from .confine.sandbox import kill_live_groups, run_worker, worker_env
+from .confine.snapshot import Snapshot, take
 from .gpu.environment import collect_environment, cuda_available
-from .gpu.results import GpuRun
 from .gpu.inputs import rotation_count, tensor_bytes
 from .gpu.protocol import (
     CAND_DIR,
     PLAN_FILE,
     REF_DIR,
     RESULTS_FILE,
+    SCRATCH_BUDGET,
     SCRATCH_DIR,
     TIMED_LOOP_SLOTS,
-    SCRATCH_BUDGET,
     Plan,
     timed_check_run,
     timed_loop_check_run,
     wall_check_run,
 )
+from .gpu.results import GpuRun
 from .gpu.runs import make_bench_checks, make_bench_shapes, make_runs
-from .confine.records import records_of
-from .confine.sandbox import kill_live_groups, run_worker, worker_env
-from .confine.snapshot import Snapshot, take
 from .spec import LoadedSpec, load_spec
 from .verdict import Finding, StageResult, Verdict
 from .workspace import atomic_write_text, remove_tree
@@ -330,7 +330,7 @@ def cpu_stages_many(items: list[tuple[LoadedSpec, Path]], *, jobs: int = 1,
             folder = Path(tmp) / str(i)
             folder.mkdir()
             snaps.append(take(cand, folder))
-        return _cpu_stages_of([(loaded, snap) for (loaded, _), snap in zip(items, snaps)], jobs, timeout_s)
+        return _cpu_stages_of([(loaded, snap) for (loaded, _), snap in zip(items, snaps, strict=False)], jobs, timeout_s)
 
 
 def _cpu_stages_of(items: list[tuple[LoadedSpec, Snapshot]], jobs: int, timeout_s: float | None) -> list[CpuStages]:

@@ -33,9 +33,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .base import LLMError, LLMResponse
 from ...verifier.confine.sandbox import feed, kill_group, track_group  # the verifier's workers' own helpers
 from ...verifier.workspace import atomic_write_text
+from .base import LLMError, LLMResponse
 
 DEFAULT_TIMEOUT_S = 1800.0
 MAX_OUTPUT = 8 << 20

@@ -16,8 +16,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .base import AwaitingAnswer, LLMError, LLMResponse
 from ...verifier.workspace import atomic_write_text
+from .base import AwaitingAnswer, LLMError, LLMResponse
 
 PROMPT_FILE = "prompt.md"
 ANSWER_FILE = "response.md"

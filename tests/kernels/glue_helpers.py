@@ -46,7 +46,7 @@ def entry(fn, inputs: list[str], outputs: list[str]):
     ``entry(*inputs in order) -> tuple(outputs in order)``, with the inputs' names as its
     signature (as an accepted kernel's entry has: run_kernel's messages name them)."""
     def call(*args):
-        res = fn(**dict(zip(inputs, args)))
+        res = fn(**dict(zip(inputs, args, strict=False)))
         return tuple(res[o] for o in outputs)
     call.__signature__ = inspect.Signature(
         [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in inputs])
@@ -105,7 +105,7 @@ def check_against_torch(fn, torch_fn, args, diff, *, rtol, seed=0, names=None):
     rgrads = torch.autograd.grad(routs, [rargs[i] for i in diff], [u.double() for u in ups])
     names = names or [f"out{i}" for i in range(len(outs))] + [f"d_arg{i}" for i in diff]
     assert len(outs) == len(routs)
-    for name, a, r in zip(names, (*outs, *grads), (*routs, *rgrads)):
+    for name, a, r in zip(names, (*outs, *grads), (*routs, *rgrads), strict=False):
         assert a.shape == r.shape, f"{name}: shape {tuple(a.shape)} != {tuple(r.shape)}"
         err = (a.double() - r.double()).abs().max().item()
         tol = rtol * (r.abs().max().item() + 1.0)
@@ -126,12 +126,12 @@ def check_on_gpu(fn, torch_fn, args, diff, names, *, seed=0):
         o = _tuple(torch_fn(*xs))
         if not diff:
             return o
-        g = torch.autograd.grad(o, [xs[i] for i in diff], [u.to(oo.dtype) for u, oo in zip(ups, o)])
+        g = torch.autograd.grad(o, [xs[i] for i in diff], [u.to(oo.dtype) for u, oo in zip(ups, o, strict=False)])
         return (*o, *g)
 
     ref = run(lambda a: a.float() if a.is_floating_point() else a)
     low = run(lambda a: a.detach().clone())
-    for name, a, r, b in zip(names, (*outs, *grads), ref, low):
+    for name, a, r, b in zip(names, (*outs, *grads), ref, low, strict=False):
         assert a.shape == r.shape, f"{name}: shape {tuple(a.shape)} != {tuple(r.shape)}"
         assert a.dtype == b.dtype, f"{name}: dtype {a.dtype}, the torch code gives {b.dtype}"
         err = (a.float() - r.float()).abs().max().item()

@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 import torch
-
-import coda_agent.kernels as K
-from coda_agent.kernels import _chain
 from glue_helpers import MODES, check_on_gpu, compiled_for, entry, module_from_file, reference_module, use_standins
 from test_rmsnorm_ops import standins as rms_standins
 from test_rope_ops import standins as rope_standins
+
+import coda_agent.kernels as K
+from coda_agent.kernels import _chain
 
 ROOT = Path(__file__).resolve().parents[2]
 L = module_from_file(ROOT / "benchmarks" / "llama_layer.py", "coda_llama_layer_chain")

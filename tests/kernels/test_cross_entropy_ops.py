@@ -12,9 +12,9 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from glue_helpers import MODES, check_against_torch, check_on_gpu, compiled_for, entry, reference_module, use_standins
 
 import coda_agent.kernels as K
-from glue_helpers import MODES, check_against_torch, check_on_gpu, compiled_for, entry, reference_module, use_standins
 
 NAMES = ("loss", "dh", "dw_vocab")
 

@@ -30,14 +30,14 @@ from pathlib import Path
 
 import pytest
 import torch
-
-import coda_agent.kernels as K
-from coda_agent.kernels import hf
 from glue_helpers import use_standins
 from test_cross_entropy_ops import standins as ce_standins
 from test_rmsnorm_ops import standins as rms_standins
 from test_rope_ops import standins as rope_standins
 from test_swiglu_op import standins as swiglu_standins
+
+import coda_agent.kernels as K
+from coda_agent.kernels import hf
 
 ROOT = Path(__file__).resolve().parents[2]
 HAS_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
@@ -103,7 +103,7 @@ def hf_grads(model) -> dict[str, torch.Tensor]:
             c = model.config
             for part, t in zip(("q_proj", "k_proj", "v_proj"),
                                hf.unpack_qkv(g, n_q_heads=c.num_attention_heads, n_kv_heads=c.num_key_value_heads,
-                                             head_dim=c.head_dim)):
+                                             head_dim=c.head_dim), strict=False):
                 out[f"{attn_prefix}{part}.weight"] = t
         elif name.endswith("gate_up_proj.weight"):
             mlp_prefix = name[: -len("gate_up_proj.weight")]
@@ -169,11 +169,11 @@ def test_layouts_are_exact_inverses_cpu():
     w = hf.pack_qkv(q, k, v, n_q_heads=4, n_kv_heads=2, head_dim=64)
     assert w.shape == (512, 32) and w.is_contiguous()
     assert torch.equal(w[1], q[32]) and torch.equal(w[64 + 2], q[64 + 1]) and torch.equal(w[4 * 64 + 3], k[33])
-    assert all(torch.equal(a, b) for a, b in zip(hf.unpack_qkv(w, n_q_heads=4, n_kv_heads=2, head_dim=64), (q, k, v)))
+    assert all(torch.equal(a, b) for a, b in zip(hf.unpack_qkv(w, n_q_heads=4, n_kv_heads=2, head_dim=64), (q, k, v), strict=False))
     gate, up = torch.randn(24, 16, generator=g), torch.randn(24, 16, generator=g)
     w1 = hf.pack_gate_up(gate, up)
     assert torch.equal(w1[0::2], gate) and torch.equal(w1[1::2], up)
-    assert all(torch.equal(a, b) for a, b in zip(hf.unpack_gate_up(w1), (gate, up)))
+    assert all(torch.equal(a, b) for a, b in zip(hf.unpack_gate_up(w1), (gate, up), strict=False))
     assert hf.rope_row_permutation(8).tolist() == [0, 4, 1, 5, 2, 6, 3, 7]
     with pytest.raises(ValueError, match="k must have 128 rows"):
         hf.pack_qkv(q, k[:64], v, n_q_heads=4, n_kv_heads=2, head_dim=64)
@@ -428,7 +428,7 @@ def test_optimizer_steps_the_fused_parameters_cpu(exact):
     for step in range(3):
         ids = tokens(seed=10 + step)
         norms = []
-        for m, opt in zip((ref, model), opts):
+        for m, opt in zip((ref, model), opts, strict=False):
             opt.zero_grad()
             m(ids, labels=ids).loss.backward()
             norms.append(torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0))

@@ -11,7 +11,6 @@ from __future__ import annotations
 import types
 
 import torch
-
 from glue_helpers import ROOT, module_from_file
 
 host_probe = module_from_file(ROOT / "benchmarks" / "host_probe.py", "coda_test_host_probe")

@@ -17,10 +17,6 @@ import inspect
 import pytest
 import torch
 import torch.nn.functional as F
-from torch.utils.flop_counter import FlopCounterMode
-
-import coda_agent.kernels as K
-from coda_agent.kernels import _registry
 from glue_helpers import entry, reference_module, use_standins
 from test_cross_entropy_ops import ce_inputs
 from test_cross_entropy_ops import standins as ce_standins
@@ -32,6 +28,10 @@ from test_rope_ops import CONSTS, qkv_inputs
 from test_rope_ops import deferred_inputs as rope_deferred_inputs
 from test_rope_ops import standins as rope_standins
 from test_swiglu_op import standins as swiglu_standins
+from torch.utils.flop_counter import FlopCounterMode
+
+import coda_agent.kernels as K
+from coda_agent.kernels import _registry
 
 BF16 = torch.bfloat16
 

@@ -28,11 +28,6 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-
-import coda_agent.kernels as K
-from coda_agent.kernels import _swiglu
-from coda_agent.verifier.stages.numerics import judge
-from coda_agent.verifier.spec import ToleranceSpec
 from glue_helpers import use_standins
 from test_rmsnorm_ops import (
     torch_deferred_linear,
@@ -40,6 +35,11 @@ from test_rmsnorm_ops import (
     torch_deferred_swiglu_mlp,
     torch_residual_rmsnorm,
 )
+
+import coda_agent.kernels as K
+from coda_agent.kernels import _swiglu
+from coda_agent.verifier.spec import ToleranceSpec
+from coda_agent.verifier.stages.numerics import judge
 
 BF16, FP32 = torch.bfloat16, torch.float32
 LOG2E = math.log2(math.e)
@@ -116,7 +116,7 @@ def _tuple(x):
 def _run(fn, args, diff, ups, cast=lambda a: a):
     xs = [cast(a).detach().clone().requires_grad_() if i in diff else cast(a) for i, a in enumerate(args)]
     outs = _tuple(fn(*xs))
-    grads = torch.autograd.grad(outs, [xs[i] for i in diff], [u.to(o.dtype) for u, o in zip(ups, outs)])
+    grads = torch.autograd.grad(outs, [xs[i] for i in diff], [u.to(o.dtype) for u, o in zip(ups, outs, strict=False)])
     return [t.detach() for t in (*outs, *grads)]
 
 
@@ -133,7 +133,7 @@ def errors(op, torch_fn, args, diff, *, seed=0, control=None):
     res = {"op": _run(op, args, diff, ups), "torch": _run(torch_fn, args, diff, ups)}
     if control is not None:
         res["control"] = _run(control, args, diff, ups)
-    return {k: [float((a.float() - r).abs().max()) for a, r in zip(v, ref)] for k, v in res.items()}
+    return {k: [float((a.float() - r).abs().max()) for a, r in zip(v, ref, strict=False)] for k, v in res.items()}
 
 
 def deferred_args(device, M, K, N, seed, mlp=False):
@@ -163,12 +163,12 @@ def pooled(name, device, M, calls, K, N):
     op, std, control, mlp, names = DEFERRED[name]
     runs = [errors(op, std, deferred_args(device, M, K, N, seed, mlp), range(4 if mlp else 3), seed=seed,
                    control=control) for seed in range(calls)]
-    return names, {k: list(zip(*(r[k] for r in runs))) for k in runs[0]}
+    return names, {k: list(zip(*(r[k] for r in runs), strict=False)) for k in runs[0]}
 
 
 def assert_pooled_budget(names, errs):
     """Over all calls: max op error <= 2 * max PyTorch bf16 error + 1e-6, per tensor."""
-    for name, op_e, torch_e in zip(names, errs["op"], errs["torch"]):
+    for name, op_e, torch_e in zip(names, errs["op"], errs["torch"], strict=False):
         assert max(op_e) <= 2 * max(torch_e) + 1e-6, (name, max(op_e), max(torch_e))
 
 
@@ -182,7 +182,7 @@ def test_deferred_backward_is_pytorchs_bf16_arithmetic_cpu(kernel_models):
     dy = torch.randn(7, 48, generator=torch.Generator().manual_seed(2)).to(BF16)
     got = _run(K.deferred_rmsnorm_linear, [a, rstd, w], (0, 1, 2), [dy])[1:]
     want = _run(torch_deferred_linear, [a, rstd, w], (0, 1, 2), [dy])[1:]
-    for name, g, t in zip(("da", "drstd", "dw"), got, want):
+    for name, g, t in zip(("da", "drstd", "dw"), got, want, strict=False):
         assert g.dtype == t.dtype and torch.equal(g, t), name
     assert kernel_models["gemm_rmsnorm"] == 1
 
@@ -203,7 +203,7 @@ def test_single_row_budget_is_a_random_comparison_cpu(name, kernel_models):
     random roundings, it does not tell a correct backward from a wrong one."""
     names, errs = pooled(name, "cpu", M=1, calls=40, K=128, N=256)
     i = names.index("drstd")
-    over = {k: sum(e > 2 * t for e, t in zip(errs[k][i], errs["torch"][i])) for k in ("op", "control")}
+    over = {k: sum(e > 2 * t for e, t in zip(errs[k][i], errs["torch"][i], strict=False)) for k in ("op", "control")}
     assert over["control"] >= 4, over            # about a third of the rows
     assert over["op"] <= over["control"], over
 
@@ -271,7 +271,7 @@ def test_fast_sigmoid_forward_and_backward_within_tolerance_for_all_finite_gates
     got = [t.to(BF16) for t in epilogue(gate, up, dpost, fast_sigmoid)]
     ref32 = standard(gate, up, dpost)
     low = standard(gate.to(BF16), up.to(BF16), dpost.to(BF16))
-    for name, o, r, lo in zip(("postact", "dgate", "dup"), got, ref32, low):
+    for name, o, r, lo in zip(("postact", "dgate", "dup"), got, ref32, low, strict=False):
         verdict = judge(o, r, lo, ToleranceSpec(), "bfloat16", "bfloat16")
         assert verdict["ok"], (name, verdict["failed"], verdict["rules"])
     assert (got[0][gate < _swiglu.FLUSHED_GATE] == 0).all()
@@ -312,7 +312,7 @@ def nonfinite_mismatches(op, torch_fn, args, diff, names, seed=0):
     outs = _tuple(op(*args))
     ups = [torch.randn(o.shape, generator=g).to(device=o.device, dtype=o.dtype) for o in outs]
     got, want = _run(op, args, diff, ups), _run(torch_fn, args, diff, ups)
-    return [n for n, a, b in zip(names, got, want) if not torch.equal(a.isfinite(), b.isfinite())]
+    return [n for n, a, b in zip(names, got, want, strict=False) if not torch.equal(a.isfinite(), b.isfinite())]
 
 
 @pytest.mark.parametrize("eps", [1e-6, 1e-5])
@@ -415,7 +415,7 @@ def test_fast_sigmoid_gates_within_tolerance_on_gpu():
         return dpre, post.detach()
     r32 = standard(dout.float(), w_down.float(), preact.float())
     low = standard(dout, w_down, preact)
-    for name, o, r, lo in zip(("dpreact", "postact"), (dpreact, postact), r32, low):
+    for name, o, r, lo in zip(("dpreact", "postact"), (dpreact, postact), r32, low, strict=False):
         ok, failed = _judge_ok(o, r, lo)
         assert ok, (name, failed)
     flushed = (preact.float()[:, 0::2] < _swiglu.FLUSHED_GATE).repeat_interleave(2, dim=1)

@@ -8,9 +8,9 @@ torch.compile); on an H200 the real accepted kernels run (``gpu`` marker).
 import pytest
 import torch
 import torch.nn.functional as F
+from glue_helpers import MODES, compiled_for, entry, reference_module, use_standins
 
 import coda_agent.kernels as K
-from glue_helpers import MODES, compiled_for, entry, reference_module, use_standins
 
 
 def _torch_mlp(x, w1, w_down):
@@ -47,7 +47,7 @@ def _check_against_torch(fn, device, dtype, atol, rtol):
     out_r = _torch_mlp(xr, w1r, wdr)
     grads_r = torch.autograd.grad(out_r, (xr, w1r, wdr), dout.double())
     torch.testing.assert_close(out.double(), out_r, atol=atol, rtol=rtol)
-    for g, gr in zip(grads, grads_r):
+    for g, gr in zip(grads, grads_r, strict=False):
         torch.testing.assert_close(g.double(), gr, atol=atol, rtol=rtol)
 
 
@@ -123,7 +123,7 @@ def test_swiglu_matches_pytorch_on_gpu(mode):
     xb, w1b, wdb = (t.detach().clone().requires_grad_() for t in (x, w1, wd))
     out_b = _torch_mlp(xb, w1b, wdb)
     grads_b = torch.autograd.grad(out_b, (xb, w1b, wdb), dout)
-    for name, a, r, b in zip(("out", "dx", "dw1", "dw_down"), (out, *grads), (out_r, *grads_r), (out_b, *grads_b)):
+    for name, a, r, b in zip(("out", "dx", "dw1", "dw_down"), (out, *grads), (out_r, *grads_r), (out_b, *grads_b), strict=False):
         err = (a.float() - r).abs().max().item()
         budget = 2 * (b.float() - r).abs().max().item() + 1e-6
         assert err <= budget, f"{name}: max err {err:.3e} > allowed {budget:.3e}"

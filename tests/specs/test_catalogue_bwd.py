@@ -28,9 +28,9 @@ import torch
 import torch.nn.functional as F
 
 from coda_agent.verifier.gpu.inputs import make_inputs, upcast
-from coda_agent.verifier.stages.numerics import coda_check
-from coda_agent.verifier.spec import eval_expr, load_spec
 from coda_agent.verifier.gpu.worker_reference import autograd_gradient
+from coda_agent.verifier.spec import eval_expr, load_spec
+from coda_agent.verifier.stages.numerics import coda_check
 
 ROOT = Path(__file__).resolve().parents[2]
 SPECS = ROOT / "kernel_specs"

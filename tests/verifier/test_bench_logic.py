@@ -4,15 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from coda_agent.verifier.stages.bench import (
-    bench_stage,
-    peaks_for,
-    shape_metrics,
-    speed_of_light_ms,
-    throughput,
-    untimed_work,
-)
-from coda_agent.verifier.gpu.results import GpuRun
+from coda_agent.verifier.confine.sandbox import WorkerOutcome
 from coda_agent.verifier.gpu.protocol import (
     TIMED_LOOP_SLOTS,
     BenchShape,
@@ -21,8 +13,16 @@ from coda_agent.verifier.gpu.protocol import (
     timed_loop_check_run,
     wall_check_run,
 )
-from coda_agent.verifier.confine.sandbox import WorkerOutcome
+from coda_agent.verifier.gpu.results import GpuRun
 from coda_agent.verifier.spec import load_spec
+from coda_agent.verifier.stages.bench import (
+    bench_stage,
+    peaks_for,
+    shape_metrics,
+    speed_of_light_ms,
+    throughput,
+    untimed_work,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 FWD = load_spec(ROOT / "kernel_specs" / "swiglu_fwd")
@@ -280,8 +280,8 @@ def test_workspace_over_budget_fails_correctness_and_bench():
     """gemm_cross_entropy with its (M, V) fp32 logits materialized fits the launch budget
     (tests/verifier/corpus/materialized_logits.py). The worker records each counted call's workspace; over the spec's
     budget it is a finding at that correctness shape, and a failing one at a bench shape."""
-    from coda_agent.verifier.stages.correctness import FindingSet, _workspace_check
     from coda_agent.verifier.gpu.runs import make_runs
+    from coda_agent.verifier.stages.correctness import FindingSet, _workspace_check
 
     runs = [r for r in make_runs(FWD.spec) if not r.recheck]
     first, later = {}, {}

@@ -4,10 +4,9 @@ import importlib.util
 import shutil
 from pathlib import Path
 
-from coda_agent.verifier.library.accept import accept
 import pytest
 
-from coda_agent.verifier.library.accept import verdict_from_manifest
+from coda_agent.verifier.library.accept import accept, verdict_from_manifest
 from coda_agent.verifier.library.bench import bench_kernels, page_from_kept, results_markdown
 from coda_agent.verifier.spec import load_spec
 from coda_agent.verifier.verdict import Environment, StageResult, Verdict

@@ -17,13 +17,13 @@ from pathlib import Path
 import pytest
 
 from coda_agent.verifier.compile.stage import FAIL_KINDS, _interpret, compile_cpu, select_cases
-from coda_agent.verifier.confine.sandbox import worker_env
 from coda_agent.verifier.compile.worker import (
     clip_lines,
     lines_from_stack_dump,
     strip_ansi,
     summarize_exception,
 )
+from coda_agent.verifier.confine.sandbox import worker_env
 from coda_agent.verifier.spec import KernelSpec, load_spec
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -8,11 +8,11 @@ static requires them as keyword-only parameters, and the reference worker passes
 
 
 import pytest
+from verifier_helpers import stub_static_compile as stub_stages
+from verifier_helpers import write_spec
 
 from coda_agent.verifier.spec import SpecError, load_spec
 from coda_agent.verifier.static import check_static
-from verifier_helpers import stub_static_compile as stub_stages
-from verifier_helpers import write_spec
 
 TOML = '''
 name = "const_demo"

@@ -34,15 +34,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from verifier_helpers import stub_static_compile
 
 import coda_agent.verifier.gpu.coverage as coverage
 import coda_agent.verifier.pipeline as pipeline
 from coda_agent.verifier.gpu.coverage import KEY_PREFIX
-from coda_agent.verifier.pipeline import verify
 from coda_agent.verifier.gpu.protocol import Run
 from coda_agent.verifier.gpu.runs import make_runs
+from coda_agent.verifier.pipeline import verify
 from coda_agent.verifier.spec import load_spec
-from verifier_helpers import stub_static_compile
 
 ROOT = Path(__file__).resolve().parents[2]
 CORPUS = Path(__file__).resolve().parent / "corpus_numerics"

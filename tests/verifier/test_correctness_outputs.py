@@ -4,9 +4,9 @@ from pathlib import Path
 
 import torch
 
-from coda_agent.verifier.stages.correctness import FindingSet, check_outputs
 from coda_agent.verifier.gpu.protocol import Run
 from coda_agent.verifier.spec import load_spec
+from coda_agent.verifier.stages.correctness import FindingSet, check_outputs
 
 ROOT = Path(__file__).resolve().parents[2]
 FWD = load_spec(ROOT / "kernel_specs" / "swiglu_fwd")

@@ -239,7 +239,7 @@ def test_public_case_seeds_are_secret_and_keys_keep_the_spec_seeds():
         runs = make_runs(spec, secret, "cuda")
         public = [r for r in runs if not r.recheck and not r.key.startswith(KEY_PREFIX)]
         assert [r.key for r in public] == [r.key for r in public0]  # keys name the spec's seeds
-        for r, r0 in zip(public, public0):
+        for r, r0 in zip(public, public0, strict=False):
             assert r.key.endswith(f"-s{r0.seed}") and r.seed == secret_seed(r0.seed, secret) != r0.seed
         assert len({r.seed for r in public}) == len(spec.shapes.seeds)  # one secret seed per spec seed
         recheck = [r for r in runs if r.recheck]

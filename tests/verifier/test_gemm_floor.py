@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from coda_agent.verifier.library.bench import bench_baselines
 from coda_agent.verifier.gpu.gemm_floor import NAME, capture_mm_operands
+from coda_agent.verifier.library.bench import bench_baselines
 from coda_agent.verifier.spec import load_spec
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from coda_agent.verifier.stages.bench import bench_stage
 from coda_agent.verifier.pipeline import gpu_stages, run_gpu_workers, verify
 from coda_agent.verifier.spec import load_spec
+from coda_agent.verifier.stages.bench import bench_stage
 
 pytestmark = pytest.mark.gpu
 

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from verifier_helpers import write_spec
 
 from coda_agent.verifier.gpu.inputs import make_inputs, rotation_count, tensor_bytes, tensor_seed, upcast
 from coda_agent.verifier.gpu.poison import bitwise_equal
 from coda_agent.verifier.spec import KernelSpec, load_spec
-from verifier_helpers import write_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 SPECS = ROOT / "kernel_specs"

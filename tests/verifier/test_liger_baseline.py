@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from coda_agent.verifier.library.bench import bench_baselines, bench_kernels, results_markdown
 from coda_agent.verifier.gpu.protocol import PLAN_FILE, Plan
+from coda_agent.verifier.gpu.worker_reference import RefWorker
+from coda_agent.verifier.library.bench import bench_baselines, bench_kernels, results_markdown
 from coda_agent.verifier.spec import LIGER_FILE, LIGER_MISSING, NO_LIGER, find_specs, load_spec, spec_hash
 from coda_agent.verifier.verdict import StageResult, Verdict
-from coda_agent.verifier.gpu.worker_reference import RefWorker
 
 ROOT = Path(__file__).resolve().parents[2]
 SPECS = ROOT / "kernel_specs"

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from coda_agent.verifier.gpu.poison import POISON_WORD16, bitwise_equal, poison_count
+from coda_agent.verifier.spec import ToleranceSpec
 from coda_agent.verifier.stages.numerics import (
     abs_check,
     coda_check,
@@ -14,7 +15,6 @@ from coda_agent.verifier.stages.numerics import (
     output_sanity,
     tolerance_check,
 )
-from coda_agent.verifier.spec import ToleranceSpec
 
 
 def _ref(rows=300, cols=200, seed=0):

@@ -13,9 +13,9 @@ import math
 import pytest
 import torch
 
+from coda_agent.verifier.spec import ToleranceSpec
 from coda_agent.verifier.stages.correctness import check_output
 from coda_agent.verifier.stages.numerics import RULE_ORDER, judge, row_scale, tolerance_check, ulp
-from coda_agent.verifier.spec import ToleranceSpec
 
 TOL = ToleranceSpec()
 U_BF16_SUB = 2.0 ** -133

@@ -15,13 +15,14 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from verifier_helpers import landlock_or_skip
+from verifier_helpers import stub_static_compile as stub_stages
 
 import coda_agent.verifier.pipeline as pipeline
-from coda_agent.verifier.pipeline import verify
 from coda_agent.verifier.gpu.runs import make_runs
+from coda_agent.verifier.pipeline import verify
 from coda_agent.verifier.spec import load_spec
 from coda_agent.verifier.verdict import Finding, StageResult, Verdict
-from verifier_helpers import landlock_or_skip, stub_static_compile as stub_stages
 
 ROOT = Path(__file__).resolve().parents[2]
 FWD = load_spec(ROOT / "kernel_specs" / "swiglu_fwd")

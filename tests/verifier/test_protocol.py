@@ -5,15 +5,15 @@ from pathlib import Path
 
 import pytest
 
-from coda_agent.verifier.stages.correctness import FindingSet, _launch_check, correctness_stage
-from coda_agent.verifier.gpu.results import GpuRun, jsonable
 from coda_agent.verifier.confine.records import append_record, last_begun, read_records
-from coda_agent.verifier.gpu.protocol import Plan, gpu_kernels
-from coda_agent.verifier.gpu.runs import make_bench_shapes, make_runs
 from coda_agent.verifier.confine.sandbox import WorkerOutcome
-from coda_agent.verifier.spec import load_spec
 from coda_agent.verifier.gpu.poison import free_block_sizes
+from coda_agent.verifier.gpu.protocol import Plan, gpu_kernels
+from coda_agent.verifier.gpu.results import GpuRun, jsonable
+from coda_agent.verifier.gpu.runs import make_bench_shapes, make_runs
 from coda_agent.verifier.gpu.worker_candidate import tampered
+from coda_agent.verifier.spec import load_spec
+from coda_agent.verifier.stages.correctness import FindingSet, _launch_check, correctness_stage
 
 ROOT = Path(__file__).resolve().parents[2]
 FWD = load_spec(ROOT / "kernel_specs" / "swiglu_fwd")

@@ -5,11 +5,11 @@ import shutil
 import pytest
 from test_benchrun import ROOT, _accepted
 
-from coda_agent.verifier.stages.bench import shape_metrics, stage_from_shapes
 from coda_agent.verifier.library.bench import bench_kernels
 from coda_agent.verifier.library.kept import keep_verdict
 from coda_agent.verifier.library.repeats import combine, merge_shapes, why_not_mergeable
 from coda_agent.verifier.spec import load_spec
+from coda_agent.verifier.stages.bench import shape_metrics, stage_from_shapes
 from coda_agent.verifier.verdict import Environment, StageResult, Verdict
 from coda_agent.verifier.workspace import sha256_file
 

@@ -132,8 +132,8 @@ def test_tail_and_strip():
 
 def test_worker_gets_no_secrets_and_parent_reads_only_the_stderr_tail(tmp_path, monkeypatch):
     """A candidate may read its environment and flood stderr: neither reaches the parent."""
-    from coda_agent.verifier.pipeline import _worker_env
     from coda_agent.verifier.confine.sandbox import run_worker
+    from coda_agent.verifier.pipeline import _worker_env
 
     monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-must-not-leak")
     env = _worker_env()

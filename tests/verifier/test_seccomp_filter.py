@@ -7,8 +7,14 @@ import pytest
 from verifier_helpers import run_child
 
 from coda_agent.verifier.confine.seccomp import (
-    AUDIT_ARCH_X86_64, DENIED_IOCTLS, DENIED_X86_64, SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO, SELF_ONLY_X86_64,
-    X32_SYSCALL_BIT, program,
+    AUDIT_ARCH_X86_64,
+    DENIED_IOCTLS,
+    DENIED_X86_64,
+    SECCOMP_RET_ALLOW,
+    SECCOMP_RET_ERRNO,
+    SELF_ONLY_X86_64,
+    X32_SYSCALL_BIT,
+    program,
 )
 
 x86_64_linux = pytest.mark.skipif(platform.system() != "Linux" or platform.machine() != "x86_64",

@@ -57,10 +57,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from .worker import FAULT_FILE, STARTED_FILE, clip_lines, lines_from_stack_dump, strip_ansi
 from ..confine.sandbox import read_worker_file, run_worker, tail_file, worker_env
 from ..spec import KernelSpec, LoadedSpec, ShapeCase
 from ..verdict import Finding, StageResult
+from .worker import FAULT_FILE, STARTED_FILE, clip_lines, lines_from_stack_dump, strip_ansi
 
 __all__ = ["compile_cpu", "compile_stage", "select_cases", "strip_ansi", "FAIL_KINDS"]
 
@@ -275,7 +275,7 @@ def _check_outputs(call: dict[str, Any], expected: list[tuple[str, tuple[int, ..
             message=f"the entry returned {got}; the spec has {len(expected)} output(s): ({', '.join(names)})",
         ))
         return out
-    for (name, shape, dtype), item in zip(expected, items):
+    for (name, shape, dtype), item in zip(expected, items, strict=False):
         if not item.get("is_tensor"):
             out.append(Finding(kind="output-type", line=line, case=case, output=name,
                                message=f"output `{name}` is a {item['type']}, not a torch.Tensor"))

@@ -17,6 +17,7 @@ import subprocess
 
 from ..verdict import Environment
 
+
 def _version(dist: str) -> str | None:
     try:
         return md.version(dist)

@@ -26,7 +26,8 @@ from typing import Any
 
 import torch
 
-from ..spec import RECHECK_ROW_DIM as ROW_DIM, KernelSpec, LoadedSpec, eval_expr
+from ..spec import RECHECK_ROW_DIM as ROW_DIM
+from ..spec import KernelSpec, LoadedSpec, eval_expr
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "int32": 4, "int64": 8}
 """Element size in bytes of each spec dtype name."""

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from ..spec import KernelSpec, OutputSpec
-from .instruments import _S_data_ptr, _S_nbytes, _T, _Tensor
+from .instruments import _T, _S_data_ptr, _S_nbytes, _Tensor
 
 
 def storage_span(t: torch.Tensor) -> tuple[int, int]:
@@ -31,7 +31,7 @@ def storage_holds(t: torch.Tensor, span: tuple[int, int]) -> bool:
     shape, stride = tuple(t.shape), _T["stride"](t)
     if 0 in shape:
         return True
-    last = _T["storage_offset"](t) + sum((n - 1) * st for n, st in zip(shape, stride))
+    last = _T["storage_offset"](t) + sum((n - 1) * st for n, st in zip(shape, stride, strict=False))
     return (last + 1) * _T["element_size"](t) <= span[1] - span[0]
 
 

@@ -23,9 +23,9 @@ from typing import Any
 import torch
 
 from ..confine.records import records_of
-from .protocol import CAND_DIR, REF_DIR, SCRATCH_DIR, Plan
 from ..confine.sandbox import WorkerOutcome, read_worker_file
 from ..verdict import Finding
+from .protocol import CAND_DIR, REF_DIR, SCRATCH_DIR, Plan
 
 OUTCOME_KINDS = {"exception": "crash", "signal": "crash", "timeout": "hang", "cuda-error": "cuda-error"}
 """Finding kind for each non-ok worker outcome status."""

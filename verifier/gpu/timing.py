@@ -134,14 +134,16 @@ def bench_shape(worker: Any, name: str, dims: dict[str, int]) -> dict[str, Any]:
     res, workspace = worker.measured_call(call)
     check = timed_check_run(BenchShape(name=name, dims=dims), k, worker.plan.secret)
     fields = worker.save_result(check, res, set_inputs[k], {}, timed_set=k, workspace_bytes=workspace)
-    changed = [i for i, (a, b) in enumerate(zip(sums_before, worker.set_checksums(set_inputs))) if not torch.equal(a, b)]
+    changed = [i for i, (a, b) in enumerate(zip(sums_before, worker.set_checksums(set_inputs), strict=False)) if not torch.equal(a, b)]
     if changed:
         fields["violations"] = [*fields["violations"], dict(
             kind="input-mutated", output=None,
             message=f"timed input set(s) {changed} at {name} changed during timing (checksums before/after): "
                     "inputs are read-only")]
     worker.record("recheck", **fields)
-    del res, sets, set_inputs
+    del res
+    sets.clear()  # the closure `call` holds the lists: empty them to free the inputs
+    set_inputs.clear()
     gc.collect()
     if worker.cuda:
         torch.cuda.empty_cache()

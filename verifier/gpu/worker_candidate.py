@@ -95,8 +95,20 @@ from typing import Any, Callable, NamedTuple  # noqa: E402
 import torch  # noqa: E402
 import torch.profiler  # noqa: E402
 
-from ..confine import landlock  # noqa: E402
+from ..confine import (
+    audit,  # noqa: E402
+    landlock,  # noqa: E402
+)
 from ..confine.records import record_line  # noqa: E402
+from ..confine.snapshot import load_module  # noqa: E402
+from ..spec import load_spec  # noqa: E402
+from . import (  # noqa: E402
+    device_memory,  # noqa: E402  (binds torch.cuda's statistics at import)
+    instruments,
+    output_contract,
+    poison,
+    timing,
+)
 from .inputs import make_inputs  # noqa: E402
 from .output_contract import check_output, gather, host_copy, storage_span  # noqa: E402
 from .poison import bitwise_equal, fill_free_memory  # noqa: E402
@@ -109,12 +121,7 @@ from .protocol import (  # noqa: E402
     gpu_kernels,
     sample_index,
 )
-from ..confine import audit  # noqa: E402
-from ..confine.snapshot import load_module  # noqa: E402
-from ..spec import load_spec  # noqa: E402
-from . import device_memory  # noqa: E402  (binds torch.cuda's statistics at import)
 from .timing import bench_shape  # noqa: E402
-from . import instruments, output_contract, poison, timing  # noqa: E402
 
 HARNESS_MODULES = (instruments, output_contract, poison, timing)
 """The worker-side modules this worker runs code from: their globals are watched like its own."""
@@ -387,7 +394,7 @@ class Worker:
         spans = {k: storage_span(v) for k, v in inputs.items()}
         out_spans: dict[str, tuple[int, int]] = {}
         per = []
-        for pos, (spec_o, o) in enumerate(zip(expected, outs)):
+        for pos, (spec_o, o) in enumerate(zip(expected, outs, strict=False)):
             v = check_output(self.spec, spec_o, o, run.dims, self.device, spans, out_spans)
             violations += v
             per.append((pos, spec_o, o, v))
@@ -588,7 +595,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return w.main()
-    except InputGenerationError as e:
+    except InputGenerationError:
         tb = traceback.format_exc()
         after = w.imported
         why = ("input generation failed after the candidate was imported (the same generator "

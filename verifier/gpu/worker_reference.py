@@ -49,11 +49,11 @@ from typing import Any, Callable
 
 import torch
 
+from ..confine.records import append_record
+from ..spec import LIGER_MISSING, NO_LIGER, GradientSpec, load_spec
 from . import gemm_floor
 from .inputs import make_inputs, rotation_count, tensor_bytes, upcast
-from ..confine.records import append_record
 from .protocol import BENCH_SEED_BASE, PLAN_FILE, RESULTS_FILE, Plan, Run, sample_index
-from ..spec import LIGER_MISSING, NO_LIGER, GradientSpec, load_spec
 
 
 def _exact_fp32() -> None:

@@ -39,13 +39,13 @@ from pathlib import Path
 from typing import Any
 
 from ..gpu import gemm_floor
-from .accept import accepted_names, read_manifest, verdict_from_manifest
-from ..stages.bench import HOST_BOUND, host_bound
-from .kept import PAGE_MARK, check_page, day_verdicts, keep_verdict, slug, verdicts_dir
-from .repeats import combine, runs_of, shapes_of
 from ..spec import LIGER_MISSING, NO_LIGER, LoadedSpec, load_spec
+from ..stages.bench import HOST_BOUND, host_bound
 from ..verdict import Verdict
 from ..workspace import atomic_write_text
+from .accept import accepted_names, read_manifest, verdict_from_manifest
+from .kept import PAGE_MARK, check_page, day_verdicts, keep_verdict, slug, verdicts_dir
+from .repeats import combine, runs_of, shapes_of
 
 
 @dataclass
@@ -407,7 +407,7 @@ def plot_speedups(verdicts: dict[str, Verdict], path: Path) -> bool:
     nrows = -(-len(panels) // ncols)
     fig, axes = plt.subplots(nrows, ncols, figsize=(5.2 * ncols, 3.6 * nrows), squeeze=False)
     width = 0.8 / max(1, len(bases))
-    for ax, (name, rows) in zip(axes.flat, panels):
+    for ax, (name, rows) in zip(axes.flat, panels, strict=False):
         for i, n in enumerate(bases):
             xs = [j + i * width for j in range(len(rows))]
             ax.bar(xs, [sp.get(n, 0.0) for _, sp in rows], width, color=colors[n], label=n)
@@ -522,7 +522,7 @@ def bench_kernels(root: Path, names: list[str] | None, *, out_dir: Path | None =
         from ..pipeline import verify as verify_fn
 
         done = cpu_stages_many(items, jobs=jobs or default_jobs())
-        extra = {ld.name: {"cpu_done": c} for (ld, _), c in zip(items, done)}
+        extra = {ld.name: {"cpu_done": c} for (ld, _), c in zip(items, done, strict=False)}
     date = _dt.date.today().isoformat()
     vdir = None
     runs: dict[str, list[Verdict]] = {}

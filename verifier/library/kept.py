@@ -27,10 +27,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from .repeats import merge_shapes, runs_of, shapes_of, stamp_shapes, why_not_mergeable
 from ..spec import LoadedSpec, load_spec
 from ..verdict import Verdict
 from ..workspace import atomic_write_text, sha256_file
+from .repeats import merge_shapes, runs_of, shapes_of, stamp_shapes, why_not_mergeable
 
 
 def slug(text: str) -> str:

@@ -39,10 +39,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from ..stages.bench import host_bound
-from .accept import ManifestError, accepted_names, read_manifest
 from ..spec import SpecError, diff_fields, load_spec
+from ..stages.bench import host_bound
 from ..workspace import sha256_file
+from .accept import ManifestError, accepted_names, read_manifest
 
 RowStatus = Literal["pass", "fail", "needs-reverify", "skip"]
 

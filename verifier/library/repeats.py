@@ -41,8 +41,8 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from ..stages.bench import shape_metrics, stage_from_shapes
 from ..spec import LoadedSpec
+from ..stages.bench import shape_metrics, stage_from_shapes
 from ..verdict import Finding, Verdict
 
 
@@ -74,7 +74,7 @@ def combine(loaded: LoadedSpec, runs: list[Verdict]) -> Verdict:
                  wall_samples_ms=first.get("wall_samples_ms"))
         m["measured_at"] = runs[0].started_at
         m["runs"] = {
-            "started_at": [v.started_at for v, r in zip(runs, per_run) if name in r],
+            "started_at": [v.started_at for v, r in zip(runs, per_run, strict=False) if name in r],
             "fused_ms": [x["fused_ms"] for x in ms],
             "ratios": {b: [x["baselines"][b]["ratio"] for x in ms if "ratio" in x.get("baselines", {}).get(b, {})]
                        for b in first.get("baselines", {})},

@@ -20,9 +20,9 @@ import difflib
 import subprocess
 from pathlib import Path
 
-from .accept import read_manifest
 from ..spec import LoadedSpec, diff_fields
 from ..workspace import sha256_file
+from .accept import read_manifest
 
 
 def _git_head_version(root: Path, rel: str) -> str | None:

@@ -184,7 +184,7 @@ def _keyword_call_problem(fn: ast.FunctionDef, names: list[str]) -> str | None:
     unknown = [n for n in names if n not in params] if a.kwarg is None else []
     n_defaults = len(a.defaults)
     required = [x.arg for x in a.args[: len(a.args) - n_defaults]] + [
-        x.arg for x, d in zip(a.kwonlyargs, a.kw_defaults) if d is None]
+        x.arg for x, d in zip(a.kwonlyargs, a.kw_defaults, strict=False) if d is None]
     unbound = [n for n in required if n not in names]
     if unknown:
         return f"it has no parameter {unknown[0]!r} (parameters: {', '.join(params) or 'none'})"

@@ -66,8 +66,6 @@ import math
 import time
 from typing import Any
 
-from .correctness import gemm_problems, workspace_problem
-from ..gpu.results import GpuRun, failure_finding, jsonable
 from ..gpu.inputs import tensor_bytes
 from ..gpu.protocol import (
     TIMED_LOOP_SLOTS,
@@ -77,8 +75,10 @@ from ..gpu.protocol import (
     timed_loop_check_run,
     wall_check_run,
 )
+from ..gpu.results import GpuRun, failure_finding, jsonable
 from ..spec import LAUNCH_NAMES_KEPT, LoadedSpec, eval_expr
 from ..verdict import Finding, StageResult
+from .correctness import gemm_problems, workspace_problem
 
 PEAKS: dict[str, tuple[float, float]] = {
     "H200": (989e12, 4.8e12),

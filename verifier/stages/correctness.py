@@ -34,12 +34,12 @@ import time
 from typing import Any
 
 from ..gpu.coverage import KEY_PREFIX as COVERAGE_KEY_PREFIX
-from ..gpu.results import GpuRun, failure_finding, jsonable
 from ..gpu.poison import bitwise_equal, poison_count
-from .numerics import describe_error, output_sanity, tolerance_check
 from ..gpu.protocol import SCRATCH_BUDGET, Run, gemm_launches
+from ..gpu.results import GpuRun, failure_finding, jsonable
 from ..spec import LoadedSpec, OutputSpec, ToleranceSpec
 from ..verdict import Finding, StageResult
+from .numerics import describe_error, output_sanity, tolerance_check
 
 
 class FindingSet:
@@ -117,7 +117,7 @@ def rule_message(res: dict[str, Any], tol: ToleranceSpec, out: Any, ref32: Any) 
                 f"{w['expected']:.6g}, |err| {w['err']:.3g} = {r['ratio']:.3g} x its bound {w['bound']:.3g}. Small "
                 f"elements count too: compute every element in fp32 and round once")
     if rule == "quantiles":
-        parts = ", ".join(f"p{int(q * 100)} {a:.3g} (allowed {b:.3g})" for q, a, b in zip(r["q"], r["out"], r["bound"]))
+        parts = ", ".join(f"p{int(q * 100)} {a:.3g} (allowed {b:.3g})" for q, a, b in zip(r["q"], r["out"], r["bound"], strict=False))
         return (f"rule error-quantiles: |out - ref32| percentiles {parts}, at most {tol.quantile_factor:g} x the "
                 f"low-precision reference's (p50/p90/p99 {', '.join(f'{x:.3g}' for x in r['lowp'])}) + one "
                 f"low-precision ulp of the tensor's scale; the bulk of the elements is less precise than PyTorch's "

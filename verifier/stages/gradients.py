@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import time
 
-from .correctness import FindingSet, check_outputs, stage_result, store_recheck, worst
 from ..gpu.results import GpuRun
 from ..spec import LoadedSpec
 from ..verdict import Finding, StageResult
+from .correctness import FindingSet, check_outputs, stage_result, store_recheck, worst
 
 
 def gradients_stage(loaded: LoadedSpec, run: GpuRun) -> StageResult:

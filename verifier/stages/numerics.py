@@ -59,6 +59,7 @@ from typing import Any
 
 import torch
 
+
 def _f64(t: torch.Tensor) -> torch.Tensor:
     return t.detach().to("cpu", torch.float64)
 
@@ -253,7 +254,7 @@ def judge(out: torch.Tensor, ref32: torch.Tensor, ref_lowp: torch.Tensor, tol: A
     u_all = float(ulp(row_scale(r2.reshape(-1)), lowp_dtype).reshape(-1)[0]) if r2.numel() else 0.0
     qo, ql = _quantiles(ef), _quantiles(elf)
     qb = [tol.quantile_factor * q + u_all + tol.floor for q in ql]
-    qr = [_ratio(a, b) for a, b in zip(qo, qb)]
+    qr = [_ratio(a, b) for a, b in zip(qo, qb, strict=False)]
     rules["quantiles"] = {"ok": all(x <= 1 for x in qr), "ratio": max(qr), "q": list(QUANTILES),
                           "out": qo, "lowp": ql, "bound": qb}
     # sign
@@ -311,7 +312,7 @@ def _first_rc(mask: torch.Tensor) -> tuple[int, int]:
 
 def _row_of(idx: list[int], shape: torch.Size) -> int:
     row = 0
-    for i, d in zip(idx[:-1], shape[:-1]):
+    for i, d in zip(idx[:-1], shape[:-1], strict=False):
         row = row * d + i
     return row
 

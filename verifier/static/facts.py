@@ -19,6 +19,7 @@ from ..verdict import Finding
 from . import surface
 from .lists import PASS_THROUGH_CALLS, TORCH_DTYPES
 
+
 def is_dunder(name: str) -> bool:
     return len(name) > 4 and name.startswith("__") and name.endswith("__")
 

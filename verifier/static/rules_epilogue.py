@@ -93,7 +93,7 @@ def names_from_dict(m: ModuleFacts, node: ast.AST, what: str) -> list[str] | Non
         m.add("non-literal-declaration", node, f"{what}= must be a literal dict {{\"name\": Op(\"name\", ...)}}, got `{snippet(node)}`")
         return None
     out: list[str] = []
-    for k, v in zip(node.keys, node.values):
+    for k, v in zip(node.keys, node.values, strict=False):
         if not (isinstance(k, ast.Constant) and isinstance(k.value, str)):
             m.add("non-literal-declaration", k or node, f"{what}= keys must be string literals")
             return None
@@ -142,7 +142,7 @@ def check_epilogue_fn(m: ModuleFacts, ep: Epilogue) -> None:
             key_nodes.append(k)
         if not ep.literal:
             continue
-        for k, knode in zip(keys, key_nodes):
+        for k, knode in zip(keys, key_nodes, strict=False):
             if k not in allowed:
                 close = difflib.get_close_matches(k, sorted(allowed), n=1)
                 hint = f" Did you mean {close[0]!r}?" if close else ""

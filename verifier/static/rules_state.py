@@ -102,8 +102,8 @@ def function_state(m: ModuleFacts, fn: ast.FunctionDef | ast.Lambda) -> None:
                 local.add((a.asname or a.name).split(".")[0])
     # Parameters whose default is shared state, and locals aliasing shared state.
     tainted: set[str] = set()
-    all_defaults = list(zip(reversed([*args.posonlyargs, *args.args]), reversed(args.defaults)))
-    all_defaults += [(a, d) for a, d in zip(args.kwonlyargs, args.kw_defaults) if d is not None]
+    all_defaults = list(zip(reversed([*args.posonlyargs, *args.args]), reversed(args.defaults), strict=False))
+    all_defaults += [(a, d) for a, d in zip(args.kwonlyargs, args.kw_defaults, strict=False) if d is not None]
     for a, d in all_defaults:
         r = root_name(d)
         if r is not None and r in m.module_data:

@@ -42,9 +42,7 @@ import dataclasses
 import functools
 import importlib
 import math
-import operator
 import types
-import typing
 
 ROOT_MODULES = ("torch", "math", "functools", "operator", "typing", "__future__")
 """Standard/torch modules a candidate may import (as themselves only)."""
