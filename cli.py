@@ -17,6 +17,7 @@ the dependency list to what the design card names.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import signal
 import sys
 from pathlib import Path
@@ -510,6 +511,23 @@ def _version() -> str:
         return "unknown (not installed)"
 
 
+def _quiet_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-q", "--quiet", action="store_true",
+                   help="no progress display (it is shown on stderr only when stderr is a terminal)")
+
+
+def _reporter(args) -> contextlib.AbstractContextManager:
+    """The progress display for this command: a rich live display on stderr when stderr is a
+    terminal and ``--quiet`` was not given; nothing otherwise."""
+    from .verifier import progress
+
+    if getattr(args, "quiet", True) or not err.is_terminal:
+        return progress.reporting(None)
+    stack = contextlib.ExitStack()
+    stack.enter_context(progress.reporting(stack.enter_context(progress.RichReporter(err))))
+    return stack
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="coda-agent",
@@ -535,6 +553,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--force", action="store_true", help="replace an accepted kernel (old one kept in history/)")
     g.add_argument("--allow-unconfined", action="store_true",
                    help="accept even if the candidate ran without the Landlock confinement (recorded in the manifest)")
+    _quiet_flag(g)
     g.set_defaults(fn=cmd_generate)
 
     pr = sub.add_parser("prompt", help="print exactly what the model would receive for SPEC")
@@ -555,6 +574,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also write the verdict as JSON to FILE, with outcome (gpu-verified, gpu-correct, "
                         "cpu-checks-passed, rejected or verifier-error), passed, gpu_verified and failed_stage "
                         "at the top level")
+    _quiet_flag(v)
     v.set_defaults(fn=cmd_verify)
 
     b = sub.add_parser("bench", help="benchmark accepted kernels against their baselines (GPU)")
@@ -579,6 +599,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--force", action="store_true",
                    help="with --from-verdicts or --from-manifests: replace a page of that name that bench "
                    "did not write (a hand-written record; refused otherwise)")
+    _quiet_flag(b)
     b.set_defaults(fn=cmd_bench)
 
     r = sub.add_parser("regress", help="re-check every accepted kernel (integrity, static, compile; GPU: numerics, perf ratios)")
@@ -593,6 +614,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--verdicts", type=Path, default=None,
                    help="GPU mode without measuring again: judge the verdicts `coda-agent bench` kept in this "
                    "folder (benchmarks/results/<date>-<gpu>/)")
+    _quiet_flag(r)
     r.set_defaults(fn=cmd_regress)
 
     ls = sub.add_parser("list", help="specs and accepted kernels with status")
@@ -638,7 +660,8 @@ def main(argv: list[str] | None = None) -> int:
     sigs = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP) if threading.current_thread() is threading.main_thread() else ()
     previous = {sig: signal.signal(sig, _interrupted) for sig in sigs}  # (handlers belong to the main thread)
     try:
-        return args.fn(args)
+        with _reporter(args):
+            return args.fn(args)
     except UsageError as e:
         err.print(Text("error: ", style="red") + Text(str(e)), highlight=False, soft_wrap=True)  # one line, greppable
         return USAGE

@@ -50,6 +50,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from ..verifier import progress
 from ..verifier.verdict import Verdict
 from ..verifier.workspace import atomic_write_text, remove_tree, sha256_bytes
 from .context import gather_context
@@ -207,7 +208,14 @@ class _Run:
         if hasattr(self.backend, "bind"):
             self.backend.bind(d)
         t0 = time.monotonic()
-        resp = self.backend.complete(prompt)
+        who = getattr(self.backend, "name", "the model")
+        with progress.step(f"waiting for the answer ({who})") as s:
+            try:
+                resp = self.backend.complete(prompt)
+            except AwaitingAnswer:
+                s.outcome = "no answer yet (the run waits for one)"
+                raise
+            s.outcome = f"answered ({resp.usage.output_tokens} output tokens)"
         wall = time.monotonic() - t0
         meta = {
             "backend": getattr(self.backend, "name", "?"),
@@ -561,6 +569,7 @@ def generate(
         try:
             k = 1
             while True:
+                progress.item(k, state.max_attempts, f"attempt for {loaded_spec.name}")
                 try:
                     verdict = run.attempt(k)
                 except AwaitingAnswer as w:

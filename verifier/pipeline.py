@@ -47,6 +47,7 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable
 
+from . import progress
 from .confine.records import records_of
 from .confine.sandbox import kill_live_groups, run_worker, worker_env
 from .confine.snapshot import Snapshot, take
@@ -182,9 +183,11 @@ def run_gpu_workers(
     # writes only and a file in reach is a file the candidate can read. plan.json is written
     # for the record once the worker has ended.
     plan_json = plan.to_json()
-    cand = run_worker(CAND_WORKER, ["--dir", str(cand_dir), "--plan-stdin"], timeout, cwd=cand_dir, env=cand_env,
-                      results=cand_dir / RESULTS_FILE, log_dir=logs, confine=[scratch],
-                      stdin_data=plan_json.encode())
+    with progress.step("candidate worker (correctness, coverage" + (", benchmark)" if bench else ")")) as s:
+        cand = run_worker(CAND_WORKER, ["--dir", str(cand_dir), "--plan-stdin"], timeout, cwd=cand_dir, env=cand_env,
+                          results=cand_dir / RESULTS_FILE, log_dir=logs, confine=[scratch],
+                          stdin_data=plan_json.encode())
+        s.outcome = str(cand.status)
     atomic_write_text(cand_dir / PLAN_FILE, plan_json)
     cand_plan_sha256 = plan.sha256()
     _add_timed_checks(plan, spec, cand.records)  # the reference worker's plan has them too
@@ -201,8 +204,10 @@ def run_gpu_workers(
         atomic_write_text(ref_dir / PLAN_FILE, ref_plan.to_json())
         # trusted side: torch.compile of the baseline recompiles per bench shape, so allow more time
         ref_timeout = timeout * 2 if plan.bench and plan.bench_shapes else timeout
-        run.ref = run_worker(REF_WORKER, ["--dir", str(ref_dir)], ref_timeout, cwd=ref_dir, env=env,
-                             results=ref_dir / RESULTS_FILE, log_dir=logs)
+        with progress.step("reference worker (fp32 + low-precision references" + (", baselines)" if bench else ")")) as s:
+            run.ref = run_worker(REF_WORKER, ["--dir", str(ref_dir)], ref_timeout, cwd=ref_dir, env=env,
+                                 results=ref_dir / RESULTS_FILE, log_dir=logs)
+            s.outcome = str(run.ref.status)
     return run
 
 
@@ -338,13 +343,22 @@ def _cpu_stages_of(items: list[tuple[LoadedSpec, Snapshot]], jobs: int, timeout_
     from concurrent.futures import ThreadPoolExecutor
     from concurrent.futures import wait as futures_wait
 
-    statics = [_guarded("static", lambda lc=lc: run_static(*lc)) for lc in items]
+    def reported(stage: str, what: str, fn: Callable[[], StageResult]) -> StageResult:
+        with progress.step(what) as s:
+            res = _guarded(stage, fn)
+            s.outcome = res.status
+        return res
+
+    many = len(items) > 1
+    statics = [reported("static", f"static {lc[0].name}" if many else "static", lambda lc=lc: run_static(*lc))
+               for lc in items]
 
     def one(i: int) -> CpuStages:
         loaded, snap = items[i]
         if not statics[i].ok:
             return CpuStages(candidate_hash=snap.sha256, stages=(statics[i],))
-        comp = _guarded("compile", lambda: run_compile(loaded, snap, timeout_s=timeout_s or 300))
+        comp = reported("compile", f"sm_90a compile {loaded.name}" if many else "sm_90a compile",
+                        lambda: run_compile(loaded, snap, timeout_s=timeout_s or 300))
         return CpuStages(candidate_hash=snap.sha256, stages=(statics[i], comp))
 
     if jobs <= 1 or len(items) <= 1:  # in this thread: a Ctrl-C reaches the wait on the worker
@@ -451,7 +465,9 @@ def _verify_snapshot(loaded: LoadedSpec, snap: Snapshot, *, cpu_only: bool, benc
             if v is not None and hasattr(verdict.environment, k):
                 setattr(verdict.environment, k, v)
         verdict.environment.worker_sandbox = run.sandbox
-        stages = gpu_stages(loaded, run)
+        with progress.step("judging correctness, gradients, benchmark") as s:
+            stages = gpu_stages(loaded, run)
+            s.outcome = ", ".join(f"{x.stage} {x.status}" for x in stages)
         if device != "cuda":
             for s in stages:
                 s.summary = f"[CPU test device, not a GPU verification] {s.summary}"

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .. import progress
 from ..gpu import gemm_floor
 from ..spec import LIGER_MISSING, NO_LIGER, LoadedSpec, load_spec
 from ..stages.bench import HOST_BOUND, host_bound
@@ -526,8 +527,9 @@ def bench_kernels(root: Path, names: list[str] | None, *, out_dir: Path | None =
     date = _dt.date.today().isoformat()
     vdir = None
     runs: dict[str, list[Verdict]] = {}
-    for _ in range(repeat):  # round-robin: drift over the runs spreads over every kernel
-        for loaded, kernel in items:
+    for r in range(repeat):  # round-robin: drift over the runs spreads over every kernel
+        for i, (loaded, kernel) in enumerate(items):
+            progress.item(r * len(items) + i + 1, repeat * len(items), loaded.name)
             runs.setdefault(loaded.name, []).append(
                 verify_fn(loaded, kernel, bench_shapes=bench_shapes, baselines=bench_baselines(loaded),
                           **extra.get(loaded.name, {})))

@@ -39,6 +39,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from .. import progress
 from ..spec import SpecError, diff_fields, load_spec
 from ..stages.bench import host_bound
 from ..workspace import sha256_file
@@ -327,7 +328,9 @@ def regress(root: Path, kernels: list[str] | None = None, *, cpu_only: bool = Fa
             except ValueError:
                 continue
         rep.measured_on = sorted(gpus)
-    for name in accepted_names(root, kernels):
+    names = accepted_names(root, kernels)
+    for i, name in enumerate(names):
+        progress.item(i + 1, len(names), name)
         rep.rows.append(regress_one(root, name, cpu_only=cpu_only, tolerance=tolerance, verify_fn=verify_fn,
                                     bench_shapes=bench_shapes, verdicts=verdicts))
     return rep
