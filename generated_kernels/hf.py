@@ -48,7 +48,7 @@ below) and ``mlp.gate_proj``, ``up_proj`` one ``mlp.gate_up_proj`` (weight (2I, 
 forward from the separate weights would copy them every step and copy their gradients
 back: at llama3-8b widths 285 MB of weights, ~1.1 GB of traffic per layer and step, ~0.25
 ms at the H200's bandwidth, against the fused layer's measured gain of ~0.64 ms per layer
-(README, ``benchmarks/llama_layer.py``, compiled).
+(benchmarks/results/findings.md, ``benchmarks/llama_layer.py``, compiled).
 ``model.parameters()`` holds the fused weights instead of the five (no duplicates, same
 element count); create the optimizer after ``apply_coda``. AdamW (elementwise) steps the
 fused weight exactly as it would step the separate ones, and the global grad norm sums
@@ -136,7 +136,7 @@ import inspect
 import sys
 import types
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -168,6 +168,7 @@ from ._hf_layout import (  # noqa: F401  (PackedPart, unpack_*, rope_row_permuta
 
 # The package itself (partially initialized while its __init__ imports this module): the ops
 # are looked up through it at call time, like the family modules' ``_pkg``.
+assert __package__  # a submodule of coda_agent.kernels
 K = importlib.import_module(__package__)
 
 WEIGHT_DTYPE = torch.bfloat16
@@ -289,7 +290,8 @@ def _layer_apply(cls: type):
     fp32 master copy again, on the buffer's new device, whatever ``fn`` did
     (``model.to(torch.bfloat16)`` casts buffers; ``to_empty`` leaves them uninitialized)."""
     def _apply(self, fn, recurse=True):
-        out = super(cls, self)._apply(fn, recurse)
+        # cls is built at run time over an nn.Module layer class; pyright resolves this super() to object
+        out = super(cls, self)._apply(fn, recurse)  # pyright: ignore[reportAttributeAccessIssue]
         buf = self._buffers.get("coda_inv_freq")
         if buf is not None:
             self._buffers["coda_inv_freq"] = self._coda.inv_freq.to(buf.device)
@@ -427,7 +429,7 @@ def apply_coda(model: nn.Module, *, fused_lm_head: bool | None = None, strict: b
     if mlp not in MLPS:
         raise ValueError(f"apply_coda: mlp must be one of {MLPS}, got {mlp!r}")
     fused_lm_head = DEFAULT_FUSED_LM_HEAD if fused_lm_head is None else bool(fused_lm_head)
-    config = model.config
+    config: Any = model.config  # HF's PretrainedConfig (nn.Module.__getattr__ is typed Tensor | Module)
     base = _base(model)
     problems = _model_problems(model, config, base)
     inv_freq = None
@@ -437,6 +439,7 @@ def apply_coda(model: nn.Module, *, fused_lm_head: bool | None = None, strict: b
     if problems:
         _report(problems, strict, "the model is left unpatched")
         return model
+    assert base is not None and inv_freq is not None  # else _model_problems / _rope_problems said why
     names = MODEL_TYPES[config.model_type]
     layer_problems = {i: _layer_problems(i, layer, config, names, WEIGHT_DTYPE) for i, layer in enumerate(base.layers)}
     lm_problems = _lm_head_problems(model, config, WEIGHT_DTYPE) if fused_lm_head else []
@@ -454,9 +457,9 @@ def apply_coda(model: nn.Module, *, fused_lm_head: bool | None = None, strict: b
         sig = inspect.signature(type(model).forward)
         params = tuple(n for n, p in list(sig.parameters.items())[1:]
                        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
-        model._coda_lm = _LMInfo(params)
+        model._coda_lm = _LMInfo(params)  # pyright: ignore[reportArgumentType]  (torch types the value Tensor | Module)
         model.forward = types.MethodType(_causal_lm_forward, model)
-    model._coda = patch
+    model._coda = patch  # pyright: ignore[reportArgumentType]  (torch types the value Tensor | Module)
     return model
 
 
@@ -488,6 +491,7 @@ def remove_coda(model: nn.Module) -> nn.Module:
         raise ValueError("remove_coda: the model is not patched by apply_coda")
     base = _base(model)
     for i in patch.layers:
+        assert base is not None  # apply_coda patched layers of this decoder stack
         layer = base.layers[i]
         _unfuse_children(layer.self_attn)
         _unfuse_children(layer.mlp)
