@@ -87,10 +87,9 @@ def liger(*, h, w_vocab, target, lse, dloss):
     Needs liger-kernel >= 0.8.2: older versions scale every row's gradient by dloss[0]
     under reduction="none" (linkedin/Liger-Kernel#1298), so they are refused here rather
     than timed."""
-    import inspect
-
     from liger_kernel.ops import fused_linear_cross_entropy as flce
     from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
+    import inspect
 
     if "token_grad_output" not in inspect.signature(flce.fused_linear_cross_entropy_forward).parameters:
         raise RuntimeError("liger-kernel < 0.8.2: per-row upstream gradients are unsupported "
