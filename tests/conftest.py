@@ -2,6 +2,9 @@
 
 They are skipped -- never faked -- elsewhere (CI has no GPU). ``compile`` tests need
 quack + nvidia-cutlass-dsl + triton importable (they compile for sm_90a on the CPU).
+``slow`` tests (a worker subprocess, an sm_90a compile, a model run: seconds each on a
+2-core machine) are left out of the everyday subset ``pytest -m "not slow"``; every
+``compile`` test is ``slow`` too. CI runs them all.
 """
 
 import importlib.util
@@ -29,5 +32,7 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords and not hopper:
             item.add_marker(skip_gpu)
-        if "compile" in item.keywords and not compile_ok:
-            item.add_marker(skip_compile)
+        if "compile" in item.keywords:
+            item.add_marker(pytest.mark.slow)
+            if not compile_ok:
+                item.add_marker(skip_compile)

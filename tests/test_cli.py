@@ -330,6 +330,7 @@ def test_flags_that_would_be_ignored_are_refused(ws, capsys):
     assert "--allow-unconfined only applies with --accept" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_verify_no_bench_without_a_gpu_is_not_verified(ws, capsys):
     """--no-bench skips the benchmark, not the GPU: without a GPU the correctness stage is
     skipped, so nothing was verified and the exit status is 1 (not 0 with passed: true in
@@ -343,6 +344,7 @@ def test_verify_no_bench_without_a_gpu_is_not_verified(ws, capsys):
     assert "not verified: the GPU stages did not run" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_verify_prints_notes_of_a_passing_stage(ws, capsys):
     """A mod called without tuned=False passes compile with a tuned-default note: it is
     printed, not only in the JSON."""
@@ -530,6 +532,7 @@ def test_a_usage_error_is_one_line_however_long(ws, capsys):
     assert len(err) > 200 and err.count("\n") == 1 and "does not exist" in err, err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig,rc", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
 def test_an_interrupted_generate_kills_its_llm_command(ws, tmp_path, sig, rc):
     """Ctrl-C or SIGTERM of `generate --llm command` kills the command (its own session: no
@@ -634,6 +637,7 @@ def test_output_flags_protect_the_installed_library_whatever_the_root(tmp_path, 
     assert target.read_bytes() == before
 
 
+@pytest.mark.slow
 def test_bench_from_manifests_never_replaces_a_page_it_did_not_write(ws, capsys, tmp_path):
     """A hand-written page of the manifests page's name is not overwritten (the README
     promises such pages need --force)."""

@@ -12,6 +12,8 @@ import sysconfig
 import zipfile
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -21,6 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 _SITE_DIRS = sorted({sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]})
 
 
+@pytest.mark.slow
 def test_wheel_layout_and_plain_install(tmp_path):
     wheel_dir = tmp_path / "wheel"
     subprocess.run(

@@ -212,6 +212,7 @@ def _table_rows(section: str) -> list[list[str]]:
     return rows[1:]  # the header
 
 
+@pytest.mark.slow
 def test_command_table_matches_the_cli():
     rows = _table_rows(_section(_text(README), COMMANDS_HEADING))
     assert rows, "the README's command table is empty"

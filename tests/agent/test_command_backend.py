@@ -80,6 +80,7 @@ def test_non_utf8_output_is_replaced_not_a_traceback(workspace, fwd_spec):
     assert r.text == 'x = "\ufffd"\n'
 
 
+@pytest.mark.slow
 def test_a_background_child_neither_hangs_a_finished_command_nor_outlives_it(workspace, fwd_spec, tmp_path):
     """The command exits at once but a child it left holds stdout: the answer comes back
     within the grace period, not after the whole timeout, and the child's group is killed

@@ -97,6 +97,7 @@ CPU_CASES = {   # name: (shape, M, S, dtype, stand-in kind, rtol); measured wors
 
 @pytest.mark.parametrize(("case", "layers"), [(c, n) for c in CPU_CASES for n in (1, 3)
                                               if n == 1 or CPU_CASES[c][0] is TINY])
+@pytest.mark.slow
 def test_chained_layers_are_the_standard_layers_cpu(case, layers, monkeypatch):
     """Outputs and every gradient (x; g1, w_qkv, w_o, g2, w1, w_down of each layer) equal the
     standard layers'; each layer runs each chained kernel once per pass (rms_bwd twice, the
@@ -198,6 +199,7 @@ def test_frozen_weights_cpu(monkeypatch):
     torch.testing.assert_close(dx, want, rtol=1e-10, atol=1e-11)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layers", [1, 2])
 def test_under_torch_compile_cpu(layers, monkeypatch):
     """torch.compile(fullgraph=True) of the chained stack (no graph breaks): the eager values."""
@@ -243,6 +245,7 @@ def _small_tensors(dtype=torch.float32):
                 w1=r(2 * I, D) / 4, w_down=r(D, I) / 5, positions=torch.arange(M), inv_freq=torch.rand(s.HD // 2))
 
 
+@pytest.mark.slow
 def test_opcheck_cpu(monkeypatch):
     """torch.library.opcheck of the chained custom ops (schemas, fake impls, autograd
     registration, AOT dispatch; the QKV op's port has unspecified values: not compared)."""

@@ -86,6 +86,7 @@ def test_mean_reduction_and_saved_lse_cpu(monkeypatch):
     torch.testing.assert_close(lse, ref.saved_lse(h=h.detach(), w_vocab=w.detach()), atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_gradcheck_float64_cpu(monkeypatch):
     use_standins(monkeypatch, standins("spec_math"))
     h, w, t = ce_inputs("cpu", torch.float64, M=5, K=6, V=9)
@@ -93,6 +94,7 @@ def test_gradcheck_float64_cpu(monkeypatch):
                                     (h.requires_grad_(), w.requires_grad_()), eps=1e-6, atol=1e-7, rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_opcheck_cpu(baseline_kernels):
     from coda_agent.kernels import _cross_entropy
 

@@ -153,6 +153,7 @@ def bf16_budget_check(got, low, ref):
 
 # --------------------------------------------------------------------------- structure
 
+@pytest.mark.slow
 def test_import_does_not_need_transformers():
     code = ("import sys; sys.modules['transformers'] = None\n"
             "import coda_agent.kernels as K\n"
@@ -179,6 +180,7 @@ def test_layouts_are_exact_inverses_cpu():
         hf.pack_qkv(q, k[:64], v, n_q_heads=4, n_kv_heads=2, head_dim=64)
 
 
+@pytest.mark.slow
 @needs_transformers
 def test_which_modules_are_replaced_cpu():
     from transformers.models.llama.modeling_llama import LlamaDecoderLayer as Layer
@@ -206,6 +208,7 @@ def test_which_modules_are_replaced_cpu():
     assert not any("q_proj" in n for n, _ in model.named_modules())
 
 
+@pytest.mark.slow
 @needs_transformers
 def test_packed_part_is_read_only_cpu():
     model = tiny_model()
@@ -416,6 +419,7 @@ def test_gradient_checkpointing_cpu(exact):
     assert_close_rel(got[1], want[1], rtol=1e-12)
 
 
+@pytest.mark.slow
 @needs_transformers
 def test_optimizer_steps_the_fused_parameters_cpu(exact):
     """AdamW with grad clipping on the patched model = on the unpatched one (float64): the
@@ -493,6 +497,7 @@ def test_generation_uses_the_plain_head_and_a_consistent_cache_cpu(exact):
 
 # --------------------------------------------------------------------------- torch.compile
 
+@pytest.mark.slow
 @needs_transformers
 def test_compile_fullgraph_has_no_graph_breaks_cpu(baseline):
     """torch.compile(fullgraph=True) of a patched layer and of the whole patched model
@@ -517,6 +522,7 @@ def test_compile_fullgraph_has_no_graph_breaks_cpu(baseline):
 
 # --------------------------------------------------------------------------- FSDP2
 
+@pytest.mark.slow
 @needs_transformers
 def test_fsdp2_world_size_one_cpu(exact, tmp_path):
     """fully_shard (gloo, one rank) of a patched model: training step equal to the unsharded
@@ -746,6 +752,7 @@ def tiny_hf_train(monkeypatch):
     return T
 
 
+@pytest.mark.slow
 @needs_transformers
 def test_hf_train_speed_runs_on_a_tiny_model_cpu(baseline, monkeypatch, capsys):
     """The benchmark's --speed path (main-process variants, the table and the verdict) on the
@@ -764,6 +771,7 @@ def test_hf_train_speed_runs_on_a_tiny_model_cpu(baseline, monkeypatch, capsys):
     assert "| coda + compile |" in out and "coda + compile is" in out
 
 
+@pytest.mark.slow
 @needs_transformers
 def test_hf_train_parity_runs_on_a_tiny_model_cpu(baseline, monkeypatch):
     """The benchmark's --parity path end to end on the CPU (tiny widths, 6 steps, stand-ins,

@@ -187,6 +187,7 @@ def test_deferred_backward_is_pytorchs_bf16_arithmetic_cpu(kernel_models):
     assert kernel_models["gemm_rmsnorm"] == 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(DEFERRED))
 def test_single_rows_pooled_within_budget_cpu(name, kernel_models):
     """M = 1, 40 independent calls: pooled over them every output and gradient is within
@@ -195,6 +196,7 @@ def test_single_rows_pooled_within_budget_cpu(name, kernel_models):
     assert_pooled_budget(names, errs)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["deferred_rmsnorm_swiglu", "deferred_rmsnorm_swiglu_mlp"])
 def test_single_row_budget_is_a_random_comparison_cpu(name, kernel_models):
     """Judged one row at a time, "drstd within twice PyTorch's bf16 error of that row" fails

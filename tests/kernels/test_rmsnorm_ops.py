@@ -210,6 +210,7 @@ def test_gradcheck_float64_cpu(name, monkeypatch):
     assert torch.autograd.gradcheck(case.op, tuple(args), eps=1e-6, atol=1e-7, rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_opcheck_cpu(baseline_kernels):
     from coda_agent.kernels import _rmsnorm
 
@@ -230,6 +231,7 @@ def test_opcheck_cpu(baseline_kernels):
     torch.library.opcheck(_rmsnorm._deferred_rmsnorm_swiglu_mlp, rg(a4, rstd4, w14, wd4))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(CASES))
 def test_under_torch_compile_cpu(name, baseline_kernels):
     torch._dynamo.reset()

@@ -138,6 +138,7 @@ def test_matches_torch_cpu(name, baseline_kernels):
     assert baseline_kernels[case.kernel] == 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(CASES))
 def test_gradcheck_float64_cpu(name, monkeypatch):
     """torch.autograd.gradcheck of the hand-written backward (R^T + GEMM grads), float64."""
@@ -231,6 +232,7 @@ def test_rope_rotate_refuses_partial_heads_and_out_of_range_n_rot():
     assert torch.equal(rope_rotate(t, pos, f, 0), t)                       # nothing rotated
 
 
+@pytest.mark.slow
 def test_rope_cos_sin_is_an_opaque_custom_op_under_compile():
     """The angle table is a custom op: opcheck passes, its values are float64 cos/sin, and the
     graph torch.compile traces from the rotation calls it once and evaluates no cos/sin of its
@@ -334,6 +336,7 @@ def test_kernel_constants_are_passed_as_the_entry_declares(signature, monkeypatc
     torch.testing.assert_close(out, torch_qkv_rope(*args, **CONSTS), atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_opcheck_cpu(baseline_kernels):
     from coda_agent.kernels import _rope
 

@@ -240,6 +240,7 @@ def _rms_kernel(x, *, zdz=True, rstd=True, xhat_of_h=False):
     return {"dh": dh.bfloat16(), "dgamma": (acc * xhat).sum(0)}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", [0, 2])
 def test_rms_tolerance_accepts_the_fused_algebra_and_rejects_mistakes(rms, case):
     dims = rms.spec.shapes.correctness[case].dims
@@ -332,6 +333,7 @@ def test_ce_gradient_of_the_mean_loss(ce):
     _close(got["dw_vocab"], dw)
 
 
+@pytest.mark.slow
 def test_ce_baseline_and_bare_gemm(ce):
     ref = ce.load_reference()
     for case in ce.spec.shapes.correctness:
@@ -383,6 +385,7 @@ def _ce_kernel(x, *, onehot=True, dloss=True):
     return {"dh": (d @ f["w_vocab"]).bfloat16(), "dw_vocab": (d.T @ f["h"]).bfloat16()}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", [1, 3])
 def test_ce_tolerance_accepts_the_fused_algebra_and_rejects_mistakes(ce, case):
     dims = ce.spec.shapes.correctness[case].dims

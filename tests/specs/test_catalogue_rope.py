@@ -143,6 +143,7 @@ def test_launch_budgets():
     assert budget == {"gemm_rope": 11, "gemm_rmsnorm_rope": 11, "rope_bwd": 11}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", NAMES)
 def test_static_accepts_the_host_prep_the_budget_counts(name):
     """The entry takes HQ/HKV keyword-only; positions.float() and quack's table builder
@@ -245,6 +246,7 @@ def test_rope_bwd_matches_the_written_out_inverse():
     torch.testing.assert_close(out[:, :r], want, rtol=1e-10, atol=1e-10)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", NAMES)
 def test_baseline_agrees_with_reference(name):
     loaded, ref = _load(name)
@@ -283,6 +285,7 @@ def test_outputs_are_order_one_and_rotated(name):
 
 # --------------------------------------------------------------------------- quack_library
 
+@pytest.mark.slow
 def test_quack_library_functions_resolve():
     import quack.epilogue.rotary as rotary
 

@@ -66,6 +66,7 @@ def _rms_norm(y, gamma):
     return F.rms_norm(y, (y.shape[-1],), weight=gamma, eps=EPS)
 
 
+@pytest.mark.slow
 def test_residual_partial_rms_matches_explicit_formula():
     spec, ref = _load("gemm_residual_partial_rms")
     for case in spec.shapes.correctness:

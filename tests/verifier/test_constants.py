@@ -87,6 +87,7 @@ def test_static_requires_the_constants_keyword_only(tmp_path, sig, ok):
     assert ("entry-signature" not in kinds) is ok, kinds
 
 
+@pytest.mark.slow
 def test_compile_stage_calls_the_entry_with_the_constants_and_valid_indices(tmp_path):
     """The sm_90a compile stage calls the entry like the GPU workers do: constants as keyword
     ints, integer inputs holding valid indices (zeros), so host indexing does not fail there."""
@@ -180,6 +181,7 @@ def _pipe(tmp_path, ref=PIPE_REF):
                   workdir=tmp_path / "work", timeout_s=120)
 
 
+@pytest.mark.slow
 def test_cpu_device_protocol_with_derived_inputs_and_constants(tmp_path, stub_static_compile):
     v = _pipe(tmp_path)
     st = {s.stage: s for s in v.stages}
@@ -187,6 +189,7 @@ def test_cpu_device_protocol_with_derived_inputs_and_constants(tmp_path, stub_st
     assert st["correctness"].metrics["worst"]["out"]["ratio"] <= 1
 
 
+@pytest.mark.slow
 def test_failing_input_generation_is_a_verifier_error_not_the_candidates(tmp_path, stub_static_compile):
     broken = PIPE_REF.replace("return torch.rsqrt(h.float().pow(2).mean(-1) + 1e-6)", "raise RuntimeError('spec bug')")
     v = _pipe(tmp_path, broken)
@@ -196,6 +199,7 @@ def test_failing_input_generation_is_a_verifier_error_not_the_candidates(tmp_pat
     assert "spec bug" in st["correctness"].findings[0].message
 
 
+@pytest.mark.slow
 def test_input_generation_after_the_import_is_charged_to_the_candidate(tmp_path, stub_static_compile):
     """A candidate whose import makes drawing inputs fail (a device-memory hog, a patched
     torch) must not buy a verifier error. The worker draws every correctness case before the

@@ -44,6 +44,9 @@ from coda_agent.verifier.gpu.runs import make_runs
 from coda_agent.verifier.pipeline import verify
 from coda_agent.verifier.spec import load_spec
 
+# Every test here runs the candidate and reference workers as subprocesses.
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[2]
 CORPUS = Path(__file__).resolve().parent / "corpus_numerics"
 SPECS = {name: load_spec(ROOT / "kernel_specs" / name) for name in ("swiglu_fwd", "swiglu_bwd")}

@@ -87,6 +87,7 @@ def test_every_gpu_plan_has_one_production_size_ragged_case(loaded):
             for d, v in b.items() if d != "M") for b in bench), (secret, p.dims)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("loaded", SPECS, ids=IDS)
 def test_tiny_m_case_then_one_case_per_draw(loaded):
     spec = loaded.spec
@@ -119,6 +120,7 @@ def test_nonfinite_draw_iff_the_spec_declares_it():
         assert [r.draw for r in runs].count("nonfinite") == 1 and runs[-1].draw == "nonfinite"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("loaded", SPECS, ids=IDS)
 def test_drawn_shapes_are_legal_fixed_dims_kept_and_within_budget(loaded):
     spec = loaded.spec
@@ -135,6 +137,7 @@ def test_drawn_shapes_are_legal_fixed_dims_kept_and_within_budget(loaded):
                     assert tensor_bytes(spec, r.dims) <= budget, (device, r.case, tensor_bytes(spec, r.dims))
 
 
+@pytest.mark.slow
 def test_fixed_and_choice_dims_draw_only_their_values():
     rope = _by_name("gemm_rope")
     assert dim_rules(rope.spec)["HD"] == {"low": 64, "high": 128, "multiple_of": 1}  # free in the catalogue
@@ -167,6 +170,7 @@ def test_an_aligned_pick_stays_at_or_above_low():
     assert min(aligned) >= rule["low"], sorted(v for v in set(aligned) if v < rule["low"])
 
 
+@pytest.mark.slow
 def test_drawn_dims_stay_within_their_rule_bounds():
     out = []
     for loaded in SPECS:
@@ -187,6 +191,7 @@ def fwd_draws():
     return [r for s in M_SECRETS for r in coverage_runs(spec, s, "cuda") if r.draw != "spec"]
 
 
+@pytest.mark.slow
 def test_m_is_log_uniform_from_1_to_twice_the_largest_benchmark_m(fwd_draws):
     spec = _by_name("swiglu_fwd").spec
     top = 2 * max(c.dims["M"] for c in spec.shapes.benchmark)
@@ -212,12 +217,14 @@ def test_ragged_dims_about_half_the_time(fwd_draws):
         assert 0.35 <= ragged <= 0.65 and 0.3 <= aligned <= 0.65, (d, ragged, aligned)
 
 
+@pytest.mark.slow
 def test_cpu_draws_keep_m_log_uniform_within_the_smaller_budget():
     spec = _by_name("swiglu_fwd").spec
     ms = [r.dims["M"] for s in range(1, 41) for r in coverage_runs(spec, s, "cpu") if r.draw != "spec"]
     assert min(ms) == 1 and max(ms) < 2048  # 2 MiB: M x (2K + 6I) bytes with K >= 256, I >= 128
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("device", ["cuda", "cpu"])
 def test_plans_are_deterministic_in_the_secret(device):
     for loaded in SPECS:

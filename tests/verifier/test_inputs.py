@@ -25,6 +25,7 @@ torch.save(make_inputs(loaded, case.dims, int(sys.argv[2]), "cpu"), sys.argv[3])
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("spec", ["swiglu_fwd", "swiglu_bwd"])
 def test_identical_across_processes(spec, tmp_path):
     outs = []

@@ -178,8 +178,8 @@ def test_results_page_shows_unavailable_liger_as_na():
     stages.append(StageResult(stage="bench", status="pass", summary="ok", metrics=metrics))
     v = Verdict(spec="swiglu_fwd", spec_hash="h", candidate_hash="c", stages=stages)
     text = results_markdown({"swiglu_fwd": v}, "2026-12-01")
-    # columns sorted: bare_gemm, liger, torch_compile
-    assert "| a/M8192 | 0.5000 | - | 700 | 0.5500 | 0.909 | n/a | - | error | - |" in text
+    # columns sorted: bare_gemm, liger, sol_bound (the bare GEMM here: no bytes recorded), torch_compile
+    assert "| a/M8192 | 0.5000 | - | 700 | 0.5500 | 0.909 | n/a | - | 0.5500 | 0.909 | error | - |" in text
     assert f"- liger did not run (all shapes): {LIGER_MISSING}" in text
     assert "- torch_compile did not run (all shapes): boom" in text
 

@@ -24,6 +24,9 @@ from coda_agent.verifier.pipeline import verify
 from coda_agent.verifier.spec import load_spec
 from coda_agent.verifier.verdict import Finding, StageResult, Verdict
 
+# Every test here runs the candidate and reference workers as subprocesses.
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[2]
 FWD = load_spec(ROOT / "kernel_specs" / "swiglu_fwd")
 BWD = load_spec(ROOT / "kernel_specs" / "swiglu_bwd")

@@ -90,6 +90,7 @@ def test_a_failing_reporter_is_switched_off_not_raised():
     assert b.events == []  # switched off at the first failure; the block still ran
 
 
+@pytest.mark.slow
 def test_verify_reports_each_stage_with_its_outcome(tmp_path, monkeypatch):
     stub_stages(monkeypatch)
     cand = tmp_path / "cand.py"

@@ -28,6 +28,7 @@ def test_runs_cover_cases_seeds_and_one_recheck():
     assert re.seed == 1000 and re.case == "ragged-all" and re.key == "recheck-c2-ragged-all-s1000"
 
 
+@pytest.mark.slow
 def test_recheck_rows_are_secret_per_verification():
     case_m = FWD.spec.shapes.correctness[2].dims["M"]
     drawn = {}

@@ -188,6 +188,7 @@ def test_regress_row_reports_non_gating_baselines(workspace, tmp_path_factory):
     assert row.status == "pass" and "not gating" in row.message and "1.30x" in row.message
 
 
+@pytest.mark.slow
 @pytest.mark.compile
 def test_untouched_library_passes_cpu(workspace):
     rep = regress(workspace, cpu_only=True)
@@ -195,6 +196,7 @@ def test_untouched_library_passes_cpu(workspace):
     assert rep.rows[0].stage == "compile" and "sm_90a compile ok" in rep.rows[0].message
 
 
+@pytest.mark.slow
 @pytest.mark.compile
 def test_kernel_that_no_longer_compiles_is_caught(workspace):
     k = workspace / "generated_kernels" / "swiglu_fwd" / "kernel.py"

@@ -55,6 +55,7 @@ def test_abort_is_a_signal(tmp_path):
     assert out.status == "signal" and out.signal_name == "SIGABRT"
 
 
+@pytest.mark.slow
 def test_hang_is_killed_with_its_group(tmp_path):
     pidfile = tmp_path / "child.pid"
     t0 = time.monotonic()
