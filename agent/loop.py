@@ -569,7 +569,7 @@ def generate(
         try:
             k = 1
             while True:
-                progress.item(k, state.max_attempts, f"attempt for {loaded_spec.name}")
+                progress.item(k, state.max_attempts, f"{loaded_spec.name}: attempt {k} (at most {state.max_attempts})")
                 try:
                     verdict = run.attempt(k)
                 except AwaitingAnswer as w:

@@ -49,7 +49,7 @@ from typing import Any, Callable
 
 from . import progress
 from .confine.records import records_of
-from .confine.sandbox import kill_live_groups, run_worker, worker_env
+from .confine.sandbox import in_parallel, run_worker, worker_env
 from .confine.snapshot import Snapshot, take
 from .gpu.environment import collect_environment, cuda_available
 from .gpu.inputs import rotation_count, tensor_bytes
@@ -69,7 +69,7 @@ from .gpu.protocol import (
 from .gpu.results import GpuRun
 from .gpu.runs import make_bench_checks, make_bench_shapes, make_runs
 from .spec import LoadedSpec, load_spec
-from .verdict import Finding, StageResult, Verdict
+from .verdict import Finding, Stage, StageResult, Verdict
 from .workspace import atomic_write_text, remove_tree
 
 GPU_STAGES = ("correctness", "gradients", "bench")
@@ -89,7 +89,7 @@ def _now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
 
 
-def _guarded(stage: str, fn: Callable[[], StageResult]) -> StageResult:
+def _guarded(stage: Stage, fn: Callable[[], StageResult]) -> StageResult:
     """Run a stage builder; a bug in it becomes an ``error`` stage with the traceback."""
     t0 = time.monotonic()
     try:
@@ -294,7 +294,9 @@ def gpu_stages(loaded: LoadedSpec, run: GpuRun) -> list[StageResult]:
     from .stages.gradients import gradients_stage
 
     out: list[StageResult] = []
-    for name, fn in (("correctness", correctness_stage), ("gradients", gradients_stage), ("bench", bench_stage)):
+    stages: tuple[tuple[Stage, Callable[[LoadedSpec, GpuRun], StageResult]], ...] = (
+        ("correctness", correctness_stage), ("gradients", gradients_stage), ("bench", bench_stage))
+    for name, fn in stages:
         res = _guarded(name, lambda fn=fn: fn(loaded, run))
         out.append(res)
         if not res.ok:
@@ -340,10 +342,7 @@ def cpu_stages_many(items: list[tuple[LoadedSpec, Path]], *, jobs: int = 1,
 
 def _cpu_stages_of(items: list[tuple[LoadedSpec, Snapshot]], jobs: int, timeout_s: float | None) -> list[CpuStages]:
     """static -> compile of snapshots already taken (:func:`cpu_stages_many`, :func:`verify`)."""
-    from concurrent.futures import ThreadPoolExecutor
-    from concurrent.futures import wait as futures_wait
-
-    def reported(stage: str, what: str, fn: Callable[[], StageResult]) -> StageResult:
+    def reported(stage: Stage, what: str, fn: Callable[[], StageResult]) -> StageResult:
         with progress.step(what) as s:
             res = _guarded(stage, fn)
             s.outcome = res.status
@@ -357,26 +356,11 @@ def _cpu_stages_of(items: list[tuple[LoadedSpec, Snapshot]], jobs: int, timeout_
         loaded, snap = items[i]
         if not statics[i].ok:
             return CpuStages(candidate_hash=snap.sha256, stages=(statics[i],))
-        comp = reported("compile", f"sm_90a compile {loaded.name}" if many else "sm_90a compile",
+        comp = reported("compile", f"compile (sm_90a) {loaded.name}" if many else "compile (sm_90a)",
                         lambda: run_compile(loaded, snap, timeout_s=timeout_s or 300))
         return CpuStages(candidate_hash=snap.sha256, stages=(statics[i], comp))
 
-    if jobs <= 1 or len(items) <= 1:  # in this thread: a Ctrl-C reaches the wait on the worker
-        return [one(i) for i in range(len(items))]
-    pool = ThreadPoolExecutor(max_workers=jobs)
-    futures = [pool.submit(one, i) for i in range(len(items))]
-    try:
-        return [f.result() for f in futures]
-    except BaseException:
-        # interrupted (the pool threads never see it): start no more compiles, and kill the
-        # running ones until their threads let go (one may be starting its worker right now)
-        pool.shutdown(wait=False, cancel_futures=True)
-        while not all(f.done() for f in futures):
-            kill_live_groups()
-            futures_wait(futures, timeout=0.2)
-        raise
-    finally:
-        pool.shutdown(wait=True)
+    return in_parallel(one, len(items), jobs)
 
 
 def verify(
@@ -500,6 +484,7 @@ def main(argv: list[str] | None = None) -> int:
     that ran passed; with --no-bench: when it was correct on a GPU), 1 otherwise (also: no
     GPU to verify on), 2 on bad arguments or a verifier error (``Verdict.verifier_error``:
     the verifier or the machine failed, not the candidate), as ``coda-agent verify``."""
+    assert __doc__ is not None  # the module's docstring
     ap = argparse.ArgumentParser(prog="python -m coda_agent.verifier.pipeline", description=__doc__.splitlines()[0])
     ap.add_argument("spec_dir", type=Path)
     ap.add_argument("candidate", type=Path)

@@ -24,7 +24,11 @@ import contextlib
 import threading
 import time
 from collections.abc import Iterator
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:  # rich is imported when a display starts
+    from rich.console import Console
+    from rich.progress import TaskID
 
 
 class Reporter(Protocol):
@@ -106,28 +110,33 @@ class RichReporter:
     a finished step leaves one line (outcome, seconds); an item leaves a ``[n/N] name``
     header."""
 
-    def __init__(self, console: object | None = None) -> None:
+    def __init__(self, console: Console | None = None) -> None:
         from rich.console import Console
         from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
         self.console = console if console is not None else Console(stderr=True)
         self.progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
                                  console=self.console, transient=True)
-        self.tasks: dict[str, list[int]] = {}
+        self.tasks: dict[str, list[TaskID]] = {}
         self.prefix = ""
         self.lock = threading.Lock()
 
+    # Rationale: the live region runs only while a step runs. Results printed between steps
+    # (on stdout, which the live display on stderr cannot coordinate with) then never share
+    # a line with a spinner.
     def __enter__(self) -> RichReporter:
-        self.progress.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.progress.stop()
+        with self.lock:
+            self.progress.stop()
 
     def started(self, what: str) -> None:
         from rich.markup import escape
 
         with self.lock:
+            if not any(self.tasks.values()):
+                self.progress.start()
             self.tasks.setdefault(what, []).append(self.progress.add_task(escape(self.prefix + what), total=None))
 
     def ended(self, what: str, outcome: str, seconds: float) -> None:
@@ -141,6 +150,8 @@ class RichReporter:
             self.progress.console.print(
                 f"  {escape(what)}: [{style}]{escape(outcome)}[/] [dim]{seconds:.1f} s[/]", highlight=False
             )
+            if not any(self.tasks.values()):
+                self.progress.stop()
 
     def item(self, index: int, total: int, name: str) -> None:
         from rich.markup import escape

@@ -100,7 +100,7 @@ def test_verify_reports_each_stage_with_its_outcome(tmp_path, monkeypatch):
         v = verify(FWD, cand, device="cpu", bench=False, baselines=["torch_eager"], workdir=tmp_path / "w",
                    timeout_s=120)
     ended = {e[1]: e[2] for e in rec.events if e[0] == "ended"}
-    assert ended["static"] == "pass" and ended["sm_90a compile"] == "pass"
+    assert ended["static"] == "pass" and ended["compile (sm_90a)"] == "pass"
     cand_step = next(k for k in ended if k.startswith("candidate worker"))
     ref_step = next(k for k in ended if k.startswith("reference worker"))
     assert ended[cand_step] == "ok" and ended[ref_step] == "ok"
@@ -118,11 +118,11 @@ def test_rich_reporter_leaves_one_line_per_finished_step():
     buf = io.StringIO()
     with progress.RichReporter(Console(file=buf, force_terminal=False, width=120)) as r, progress.reporting(r):
         progress.item(1, 2, "gemm_rmsnorm")
-        with progress.step("sm_90a compile") as s:
+        with progress.step("compile (sm_90a)") as s:
             s.outcome = "pass"
     text = buf.getvalue()
     assert "[1/2] gemm_rmsnorm" in text
-    assert "sm_90a compile: pass" in text and " s" in text
+    assert "compile (sm_90a): pass" in text and " s" in text
 
 
 def test_cli_is_quiet_when_stderr_is_not_a_terminal_or_with_quiet():

@@ -31,9 +31,10 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from .records import last_begun, read_records_checked
 
@@ -435,9 +436,9 @@ def run_worker(
                 preexec_fn=_limit_worker,
             )
         finally:
-            for i, (r, w, *rest) in enumerate(pipes):  # the worker holds the write ends now
+            for i, (r, w, path, head, tail_) in enumerate(pipes):  # the worker holds the write ends now
                 os.close(w)
-                pipes[i] = (r, -1, *rest)
+                pipes[i] = (r, -1, path, head, tail_)
         track_group(proc.pid, True)
         if stdin_data is not None:  # a thread: the worker may not read before the pipe fills
             threading.Thread(target=feed, args=(proc.stdin, stdin_data), daemon=True).start()
@@ -487,6 +488,7 @@ def run_worker(
     lost = next((d.error for d in drains if d.error and results is not None and d.path == Path(results)), None)
     problems += [f"{d.path.name} still held open by an escaped process after {DRAIN_GRACE_S:.0f} s "
                  "(what it held was read so far)" for d in drains if d.is_alive()]
+    assert proc is not None  # started in the try above, which raises otherwise
     rc = None if timed_out else proc.returncode
     status, sig = classify(rc, stderr, timed_out)
     records, anomalies = read_records_checked(results) if results is not None else ([], [])
@@ -503,3 +505,32 @@ def run_worker(
         records_lost=lost,
         record_anomalies=anomalies,
     )
+
+
+T = TypeVar("T")
+
+
+def in_parallel(fn: Callable[[int], T], n: int, jobs: int) -> list[T]:
+    """``[fn(0), ..., fn(n - 1)]``, at most ``jobs`` at a time in threads (each ``fn`` is
+    expected to wait on a worker process). An interrupt starts nothing more and kills the
+    live worker groups until the threads let go, then re-raises. With ``jobs <= 1`` the
+    calls run in this thread, where a Ctrl-C reaches the wait on the worker directly."""
+    if jobs <= 1 or n <= 1:
+        return [fn(i) for i in range(n)]
+    from concurrent.futures import ThreadPoolExecutor
+    from concurrent.futures import wait as futures_wait
+
+    pool = ThreadPoolExecutor(max_workers=jobs)
+    futures = [pool.submit(fn, i) for i in range(n)]
+    try:
+        return [f.result() for f in futures]
+    except BaseException:
+        # the pool threads never see the interrupt: start no more, and kill the running
+        # workers until their threads let go (one may be starting its worker right now)
+        pool.shutdown(wait=False, cancel_futures=True)
+        while not all(f.done() for f in futures):
+            kill_live_groups()
+            futures_wait(futures, timeout=0.2)
+        raise
+    finally:
+        pool.shutdown(wait=True)

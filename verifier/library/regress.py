@@ -34,12 +34,14 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
 from .. import progress
+from ..confine.sandbox import in_parallel
 from ..spec import SpecError, diff_fields, load_spec
 from ..stages.bench import host_bound
 from ..workspace import sha256_file
@@ -56,7 +58,7 @@ class RegressRow(BaseModel):
     stage: str
     message: str = ""
     worst_ratio_change: float | None = Field(
-        None, description="max over shapes/baselines of ratio_now / ratio_accepted (1.0 = unchanged)"
+        default=None, description="max over shapes/baselines of ratio_now / ratio_accepted (1.0 = unchanged)"
     )
     worst_at: str = ""
     ratios: dict[str, Any] = Field(default_factory=dict)
@@ -75,7 +77,7 @@ class RegressReport(BaseModel):
     tolerance: float
     rows: list[RegressRow] = Field(default_factory=list)
     environment: dict[str, Any] = Field(default_factory=dict, description="the machine that ran regress")
-    source: str = Field("measured by this run", description="where the GPU numbers come from: this run, "
+    source: str = Field(default="measured by this run", description="where the GPU numbers come from: this run, "
                         "or the folder of verdicts kept by `coda-agent bench` (--verdicts)")
     measured_on: list[str] = Field(default_factory=list, description="GPU(s) of the kept verdicts (--verdicts)")
 
@@ -329,8 +331,15 @@ def regress(root: Path, kernels: list[str] | None = None, *, cpu_only: bool = Fa
                 continue
         rep.measured_on = sorted(gpus)
     names = accepted_names(root, kernels)
-    for i, name in enumerate(names):
-        progress.item(i + 1, len(names), name)
-        rep.rows.append(regress_one(root, name, cpu_only=cpu_only, tolerance=tolerance, verify_fn=verify_fn,
-                                    bench_shapes=bench_shapes, verdicts=verdicts))
+
+    def one(i: int) -> RegressRow:
+        progress.item(i + 1, len(names), names[i])
+        return regress_one(root, names[i], cpu_only=cpu_only, tolerance=tolerance, verify_fn=verify_fn,
+                           bench_shapes=bench_shapes, verdicts=verdicts)
+
+    # Rationale: CPU-only rows are independent sm_90a compiles (each its own process), so they
+    # run side by side; GPU rows run one at a time (timings never overlap).
+    jobs = min(8, os.cpu_count() or 1) if cpu_only else 1
+    rep.rows.extend(in_parallel(one, len(names), jobs))
     return rep
+
