@@ -11,7 +11,8 @@ are :mod:`~coda_agent.agent.run_folder`'s.
 ``run.json`` is rewritten atomically after every step (``status``: ``running``,
 ``waiting-for-answer``, ``accepted``, ``passed`` (verified, no accept requested),
 ``passed-cpu-only`` (static + compile passed without a GPU; never accepted),
-``out-of-attempts``, ``failed``, ``interrupted``). Resuming (``resume=RUN_DIR``) walks
+``out-of-attempts``, ``failed`` (the LLM backend or acceptance failed),
+``verifier-error``, ``interrupted``). Resuming (``resume=RUN_DIR``) walks
 the attempts again and skips every step whose file exists: a response present but no
 verdict -> verify; a failed verdict -> the next attempt's repair prompt. An LLM call
 that finished is therefore never paid for twice, whatever interrupted the run.

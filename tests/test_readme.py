@@ -299,9 +299,14 @@ def _env() -> dict[str, str]:
     return env
 
 
+def _local(arg: str, ws: Path) -> str:
+    """A README path under /tmp/ becomes one beside the test's workspace copy."""
+    return str(ws.parent / arg.removeprefix("/tmp/")) if arg.startswith("/tmp/") else arg
+
+
 def _run(argv: list[str], ws: Path) -> subprocess.CompletedProcess:
     assert argv[0] == "coda-agent", argv
-    return _cli(*argv[1:], cwd=ws, env=_env(), timeout=900)
+    return _cli(*(_local(a, ws) for a in argv[1:]), cwd=ws, env=_env(), timeout=900)
 
 
 def _answer(ws: Path, spec: str) -> str:
@@ -321,7 +326,7 @@ def _expect(argv: list[str], res: subprocess.CompletedProcess, ws: Path) -> None
     if sub == "list":
         assert "swiglu_fwd" in res.stdout and "yes (" in res.stdout, shown
     elif sub == "prompt":
-        out = ws / argv[argv.index("--out") + 1] if "--out" in argv else None
+        out = ws / _local(argv[argv.index("--out") + 1], ws) if "--out" in argv else None
         text = out.read_text() if out is not None else res.stdout
         assert argv[2] in text and "tokens" in res.stderr, shown
     elif sub == "review":

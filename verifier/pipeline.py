@@ -21,8 +21,8 @@ Without a CUDA GPU (and without ``cpu_only``) the GPU stages are recorded as
 ``skip`` with the summary "no CUDA GPU: not verified"; ``Verdict.gpu_verified`` is
 then False, and :mod:`~coda_agent.verifier.library.accept` refuses such a verdict.
 
-``static.py`` and ``compile.py`` are imported lazily (another module owns them); a
-missing one makes its stage an ``error``, never a silent pass. A bug in a stage
+The ``static`` and ``compile`` packages are imported lazily; a missing one makes its
+stage an ``error``, never a silent pass. A bug in a stage
 builder becomes an ``error`` stage with the traceback, never an exception out of
 :func:`verify`.
 

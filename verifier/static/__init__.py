@@ -11,7 +11,8 @@ Design
   allow-list of explicit modules (``torch``, ``math``, ``functools``, ``operator``,
   ``typing``, ``__future__`` and :data:`surface.LIBRARY_MODULES`: ``cutlass``,
   ``cutlass.cute``, ``cutlass.cute.math``, ``quack.epilogue`` and its ``ops``/``math``/
-  ``rotary``/``library`` submodules, ``quack.activation``, ``quack.gemm_config``) -- not
+  ``rotary`` submodules, ``quack.activation``, ``quack.gemm_config``; not
+  ``quack.epilogue.library``, whose ready-made mods are the baseline) -- not
   package trees -- so ``gc``/``inspect``/``sys``/``os``/``triton``/``ctypes`` and
   ``cutlass.base_dsl``/``cutlass.torch`` are rejected without being named.
 * **The import surface is resolved by introspection, not by name.** Allowed libraries
