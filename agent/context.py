@@ -73,7 +73,7 @@ class Example(BaseModel):
     source: str
     path: str = Field(description="workspace-relative path of kernel.py")
     score: tuple[int, int, int] = Field(
-        (0, 0, 0), description="(same pattern, same mode, shared words): the sort key"
+        default=(0, 0, 0), description="(same pattern, same mode, shared words): the sort key"
     )
 
     @property
@@ -96,8 +96,8 @@ class PromptContext(BaseModel):
     target: str = Field(description="the target spec's name (its own kernel is excluded)")
     docs: list[DocFile] = Field(default_factory=list)
     examples: list[Example] = Field(default_factory=list)
-    examples_available: int = Field(0, description="accepted kernels eligible before the cap")
-    excluded_own_kernel: bool = Field(False, description="the target's own accepted kernel existed and was left out")
+    examples_available: int = Field(default=0, description="accepted kernels eligible before the cap")
+    excluded_own_kernel: bool = Field(default=False, description="the target's own accepted kernel existed and was left out")
     tricks: str = ""
 
     @property

@@ -484,7 +484,8 @@ def proposed_lesson(root: str | Path, run_dir: str | Path, *, unverified: bool =
         except ValueError:
             state = None
     state = state if isinstance(state, dict) else {}
-    lesson = state.get("lesson") if isinstance(state.get("lesson"), dict) else {}
+    raw = state.get("lesson")
+    lesson = raw if isinstance(raw, dict) else {}
     if lesson.get("status") != "proposed":
         raise RunError(f"{rj}: the run records no proposed lesson (lesson status "
                          f"{lesson.get('status')!r}); {p.name} is not the loop's proposal")

@@ -142,7 +142,8 @@ def linear_cross_entropy(
     ignore_index = _as_index(op, ignore_index)
     keep = target != ignore_index
     safe_target = torch.where(keep, target, torch.zeros_like(target))
-    torch._assert_async(((safe_target >= 0) & (safe_target < w_vocab.shape[0])).all(),
+    # torch._assert_async exists at run time; torch's __all__ leaves it out
+    torch._assert_async(((safe_target >= 0) & (safe_target < w_vocab.shape[0])).all(),  # pyright: ignore[reportPrivateImportUsage]
                         f"{op}: a target is outside [0, V) and is not ignore_index")
     loss, _ = _linear_cross_entropy(h, w_vocab, safe_target)
     return torch.where(keep, loss, torch.zeros_like(loss))

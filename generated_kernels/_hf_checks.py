@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 import warnings
+from typing import Any
 
 import torch
 from torch import nn
@@ -36,7 +37,7 @@ def _require_transformers():
                                   "(or 'transformers>=5,<6')") from e
 
 
-def _base(model):
+def _base(model) -> Any | None:
     """The decoder stack (``LlamaModel``) of ``model`` (itself or ``model.model``), or None."""
     for cand in (model, getattr(model, "base_model", None), getattr(model, "model", None)):
         if cand is not None and isinstance(getattr(cand, "layers", None), nn.ModuleList) and \

@@ -107,7 +107,7 @@ _GATE_UP = _Fused("gate_up_proj", _MLP_PARTS, pack_gate_up, unpack_gate_up)
 def _full(t: torch.Tensor) -> torch.Tensor:
     """A plain tensor with ``t``'s values: a DTensor is all-gathered."""
     t = t.detach()
-    return t.full_tensor() if _is_dtensor(t) else t
+    return t.full_tensor() if _is_dtensor(t) else t  # pyright: ignore[reportAttributeAccessIssue]  (a DTensor's)
 
 
 def _is_dtensor(t) -> bool:
@@ -121,7 +121,8 @@ def _like(full: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
     if not _is_dtensor(ref):
         return full
     from torch.distributed.tensor import distribute_tensor
-    return distribute_tensor(full.to(ref.device), ref.device_mesh, ref.placements, src_data_rank=None)
+    return distribute_tensor(full.to(ref.device), ref.device_mesh, ref.placements,  # pyright: ignore[reportAttributeAccessIssue]  (a DTensor's)
+                             src_data_rank=None)
 
 
 def _state_dict_post_hook(module, state_dict, prefix, local_metadata):
@@ -190,7 +191,7 @@ class PackedPart:
 
     @property
     def weight(self) -> torch.Tensor:
-        spec: _Fused = self._module._coda_fused
+        spec: _Fused = self._module._coda_fused  # pyright: ignore[reportAssignmentType]  (nn.Module.__getattr__ is typed Tensor | Module)
         fused = getattr(self._module, spec.fused).weight
         with torch.no_grad():
             part = spec.unpack(_full(fused))[self._index]
@@ -200,7 +201,7 @@ class PackedPart:
             return part.clone()
 
     def __repr__(self) -> str:
-        spec: _Fused = self._module._coda_fused
+        spec: _Fused = self._module._coda_fused  # pyright: ignore[reportAssignmentType]  (nn.Module.__getattr__ is typed Tensor | Module)
         return f"PackedPart({spec.parts[self._index]} of {spec.fused}, read-only)"
 
 

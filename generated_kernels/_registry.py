@@ -14,11 +14,13 @@ import functools
 import importlib
 import inspect
 from pathlib import Path
+from typing import Any
 
 import torch
 
 # The package itself (partially initialized while its __init__ imports this module; that
 # is fine: its attributes are only read when an op is called).
+assert __package__  # a submodule of coda_agent.kernels
 _pkg = importlib.import_module(__package__)
 
 KERNELS_DIR = Path(__file__).resolve().parent
@@ -131,7 +133,7 @@ def _param_names(name: str) -> list[str] | None:
         return None
 
 
-def run_kernel(name: str, *args, **constants):
+def run_kernel(name: str, *args, **constants) -> tuple[Any, ...]:
     """Call the entry ``<name>`` of the accepted kernel ``<name>`` (through ``_pkg.load``),
     after ``_pkg._check_device`` on its tensor arguments (ValueError off CUDA), the
     architecture check (ValueError on a GPU other than sm_90) and a check that every tensor

@@ -61,7 +61,7 @@ class Environment(BaseModel):
     python: str | None = None
     hostname: str | None = None
     worker_sandbox: str | None = Field(
-        None, description="how the candidate worker was confined (verifier/confine/landlock.py), e.g. "
+        default=None, description="how the candidate worker was confined (verifier/confine/landlock.py), e.g. "
         "'landlock ABI 7: writes only beneath 2 folder(s); ...', or 'unavailable: <why>'")
 
 

@@ -250,7 +250,8 @@ def _status(e: Any) -> tuple[int, str]:
     if e.status_code >= 400:
         return e.status_code, f"HTTP {e.status_code}"
     body = e.body if isinstance(e.body, dict) else {}
-    err = body.get("error") if isinstance(body.get("error"), dict) else {}
+    raw = body.get("error")
+    err = raw if isinstance(raw, dict) else {}
     kind = str(err.get("type", "unknown"))
     return ERROR_TYPE_STATUS.get(kind, 500), f"{kind} event in the stream"
 

@@ -205,8 +205,10 @@ def _interpret(
     elif res["phase"] == "setup":
         findings.append(Finding(kind="environment", message="quack/cutlass could not be set up for the CPU compile:\n" + (err or {}).get("message", "")))
     elif res["phase"] == "import":
+        assert err is not None  # the worker records why it stopped in this phase
         findings.append(Finding(kind="import-error", line=err.get("line"), message="importing the candidate failed: " + err["message"]))
     elif res["phase"] == "entry":
+        assert err is not None  # the worker records why it stopped in this phase
         findings.append(Finding(kind="entry-missing", message=err["message"]))
     elif res["phase"] == "call" and err:
         case = err.get("case") or None

@@ -358,6 +358,7 @@ def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """CLI entry: read the request, run it, write the result file. Returns the exit code."""
+    assert __doc__ is not None  # the module's docstring
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--request", required=True, type=Path)
     ap.add_argument("--result", required=True, type=Path)

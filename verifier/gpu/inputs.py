@@ -22,7 +22,7 @@ import hashlib
 import inspect
 import math
 from types import ModuleType
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -109,6 +109,7 @@ def make_inputs(
                 raise ValueError(f"input {t.name!r} is derived (reference.{t.init.fn}): "
                                  "make_inputs needs the LoadedSpec, not the bare KernelSpec")
             ref = ref or spec.load_reference()
+            assert t.init.fn is not None  # InitSpec: a dist='derived' input names its fn
             fn = getattr(ref, t.init.fn)
             extra = {"dims": dict(dims)} if "dims" in inspect.signature(fn).parameters else {}
             with torch.no_grad():
@@ -160,7 +161,9 @@ def _vary(s: KernelSpec, t: Any, x: torch.Tensor, draw: str, dims: dict[str, int
             return x
         std = float(eval_expr(init.std, dims))
         z = torch.randn(x.shape, generator=gen, device=x.device, dtype=torch.float32)
-        chi2 = sum(torch.randn(x.shape, generator=gen, device=x.device, dtype=torch.float32) ** 2 for _ in range(3))
+        # a sum of tensors is a tensor (never sum()'s start value 0)
+        chi2 = cast(torch.Tensor, sum(torch.randn(x.shape, generator=gen, device=x.device, dtype=torch.float32) ** 2
+                                      for _ in range(3)))
         # Student-t(3) has variance 3: divide by sqrt(3) for the declared std
         return z / torch.sqrt(chi2 / 3).clamp_min(1e-12) / 3**0.5 * std + float(init.mean)
     if draw == "saturate":

@@ -35,7 +35,7 @@ _Event = torch.cuda.Event
 _synchronize = torch.cuda.synchronize
 _profile = torch.profiler.profile
 _Activity = torch.profiler.ProfilerActivity
-_DeviceTypeCUDA = torch.autograd.DeviceType.CUDA
+_DeviceTypeCUDA = torch.autograd.DeviceType.CUDA  # pyright: ignore[reportPrivateImportUsage]  (public, not in torch.autograd's __all__)
 try:  # triton is absent from CPU torch installs; the CPU path (tests) does not need it
     import triton.testing as _triton_testing
 

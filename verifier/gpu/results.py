@@ -63,7 +63,7 @@ class GpuRun:
         """Seconds each worker spent on the trials ``keys`` (from each trial's ``begin`` record
         to its ``trial``/``recheck`` record, the workers' ``t`` stamps): the cost of a set
         of cases, e.g. the secret coverage cases. A worker without stamps counts 0."""
-        def spent(records: list[dict[str, Any]], prefix: str) -> float:
+        def spent(records: list[dict[str, Any]], prefix: tuple[str, ...]) -> float:
             start: dict[str, float] = {}
             total = 0.0
             for r in records:

@@ -90,7 +90,7 @@ import statistics  # noqa: E402
 import sys  # noqa: E402
 import traceback  # noqa: E402
 from pathlib import Path  # noqa: E402
-from typing import Any, Callable, NamedTuple  # noqa: E402
+from typing import Any, Callable, Mapping, NamedTuple  # noqa: E402
 
 import torch  # noqa: E402
 import torch.profiler  # noqa: E402
@@ -175,7 +175,7 @@ def tampered() -> list[str]:
 
 
 _MISSING = object()
-_OWN: dict[str, tuple[dict, str, Any, dict | None]] = {}
+_OWN: dict[str, tuple[Mapping[str, Any], str, Any, dict | None]] = {}
 
 
 def freeze_own_state() -> None:
@@ -274,11 +274,13 @@ class Worker:
         raw = self._rng.randbytes(BALLAST_MAX + 1)  # fresh per call, one C-level draw
         ballast = [bytearray(b + 1) for b in raw[1:2 + raw[0] % BALLAST_MAX]]
         if self.cuda:
+            assert _set_sync_debug_mode is not None  # CUDA builds of torch have the binding
             _set_sync_debug_mode(2)  # "error" (the C binding: CUDA is initialized by now)
         try:
             return fn(*args)
         finally:
             if self.cuda:
+                assert _set_sync_debug_mode is not None
                 _set_sync_debug_mode(0)
             del ballast
 
@@ -470,7 +472,9 @@ class Worker:
         ``call()`` under the profiler (CUDA activity), synchronized inside."""
         with _profile(activities=[_Activity.CPU, _Activity.CUDA]) as prof:
             res, workspace = self.measured_call(call)
-        names = [e.name for e in prof.events() if e.device_type == _DeviceTypeCUDA]
+        events = prof.events()
+        assert events is not None  # parsed when the profiler stopped
+        names = [e.name for e in events if e.device_type == _DeviceTypeCUDA]
         kernels = gpu_kernels(names)
         return res, Counted(len(kernels), kernels, workspace)
 
@@ -486,7 +490,7 @@ class Worker:
         if self.cuda:
             if _do_bench is None:
                 raise RuntimeError("triton.testing.do_bench is not importable: cannot time on the GPU")
-            return float(_do_bench(call, return_mode="median"))
+            return float(_do_bench(call, return_mode="median"))  # pyright: ignore[reportArgumentType]  (a float for "median"; triton's annotation lacks it)
         samples = []
         for _ in range(5):
             t0 = _perf_counter()

@@ -138,10 +138,10 @@ class RefWorker:
         return dict(key=run.key, file=fname, recheck=run.recheck)
 
     # -- baselines ------------------------------------------------------------------------
-    def baseline_fns(self) -> dict[str, Callable[..., Any] | str]:
+    def baseline_fns(self) -> dict[str, Callable[..., Any] | gemm_floor.Floor | str]:
         """name -> callable(**inputs), or an error string when the baseline is unavailable."""
         names = self.plan.baselines if self.plan.baselines is not None else list(self.spec.bench.baselines)
-        fns: dict[str, Callable[..., Any] | str] = {}
+        fns: dict[str, Callable[..., Any] | gemm_floor.Floor | str] = {}
         for b in names:
             if b == "torch_eager":
                 fns[b] = self.ref.baseline
@@ -178,7 +178,7 @@ class RefWorker:
             if not callable(f):
                 return "liger.py defines no function 'liger'"
         try:
-            import liger_kernel  # noqa: F401
+            import liger_kernel  # noqa: F401  # pyright: ignore[reportMissingImports]  (optional extra `bench`)
         except ImportError as e:
             if getattr(e, "name", None) in (None, "liger_kernel"):
                 return LIGER_MISSING
@@ -198,7 +198,7 @@ class RefWorker:
         if self.cuda:
             import triton.testing
 
-            return float(triton.testing.do_bench(call, return_mode="median"))
+            return float(triton.testing.do_bench(call, return_mode="median"))  # pyright: ignore[reportArgumentType]  (a float for "median"; triton's annotation lacks it)
         samples = []
         for _ in range(5):
             t0 = time.perf_counter()

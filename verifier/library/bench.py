@@ -179,7 +179,7 @@ def bench_baselines(loaded: LoadedSpec) -> list[str]:
     ``liger`` when the spec folder has a ``liger.py`` adapter, plus ``quack_gemm`` (quack's
     own GEMM on the bare GEMM's operands, :mod:`~coda_agent.verifier.gpu.gemm_floor`) wherever
     ``bare_gemm`` is timed."""
-    names = list(loaded.spec.bench.baselines)
+    names: list[str] = list(loaded.spec.bench.baselines)
     if loaded.has_liger and "liger" not in names:
         names.append("liger")
     if "bare_gemm" in names and gemm_floor.NAME not in names:
@@ -441,10 +441,10 @@ def plot_speedups(verdicts: dict[str, Verdict], path: Path) -> bool:
     charts, one panel per kernel (x: benchmark shape, one bar per baseline, same colour per
     baseline across panels). False when matplotlib is missing or nothing was measured."""
     try:
-        import matplotlib
+        import matplotlib  # pyright: ignore[reportMissingImports]  (optional extra `bench`)
 
         matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        import matplotlib.pyplot as plt  # pyright: ignore[reportMissingImports]  (optional extra `bench`)
     except ImportError:
         return False
     panels: list[tuple[str, list[tuple[str, dict[str, float]]]]] = []
@@ -590,6 +590,7 @@ def bench_kernels(root: Path, names: list[str] | None, *, out_dir: Path | None =
         v = combine(loaded, runs[loaded.name])
         rep.verdicts[loaded.name] = v
         if _ran_on_gpu(v):
+            assert v.environment.gpu is not None  # _ran_on_gpu: it names a GPU
             vdir = verdicts_dir(out_dir, date, v.environment.gpu)
             rep.notes.append(keep_verdict(vdir, loaded, v)[1])
     if vdir is not None:
@@ -616,7 +617,7 @@ def page_from_kept(root: Path, vdir: Path, rep: BenchReport | None = None, out_d
     if not vdir.is_dir():
         raise ValueError(f"{vdir}: not a folder of kept verdicts (expected benchmarks/results/<date>-<gpu>/)")
     page, notes = day_verdicts(root, vdir)
-    if any((v.stage("bench") and v.stage("bench").status == "pass") for v in page.values()):
+    if any(b is not None and b.status == "pass" for b in (v.stage("bench") for v in page.values())):
         rep.page_verdicts = page
         repeated = sorted(n for n, v in page.items() if _run_count(v) > 1)
         merged = sorted(n for n, v in page.items() if len({m.get("measured_at") for m in shapes_of(v).values()}) > 1)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any, Callable
 
 from ..spec import LoadedSpec, load_spec
 from ..verdict import Verdict
@@ -120,7 +121,7 @@ def keep_verdict(vdir: Path, loaded: LoadedSpec, v: Verdict, replace: bool = Tru
 
 def _first_problem(e: Exception) -> str:
     """One line naming what is wrong with an unreadable verdict file (field and message)."""
-    errors = getattr(e, "errors", None)
+    errors: Callable[[], Any] | None = getattr(e, "errors", None)  # pydantic's ValidationError.errors
     if callable(errors):
         try:
             first = errors()[0]

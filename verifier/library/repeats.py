@@ -43,7 +43,7 @@ from typing import Any
 
 from ..spec import LoadedSpec
 from ..stages.bench import shape_metrics, stage_from_shapes
-from ..verdict import Finding, Verdict
+from ..verdict import Finding, StageResult, Verdict
 
 
 def combine(loaded: LoadedSpec, runs: list[Verdict]) -> Verdict:
@@ -56,8 +56,8 @@ def combine(loaded: LoadedSpec, runs: list[Verdict]) -> Verdict:
     failed = next((v for v in runs if not v.gpu_verified), None)
     if failed is not None or len(runs) == 1:
         return failed or runs[0]
-    per_run = [v.stage("bench").metrics.get("shapes") or {} for v in runs]
-    gpu = runs[0].stage("bench").metrics.get("gpu")
+    per_run = [_bench(v).metrics.get("shapes") or {} for v in runs]
+    gpu = _bench(runs[0]).metrics.get("gpu")
     shapes: dict[str, Any] = {}
     findings: list[Finding] = []
     for name, first in per_run[0].items():
@@ -82,7 +82,7 @@ def combine(loaded: LoadedSpec, runs: list[Verdict]) -> Verdict:
         shapes[name] = m
         findings += [Finding(kind=k, message=f"[{name}] {msg} (medians of {len(ms)} runs)", case=name)
                      for k, msg in problems]
-    stage = stage_from_shapes(loaded, shapes, findings, gpu, sum(v.stage("bench").duration_s for v in runs))
+    stage = stage_from_shapes(loaded, shapes, findings, gpu, sum(_bench(v).duration_s for v in runs))
     stage.metrics["repeats"] = len(runs)
     stage.summary = f"median of {len(runs)} runs: {stage.summary}"
     out = runs[0].model_copy(deep=True)
@@ -103,6 +103,13 @@ def stamp_shapes(v: Verdict) -> Verdict:
         m.setdefault("measured_at", v.started_at)
         m.setdefault("worker_sandbox", v.environment.worker_sandbox)
     return v
+
+
+def _bench(v: Verdict) -> StageResult:
+    """The bench stage of a GPU-verified ``v`` (which always has one)."""
+    b = v.stage("bench")
+    assert b is not None
+    return b
 
 
 def shapes_of(v: Verdict) -> dict[str, Any]:
@@ -154,12 +161,12 @@ def merge_shapes(loaded: LoadedSpec, kept: Verdict, new: Verdict) -> Verdict:
                                                    >= old_shapes[s]["measured_at"]) else "kept" for s in names}
     if all(side == "new" for side in picked.values()):
         return new
-    old_b, new_b = kept.stage("bench"), new.stage("bench")
+    old_b, new_b = _bench(kept), _bench(new)
     shapes = {s: (new_shapes if picked[s] == "new" else old_shapes)[s] for s in names}
     findings = [*(f for f in new_b.findings if picked.get(f.case or "") != "kept"),
                 *(f for f in old_b.findings if picked.get(f.case or "") == "kept")]
     base = new if new.started_at >= kept.started_at else kept
-    stage = stage_from_shapes(loaded, shapes, findings, base.stage("bench").metrics.get("gpu"),
+    stage = stage_from_shapes(loaded, shapes, findings, _bench(base).metrics.get("gpu"),
                               new_b.duration_s + old_b.duration_s)
     repeats = max(new_b.metrics.get("repeats") or 1, old_b.metrics.get("repeats") or 1)
     if repeats > 1:

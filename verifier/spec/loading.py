@@ -157,7 +157,7 @@ def load_spec(path: str | Path) -> LoadedSpec:
     except UnicodeDecodeError as e:
         raise SpecError(f"{ref}: not UTF-8 text (byte {e.start}: {e.reason})") from None
     defined = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
-    needed = set(REQUIRED_REFERENCE_FUNCS) | {o.gradient.of for o in spec.gradient_outputs}
+    needed = set(REQUIRED_REFERENCE_FUNCS) | {o.gradient.of for o in spec.gradient_outputs if o.gradient is not None}
     needed |= {t.init.fn for t in spec.entry.inputs if t.init.fn}
     if "quack_library" in spec.bench.baselines:
         needed.add("quack_library")

@@ -68,7 +68,7 @@ class InitSpec(_Strict):
     std: str | float = 1.0
     low: str | float = -1.0
     high: str | float = 1.0
-    fn: str | None = Field(None, pattern=r"^[a-z_][a-z0-9_]*$",
+    fn: str | None = Field(default=None, pattern=r"^[a-z_][a-z0-9_]*$",
                            description="dist='derived': the reference.py function computing it")
 
     _v = field_validator("std", "low", "high")(lambda cls, v: _check_expr(v))
@@ -112,7 +112,7 @@ class InputSpec(TensorSpec):
     """An entry-point input: a tensor spec plus how to draw it."""
 
     init: InitSpec = InitSpec()
-    layout: str = Field("", description="free text for the prompt, e.g. 'gate/up interleaved along N'")
+    layout: str = Field(default="", description="free text for the prompt, e.g. 'gate/up interleaved along N'")
 
 
 class OutputSpec(TensorSpec):
@@ -140,9 +140,9 @@ class EntrySpec(_Strict):
         "keyword-only int arguments after the tensors -- what tensor shapes cannot tell, "
         "e.g. the number of query heads of a packed QKV projection",
     )
-    max_launches: int = Field(1, ge=1, le=LAUNCH_NAMES_KEPT)
+    max_launches: int = Field(default=1, ge=1, le=LAUNCH_NAMES_KEPT)
     max_gemm_launches: int = Field(
-        1,
+        default=1,
         ge=1,
         description="GEMM launches (quack GemmMod or cuBLAS kernels, protocol.gemm_launches) one call may "
         "make, within max_launches: the GEMMs of the spec's math (1 for one fused GEMM, e.g. 3 for a "
@@ -150,7 +150,7 @@ class EntrySpec(_Strict):
         "pass over a GEMM's output through a dummy-K GEMM may not (tests/verifier/corpus/second_gemm_pass.py)",
     )
     max_workspace: str | int | None = Field(
-        None,
+        default=None,
         description="bytes of device memory one call may hold beyond its inputs and returned "
         "outputs, at its peak (a dim expression, e.g. '16*M*V/128'); default: half the largest "
         "declared tensor, at least 8 MiB (see KernelSpec.workspace_budget)",
@@ -175,11 +175,11 @@ class OutputTolerance(_Strict):
     """Per-output overrides of :class:`ToleranceSpec`'s numbers (``[tolerance.outputs.<name>]``);
     a field left out keeps the spec-wide value. Same bounds as there."""
 
-    factor: float | None = Field(None, gt=0, le=16)
-    floor: float | None = Field(None, ge=0, le=1e-2)
-    ulps: float | None = Field(None, gt=0, le=MAX_ULPS)
-    floor_ulps: float | None = Field(None, gt=0, le=MAX_ULPS)
-    quantile_factor: float | None = Field(None, gt=0, le=16)
+    factor: float | None = Field(default=None, gt=0, le=16)
+    floor: float | None = Field(default=None, ge=0, le=1e-2)
+    ulps: float | None = Field(default=None, gt=0, le=MAX_ULPS)
+    floor_ulps: float | None = Field(default=None, gt=0, le=MAX_ULPS)
+    quantile_factor: float | None = Field(default=None, gt=0, le=16)
 
 
 class ToleranceSpec(_Strict):
@@ -204,11 +204,11 @@ class ToleranceSpec(_Strict):
 
     rule: Literal["coda", "abs"] = "coda"
     # bounded: a finite but huge factor or floor (1e300) would pass every output
-    factor: float = Field(2.0, gt=0, le=16)
-    floor: float = Field(1e-6, ge=0, le=1e-2)
-    ulps: float = Field(DEFAULT_ULPS, gt=0, le=MAX_ULPS)
-    floor_ulps: float = Field(DEFAULT_FLOOR_ULPS, gt=0, le=MAX_ULPS)
-    quantile_factor: float = Field(DEFAULT_QUANTILE_FACTOR, gt=0, le=16)
+    factor: float = Field(default=2.0, gt=0, le=16)
+    floor: float = Field(default=1e-6, ge=0, le=1e-2)
+    ulps: float = Field(default=DEFAULT_ULPS, gt=0, le=MAX_ULPS)
+    floor_ulps: float = Field(default=DEFAULT_FLOOR_ULPS, gt=0, le=MAX_ULPS)
+    quantile_factor: float = Field(default=DEFAULT_QUANTILE_FACTOR, gt=0, le=16)
     outputs: dict[str, OutputTolerance] = Field(default_factory=dict)
 
     def for_output(self, name: str) -> "ToleranceSpec":
@@ -230,10 +230,10 @@ class DimDraw(_Strict):
     the drawn shape (TMA row alignment, positive dims), so a dim whose legal values are
     sparse needs ``choices`` or ``multiple_of``."""
 
-    low: StrictInt | None = Field(None, ge=1)
-    high: StrictInt | None = Field(None, ge=1)
-    multiple_of: StrictInt = Field(1, ge=1)
-    choices: list[StrictInt] | None = Field(None, min_length=1)
+    low: StrictInt | None = Field(default=None, ge=1)
+    high: StrictInt | None = Field(default=None, ge=1)
+    multiple_of: StrictInt = Field(default=1, ge=1)
+    choices: list[StrictInt] | None = Field(default=None, min_length=1)
 
     @model_validator(mode="after")
     def _range(self) -> "DimDraw":
@@ -356,7 +356,7 @@ class KernelSpec(_Strict):
     shapes: ShapesSpec
     bench: BenchSpec
     hints: list[str] = Field(default_factory=list, description="extra notes for the prompt")
-    timeout_s: float = Field(600.0, gt=0, description="wall-clock limit for the GPU stages")
+    timeout_s: float = Field(default=600.0, gt=0, description="wall-clock limit for the GPU stages")
 
     @model_validator(mode="after")
     def _consistent(self) -> "KernelSpec":
@@ -525,7 +525,7 @@ class KernelSpec(_Strict):
             return int(eval_expr(self.entry.max_workspace, dims)), f"entry.max_workspace = {self.entry.max_workspace}"
         sizes = {t.name: _DTYPE_BYTES[t.dtype] * math.prod(self.shape_of(t, dims))
                  for t in (*self.entry.inputs, *self.entry.outputs)}
-        big = max(sizes, key=sizes.get)
+        big = max(sizes, key=sizes.__getitem__)
         budget = max(WORKSPACE_FLOOR, sizes[big] // 2)
         return budget, f"half the largest declared tensor ({big}, {sizes[big]} bytes), at least {WORKSPACE_FLOOR >> 20} MiB"
 

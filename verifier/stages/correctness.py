@@ -38,7 +38,7 @@ from ..gpu.poison import bitwise_equal, poison_count
 from ..gpu.protocol import SCRATCH_BUDGET, Run, gemm_launches
 from ..gpu.results import GpuRun, failure_finding, jsonable
 from ..spec import LoadedSpec, OutputSpec, ToleranceSpec
-from ..verdict import Finding, StageResult
+from ..verdict import Finding, Stage, StageResult, Status
 from .numerics import describe_error, output_sanity, tolerance_check
 
 
@@ -317,7 +317,7 @@ def store_recheck(metrics: dict[str, Any], t: Run, by_trial: dict[str, Any]) -> 
         metrics["recheck"] = by_trial.get(t.key, {})
 
 
-def _prologue(run: GpuRun, stage: str) -> StageResult | None:
+def _prologue(run: GpuRun, stage: Stage) -> StageResult | None:
     """Worker-level outcomes that decide the stage before any tensor is compared."""
     if run.cand.records_lost:  # the parent failed to keep the records (a full disk): nothing can be judged
         return StageResult(stage=stage, status="error", summary="the verifier lost the candidate worker's records",
@@ -456,6 +456,6 @@ def _outcome_kind_msg(run: GpuRun, what: str) -> tuple[str, str]:
     return fd.kind, f"{what}: {fd.message}"
 
 
-def stage_result(stage: str, status: str, summary: str, findings: list[Finding], metrics: dict[str, Any], t0: float) -> StageResult:
+def stage_result(stage: Stage, status: Status, summary: str, findings: list[Finding], metrics: dict[str, Any], t0: float) -> StageResult:
     return StageResult(stage=stage, status=status, summary=summary, findings=findings,
                        metrics=jsonable(metrics), duration_s=time.monotonic() - t0)

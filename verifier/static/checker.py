@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import time
 from collections.abc import Callable
+from typing import Any
 
 from ..spec import KernelSpec
 from ..verdict import Finding, StageResult
@@ -17,7 +18,7 @@ from . import rules_bindings, rules_calls, rules_epilogue, rules_imports, rules_
 from .facts import ModuleFacts
 from .lists import TRY_STAR
 
-NodeRule = Callable[[ModuleFacts, ast.AST], None]
+NodeRule = Callable[[ModuleFacts, Any], None]  # its node: an instance of its NODE_RULES key
 
 NODE_RULES: dict[type[ast.AST], tuple[NodeRule, ...]] = {
     ast.Try: (rules_module.try_except,),
