@@ -45,6 +45,7 @@ class UsageError(Exception):
 
 # --------------------------------------------------------------------------- helpers
 
+
 def _root(args) -> Path:
     try:
         return workspace.find_root(getattr(args, "root", None))
@@ -93,13 +94,17 @@ def print_verdict(verdict, recorded: bool = False) -> None:
             if line not in lines:
                 lines.append(line)
         tag = f"[red]{s.stage}[/] " if s.status != "pass" else f"[yellow]{s.stage} note[/] "
-        for line in lines[:20 if s.status != "pass" else 10]:
+        for line in lines[: 20 if s.status != "pass" else 10]:
             console.print("  " + tag + escape(line))
     if verdict.stage("bench") and verdict.stage("bench").metrics.get("rows"):
         print_bench_rows(verdict.stage("bench").metrics["rows"])
     if verdict.gpu_verified:
-        console.print(f"[green]verified on the GPU[/] at acceptance ({escape(verdict.started_at or 'time not recorded')}); "
-                      "numbers from its manifest, nothing measured now" if recorded else "[green]verified on the GPU[/]")
+        console.print(
+            f"[green]verified on the GPU[/] at acceptance ({escape(verdict.started_at or 'time not recorded')}); "
+            "numbers from its manifest, nothing measured now"
+            if recorded
+            else "[green]verified on the GPU[/]"
+        )
     elif verdict.gpu_correct:
         b = verdict.stage("bench")
         why = escape(b.summary) if b is not None else "no benchmark stage"
@@ -132,6 +137,7 @@ def print_bench_rows(rows: list[dict]) -> None:
 
 # --------------------------------------------------------------------------- commands
 
+
 def cmd_list(args) -> int:
     """Specs and accepted kernels with their status."""
     from .verifier.library.catalogue import catalogue
@@ -158,8 +164,14 @@ def cmd_list(args) -> int:
         elif r.status == "not-accepted":
             t.add_row(r.name, r.pattern, r.entry, "[yellow]not yet[/]", "-", "-")
         else:  # spec-missing
-            t.add_row(r.name, "-", "-", "[red]accepted; spec missing[/]", "-",
-                      f"[red]kernel_specs/{escape(r.name)}/spec.toml is gone[/]")
+            t.add_row(
+                r.name,
+                "-",
+                "-",
+                "[red]accepted; spec missing[/]",
+                "-",
+                f"[red]kernel_specs/{escape(r.name)}/spec.toml is gone[/]",
+            )
     console.print(t)
     return USAGE if any(r.problem for r in rows) else OK
 
@@ -195,14 +207,17 @@ def cmd_verify(args) -> int:
     """Run every verifier stage on CANDIDATE.py; --accept writes generated_kernels/."""
     root = _root(args)
     if args.spec.endswith(".py") and Path(args.spec).is_file():
-        raise UsageError(f"SPEC {args.spec!r} is a Python file: the usage is `coda-agent verify SPEC CANDIDATE`, "
-                         "the spec's name first (arguments swapped?)")
+        raise UsageError(
+            f"SPEC {args.spec!r} is a Python file: the usage is `coda-agent verify SPEC CANDIDATE`, "
+            "the spec's name first (arguments swapped?)"
+        )
     loaded = _spec(root, args.spec)
     cand = Path(args.candidate)
     json_out = _output(workspace.out_file, args.json, "--json", root, keep=(cand,), kind="verdict")
     if cand.is_dir():
-        raise UsageError(f"candidate {cand} is a folder; give the candidate module's .py file "
-                         f"(e.g. {cand / 'kernel.py'})")
+        raise UsageError(
+            f"candidate {cand} is a folder; give the candidate module's .py file (e.g. {cand / 'kernel.py'})"
+        )
     if not cand.is_file():
         raise UsageError(f"candidate file not found: {cand}")
     if args.allow_unconfined and not args.accept:
@@ -210,9 +225,11 @@ def cmd_verify(args) -> int:
     if args.force and not args.accept:
         raise UsageError("--force only applies with --accept (it replaces an accepted kernel)")
     if args.accept and (args.cpu_only or args.no_bench or not _has_gpu()):
-        why = ("--cpu-only" if args.cpu_only else "--no-bench" if args.no_bench else "no CUDA GPU here")
-        raise UsageError(f"--accept needs every stage on a Hopper GPU, benchmark included ({why}): "
-                         "nothing would be accepted, so nothing was run")
+        why = "--cpu-only" if args.cpu_only else "--no-bench" if args.no_bench else "no CUDA GPU here"
+        raise UsageError(
+            f"--accept needs every stage on a Hopper GPU, benchmark included ({why}): "
+            "nothing would be accepted, so nothing was run"
+        )
     _check_library_spec(root, loaded, "pass it by name, or drop --accept", when=args.accept)
     from .verifier.pipeline import verify
 
@@ -222,23 +239,37 @@ def cmd_verify(args) -> int:
         _output(workspace.write_out, json_out, verdict.to_json(outcome=True))
     broken = verdict.verifier_error
     if broken is not None:
-        err.print(f"verifier error in the {broken.stage} stage: the verifier or this machine failed, not the "
-                  f"candidate (what failed: the {broken.stage} row above)", markup=False, highlight=False, soft_wrap=True)
+        err.print(
+            f"verifier error in the {broken.stage} stage: the verifier or this machine failed, not the "
+            f"candidate (what failed: the {broken.stage} row above)",
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
         return USAGE
     if not verdict.passed:
         return FAILED
     if not verdict.done_as_asked(cpu_only=args.cpu_only, bench=not args.no_bench):
-        err.print("not verified: the benchmark stage did not pass (see its row above)" if verdict.gpu_correct
-                  else "not verified: the GPU stages did not run (no sm_90 GPU here); "
-                       "use --cpu-only for static + compile only")
+        err.print(
+            "not verified: the benchmark stage did not pass (see its row above)"
+            if verdict.gpu_correct
+            else "not verified: the GPU stages did not run (no sm_90 GPU here); "
+            "use --cpu-only for static + compile only"
+        )
         return FAILED
     if args.accept:
         from .verifier.library.accept import AcceptError, accept
 
         try:
-            dest = accept(loaded, cand, verdict, root=root, force=args.force,
-                          allow_unconfined=args.allow_unconfined,
-                          provenance={"backend": "human", "source": str(cand)})
+            dest = accept(
+                loaded,
+                cand,
+                verdict,
+                root=root,
+                force=args.force,
+                allow_unconfined=args.allow_unconfined,
+                provenance={"backend": "human", "source": str(cand)},
+            )
         except AcceptError as e:
             kept = f" The verdict is in {args.json}." if args.json else " (--json FILE keeps the verdict.)"
             raise UsageError(f"{e}.{kept}") from None
@@ -271,9 +302,19 @@ def cmd_generate(args) -> int:
     root = _root(args)
     try:
         req = prepare_generate(
-            root, args.spec, llm=args.llm, cmd=args.cmd, model=args.model, max_attempts=args.max_attempts,
-            resume=args.resume, cpu_only=args.cpu_only, no_accept=args.no_accept, force=args.force,
-            allow_unconfined=args.allow_unconfined, has_gpu=_has_gpu, warn=lambda msg: err.print(f"[yellow]{msg}[/]"),
+            root,
+            args.spec,
+            llm=args.llm,
+            cmd=args.cmd,
+            model=args.model,
+            max_attempts=args.max_attempts,
+            resume=args.resume,
+            cpu_only=args.cpu_only,
+            no_accept=args.no_accept,
+            force=args.force,
+            allow_unconfined=args.allow_unconfined,
+            has_gpu=_has_gpu,
+            warn=lambda msg: err.print(f"[yellow]{msg}[/]"),
         )
     except RequestError as e:
         raise UsageError(str(e)) from None
@@ -323,16 +364,24 @@ def cmd_bench(args) -> int:
     if args.repeat < 1:
         raise UsageError(f"bench --repeat {args.repeat}: expected an integer >= 1")
     if args.merge_from is not None and args.from_verdicts is None:
-        raise UsageError("bench --merge-from SRC needs --from-verdicts DIR: the kept folder to merge SRC's verdicts into")
+        raise UsageError(
+            "bench --merge-from SRC needs --from-verdicts DIR: the kept folder to merge SRC's verdicts into"
+        )
     if args.force and args.from_verdicts is None and not args.from_manifests:
-        raise UsageError("bench --force only applies with --from-verdicts DIR or --from-manifests (it replaces a page "
-                         "bench did not write)")
+        raise UsageError(
+            "bench --force only applies with --from-verdicts DIR or --from-manifests (it replaces a page "
+            "bench did not write)"
+        )
     if args.from_verdicts is not None:
         vdir = args.from_verdicts
         # a new user's `--from-verdicts DIR swiglu_bwd` rewrote the page of every kernel
-        _refuse_ignored(f"bench --from-verdicts measures nothing and renders every kernel kept in {vdir}",
-                        ("SPEC names", args.spec), ("--all", args.all), ("--from-manifests", args.from_manifests),
-                        *_measuring_flags(args))
+        _refuse_ignored(
+            f"bench --from-verdicts measures nothing and renders every kernel kept in {vdir}",
+            ("SPEC names", args.spec),
+            ("--all", args.all),
+            ("--from-manifests", args.from_manifests),
+            *_measuring_flags(args),
+        )
         if args.merge_from is not None:  # SRC's verdicts are copied into DIR
             _output(workspace.check_out_target, root, vdir, "--from-verdicts", str(vdir))
         if out_dir is None:  # the page goes beside DIR
@@ -352,13 +401,26 @@ def cmd_bench(args) -> int:
         for line in report.notes:
             console.print(escape(f"left off the page: {line}"), style="yellow")
         if report.markdown_path is None:
-            raise UsageError(f"{args.from_verdicts}: no kept verdict of a current accepted kernel with a passing bench"
-                             + (f" ({len(report.notes)} file(s) left off, listed above)" if report.notes else
-                                " (no *.json verdict files in it)"))
+            raise UsageError(
+                f"{args.from_verdicts}: no kept verdict of a current accepted kernel with a passing bench"
+                + (
+                    f" ({len(report.notes)} file(s) left off, listed above)"
+                    if report.notes
+                    else " (no *.json verdict files in it)"
+                )
+            )
         stale = report.markdown_path.with_suffix(".png")
-        console.print(escape(f"wrote {report.markdown_path}" + (f" and {report.plot_path}" if report.plot_path else
-                      " (no plot: matplotlib is not installed; pip install -e '.[bench]'"
-                      + (f"; {stale.name} beside the page is from an earlier rendering)" if stale.exists() else ")"))))
+        console.print(
+            escape(
+                f"wrote {report.markdown_path}"
+                + (
+                    f" and {report.plot_path}"
+                    if report.plot_path
+                    else " (no plot: matplotlib is not installed; pip install -e '.[bench]'"
+                    + (f"; {stale.name} beside the page is from an earlier rendering)" if stale.exists() else ")")
+                )
+            )
+        )
         return OK
     if not args.all and not args.spec:
         raise UsageError("bench needs SPEC ... or --all")
@@ -379,14 +441,22 @@ def cmd_bench(args) -> int:
         except ValueError as e:
             raise UsageError(str(e)) from None
     if not args.from_manifests and not _has_gpu():
-        raise UsageError("bench measures on a Hopper GPU and there is no CUDA GPU here; without one, "
-                         "--from-verdicts DIR re-renders a measured page and --from-manifests writes one from "
-                         "the numbers recorded at acceptance")
+        raise UsageError(
+            "bench measures on a Hopper GPU and there is no CUDA GPU here; without one, "
+            "--from-verdicts DIR re-renders a measured page and --from-manifests writes one from "
+            "the numbers recorded at acceptance"
+        )
     try:
-        report = bench_kernels(root, None if args.all else list(args.spec),
-                               out_dir=out_dir, bench_shapes=args.shape or None,
-                               from_manifests=args.from_manifests, jobs=args.jobs, repeat=args.repeat,
-                               force=args.force)
+        report = bench_kernels(
+            root,
+            None if args.all else list(args.spec),
+            out_dir=out_dir,
+            bench_shapes=args.shape or None,
+            from_manifests=args.from_manifests,
+            jobs=args.jobs,
+            repeat=args.repeat,
+            force=args.force,
+        )
     except ValueError as e:
         raise UsageError(str(e)) from None
     for verdict in report.verdicts.values():
@@ -394,8 +464,16 @@ def cmd_bench(args) -> int:
     for line in report.notes:
         console.print(escape(f"kept verdicts: {line}"))
     if report.markdown_path:
-        console.print(escape(f"wrote {report.markdown_path}" + (f" and {report.plot_path}" if report.plot_path else
-                      " (no plot: matplotlib is not installed; pip install -e '.[bench]')")))
+        console.print(
+            escape(
+                f"wrote {report.markdown_path}"
+                + (
+                    f" and {report.plot_path}"
+                    if report.plot_path
+                    else " (no plot: matplotlib is not installed; pip install -e '.[bench]')"
+                )
+            )
+        )
     else:
         console.print("[yellow]nothing measured (benchmarks need a Hopper GPU); no results written[/]")
     return OK if report.ok else FAILED
@@ -407,11 +485,15 @@ def cmd_regress(args) -> int:
     root = _root(args)
     json_out = _output(workspace.out_file, args.json, "--json", root, kind="regress")
     if args.cpu_only and args.verdicts:
-        raise UsageError("regress --cpu-only checks integrity, static and compile only; --verdicts judges what a GPU "
-                         "measured: give one of them")
+        raise UsageError(
+            "regress --cpu-only checks integrity, static and compile only; --verdicts judges what a GPU "
+            "measured: give one of them"
+        )
     if args.shape and (args.cpu_only or args.verdicts):
-        raise UsageError("regress --shape picks the benchmark shapes to measure; "
-                         + ("--cpu-only measures none" if args.cpu_only else "--verdicts judges what was measured"))
+        raise UsageError(
+            "regress --shape picks the benchmark shapes to measure; "
+            + ("--cpu-only measures none" if args.cpu_only else "--verdicts judges what was measured")
+        )
     if args.kernels:  # a misspelt name first, as bench does (before the no-GPU refusal)
         from .verifier.library.accept import accepted_names
 
@@ -420,22 +502,42 @@ def cmd_regress(args) -> int:
         except ValueError as e:
             raise UsageError(str(e)) from None
     if not (args.cpu_only or args.verdicts) and not _has_gpu():
-        raise UsageError("regress checks correctness and speed on a Hopper GPU and there is no CUDA GPU here; "
-                         "use --cpu-only (integrity, static, sm_90a compile) or --verdicts DIR (what bench measured)")
+        raise UsageError(
+            "regress checks correctness and speed on a Hopper GPU and there is no CUDA GPU here; "
+            "use --cpu-only (integrity, static, sm_90a compile) or --verdicts DIR (what bench measured)"
+        )
     try:
-        rep = regress(root, kernels=args.kernels or None, cpu_only=args.cpu_only, tolerance=args.tolerance,
-                      bench_shapes=args.shape or None, verdicts=args.verdicts)
+        rep = regress(
+            root,
+            kernels=args.kernels or None,
+            cpu_only=args.cpu_only,
+            tolerance=args.tolerance,
+            bench_shapes=args.shape or None,
+            verdicts=args.verdicts,
+        )
     except ValueError as e:
         raise UsageError(str(e)) from None
-    mode = "CPU-only" if args.cpu_only else (f"GPU verdicts from {args.verdicts}, measured on {', '.join(rep.measured_on) or '?'}"
-                                             if args.verdicts else "GPU")
-    gate = ("no speed gate (static + compile only)" if args.cpu_only else
-            f"gate: fused/bare_gemm geomean <= +{args.tolerance:.0%}, any shape <= +{2 * args.tolerance:.0%}")
+    mode = (
+        "CPU-only"
+        if args.cpu_only
+        else (
+            f"GPU verdicts from {args.verdicts}, measured on {', '.join(rep.measured_on) or '?'}"
+            if args.verdicts
+            else "GPU"
+        )
+    )
+    gate = (
+        "no speed gate (static + compile only)"
+        if args.cpu_only
+        else f"gate: fused/bare_gemm geomean <= +{args.tolerance:.0%}, any shape <= +{2 * args.tolerance:.0%}"
+    )
     t = Table(title=escape(f"regression over generated_kernels/ ({mode}); {gate}"))
     for c in ("kernel", "status", "stage", "worst shape: ratio now / accepted", "message"):
         t.add_column(c, overflow="fold")
     for r in rep.rows:
-        t.add_row(r.kernel, f"[{_status_style(r.status)}]{r.status}[/]", r.stage, escape(r.ratio_text), escape(r.message))
+        t.add_row(
+            r.kernel, f"[{_status_style(r.status)}]{r.status}[/]", r.stage, escape(r.ratio_text), escape(r.message)
+        )
     console.print(t)
     if json_out is not None:
         _output(workspace.write_out, json_out, rep.to_json())
@@ -462,7 +564,9 @@ def _tricks_add(root, args, add_from_run, add_trick) -> int:
 
         run = find_run(root, args.from_run)
         if not holds_run(run):
-            raise UsageError(f"--from-run {args.from_run}: no such run folder (a path, or a name under {root / 'runs'})")
+            raise UsageError(
+                f"--from-run {args.from_run}: no such run folder (a path, or a name under {root / 'runs'})"
+            )
         entry = add_from_run(root, run, unverified=args.unverified)
     elif args.text:
         if "\n" in args.text.strip():
@@ -492,6 +596,7 @@ def cmd_review(args) -> int:
 
 # --------------------------------------------------------------------------- parser
 
+
 def _fraction(text: str) -> float:
     try:
         v = float(text)
@@ -505,6 +610,7 @@ def _fraction(text: str) -> float:
 def _version() -> str:
     """The installed distribution's version ("unknown" when run from a checkout without one)."""
     from importlib.metadata import PackageNotFoundError, version
+
     try:
         return version("coda-agent")
     except PackageNotFoundError:
@@ -512,8 +618,12 @@ def _version() -> str:
 
 
 def _quiet_flag(p: argparse.ArgumentParser) -> None:
-    p.add_argument("-q", "--quiet", action="store_true",
-                   help="no progress display (it is shown on stderr only when stderr is a terminal)")
+    p.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        help="no progress display (it is shown on stderr only when stderr is a terminal)",
+    )
 
 
 def _reporter(args) -> contextlib.AbstractContextManager:
@@ -540,19 +650,34 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = sub.add_parser("generate", help="write a kernel for SPEC with an LLM, verify, repair, accept")
     g.add_argument("spec")
-    g.add_argument("--llm", choices=["anthropic", "manual", "command"],
-                   help="LLM backend (default: anthropic when ANTHROPIC_API_KEY is set)")
-    g.add_argument("--cmd", metavar="CMD",
-                   help="for --llm command: shell command that reads the prompt on stdin and writes the answer")
+    g.add_argument(
+        "--llm",
+        choices=["anthropic", "manual", "command"],
+        help="LLM backend (default: anthropic when ANTHROPIC_API_KEY is set)",
+    )
+    g.add_argument(
+        "--cmd",
+        metavar="CMD",
+        help="for --llm command: shell command that reads the prompt on stdin and writes the answer",
+    )
     g.add_argument("--model", help="model id for --llm anthropic (default: $CODA_MODEL or the built-in default)")
-    g.add_argument("--max-attempts", type=int, default=None,
-                   help="attempts before giving up (default 5; a resumed run keeps its own unless given)")
-    g.add_argument("--resume", metavar="RUN", help="continue a run: its folder, or its name under runs/ (e.g. after --llm manual)")
+    g.add_argument(
+        "--max-attempts",
+        type=int,
+        default=None,
+        help="attempts before giving up (default 5; a resumed run keeps its own unless given)",
+    )
+    g.add_argument(
+        "--resume", metavar="RUN", help="continue a run: its folder, or its name under runs/ (e.g. after --llm manual)"
+    )
     g.add_argument("--cpu-only", action="store_true", help="static + compile only (never accepts)")
     g.add_argument("--no-accept", action="store_true", help="verify but do not write generated_kernels/")
     g.add_argument("--force", action="store_true", help="replace an accepted kernel (old one kept in history/)")
-    g.add_argument("--allow-unconfined", action="store_true",
-                   help="accept even if the candidate ran without the Landlock confinement (recorded in the manifest)")
+    g.add_argument(
+        "--allow-unconfined",
+        action="store_true",
+        help="accept even if the candidate ran without the Landlock confinement (recorded in the manifest)",
+    )
     _quiet_flag(g)
     g.set_defaults(fn=cmd_generate)
 
@@ -566,54 +691,98 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("candidate")
     v.add_argument("--accept", action="store_true", help="on success, write generated_kernels/<spec>/")
     v.add_argument("--force", action="store_true", help="with --accept: replace an accepted kernel")
-    v.add_argument("--allow-unconfined", action="store_true",
-                   help="with --accept: accept even if the candidate ran unconfined (recorded in the manifest)")
+    v.add_argument(
+        "--allow-unconfined",
+        action="store_true",
+        help="with --accept: accept even if the candidate ran unconfined (recorded in the manifest)",
+    )
     v.add_argument("--cpu-only", action="store_true", help="static + sm_90a compile only (not verification)")
     v.add_argument("--no-bench", action="store_true", help="skip the benchmark stage")
-    v.add_argument("--json", metavar="FILE",
-                   help="also write the verdict as JSON to FILE, with outcome (gpu-verified, gpu-correct, "
-                        "cpu-checks-passed, rejected or verifier-error), passed, gpu_verified and failed_stage "
-                        "at the top level")
+    v.add_argument(
+        "--json",
+        metavar="FILE",
+        help="also write the verdict as JSON to FILE, with outcome (gpu-verified, gpu-correct, "
+        "cpu-checks-passed, rejected or verifier-error), passed, gpu_verified and failed_stage "
+        "at the top level",
+    )
     _quiet_flag(v)
     v.set_defaults(fn=cmd_verify)
 
     b = sub.add_parser("bench", help="benchmark accepted kernels against their baselines (GPU)")
     b.add_argument("spec", nargs="*", help="accepted kernels to benchmark (or --all)")
     b.add_argument("--all", action="store_true", help="every accepted kernel under generated_kernels/")
-    b.add_argument("--jobs", type=int, default=None,
-                   help="compile stages run at once before the GPU stages (default: half the cores, at most 8)")
+    b.add_argument(
+        "--jobs",
+        type=int,
+        default=None,
+        help="compile stages run at once before the GPU stages (default: half the cores, at most 8)",
+    )
     b.add_argument("--out", help="results folder (default benchmarks/results)")
     b.add_argument("--shape", action="append", help="only this benchmark shape (repeatable), e.g. llama3-8b/M8192")
-    b.add_argument("--repeat", type=int, default=1, metavar="N",
-                   help="verify and time every kernel N times (round-robin) and report per-shape medians "
-                   "over the runs, with each run's ratios (default 1)")
-    b.add_argument("--from-manifests", action="store_true",
-                   help="measure nothing: write the results page from the numbers recorded at acceptance")
-    b.add_argument("--from-verdicts", type=Path, default=None, metavar="DIR",
-                   help="measure nothing: rewrite the page of the verdicts a live bench kept in DIR "
-                   "(benchmarks/results/<date>-<gpu>/), e.g. after a kernel was put back")
-    b.add_argument("--merge-from", type=Path, default=None, metavar="SRC",
-                   help="with --from-verdicts DIR: first fold the verdicts kept in SRC (another bench's "
-                   "<date>-<gpu>/ folder, e.g. copied back from the GPU machine) into DIR shape by shape, as a "
-                   "live bench into DIR would (shapes SRC did not measure are kept), then rewrite DIR's page")
-    b.add_argument("--force", action="store_true",
-                   help="with --from-verdicts or --from-manifests: replace a page of that name that bench "
-                   "did not write (a hand-written record; refused otherwise)")
+    b.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        metavar="N",
+        help="verify and time every kernel N times (round-robin) and report per-shape medians "
+        "over the runs, with each run's ratios (default 1)",
+    )
+    b.add_argument(
+        "--from-manifests",
+        action="store_true",
+        help="measure nothing: write the results page from the numbers recorded at acceptance",
+    )
+    b.add_argument(
+        "--from-verdicts",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="measure nothing: rewrite the page of the verdicts a live bench kept in DIR "
+        "(benchmarks/results/<date>-<gpu>/), e.g. after a kernel was put back",
+    )
+    b.add_argument(
+        "--merge-from",
+        type=Path,
+        default=None,
+        metavar="SRC",
+        help="with --from-verdicts DIR: first fold the verdicts kept in SRC (another bench's "
+        "<date>-<gpu>/ folder, e.g. copied back from the GPU machine) into DIR shape by shape, as a "
+        "live bench into DIR would (shapes SRC did not measure are kept), then rewrite DIR's page",
+    )
+    b.add_argument(
+        "--force",
+        action="store_true",
+        help="with --from-verdicts or --from-manifests: replace a page of that name that bench "
+        "did not write (a hand-written record; refused otherwise)",
+    )
     _quiet_flag(b)
     b.set_defaults(fn=cmd_bench)
 
-    r = sub.add_parser("regress", help="re-check every accepted kernel (integrity, static, compile; GPU: numerics, perf ratios)")
+    r = sub.add_parser(
+        "regress", help="re-check every accepted kernel (integrity, static, compile; GPU: numerics, perf ratios)"
+    )
     r.add_argument("kernels", nargs="*")
-    r.add_argument("--cpu-only", action="store_true",
-                   help="integrity, spec, static and sm_90a compile only (what CI runs; no numerics or speed)")
-    r.add_argument("--tolerance", type=_fraction, default=0.10,
-                   help="allowed worsening of fused/bare_gemm (the only gating ratio), geometric mean over shapes "
-                        "(default 0.10; a single shape may worsen by twice that; host-bound shapes never gate)")
+    r.add_argument(
+        "--cpu-only",
+        action="store_true",
+        help="integrity, spec, static and sm_90a compile only (what CI runs; no numerics or speed)",
+    )
+    r.add_argument(
+        "--tolerance",
+        type=_fraction,
+        default=0.10,
+        help="allowed worsening of fused/bare_gemm (the only gating ratio), geometric mean over shapes "
+        "(default 0.10; a single shape may worsen by twice that; host-bound shapes never gate)",
+    )
     r.add_argument("--json", help="write the report as JSON")
     r.add_argument("--shape", action="append", help="GPU mode: benchmark only this spec shape (repeatable)")
-    r.add_argument("--verdicts", type=Path, default=None,
-                   help="GPU mode without measuring again: judge the verdicts `coda-agent bench` kept in this "
-                   "folder (benchmarks/results/<date>-<gpu>/)")
+    r.add_argument(
+        "--verdicts",
+        type=Path,
+        default=None,
+        help="GPU mode without measuring again: judge the verdicts `coda-agent bench` kept in this "
+        "folder (benchmarks/results/<date>-<gpu>/)",
+    )
     _quiet_flag(r)
     r.set_defaults(fn=cmd_regress)
 
@@ -625,11 +794,18 @@ def build_parser() -> argparse.ArgumentParser:
     ta = tsub.add_parser("add", help='append a dated entry: tricks add "..." [--kernel K] | --from-run RUN')
     ta.add_argument("text", nargs="?")
     ta.add_argument("--kernel", help="the spec the lesson is about (default: general)")
-    ta.add_argument("--from-run", metavar="RUN", help="append the lesson proposed in a run (after reading it); the "
-                    "run must be the one the library's kernel was accepted from, unless --unverified")
-    ta.add_argument("--unverified", action="store_true",
-                    help="with --from-run: take a lesson no accepted kernel vouches for (a --no-accept run that "
-                         "passed, or a copied run folder), on your own reading of it")
+    ta.add_argument(
+        "--from-run",
+        metavar="RUN",
+        help="append the lesson proposed in a run (after reading it); the "
+        "run must be the one the library's kernel was accepted from, unless --unverified",
+    )
+    ta.add_argument(
+        "--unverified",
+        action="store_true",
+        help="with --from-run: take a lesson no accepted kernel vouches for (a --no-accept run that "
+        "passed, or a copied run folder), on your own reading of it",
+    )
     ta.set_defaults(fn=cmd_tricks)
 
     rv = sub.add_parser("review", help="what a human reviewer needs: diff vs previous version, numbers, provenance")
@@ -653,11 +829,15 @@ def main(argv: list[str] | None = None) -> int:
         from .verifier.confine.landlock import ENV_SWITCH, switched_off
 
         if switched_off():  # the verdict records it; the person at the console should see it too
-            err.print(f"[yellow]warning: {ENV_SWITCH}=off: candidate code runs unconfined (no Landlock, no seccomp); "
-                      "for debugging only, and such a run is never accepted without --allow-unconfined[/]")
+            err.print(
+                f"[yellow]warning: {ENV_SWITCH}=off: candidate code runs unconfined (no Landlock, no seccomp); "
+                "for debugging only, and such a run is never accepted without --allow-unconfined[/]"
+            )
     import threading
 
-    sigs = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP) if threading.current_thread() is threading.main_thread() else ()
+    sigs = (
+        (signal.SIGINT, signal.SIGTERM, signal.SIGHUP) if threading.current_thread() is threading.main_thread() else ()
+    )
     previous = {sig: signal.signal(sig, _interrupted) for sig in sigs}  # (handlers belong to the main thread)
     try:
         with _reporter(args):

@@ -97,7 +97,9 @@ class PromptContext(BaseModel):
     docs: list[DocFile] = Field(default_factory=list)
     examples: list[Example] = Field(default_factory=list)
     examples_available: int = Field(default=0, description="accepted kernels eligible before the cap")
-    excluded_own_kernel: bool = Field(default=False, description="the target's own accepted kernel existed and was left out")
+    excluded_own_kernel: bool = Field(
+        default=False, description="the target's own accepted kernel existed and was left out"
+    )
     tricks: str = ""
 
     @property
@@ -189,8 +191,11 @@ def gather_examples(root: Path, target: Any, *, max_examples: int = 3) -> tuple[
             excluded = True
             continue
         data = kfile.read_bytes()
-        if (spec_field != d.name or man.get("gpu_verified") is not True
-                or man.get("kernel_sha256") != hashlib.sha256(data).hexdigest()):
+        if (
+            spec_field != d.name
+            or man.get("gpu_verified") is not True
+            or man.get("kernel_sha256") != hashlib.sha256(data).hexdigest()
+        ):
             continue
         toml = _read_spec_toml(root, name)
         pattern = _first(man, "pattern") or toml.get("pattern")

@@ -158,9 +158,18 @@ def _lesson_sentence(text: str) -> str:
 
 # --------------------------------------------------------------------------- the loop
 
+
 class _Run:
-    def __init__(self, loaded: Any, root: Path, run_dir: Path, state: RunState, backend: Any,
-                 verifier: Verifier, accept_fn: Callable[..., Any] | None):
+    def __init__(
+        self,
+        loaded: Any,
+        root: Path,
+        run_dir: Path,
+        state: RunState,
+        backend: Any,
+        verifier: Verifier,
+        accept_fn: Callable[..., Any] | None,
+    ):
         self.loaded, self.root, self.run_dir, self.state = loaded, root, run_dir, state
         self.backend, self.verifier, self.accept_fn = backend, verifier, accept_fn
         self.max_examples = 3
@@ -276,8 +285,10 @@ class _Run:
             rec.usage = Usage(**meta.get("usage", {}))
             rec.llm_wall_s = float(meta.get("wall_s", 0.0))
         except (TypeError, ValueError) as e:
-            raise RunError(f"{d / 'response.json'}: not what the loop wrote there ({type(e).__name__}: "
-                           f"{str(e).splitlines()[0] if str(e) else ''}); fix or delete it, then resume") from None
+            raise RunError(
+                f"{d / 'response.json'}: not what the loop wrote there ({type(e).__name__}: "
+                f"{str(e).splitlines()[0] if str(e) else ''}); fix or delete it, then resume"
+            ) from None
         if rec.step in ("started", "prompted"):
             rec.step = "responded"
         self.save()
@@ -305,9 +316,11 @@ class _Run:
         if (verdict is None or stale) and (self.adir(k + 1) / "prompt.json").is_file():
             # the answer was edited (or now extracts) after attempt k+1 was prompted from its old
             # verdict: verifying it again would leave that prompt quoting code that is gone
-            raise RunError(f"attempt {k}'s answer changed after it was verified, and attempt {k + 1} was "
-                           f"prompted from the old verdict: restore {d / 'response.md'}, or remove "
-                           f"{self.adir(k + 1)} (and any later attempt) to be prompted from a new verdict; then resume")
+            raise RunError(
+                f"attempt {k}'s answer changed after it was verified, and attempt {k + 1} was "
+                f"prompted from the old verdict: restore {d / 'response.md'}, or remove "
+                f"{self.adir(k + 1)} (and any later attempt) to be prompted from a new verdict; then resume"
+            )
         if stale:
             # a verdict is about the bytes it judged (an answer edited after its verification
             # must not keep the old verdict and pass with a broken candidate.py); kept for the
@@ -413,8 +426,9 @@ class _Run:
             return
         prev, cur = self.adir(k - 1), self.adir(k)
         if not (prev / "candidate.py").is_file() or not (prev / "feedback.md").is_file():
-            s.lesson = LessonRecord(status="skipped", failed_attempt=k - 1,
-                                    error="the failed attempt had no module (extraction error)")
+            s.lesson = LessonRecord(
+                status="skipped", failed_attempt=k - 1, error="the failed attempt had no module (extraction error)"
+            )
             self.save()
             return
         ldir = self.run_dir / "lesson"
@@ -431,8 +445,11 @@ class _Run:
                 )
             )
             prompt = build_lesson_prompt(
-                self.base_prompt(), kernel=s.spec, failed_attempt=k - 1,
-                feedback=read_text(prev / "feedback.md"), diff=diff,
+                self.base_prompt(),
+                kernel=s.spec,
+                failed_attempt=k - 1,
+                feedback=read_text(prev / "feedback.md"),
+                diff=diff,
             )
             ldir.mkdir(parents=True, exist_ok=True)
             atomic_write_text(ldir / "prompt.md", prompt.as_text())
@@ -456,8 +473,11 @@ class _Run:
             return
         atomic_write_text(self.run_dir / PROPOSED_TRICK, sentence + "\n")
         s.lesson = LessonRecord(
-            status="proposed", failed_attempt=k - 1, path=str(self.run_dir / PROPOSED_TRICK),
-            text=sentence, usage=Usage(**meta.get("usage", {})),
+            status="proposed",
+            failed_attempt=k - 1,
+            path=str(self.run_dir / PROPOSED_TRICK),
+            text=sentence,
+            usage=Usage(**meta.get("usage", {})),
         )
         self.save()
 
@@ -521,8 +541,9 @@ def generate(
             if max_attempts < made:
                 # attempts are replayed from 1: a lower limit would stop the replay before a
                 # recorded attempt (a passed run ended "out-of-attempts", and the limit stuck)
-                raise RunError(f"{run_dir} has made {made} attempt(s); --max-attempts must be at least {made} "
-                               f"(got {max_attempts})")
+                raise RunError(
+                    f"{run_dir} has made {made} attempt(s); --max-attempts must be at least {made} (got {max_attempts})"
+                )
             state.max_attempts = max_attempts
         state.root = str(root)  # where it runs now (a run folder copied from another checkout)
         state.backend, state.model = backend_name, backend_model
@@ -534,10 +555,17 @@ def generate(
             raise RunError(f"{run_dir} already holds a run; continue it with --resume {run_dir}")
         run_dir.mkdir(parents=True, exist_ok=True)
         state = RunState(
-            spec=loaded_spec.name, spec_hash=loaded_spec.spec_hash, spec_dir=str(loaded_spec.directory),
-            root=str(root), backend=backend_name, model=backend_model,
+            spec=loaded_spec.name,
+            spec_hash=loaded_spec.spec_hash,
+            spec_dir=str(loaded_spec.directory),
+            root=str(root),
+            backend=backend_name,
+            model=backend_model,
             max_attempts=DEFAULT_MAX_ATTEMPTS if max_attempts is None else max_attempts,
-            cpu_only=cpu_only, force=force, no_accept=no_accept, created_at=utc_now(),
+            cpu_only=cpu_only,
+            force=force,
+            no_accept=no_accept,
+            created_at=utc_now(),
         )
     if state.accepted_path is not None:
         # run.json says this run was accepted: believed only when the library's manifest
@@ -546,8 +574,10 @@ def generate(
         ours = accepted_by(root, loaded_spec.name, run_dir)
         state.accepted_path = str(Path(root) / "generated_kernels" / loaded_spec.name) if ours else None
     if state.no_accept and accept_fn is not None:
-        raise RunError(f"{run_dir} was started with --no-accept and never accepts; resume it with --no-accept, "
-                       "or start a new run to accept a kernel")
+        raise RunError(
+            f"{run_dir} was started with --no-accept and never accepts; resume it with --no-accept, "
+            "or start a new run to accept a kernel"
+        )
     state.status, state.error, state.answer_path = "running", None, None
     run = _Run(loaded_spec, root, run_dir, state, backend, verifier, accept_fn)
     run.max_examples = max_examples

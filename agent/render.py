@@ -111,6 +111,7 @@ class Prompt(BaseModel):
 
 # --------------------------------------------------------------------------- jinja
 
+
 def _env() -> jinja2.Environment:
     return jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(PROMPTS_DIR)),
@@ -141,6 +142,7 @@ def number_lines(source: str) -> str:
 
 
 # --------------------------------------------------------------------------- spec view
+
 
 def _fmt_num(x: float | int | str) -> str:
     if isinstance(x, float) and x.is_integer():
@@ -217,8 +219,10 @@ def _workspace_view(spec: Any) -> dict[str, Any]:
         "expr": None if spec.entry.max_workspace is None else str(spec.entry.max_workspace),
         "floor": _fmt_mib(WORKSPACE_FLOOR),
         "where": "benchmark" if spec.shapes.benchmark else "correctness",
-        "at": [{"name": c.name or f"case{i}", "budget": _fmt_mib(spec.workspace_budget(spec.dims_of(c))[0])}
-               for i, c in enumerate(cases)],
+        "at": [
+            {"name": c.name or f"case{i}", "budget": _fmt_mib(spec.workspace_budget(spec.dims_of(c))[0])}
+            for i, c in enumerate(cases)
+        ],
     }
 
 
@@ -244,12 +248,16 @@ def _coverage_view(spec: Any) -> dict[str, Any]:
     m = cov.ROW_DIM if cov.ROW_DIM in rules else None
     shapes = []
     if spec.shapes.benchmark:
-        shapes.append(f"one production-size ragged shape (a benchmark shape{f' with {m} redrawn in [{m}/2, 2{m}]' if m else ''}, "
-                      f"the other free dims moved off multiples of {cov.RAGGED_TO})")
+        shapes.append(
+            f"one production-size ragged shape (a benchmark shape{f' with {m} redrawn in [{m}/2, 2{m}]' if m else ''}, "
+            f"the other free dims moved off multiples of {cov.RAGGED_TO})"
+        )
     if m:
         shapes.append(f"one with {m} in [1, {cov.TINY_M}]")
-    shapes.append(f"one per input draw below with each dim drawn log-uniform, ragged (no multiple of {cov.RAGGED_TO}) "
-                  f"or aligned (a multiple of {cov.ALIGNED_TO}) with equal odds")
+    shapes.append(
+        f"one per input draw below with each dim drawn log-uniform, ragged (no multiple of {cov.RAGGED_TO}) "
+        f"or aligned (a multiple of {cov.ALIGNED_TO}) with equal odds"
+    )
     return {
         "shapes": ", ".join(shapes[:-1]) + (", and " if len(shapes) > 1 else "") + shapes[-1],
         "ranges": "; ".join(ranges),
@@ -315,7 +323,9 @@ def spec_view(loaded: Any) -> dict[str, Any]:
         "math": spec.math.strip(),
         "signature": spec.signature(),
         "function": spec.entry.function,
-        "input_names": ", ".join([t.name for t in spec.entry.inputs] + (["*"] + spec.entry.constants if spec.entry.constants else [])),
+        "input_names": ", ".join(
+            [t.name for t in spec.entry.inputs] + (["*"] + spec.entry.constants if spec.entry.constants else [])
+        ),
         "constants": list(spec.entry.constants),
         "output_names": ", ".join(t.name for t in spec.entry.outputs),
         "inputs": inputs,
@@ -337,6 +347,7 @@ def spec_view(loaded: Any) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------- prompts
+
 
 def render_system(ctx: PromptContext) -> list[str]:
     """The static system blocks: rules/output format, primitive docs, examples, tricks."""

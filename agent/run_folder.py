@@ -216,21 +216,27 @@ class RunSummary(BaseModel):
         cwd, env = Path.cwd().resolve(), os.environ.get("CODA_ROOT")
         found = root == cwd or root in cwd.parents or (env is not None and Path(env).resolve() == root)
         where = [] if found or ref == self.run_dir else ["--root", str(root)]
-        argv = (["coda-agent", *where, "generate", s.spec, "--resume", str(ref)]
-                + (["--cmd", "CMD"] if s.backend == "command" else [])
-                + (["--force"] if s.force else []) + (["--no-accept"] if s.no_accept else [])
-                # the answer awaited is checked where it was asked for: as this call did
-                + (["--cpu-only"] if s.cpu_only and s.status == "waiting-for-answer" else []) + list(extra))
-        return (shlex.join(argv).replace("--cmd CMD", '--cmd "CMD"')
-                + (" (the command backend's CMD is not kept in run.json: give it again)"
-                   if s.backend == "command" else ""))
+        argv = (
+            ["coda-agent", *where, "generate", s.spec, "--resume", str(ref)]
+            + (["--cmd", "CMD"] if s.backend == "command" else [])
+            + (["--force"] if s.force else [])
+            + (["--no-accept"] if s.no_accept else [])
+            # the answer awaited is checked where it was asked for: as this call did
+            + (["--cpu-only"] if s.cpu_only and s.status == "waiting-for-answer" else [])
+            + list(extra)
+        )
+        return shlex.join(argv).replace("--cmd CMD", '--cmd "CMD"') + (
+            " (the command backend's CMD is not kept in run.json: give it again)" if s.backend == "command" else ""
+        )
 
     def render(self) -> str:
         """A plain-text summary for the CLI."""
         s = self.state
         lines = [f"run {self.run_dir}: {s.status}" + (f" -> {s.accepted_path}" if s.accepted_path else "")]
         lines.append(f"spec {s.spec}  backend {s.backend}  model {s.model}")
-        lines.append(f"{'attempt':>7}  {'stage reached':<14} {'result':<7} {'in/out tokens':>15} {'cache read':>10} {'wall s':>8}")
+        lines.append(
+            f"{'attempt':>7}  {'stage reached':<14} {'result':<7} {'in/out tokens':>15} {'cache read':>10} {'wall s':>8}"
+        )
         for a in s.attempts:
             res = "pass" if a.passed else ("fail" if a.passed is False else a.step)
             tok = f"{a.usage.input_tokens}/{a.usage.output_tokens}"
@@ -255,19 +261,25 @@ class RunSummary(BaseModel):
             fb = self.run_dir / f"attempt-{last.k}" / "feedback.md"
             why = last.extract_error or (f"failed the {last.failed_stage} stage" if last.failed_stage else "failed")
             if s.status == "out-of-attempts":
-                more = (f" (its feedback: {fb}; to try again: {self.resume_command('--max-attempts', str(last.k + 1))})"
-                        if fb.is_file() else "")
+                more = (
+                    f" (its feedback: {fb}; to try again: {self.resume_command('--max-attempts', str(last.k + 1))})"
+                    if fb.is_file()
+                    else ""
+                )
             else:
                 more = f" (the feedback the next attempt gets: {fb})" if fb.is_file() else ""
             lines.append(f"attempt {last.k}: {why}{more}")
         if s.status == "passed-cpu-only":
             goal = "verify it" if s.no_accept else "verify (and accept) it"
-            lines.append(f"passed the CPU stages only; to {goal}, resume the run on a Hopper GPU: "
-                         f"{self.resume_command()}")
+            lines.append(
+                f"passed the CPU stages only; to {goal}, resume the run on a Hopper GPU: {self.resume_command()}"
+            )
             taken = (Path(s.root) / "generated_kernels" / s.spec / "manifest.json").is_file()
             if taken and not (s.no_accept or s.force or accepted_by(Path(s.root), s.spec, self.run_dir)):
-                lines.append(f"({s.spec} already has an accepted kernel: that resume also needs --force to replace "
-                             "it, or --no-accept to only verify)")
+                lines.append(
+                    f"({s.spec} already has an accepted kernel: that resume also needs --force to replace "
+                    "it, or --no-accept to only verify)"
+                )
         if s.no_accept:
             lines.append("this run was started with --no-accept: it verifies but never accepts")
         if s.error:
@@ -328,19 +340,29 @@ def check_run_files(run_dir: Path) -> None:
         if folder.is_symlink():
             raise RunError(f"{folder}: a symlink; a run folder holds only regular files and folders")
         for e in os.scandir(folder):
-            if (folder == run_dir and e.is_dir(follow_symlinks=False) and not e.is_symlink()
-                    and not (re.fullmatch(r"attempt-\d+", e.name) or e.name == "lesson")):
+            if (
+                folder == run_dir
+                and e.is_dir(follow_symlinks=False)
+                and not e.is_symlink()
+                and not (re.fullmatch(r"attempt-\d+", e.name) or e.name == "lesson")
+            ):
                 # a folder named proposed_trick.md failed the lesson write after acceptance
-                raise RunError(f"{Path(e.path)}: a folder the loop never writes (a run folder holds attempt-<k>/ "
-                               "and lesson/ only). Remove it, then resume")
+                raise RunError(
+                    f"{Path(e.path)}: a folder the loop never writes (a run folder holds attempt-<k>/ "
+                    "and lesson/ only). Remove it, then resume"
+                )
             if folder != run_dir and e.name == "verify" and e.is_dir(follow_symlinks=False):
                 continue  # the verifier's workdir (a real folder: it empties parts of it): its contents are its own
             if e.is_symlink() or not (e.is_file(follow_symlinks=False) or e.is_dir(follow_symlinks=False)):
-                raise RunError(f"{Path(e.path)}: not a regular file or folder (a symlink, FIFO, socket or device); "
-                               "a run folder holds only regular files and folders. Remove it, then resume")
+                raise RunError(
+                    f"{Path(e.path)}: not a regular file or folder (a symlink, FIFO, socket or device); "
+                    "a run folder holds only regular files and folders. Remove it, then resume"
+                )
             if folder != run_dir and e.is_dir(follow_symlinks=False):
-                raise RunError(f"{Path(e.path)}: a folder the loop never writes (an attempt folder holds files and "
-                               "the verifier's verify/ only). Remove it, then resume")
+                raise RunError(
+                    f"{Path(e.path)}: a folder the loop never writes (an attempt folder holds files and "
+                    "the verifier's verify/ only). Remove it, then resume"
+                )
 
 
 def record_path(d: Path, kind: str) -> Path:
@@ -428,12 +450,16 @@ def resume_dir(root: Path, value: str) -> Path:
     # lives under some benchmarks/results/runs/ folder is not a record)
     if where.parent.parts[-3:] == COMMITTED_RUNS.parts and holds_run(found):
         dest = root / "runs" / where.name
-        raise RunError(f"--resume {value}: {found} is a committed run record ({COMMITTED_RUNS}/), kept as it "
-                         f"was; to continue it, copy it into runs/ first: mkdir -p {shlex.quote(str(root / 'runs'))} && "
-                         f"cp -r {shlex.quote(str(where))} {shlex.quote(str(dest))}")
+        raise RunError(
+            f"--resume {value}: {found} is a committed run record ({COMMITTED_RUNS}/), kept as it "
+            f"was; to continue it, copy it into runs/ first: mkdir -p {shlex.quote(str(root / 'runs'))} && "
+            f"cp -r {shlex.quote(str(where))} {shlex.quote(str(dest))}"
+        )
     if not holds_run(found):  # named once (load_run's message repeated the path)
-        raise RunError(f"--resume {value}: no run there (looked for run.json in {Path(value)} and "
-                         f"{root / 'runs' / value}); `ls {root / 'runs'}` lists this workspace's runs")
+        raise RunError(
+            f"--resume {value}: no run there (looked for run.json in {Path(value)} and "
+            f"{root / 'runs' / value}); `ls {root / 'runs'}` lists this workspace's runs"
+        )
     return found
 
 
@@ -487,8 +513,10 @@ def proposed_lesson(root: str | Path, run_dir: str | Path, *, unverified: bool =
     raw = state.get("lesson")
     lesson = raw if isinstance(raw, dict) else {}
     if lesson.get("status") != "proposed":
-        raise RunError(f"{rj}: the run records no proposed lesson (lesson status "
-                         f"{lesson.get('status')!r}); {p.name} is not the loop's proposal")
+        raise RunError(
+            f"{rj}: the run records no proposed lesson (lesson status "
+            f"{lesson.get('status')!r}); {p.name} is not the loop's proposal"
+        )
     kernel = state.get("spec") if isinstance(state.get("spec"), str) else None
     if not unverified and (kernel is None or not accepted_by(Path(root), kernel, run_dir)):
         raise RunError(
@@ -496,5 +524,6 @@ def proposed_lesson(root: str | Path, run_dir: str | Path, *, unverified: bool =
             f"{kernel or '<spec>'} kernel was not accepted from it ({accepted_from(Path(root), kernel)}; the run "
             "must have that folder name and hold that attempt's candidate byte for byte). A --no-accept run or a "
             f"renamed copy is never vouched for: read {p} yourself and add it with --unverified, or as text "
-            "with `tricks add TEXT`")
+            "with `tricks add TEXT`"
+        )
     return text, kernel

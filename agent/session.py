@@ -44,19 +44,33 @@ class GenerateRequest:
     no_accept: bool
 
 
-def prepare_generate(root: Path, spec: str, *, llm: str | None, cmd: str | None, model: str | None,
-                     max_attempts: int | None, resume: str | None, cpu_only: bool, no_accept: bool,
-                     force: bool, allow_unconfined: bool, has_gpu: Callable[[], bool],
-                     warn: Callable[[str], None]) -> GenerateRequest:
+def prepare_generate(
+    root: Path,
+    spec: str,
+    *,
+    llm: str | None,
+    cmd: str | None,
+    model: str | None,
+    max_attempts: int | None,
+    resume: str | None,
+    cpu_only: bool,
+    no_accept: bool,
+    force: bool,
+    allow_unconfined: bool,
+    has_gpu: Callable[[], bool],
+    warn: Callable[[str], None],
+) -> GenerateRequest:
     """Check a ``generate`` request against the rules in the module docstring and build the
     backend. ``has_gpu`` is asked only without ``cpu_only``; ``warn`` receives the one
     warning a request can carry (answers on a machine without a GPU are checked, never
     accepted). Raises :class:`RequestError` (the first rule broken, in the order the
     user should fix them)."""
     if not (root / "kernel_specs" / spec).is_dir() and holds_run(find_run(root, spec)):
-        raise RequestError(f"{spec} is a run, not a spec: continue it with "
-                           f"`coda-agent generate SPEC --resume {spec}` (SPEC: the run's spec, e.g. "
-                           f"{spec.rsplit('-', 1)[-1]})")
+        raise RequestError(
+            f"{spec} is a run, not a spec: continue it with "
+            f"`coda-agent generate SPEC --resume {spec}` (SPEC: the run's spec, e.g. "
+            f"{spec.rsplit('-', 1)[-1]})"
+        )
     try:
         loaded = resolve_spec(root, spec)
     except SpecError as e:
@@ -102,11 +116,15 @@ def prepare_generate(root: Path, spec: str, *, llm: str | None, cmd: str | None,
     gpu = cpu_only or has_gpu()  # (cpu_only: never asked)
     if not gpu:
         if name == "anthropic":
-            raise RequestError("no CUDA GPU here: every answer would get the static and sm_90a compile stages only "
-                               "and none could be accepted, while each attempt spends API tokens. Run on a Hopper "
-                               "GPU, or pass --cpu-only to check answers without verifying them")
-        warn("no CUDA GPU here: answers get the static and sm_90a compile stages only and cannot be "
-             "accepted (as with --cpu-only); resume the run on a Hopper GPU to verify them")
+            raise RequestError(
+                "no CUDA GPU here: every answer would get the static and sm_90a compile stages only "
+                "and none could be accepted, while each attempt spends API tokens. Run on a Hopper "
+                "GPU, or pass --cpu-only to check answers without verifying them"
+            )
+        warn(
+            "no CUDA GPU here: answers get the static and sm_90a compile stages only and cannot be "
+            "accepted (as with --cpu-only); resume the run on a Hopper GPU to verify them"
+        )
     accepted_dir = root / "generated_kernels" / loaded.name
     ours = resume_path is not None and resumed.accepted_path is not None and accepted_by(root, loaded.name, resume_path)
     if not (no_accept or cpu_only):
@@ -119,8 +137,11 @@ def prepare_generate(root: Path, spec: str, *, llm: str | None, cmd: str | None,
         # (ours: this run accepted that kernel; a resume to answer its lesson replaces nothing)
         # checked for resumed runs too: a run started on a CPU machine without --force would
         # otherwise verify and benchmark on the GPU, then end "accept refused"
-        again = (" (this run was started with --force; a resume must say it again: it is never read from the "
-                 "run folder)") if resume_path is not None and resumed.force else ""
+        again = (
+            (" (this run was started with --force; a resume must say it again: it is never read from the run folder)")
+            if resume_path is not None and resumed.force
+            else ""
+        )
         raise RequestError(
             f"{loaded.name} is already accepted ({accepted_dir}); a new accepted kernel would not replace it. "
             f"Use --force to replace it (the old one moves to history/) or --no-accept to only verify{again}."
@@ -130,5 +151,13 @@ def prepare_generate(root: Path, spec: str, *, llm: str | None, cmd: str | None,
         from ..verifier.library.accept import accept
 
         accept_fn = functools.partial(accept, allow_unconfined=allow_unconfined)
-    return GenerateRequest(loaded=loaded, backend=backend, resume=resume_path, max_attempts=max_attempts,
-                           accept_fn=accept_fn, force=force, cpu_only=cpu_only, no_accept=no_accept)
+    return GenerateRequest(
+        loaded=loaded,
+        backend=backend,
+        resume=resume_path,
+        max_attempts=max_attempts,
+        accept_fn=accept_fn,
+        force=force,
+        cpu_only=cpu_only,
+        no_accept=no_accept,
+    )

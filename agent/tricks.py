@@ -89,7 +89,7 @@ def parse_entries(text: str) -> list[TrickEntry]:
             km = _LEAD_KERNEL_RE.match(body)
             if km and (km.group(1) or "_" in km.group(2) or km.group(3)):
                 kernel = km.group(2)
-                body = body[km.end():].lstrip(" :·—–-")
+                body = body[km.end() :].lstrip(" :·—–-")
             else:
                 bm = _KERNEL_RE.search(first)
                 kernel = bm.group(1) if bm else None
@@ -226,8 +226,9 @@ def _last_is_bullet(text: str) -> bool:
     return bool(entries) and entries[-1].style == "bullet" and entries[-1].raw.splitlines()[-1] == lines[-1]
 
 
-def add_from_run(root: str | Path, run_dir: str | Path, date: str | None = None, *,
-                 unverified: bool = False) -> TrickEntry:
+def add_from_run(
+    root: str | Path, run_dir: str | Path, date: str | None = None, *, unverified: bool = False
+) -> TrickEntry:
     """Append the lesson a run proposed (``<run_dir>/proposed_trick.md``).
 
     The kernel is the run's spec (``run.json``). HTML comments are dropped whole (a

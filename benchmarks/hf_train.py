@@ -60,10 +60,22 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 SHAPES = {
-    "llama3-1b": dict(hidden_size=2048, intermediate_size=8192, num_attention_heads=32, num_key_value_heads=8,
-                      head_dim=64, tie_word_embeddings=True),
-    "llama3-8b": dict(hidden_size=4096, intermediate_size=14336, num_attention_heads=32, num_key_value_heads=8,
-                      head_dim=128, tie_word_embeddings=False),
+    "llama3-1b": dict(
+        hidden_size=2048,
+        intermediate_size=8192,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=64,
+        tie_word_embeddings=True,
+    ),
+    "llama3-8b": dict(
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        tie_word_embeddings=False,
+    ),
 }
 DEFAULT_LAYERS = {"llama3-1b": 4, "llama3-8b": 2}
 VOCAB, SEQ = 128256, 2048
@@ -78,12 +90,20 @@ COMPILE = torch.compile
 
 # --------------------------------------------------------------------------- models and data
 
+
 def make_config(shape: str, layers: int):
     import transformers
 
     return transformers.LlamaConfig(
-        **SHAPES[shape], num_hidden_layers=layers, vocab_size=VOCAB, max_position_embeddings=8192, rms_norm_eps=1e-5,
-        rope_parameters={"rope_type": "default", "rope_theta": 500000.0}, attn_implementation="sdpa", use_cache=False)
+        **SHAPES[shape],
+        num_hidden_layers=layers,
+        vocab_size=VOCAB,
+        max_position_embeddings=8192,
+        rms_norm_eps=1e-5,
+        rope_parameters={"rope_type": "default", "rope_theta": 500000.0},
+        attn_implementation="sdpa",
+        use_cache=False,
+    )
 
 
 def init_state(config, seed: int = 0) -> dict:
@@ -107,16 +127,19 @@ def build(config, state: dict, *, coda: bool = False, fused_lm_head: bool = Fals
     model.load_state_dict(state, strict=True)
     if coda:
         from coda_agent.kernels import apply_coda
+
         apply_coda(model, fused_lm_head=fused_lm_head)
     if liger:
         from liger_kernel.transformers import apply_liger_kernel_to_llama
+
         apply_liger_kernel_to_llama(model=model)
     model.train()
     return model
 
 
-def markov_batches(n: int, batch: int, seq: int | None = None, vocab: int | None = None,
-                   seed: int = 1) -> list[torch.Tensor]:
+def markov_batches(
+    n: int, batch: int, seq: int | None = None, vocab: int | None = None, seed: int = 1
+) -> list[torch.Tensor]:
     """``n`` fixed (batch, seq) int64 batches (default seq :data:`SEQ`, vocabulary :data:`VOCAB`)
     on :data:`DEVICE`: a random Markov chain in which each token has 4 equally likely
     successors (entropy ln 4)."""
@@ -134,7 +157,7 @@ def _free():
     gc.collect()
     if DEVICE == "cuda":
         torch.cuda.empty_cache()
-    torch._dynamo.reset()        # one model's compiled code must not count against the next's recompile limit
+    torch._dynamo.reset()  # one model's compiled code must not count against the next's recompile limit
 
 
 def grad_norm_fp32(params) -> torch.Tensor:
@@ -162,6 +185,7 @@ def adamw(model, lr=3e-4):
 
 # --------------------------------------------------------------------------- parity
 
+
 def parity(args, res: dict) -> None:
     """The four runs of the module docstring into ``res["parity"]``: per-step losses and grad
     norms of each, and :func:`parity_summary`."""
@@ -169,8 +193,13 @@ def parity(args, res: dict) -> None:
     state = init_state(config)
     batches = markov_batches(args.n_batches, args.batch, vocab=config.vocab_size)
     runs = {}
-    for name, coda, compiled in (("unpatched eager", False, False), ("unpatched compile", False, True),
-                                 (NO_RPR, False, False), ("coda eager", True, False), ("coda compile", True, True)):
+    for name, coda, compiled in (
+        ("unpatched eager", False, False),
+        ("unpatched compile", False, True),
+        (NO_RPR, False, False),
+        ("coda eager", True, False),
+        ("coda compile", True, True),
+    ):
         rpr = torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction
         torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = rpr and name != NO_RPR
         try:
@@ -185,10 +214,16 @@ def parity(args, res: dict) -> None:
                 sched.step()
                 losses.append(loss)
                 norms.append(norm)
-            runs[name] = {"loss": [x.item() for x in losses], "grad_norm": [x.item() for x in norms],
-                          "wall_s": round(time.perf_counter() - t0, 1)}
-            print(f"parity: {name}: loss {runs[name]['loss'][0]:.4f} -> {runs[name]['loss'][-1]:.4f} "
-                  f"({runs[name]['wall_s']} s)", flush=True)
+            runs[name] = {
+                "loss": [x.item() for x in losses],
+                "grad_norm": [x.item() for x in norms],
+                "wall_s": round(time.perf_counter() - t0, 1),
+            }
+            print(
+                f"parity: {name}: loss {runs[name]['loss'][0]:.4f} -> {runs[name]['loss'][-1]:.4f} "
+                f"({runs[name]['wall_s']} s)",
+                flush=True,
+            )
         except Exception as e:  # one failing run must not lose the others
             runs[name] = f"failed: {type(e).__name__}: {str(e)[:500]}"
             traceback.print_exc()
@@ -196,16 +231,30 @@ def parity(args, res: dict) -> None:
             torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = rpr
             model = opt = fn = None
             _free()
-    res["parity"] = {"config": {"shape": "llama3-1b", "layers": config.num_hidden_layers, "vocab": config.vocab_size,
-                                "seq": SEQ, "batch": args.batch, "steps": args.steps, "lr": 3e-4,
-                                "n_batches": args.n_batches},
-                     "runs": runs, "summary": parity_summary(runs)}
+    res["parity"] = {
+        "config": {
+            "shape": "llama3-1b",
+            "layers": config.num_hidden_layers,
+            "vocab": config.vocab_size,
+            "seq": SEQ,
+            "batch": args.batch,
+            "steps": args.steps,
+            "lr": 3e-4,
+            "n_batches": args.n_batches,
+        },
+        "runs": runs,
+        "summary": parity_summary(runs),
+    }
 
 
 def _diff(a: list, b: list, tail: int = 20) -> dict:
     d = [abs(x - y) for x, y in zip(a, b, strict=False)]
-    return {"max": max(d), "mean": statistics.fmean(d), "max_last": max(d[-tail:]),
-            "mean_last": statistics.fmean(d[-tail:])}
+    return {
+        "max": max(d),
+        "mean": statistics.fmean(d),
+        "max_last": max(d[-tail:]),
+        "mean_last": statistics.fmean(d[-tail:]),
+    }
 
 
 def parity_summary(runs: dict) -> dict:
@@ -220,11 +269,13 @@ def parity_summary(runs: dict) -> dict:
         for other in ("unpatched compile", NO_RPR):
             if {"unpatched eager", other} <= ok.keys():
                 m[f"band: unpatched eager vs {other.removeprefix('unpatched ')}"] = _diff(
-                    ok["unpatched eager"][metric], ok[other][metric])
+                    ok["unpatched eager"][metric], ok[other][metric]
+                )
         for mode in ("eager", "compile"):
             if {f"coda {mode}", f"unpatched {mode}"} <= ok.keys():
-                m[f"coda {mode} vs unpatched {mode}"] = _diff(ok[f"coda {mode}"][metric],
-                                                              ok[f"unpatched {mode}"][metric])
+                m[f"coda {mode} vs unpatched {mode}"] = _diff(
+                    ok[f"coda {mode}"][metric], ok[f"unpatched {mode}"][metric]
+                )
         band = max((v["max"] for k, v in m.items() if k.startswith("band")), default=None)
         if band is not None:
             for k, v in m.items():
@@ -241,8 +292,10 @@ def print_parity(p: dict) -> None:
     print("|---|---|---|---|---|---|---|")
     for metric, m in p["summary"].items():
         for k, v in m.items():
-            print(f"| {metric} | {k} | {v['max']:.3e} | {v['mean']:.3e} | {v['max_last']:.3e} | {v['mean_last']:.3e} | "
-                  f"{v.get('within_band (max)', '')} |")
+            print(
+                f"| {metric} | {k} | {v['max']:.3e} | {v['mean']:.3e} | {v['max_last']:.3e} | {v['mean_last']:.3e} | "
+                f"{v.get('within_band (max)', '')} |"
+            )
     for k, v in p["runs"].items():
         if isinstance(v, str):
             print(f"\n{k}: {v}")
@@ -250,12 +303,13 @@ def print_parity(p: dict) -> None:
 
 # --------------------------------------------------------------------------- speed
 
+
 def time_training(model, compiled: bool, batches, warmup: int, steps: int, rounds: int) -> dict:
     """Median ms per training step over ``rounds`` rounds of ``steps`` steps (CUDA events),
     tokens/s from it, and the peak allocated memory over the timed steps."""
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5, betas=(0.9, 0.95), weight_decay=0.1)
     fn = COMPILE(model) if compiled else model
-    for i in range(warmup):          # compile, autotune, allocator warm-up
+    for i in range(warmup):  # compile, autotune, allocator warm-up
         train_step(fn, model, opt, batches[i % len(batches)])
     cuda = DEVICE == "cuda"
     if cuda:
@@ -275,8 +329,12 @@ def time_training(model, compiled: bool, batches, warmup: int, steps: int, round
         per_round.append(start.elapsed_time(end) / steps if cuda else (time.perf_counter() - t0) * 1e3 / steps)
     ms = statistics.median(per_round)
     peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else float("nan")
-    return {"ms_per_step": round(ms, 3), "tokens_per_s": round(batches[0].numel() / ms * 1e3),
-            "rounds_ms": [round(x, 3) for x in per_round], "peak_mem_gib": round(peak, 3)}
+    return {
+        "ms_per_step": round(ms, 3),
+        "tokens_per_s": round(batches[0].numel() / ms * 1e3),
+        "rounds_ms": [round(x, 3) for x in per_round],
+        "peak_mem_gib": round(peak, 3),
+    }
 
 
 def head_only(shape: str, tokens: int, rounds: int) -> dict:
@@ -292,18 +350,24 @@ def head_only(shape: str, tokens: int, rounds: int) -> dict:
     D = SHAPES[shape]["hidden_size"]
     g = torch.Generator(device="cuda").manual_seed(0)
     h = torch.randn(tokens, D, device="cuda", generator=g).to(torch.bfloat16).requires_grad_()
-    w = torch.nn.Parameter((torch.randn(VOCAB, D, device="cuda", generator=g) * D ** -0.5).to(torch.bfloat16))
+    w = torch.nn.Parameter((torch.randn(VOCAB, D, device="cuda", generator=g) * D**-0.5).to(torch.bfloat16))
     t = torch.randint(VOCAB, (tokens,), device="cuda", generator=g)
-    fns = {"plain (compile)": torch.compile(lambda h, w, t: F.cross_entropy((h @ w.T).float(), t)),
-           "linear_cross_entropy (compile)": torch.compile(lambda h, w, t: K.linear_cross_entropy(h, w, t).mean())}
+    fns = {
+        "plain (compile)": torch.compile(lambda h, w, t: F.cross_entropy((h @ w.T).float(), t)),
+        "linear_cross_entropy (compile)": torch.compile(lambda h, w, t: K.linear_cross_entropy(h, w, t).mean()),
+    }
     out = {}
     for name, f in fns.items():
         try:
             step = lambda f=f: torch.autograd.grad(f(h, w, t), (h, w))  # noqa: E731
             for _ in range(3):
                 step()
-            out[name] = {"ms": round(statistics.median(do_bench(step, warmup=25, rep=300, return_mode="median")
-                                                       for _ in range(rounds)), 3)}
+            out[name] = {
+                "ms": round(
+                    statistics.median(do_bench(step, warmup=25, rep=300, return_mode="median") for _ in range(rounds)),
+                    3,
+                )
+            }
         except Exception as e:
             out[name] = f"failed: {type(e).__name__}: {str(e)[:300]}"
     _free()
@@ -312,9 +376,13 @@ def head_only(shape: str, tokens: int, rounds: int) -> dict:
 
 def speed_variants(args) -> list[tuple[str, dict, bool]]:
     """(name, build kwargs, compiled) of the main-process variants."""
-    v = [("unpatched eager", {}, False), ("unpatched compile", {}, True), ("coda", {"coda": True}, False),
-         ("coda + compile", {"coda": True}, True),
-         ("coda, fused LM head + compile", {"coda": True, "fused_lm_head": True}, True)]
+    v = [
+        ("unpatched eager", {}, False),
+        ("unpatched compile", {}, True),
+        ("coda", {"coda": True}, False),
+        ("coda + compile", {"coda": True}, True),
+        ("coda, fused LM head + compile", {"coda": True, "fused_lm_head": True}, True),
+    ]
     if args.all:
         v.append(("coda, fused LM head", {"coda": True, "fused_lm_head": True}, False))
     if args.quick:
@@ -349,8 +417,18 @@ def speed_shape(args, shape: str, variants, liger_only: bool = False) -> dict:
 def liger_child(args) -> dict:
     """Liger's variants of every shape, in a child process (Liger patches transformers globally)."""
     out = ROOT / f".hf_train_liger_{os.getpid()}.json"
-    cmd = [sys.executable, __file__, "--_liger-worker", str(out), "--steps-timed", str(args.steps_timed),
-           "--rounds", str(args.rounds), "--warmup", str(args.warmup)]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--_liger-worker",
+        str(out),
+        "--steps-timed",
+        str(args.steps_timed),
+        "--rounds",
+        str(args.rounds),
+        "--warmup",
+        str(args.warmup),
+    ]
     for s in args.shape:
         cmd += ["--shape", s]
     if args.layers:
@@ -391,14 +469,17 @@ def speed(args, res: dict) -> None:
         print(f"speed: {shape}: lm head + loss only: {res['speed'][shape]['lm head + loss only, ms']}", flush=True)
     if not args.no_liger:
         for shape, r in liger_child(args).items():
-            res["speed"].setdefault(shape, {}).update({k: v for k, v in r.items()
-                                                       if k not in ("layers", "tokens_per_step")})
+            res["speed"].setdefault(shape, {}).update(
+                {k: v for k, v in r.items() if k not in ("layers", "tokens_per_step")}
+            )
 
 
 def print_speed(sp: dict) -> None:
     for shape, r in sp.items():
-        print(f"\n### Training step, {shape} widths, {r.get('layers')} layers, {r.get('tokens_per_step')} tokens "
-              f"(forward + backward + AdamW)\n")
+        print(
+            f"\n### Training step, {shape} widths, {r.get('layers')} layers, {r.get('tokens_per_step')} tokens "
+            f"(forward + backward + AdamW)\n"
+        )
         base = r.get("unpatched compile")
         print("| variant | ms / step | tokens / s | vs unpatched compile | peak memory GiB |")
         print("|---|---|---|---|---|")
@@ -408,12 +489,14 @@ def print_speed(sp: dict) -> None:
             if not isinstance(v, dict):
                 print(f"| {name} | {v} | | | |")
                 continue
-            rel = (f"{base['ms_per_step'] / v['ms_per_step']:.3f}x" if isinstance(base, dict) else "")
+            rel = f"{base['ms_per_step'] / v['ms_per_step']:.3f}x" if isinstance(base, dict) else ""
             print(f"| {name} | {v['ms_per_step']:.2f} | {v['tokens_per_s']:,} | {rel} | {v['peak_mem_gib']:.2f} |")
         head = r.get("lm head + loss only, ms")
         if head:
-            print(f"\nLM head + loss alone (fwd + bwd, {r.get('tokens_per_step')} tokens): "
-                  + "; ".join(f"{k}: {v['ms'] if isinstance(v, dict) else v} ms" for k, v in head.items()))
+            print(
+                f"\nLM head + loss alone (fwd + bwd, {r.get('tokens_per_step')} tokens): "
+                + "; ".join(f"{k}: {v['ms'] if isinstance(v, dict) else v} ms" for k, v in head.items())
+            )
         verdict(shape, r)
 
 
@@ -431,13 +514,16 @@ def verdict(shape: str, r: dict) -> None:
     if isinstance(head, dict):
         stack_u = u["ms_per_step"] - head["ms"]
         saved = u["ms_per_step"] - c["ms_per_step"]
-        line += (f"; the LM head + loss (unchanged by default) is ~{head['ms']:.1f} of {u['ms_per_step']:.1f} ms; "
-                 f"on the rest (decoder stack, embeddings, optimizer) coda saves {saved:.2f} ms of ~{stack_u:.1f} "
-                 f"({saved / stack_u:.1%})")
+        line += (
+            f"; the LM head + loss (unchanged by default) is ~{head['ms']:.1f} of {u['ms_per_step']:.1f} ms; "
+            f"on the rest (decoder stack, embeddings, optimizer) coda saves {saved:.2f} ms of ~{stack_u:.1f} "
+            f"({saved / stack_u:.1%})"
+        )
     print(line)
 
 
 # --------------------------------------------------------------------------- main
+
 
 def versions() -> dict:
     import importlib.metadata as md
@@ -447,13 +533,24 @@ def versions() -> dict:
             return md.version(d)
         except md.PackageNotFoundError:
             return "not installed"
+
     import coda_agent.kernels as K
-    out = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "cuda": torch.version.cuda,
-           **{d: ver(d) for d in ("transformers", "liger-kernel", "quack-kernels", "nvidia-cutlass-dsl", "triton")},
-           "accepted_kernels": K.accepted(), "utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+    out = {
+        "gpu": torch.cuda.get_device_name(0),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        **{d: ver(d) for d in ("transformers", "liger-kernel", "quack-kernels", "nvidia-cutlass-dsl", "triton")},
+        "accepted_kernels": K.accepted(),
+        "utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
     try:
-        out["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                                       text=True).stdout.strip() or "unknown"
+        out["commit"] = (
+            subprocess.run(
+                ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+            ).stdout.strip()
+            or "unknown"
+        )
     except OSError:
         out["commit"] = "unknown"
     return out
@@ -472,8 +569,9 @@ def main(argv=None) -> int:
     ap.add_argument("--steps-timed", type=int, default=10, help="--speed steps per timing round (default 10)")
     ap.add_argument("--rounds", type=int, default=3, help="--speed timing rounds (default 3)")
     ap.add_argument("--warmup", type=int, default=3, help="--speed warm-up steps incl. compile (default 3)")
-    ap.add_argument("--quick", action="store_true",
-                    help="compiled variants only, llama3-8b only unless --shape, --parity 40 steps")
+    ap.add_argument(
+        "--quick", action="store_true", help="compiled variants only, llama3-8b only unless --shape, --parity 40 steps"
+    )
     ap.add_argument("--all", action="store_true", help="--speed: also the fused LM head eager")
     ap.add_argument("--no-liger", action="store_true", help="--speed: skip Liger's variants")
     ap.add_argument("--liger-timeout", type=int, default=300, help="seconds for Liger's child process")
@@ -494,8 +592,10 @@ def main(argv=None) -> int:
     try:
         import transformers  # noqa: F401
     except ModuleNotFoundError as e:
-        raise SystemExit("hf_train: needs transformers 5.x (pip install 'coda-agent[hf]'; on the device: "
-                         "benchmarks/hf_bundle.sh, then source benchmarks/device_env.sh)") from e
+        raise SystemExit(
+            "hf_train: needs transformers 5.x (pip install 'coda-agent[hf]'; on the device: "
+            "benchmarks/hf_bundle.sh, then source benchmarks/device_env.sh)"
+        ) from e
     args.out.mkdir(parents=True, exist_ok=True)
     res = {"versions": versions()}
     print("versions:", json.dumps(res["versions"]), flush=True)

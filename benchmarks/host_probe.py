@@ -57,9 +57,12 @@ def randn_bf16(*shape, std=1.0):
 def env_line() -> str:
     """GPU, torch, CUDA, cutlass-dsl and quack versions and the UTC time, for a results header."""
     import importlib.metadata as md
-    return (f"GPU: {torch.cuda.get_device_name(0)}; torch {torch.__version__}, CUDA {torch.version.cuda}, "
-            f"nvidia-cutlass-dsl {md.version('nvidia-cutlass-dsl')}, quack-kernels {md.version('quack-kernels')}; "
-            f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}")
+
+    return (
+        f"GPU: {torch.cuda.get_device_name(0)}; torch {torch.__version__}, CUDA {torch.version.cuda}, "
+        f"nvidia-cutlass-dsl {md.version('nvidia-cutlass-dsl')}, quack-kernels {md.version('quack-kernels')}; "
+        f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}"
+    )
 
 
 def load_kernel(name: str):
@@ -74,7 +77,7 @@ def _rope_entry():
     kern = load_kernel("gemm_rope")
     m, k, hq, hkv, hd = 8192, 2048, 32, 8, 64
     x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
-    w = (torch.randn((hq + 2 * hkv) * hd, k, device="cuda") * k ** -0.5).to(torch.bfloat16)
+    w = (torch.randn((hq + 2 * hkv) * hd, k, device="cuda") * k**-0.5).to(torch.bfloat16)
     positions = torch.arange(m, device="cuda") % 4096
     inv_freq = 1.0 / (500000.0 ** (torch.arange(0, hd, 2, device="cuda", dtype=torch.float32) / hd))
     small = torch.randn(4096, device="cuda")
@@ -95,6 +98,7 @@ def kernel_profile(run, steps: int, top: int = 10) -> dict:
     steps), ``idle us/step`` (span minus busy) and ``gaps``: the 8 longest idle stretches
     (us, and the kernels before and after, cut to 60 characters)."""
     from coda_agent.verifier.gpu.protocol import gpu_kernels
+
     run()
     torch.cuda.synchronize()
     acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
@@ -105,8 +109,11 @@ def kernel_profile(run, steps: int, top: int = 10) -> dict:
     # a record_function range also appears on the GPU timeline, as an annotation spanning its
     # kernels: not a kernel. (Not by name: Inductor's triton launches have CPU events named
     # like their kernels.)
-    events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
-              and not getattr(e, "is_user_annotation", False)]
+    events = [
+        e
+        for e in prof.events()
+        if e.device_type == torch.autograd.DeviceType.CUDA and not getattr(e, "is_user_annotation", False)
+    ]
     kept = set(gpu_kernels([e.name for e in events]))
     launches = sorted((e for e in events if e.name in kept), key=lambda e: e.time_range.start)
     per: dict[str, list[float]] = {}
@@ -114,10 +121,13 @@ def kernel_profile(run, steps: int, top: int = 10) -> dict:
         per.setdefault(e.name, []).append(float(e.time_range.end - e.time_range.start))
     ranked = sorted(per.items(), key=lambda kv: -sum(kv[1]))[:top]
     busy = sum(map(sum, per.values()))
-    res = {"gpu us/step": round(busy / steps, 1),
-           "kernels/step": len(launches) / steps,
-           "top": [{"kernel": k[:100], "us/step": round(sum(v) / steps, 1), "calls/step": len(v) / steps}
-                   for k, v in ranked]}
+    res = {
+        "gpu us/step": round(busy / steps, 1),
+        "kernels/step": len(launches) / steps,
+        "top": [
+            {"kernel": k[:100], "us/step": round(sum(v) / steps, 1), "calls/step": len(v) / steps} for k, v in ranked
+        ],
+    }
     if launches:
         span = max(e.time_range.end for e in launches) - launches[0].time_range.start
         gaps, end = [], launches[0].time_range.end
@@ -149,6 +159,7 @@ def pipelined_host_us(call, per_round: int = 40, rounds: int = 5, warm: int = 10
 
 def _measure(fn, wrap) -> dict:
     from triton.testing import do_bench
+
     def call():
         return wrap(fn)
 
@@ -160,9 +171,11 @@ def _measure(fn, wrap) -> dict:
         call()
         after_sync.append((time.perf_counter() - t0) * 1e6)
     torch.cuda.synchronize()
-    return {"host_us_pipelined": round(piped, 1),
-            "host_us_after_sync": round(statistics.median(after_sync), 1),
-            "do_bench_ms": round(float(do_bench(call, return_mode="median")), 4)}
+    return {
+        "host_us_pipelined": round(piped, 1),
+        "host_us_after_sync": round(statistics.median(after_sync), 1),
+        "do_bench_ms": round(float(do_bench(call, return_mode="median")), 4),
+    }
 
 
 def main(argv=None) -> int:
@@ -182,7 +195,7 @@ def main(argv=None) -> int:
 
     def guarded(fn):  # as Worker.no_host_sync
         raw = rng.randbytes(48)
-        ballast = [bytearray(b + 1) for b in raw[1:2 + raw[0] % 47]]
+        ballast = [bytearray(b + 1) for b in raw[1 : 2 + raw[0] % 47]]
         torch._C._cuda_set_sync_debug_mode(2)
         try:
             return fn()
@@ -191,24 +204,34 @@ def main(argv=None) -> int:
             del ballast
 
     def profiled():
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
-                                                torch.profiler.ProfilerActivity.CUDA]):
+        with torch.profiler.profile(
+            activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+        ):
             calls["6 small torch ops"]()
             torch.cuda.synchronize()
 
     results, wrap = [], plain
-    layers = [("0 plain", None), ("1 after a profiler session", profiled),
-              ("2 guard", "guard"), ("3 + seccomp", lambda: landlock.install_seccomp(drop_caps=False)),
-              ("4 + landlock", lambda: landlock.restrict_writes([tempfile.mkdtemp(), *landlock.own_proc_dir(),
-                                                                   *landlock.device_files()]))]
+    layers = [
+        ("0 plain", None),
+        ("1 after a profiler session", profiled),
+        ("2 guard", "guard"),
+        ("3 + seccomp", lambda: landlock.install_seccomp(drop_caps=False)),
+        (
+            "4 + landlock",
+            lambda: landlock.restrict_writes([tempfile.mkdtemp(), *landlock.own_proc_dir(), *landlock.device_files()]),
+        ),
+    ]
     for name, step in layers:
         note = None
         if step == "guard":
             wrap = guarded
         elif step is not None:
             note = step()
-        row = {"layer": name, "note": note if isinstance(note, str) else None,
-               **{label: _measure(fn, wrap) for label, fn in calls.items()}}
+        row = {
+            "layer": name,
+            "note": note if isinstance(note, str) else None,
+            **{label: _measure(fn, wrap) for label, fn in calls.items()},
+        }
         results.append(row)
         print(json.dumps(row), flush=True)
         (args.out / "host_probe.json").write_text(json.dumps(results, indent=1))

@@ -67,11 +67,15 @@ def main(argv=None) -> int:
     for name in names:
         loaded = load_spec(REPO / "kernel_specs" / name)
         spec, ref = loaded.spec, loaded.load_reference()
-        mod_spec = importlib.util.spec_from_file_location(f"census_{name}", REPO / "generated_kernels" / name / "kernel.py")
+        mod_spec = importlib.util.spec_from_file_location(
+            f"census_{name}", REPO / "generated_kernels" / name / "kernel.py"
+        )
         mod = importlib.util.module_from_spec(mod_spec)
         mod_spec.loader.exec_module(mod)
         fn = getattr(mod, spec.entry.function)
-        cases = [("correctness", c) for c in spec.shapes.correctness] + [("benchmark", c) for c in spec.shapes.benchmark]
+        cases = [("correctness", c) for c in spec.shapes.correctness] + [
+            ("benchmark", c) for c in spec.shapes.benchmark
+        ]
         for kind, case in cases:
             row = {"kernel": name, "shape": case.name, "kind": kind, "max_launches": spec.entry.max_launches}
             try:
@@ -82,8 +86,12 @@ def main(argv=None) -> int:
                 torch.cuda.synchronize()
                 n, kernels, workspace = count(call)
                 budget, _rule = spec.workspace_budget(case.dims)
-                row.update(launches=n, workspace_mib=round(workspace / 2**20, 3), budget_mib=round(budget / 2**20, 3),
-                           ok=1 <= n <= spec.entry.max_launches and workspace <= budget)
+                row.update(
+                    launches=n,
+                    workspace_mib=round(workspace / 2**20, 3),
+                    budget_mib=round(budget / 2**20, 3),
+                    ok=1 <= n <= spec.entry.max_launches and workspace <= budget,
+                )
                 if not row["ok"]:
                     row["kernel_names"] = kernels[:20]
                 del inputs, call

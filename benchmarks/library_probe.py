@@ -60,12 +60,13 @@ import torch.nn.functional as F
 
 DEVICE = "cuda"
 BF16, FP32 = torch.bfloat16, torch.float32
-D, I_MLP, N_QKV = 4096, 14336, 6144           # llama3-8b: hidden, MLP width, (32 + 2 * 8) * 128
+D, I_MLP, N_QKV = 4096, 14336, 6144  # llama3-8b: hidden, MLP width, (32 + 2 * 8) * 128
 MS = (1, 2, 7, 333, 8192)
 POOL_ROWS = 32
 
 
 # --------------------------------------------------------------------------- shared
+
 
 def _gen(seed: int) -> torch.Generator:
     return torch.Generator(device=DEVICE).manual_seed(seed)
@@ -100,6 +101,7 @@ def _r(x, n=3):
 
 
 # --------------------------------------------------------------------------- 1. deferred
+
 
 def std_linear(a, rstd, w):
     return (a.float() * rstd.float()[:, None]).to(a.dtype) @ w.T
@@ -139,6 +141,7 @@ def fp32dz_drstd(name, args, ups):
     """drstd of the op's backward with dz = dy @ w kept in fp32 (the op rounds dz to bf16):
     the same dpre as the op's backward (from the kernel's preact / swiglu_bwd's dpreact)."""
     import coda_agent.kernels as K
+
     a, rstd, w = args[:3]
     if name == "deferred_rmsnorm_linear":
         dy = ups[0]
@@ -159,19 +162,41 @@ def fp32dz_drstd(name, args, ups):
 # name -> (op, standard, control, needs w_down, N of w, names)
 def _deferred_cases():
     import coda_agent.kernels as K
+
     return {
-        "deferred_rmsnorm_swiglu": (K.deferred_rmsnorm_swiglu, std_swiglu, alt_swiglu, False, 2 * I_MLP,
-                                    ("preact", "postact", "dnormed_w", "drstd", "dw1")),
-        "deferred_rmsnorm_swiglu_mlp": (K.deferred_rmsnorm_swiglu_mlp, std_swiglu_mlp, alt_swiglu_mlp, True,
-                                        2 * I_MLP, ("out", "dnormed_w", "drstd", "dw1", "dw_down")),
-        "deferred_rmsnorm_linear": (K.deferred_rmsnorm_linear, std_linear, alt_linear, False, N_QKV,
-                                    ("out", "da", "drstd", "dw")),
+        "deferred_rmsnorm_swiglu": (
+            K.deferred_rmsnorm_swiglu,
+            std_swiglu,
+            alt_swiglu,
+            False,
+            2 * I_MLP,
+            ("preact", "postact", "dnormed_w", "drstd", "dw1"),
+        ),
+        "deferred_rmsnorm_swiglu_mlp": (
+            K.deferred_rmsnorm_swiglu_mlp,
+            std_swiglu_mlp,
+            alt_swiglu_mlp,
+            True,
+            2 * I_MLP,
+            ("out", "dnormed_w", "drstd", "dw1", "dw_down"),
+        ),
+        "deferred_rmsnorm_linear": (
+            K.deferred_rmsnorm_linear,
+            std_linear,
+            alt_linear,
+            False,
+            N_QKV,
+            ("out", "da", "drstd", "dw"),
+        ),
     }
 
 
 def _deferred_args(M, N, mlp, seed, k=D):
-    args = [_randn(M, k, seed=seed), (torch.rand(M, generator=_gen(seed + 1), device=DEVICE) * 1.5 + 0.5),
-            _randn(N, k, seed=seed + 2, std=k ** -0.5)]
+    args = [
+        _randn(M, k, seed=seed),
+        (torch.rand(M, generator=_gen(seed + 1), device=DEVICE) * 1.5 + 0.5),
+        _randn(N, k, seed=seed + 2, std=k**-0.5),
+    ]
     if mlp:
         args.append(_randn(k, N // 2, seed=seed + 3, std=(N // 2) ** -0.5))
     return args
@@ -187,14 +212,17 @@ def _deferred_call(name, M, seed, with_extra=False):
     ups = [torch.randn(o.shape, generator=g).to(device=o.device, dtype=o.dtype) for o in outs]
     ref = _run(std, args, diff, ups, _f32)
     got, low = _run(op, args, diff, ups), _run(std, args, diff, ups)
-    res = {"names": names, "op": [_err(a, r) for a, r in zip(got, ref, strict=False)],
-           "torch": [_err(a, r) for a, r in zip(low, ref, strict=False)]}
+    res = {
+        "names": names,
+        "op": [_err(a, r) for a, r in zip(got, ref, strict=False)],
+        "torch": [_err(a, r) for a, r in zip(low, ref, strict=False)],
+    }
     if with_extra:
         i = names.index("drstd")
         res["control"] = [_err(a, r) for a, r in zip(_run(alt, args, diff, ups), ref, strict=False)]
         try:
             res["fp32dz_drstd"] = _err(fp32dz_drstd(name, args, ups), ref[i])
-        except Exception as e:                      # an option: its absence must not stop the probe
+        except Exception as e:  # an option: its absence must not stop the probe
             res["fp32dz_drstd"] = f"{type(e).__name__}: {e}"
     return res
 
@@ -203,12 +231,16 @@ def _fp32dz_timing():
     """ms of the swiglu dgrad GEMM at M = 8192 (dy (M, 2I) @ w1 (2I, D)) with a bf16 and an
     fp32 result, and of the drstd row pass reading dz in bf16 / fp32 (eager)."""
     from triton.testing import do_bench
-    dy, w1, a = _randn(8192, 2 * I_MLP, seed=70), _randn(2 * I_MLP, D, seed=71, std=D ** -0.5), _randn(8192, D, seed=72)
+
+    dy, w1, a = _randn(8192, 2 * I_MLP, seed=70), _randn(2 * I_MLP, D, seed=71, std=D**-0.5), _randn(8192, D, seed=72)
     dz16, dz32 = dy @ w1, _mm_fp32(dy, w1)
     bench = lambda f: float(do_bench(f, warmup=10, rep=50, return_mode="median"))  # noqa: E731
-    return {"gemm bf16 out ms": bench(lambda: dy @ w1), "gemm fp32 out ms": bench(lambda: _mm_fp32(dy, w1)),
-            "drstd pass bf16 dz ms": bench(lambda: (dz16.float() * a.float()).sum(-1)),
-            "drstd pass fp32 dz ms": bench(lambda: (dz32 * a.float()).sum(-1))}
+    return {
+        "gemm bf16 out ms": bench(lambda: dy @ w1),
+        "gemm fp32 out ms": bench(lambda: _mm_fp32(dy, w1)),
+        "drstd pass bf16 dz ms": bench(lambda: (dz16.float() * a.float()).sum(-1)),
+        "drstd pass fp32 dz ms": bench(lambda: (dz32 * a.float()).sum(-1)),
+    }
 
 
 def probe_deferred(quick: bool) -> dict:
@@ -221,8 +253,10 @@ def probe_deferred(quick: bool) -> dict:
             try:
                 r = _deferred_call(name, M, seed=10 * M)
                 ratios = {n: o / (2 * t + 1e-6) for n, o, t in zip(r["names"], r["op"], r["torch"], strict=False)}
-                out["per_M"][f"{name}/M{M}"] = {n: {"err": o, "budget": 2 * t + 1e-6, "ratio": ratios[n]}
-                                                for n, o, t in zip(r["names"], r["op"], r["torch"], strict=False)}
+                out["per_M"][f"{name}/M{M}"] = {
+                    n: {"err": o, "budget": 2 * t + 1e-6, "ratio": ratios[n]}
+                    for n, o, t in zip(r["names"], r["op"], r["torch"], strict=False)
+                }
                 if M >= 7 and max(ratios.values()) > 1:
                     ok = False
             except Exception as e:
@@ -237,8 +271,10 @@ def probe_deferred(quick: bool) -> dict:
                 ok = False
                 continue
             names = calls[0]["names"]
-            pooled = {n: {"err": max(c["op"][i] for c in calls), "budget": 2 * max(c["torch"][i] for c in calls) + 1e-6}
-                      for i, n in enumerate(names)}
+            pooled = {
+                n: {"err": max(c["op"][i] for c in calls), "budget": 2 * max(c["torch"][i] for c in calls) + 1e-6}
+                for i, n in enumerate(names)
+            }
             for v in pooled.values():
                 v["ratio"] = v["err"] / v["budget"]
             out["pooled"][f"{name}/M{M}x{n_calls}"] = pooled
@@ -247,7 +283,10 @@ def probe_deferred(quick: bool) -> dict:
             if M == 1:
                 i = names.index("drstd")
                 budgets = [2 * c["torch"][i] for c in calls]
-                share = lambda errs, budgets=budgets: sum(e > b for e, b in zip(errs, budgets, strict=False)) / len(errs)  # noqa: E731
+
+                def share(errs, budgets=budgets):
+                    return sum(e > b for e, b in zip(errs, budgets, strict=False)) / len(errs)
+
                 single = {"op": share([c["op"][i] for c in calls]), "control": share([c["control"][i] for c in calls])}
                 fp32dz = [c["fp32dz_drstd"] for c in calls]
                 single["op with fp32 dz"] = share(fp32dz) if all(isinstance(x, float) for x in fp32dz) else fp32dz[0]
@@ -273,15 +312,20 @@ def print_deferred(res: dict) -> None:
         note = "  (single call of <= 2 rows: not a criterion)" if key.endswith(("/M1", "/M2")) else ""
         print(f"  {key:44s} {cells}{note}")
     for name, s in res.get("single_rows", {}).items():
-        print(f"  {name}: share of single rows with drstd err > 2x PyTorch's: "
-              + ", ".join(f"{k} {_r(v, 2)}" for k, v in s.items()))
+        print(
+            f"  {name}: share of single rows with drstd err > 2x PyTorch's: "
+            + ", ".join(f"{k} {_r(v, 2)}" for k, v in s.items())
+        )
     if "fp32dz_timing_M8192" in res:
-        print("  fp32-dz option at M = 8192 (eager): " + json.dumps({k: _r(v, 4) for k, v in res["fp32dz_timing_M8192"].items()}))
+        print(
+            "  fp32-dz option at M = 8192 (eager): "
+            + json.dumps({k: _r(v, 4) for k, v in res["fp32dz_timing_M8192"].items()})
+        )
 
 
 # --------------------------------------------------------------------------- 2. swiglu fast sigmoid
 
-GATES = (-88.5, -90.0, 90.0, -87.0, -87.5)          # bf16-exact; -87.5 < FLUSHED_GATE < -87.0
+GATES = (-88.5, -90.0, 90.0, -87.0, -87.5)  # bf16-exact; -87.5 < FLUSHED_GATE < -87.0
 
 
 def _gate_inputs(M=64, K=None, I=256, seed=20):
@@ -290,17 +334,18 @@ def _gate_inputs(M=64, K=None, I=256, seed=20):
     K = K or D
     x = torch.randn(M, K, generator=_gen(seed), device=DEVICE)
     x[:, 0] = 1.0
-    w1 = torch.randn(2 * I, K, generator=_gen(seed + 1), device=DEVICE) * K ** -0.5
+    w1 = torch.randn(2 * I, K, generator=_gen(seed + 1), device=DEVICE) * K**-0.5
     for j, v in enumerate(GATES):
         w1[2 * j] = 0.0
         w1[2 * j, 0] = v
-    w_down = torch.randn(K, I, generator=_gen(seed + 2), device=DEVICE) * I ** -0.5
+    w_down = torch.randn(K, I, generator=_gen(seed + 2), device=DEVICE) * I**-0.5
     return x.to(BF16), w1.to(BF16), w_down.to(BF16)
 
 
 def _judge(out, ref32, low) -> dict:
     from coda_agent.verifier.spec import ToleranceSpec
     from coda_agent.verifier.stages.numerics import judge
+
     v = judge(out, ref32, low, ToleranceSpec(), "bfloat16", "bfloat16")
     return {"ok": bool(v["ok"]), "failed": v.get("failed", []), "max_err": v.get("max_err")}
 
@@ -328,20 +373,24 @@ def probe_swiglu() -> dict:
     ones = torch.ones(x.shape[0], device=DEVICE)
     dout = _randn(x.shape[0], x.shape[1], seed=23)
     fwd = {}
-    pre32, pre_low = x.float() @ w1.float().T, x @ w1.T        # fp32 reference, PyTorch's bf16
+    pre32, pre_low = x.float() @ w1.float().T, x @ w1.T  # fp32 reference, PyTorch's bf16
     ref32 = F.silu(pre32[:, 0::2]) * pre32[:, 1::2]
     low = F.silu(pre_low[:, 0::2]) * pre_low[:, 1::2]
-    for kernel, call in (("swiglu_fwd", lambda: K.swiglu_fwd_op(x, w1)),
-                         ("gemm_rmsnorm_swiglu", lambda: K.gemm_rmsnorm_swiglu_op(x, ones, w1))):
+    for kernel, call in (
+        ("swiglu_fwd", lambda: K.swiglu_fwd_op(x, w1)),
+        ("gemm_rmsnorm_swiglu", lambda: K.gemm_rmsnorm_swiglu_op(x, ones, w1)),
+    ):
         try:
             preact, postact = call()
             fwd[kernel] = preact
             gate = preact[:, 0::2]
             j = len(GATES)
-            rec = {"preact gates exact": bool((gate[:, :j] == gates_t.to(BF16)).all()),
-                   "postact at gates (row 0)": [float(v) for v in postact[0, :j].float()],
-                   "torch fp32 at gates (row 0)": [float(v) for v in ref32[0, :j]],
-                   "judge postact": _judge(postact, ref32, low)}
+            rec = {
+                "preact gates exact": bool((gate[:, :j] == gates_t.to(BF16)).all()),
+                "postact at gates (row 0)": [float(v) for v in postact[0, :j].float()],
+                "torch fp32 at gates (row 0)": [float(v) for v in ref32[0, :j]],
+                "judge postact": _judge(postact, ref32, low),
+            }
             flushed = gate.float() < FLUSHED_GATE
             rec["postact 0 where gate < FLUSHED_GATE"] = bool((postact[flushed] == 0).all())
             rec["postact nonzero elsewhere"] = bool((postact[~flushed & (ref32.abs() > 1e-30)] != 0).all())
@@ -358,17 +407,20 @@ def probe_swiglu() -> dict:
         dpreact, postact = K.swiglu_bwd_op(dout, w_down, preact)
         r32, low = _swiglu_std(dout.float(), w_down.float(), preact.float()), _swiglu_std(dout, w_down, preact)
         j = len(GATES)
-        rec = {"dgate at gates (row 0)": [float(v) for v in dpreact[0, 0:2 * j:2].float()],
-               "torch fp32 dgate at gates (row 0)": [float(v) for v in r32[0][0, 0:2 * j:2]],
-               "dup at gates (row 0)": [float(v) for v in dpreact[0, 1:2 * j:2].float()],
-               "torch fp32 dup at gates (row 0)": [float(v) for v in r32[0][0, 1:2 * j:2]],
-               "judge dpreact": _judge(dpreact, r32[0], low[0]), "judge postact": _judge(postact, r32[1], low[1])}
+        rec = {
+            "dgate at gates (row 0)": [float(v) for v in dpreact[0, 0 : 2 * j : 2].float()],
+            "torch fp32 dgate at gates (row 0)": [float(v) for v in r32[0][0, 0 : 2 * j : 2]],
+            "dup at gates (row 0)": [float(v) for v in dpreact[0, 1 : 2 * j : 2].float()],
+            "torch fp32 dup at gates (row 0)": [float(v) for v in r32[0][0, 1 : 2 * j : 2]],
+            "judge dpreact": _judge(dpreact, r32[0], low[0]),
+            "judge postact": _judge(postact, r32[1], low[1]),
+        }
         ok = ok and rec["judge dpreact"]["ok"] and rec["judge postact"]["ok"]
         out["kernels"]["swiglu_bwd"] = rec
     except Exception as e:
         out["kernels"]["swiglu_bwd"] = {"error": f"{type(e).__name__}: {e}"}
         ok = False
-    try:                                                     # the op: forward + backward
+    try:  # the op: forward + backward
         args, diff = [x, w1, w_down], (0, 1, 2)
         g = torch.Generator().manual_seed(24)
         ups = [torch.randn(x.shape, generator=g).to(device=x.device, dtype=BF16)]
@@ -402,9 +454,13 @@ def print_swiglu(res: dict) -> None:
     if "error" in op:
         print(f"  swiglu op            error: {op['error']}")
     else:
-        print("  swiglu op            " + ", ".join(
-            f"{n} err {v['err']:.3g} / budget {v['budget']:.3g} (judge {'ok' if v['judge']['ok'] else v['judge']['failed']})"
-            for n, v in op.items()))
+        print(
+            "  swiglu op            "
+            + ", ".join(
+                f"{n} err {v['err']:.3g} / budget {v['budget']:.3g} (judge {'ok' if v['judge']['ok'] else v['judge']['failed']})"
+                for n, v in op.items()
+            )
+        )
 
 
 # --------------------------------------------------------------------------- 3. residual_rmsnorm rows
@@ -422,7 +478,7 @@ def std_residual_rmsnorm(x, w_o, residual, gamma, eps=1e-6):
 
 def _residual_inputs(scenario, row, seed=30):
     x = _randn(RES_M, RES_K, seed=seed)
-    w_o = _randn(RES_N, RES_K, seed=seed + 1, std=RES_K ** -0.5)
+    w_o = _randn(RES_N, RES_K, seed=seed + 1, std=RES_K**-0.5)
     residual = _randn(RES_M, RES_N, seed=seed + 2)
     gamma = (torch.rand(RES_N, generator=_gen(seed + 3), device=DEVICE) + 0.5).to(BF16)
     if scenario == "x_inf":
@@ -447,9 +503,13 @@ def _rows_report(got, want, names):
     rep = {}
     for n, a, b in zip(names, got, want, strict=False):
         ra, rb = _bad_rows(a), _bad_rows(b)
-        rep[n] = {"op_rows": ra[:8], "torch_rows": rb[:8], "extra_rows": sorted(set(ra) - set(rb))[:8],
-                  "missing_rows": sorted(set(rb) - set(ra))[:8],
-                  "elements_differ": int((a.isfinite() != b.isfinite()).sum())}
+        rep[n] = {
+            "op_rows": ra[:8],
+            "torch_rows": rb[:8],
+            "extra_rows": sorted(set(ra) - set(rb))[:8],
+            "missing_rows": sorted(set(rb) - set(ra))[:8],
+            "elements_differ": int((a.isfinite() != b.isfinite()).sum()),
+        }
     return rep
 
 
@@ -457,6 +517,7 @@ def _raw_partials(args, config="kernel", prefill=-1.0):
     """The kernel's epilogue called directly: (ss (M, n_tiles) as written, tile_n), ss
     pre-filled with ``prefill``. ``config``: "kernel" (the kernel's CFG) or "default" (quack's)."""
     import coda_agent.kernels as K
+
     mod = K.load("gemm_residual_partial_rms")
     x, w_o, residual, gamma = args
     cfg = mod.CFG if config == "kernel" else None
@@ -466,8 +527,9 @@ def _raw_partials(args, config="kernel", prefill=-1.0):
         return res.get("ss"), None
     n_tiles = -(-n // cfg.tile_n)
     ss = torch.full((x.shape[0], n_tiles), prefill, dtype=FP32, device=x.device)
-    mod.resid_partial_rms_epi(x, w_o.T, residual, tuned=False, config=cfg, gamma=gamma.view(1, -1),
-                              inv_n=1.0 / n, ss=ss)
+    mod.resid_partial_rms_epi(
+        x, w_o.T, residual, tuned=False, config=cfg, gamma=gamma.view(1, -1), inv_n=1.0 / n, ss=ss
+    )
     torch.cuda.synchronize()
     return ss, cfg.tile_n
 
@@ -485,23 +547,26 @@ def _diagnose(args, rep_row):
     """Where a leak first shows: kernel rstd, raw partials (written? finite?), with a
     NaN-filled allocator, other configs."""
     import coda_agent.kernels as K
+
     d: dict = {}
     _, _, rstd_k = K.gemm_residual_partial_rms_op(*args)
     d["kernel rstd bad rows"] = _bad_rows(rstd_k)[:8]
     try:
         ss, tile_n = _raw_partials(args, "kernel", prefill=-1.0)
         ref = _partials_ref(args, tile_n)
-        d["raw ss unwritten (row, tile)"] = (ss == -1.0).nonzero().tolist()[:8]   # a sum of squares is >= 0
+        d["raw ss unwritten (row, tile)"] = (ss == -1.0).nonzero().tolist()[:8]  # a sum of squares is >= 0
         d["raw ss bad rows"] = _bad_rows(ss)[:8]
         d["fp32 partials bad rows"] = _bad_rows(ref)[:8]
         bad = ~ss.isfinite() & ref.isfinite()
         d["raw ss non-finite where fp32 partials finite (row, tile)"] = bad.nonzero().tolist()[:8]
         fin = ss.isfinite() & ref.isfinite()
-        d["raw ss max rel err (finite)"] = float(((ss - ref).abs() / ref.abs().clamp_min(1e-30))[fin].max()) if fin.any() else 0.0
+        d["raw ss max rel err (finite)"] = (
+            float(((ss - ref).abs() / ref.abs().clamp_min(1e-30))[fin].max()) if fin.any() else 0.0
+        )
     except Exception as e:
         d["raw ss error"] = f"{type(e).__name__}: {e}"
     if any(v["extra_rows"] for v in rep_row.values()):
-        try:             # stale memory: the allocator's free blocks (small and large pools) NaN-filled first
+        try:  # stale memory: the allocator's free blocks (small and large pools) NaN-filled first
             fillers = [torch.full((1 << 16,), float("nan"), device=DEVICE) for _ in range(256)]
             fillers.append(torch.full((1 << 28,), float("nan"), device=DEVICE))
             del fillers
@@ -516,6 +581,7 @@ def _diagnose(args, rep_row):
             d["quack default config error"] = f"{type(e).__name__}: {e}"
         try:
             from quack.epilogue.library import rms_partial_epi
+
             x, w_o, residual, gamma = args
             lib = rms_partial_epi(x, w_o.T, residual, tuned=False, weight=gamma)
             d["quack rms_partial_epi: sqsum bad rows"] = _bad_rows(lib["sqsum"])[:8]
@@ -526,6 +592,7 @@ def _diagnose(args, rep_row):
 
 def probe_residual() -> dict:
     import coda_agent.kernels as K
+
     out: dict = {"M": RES_M, "K": RES_K, "N": RES_N, "cases": {}}
     ok = True
     for scenario in RES_SCENARIOS:
@@ -537,8 +604,8 @@ def probe_residual() -> dict:
                     g = torch.Generator().manual_seed(31)
                     shapes = [(RES_M, RES_N), (RES_M, RES_N), (RES_M,)]
                     ups = [torch.randn(s, generator=g).to(DEVICE) for s in shapes]
-                    op = lambda *a, eps=eps: K.residual_rmsnorm(*a, eps=eps)          # noqa: E731
-                    std = lambda *a, eps=eps: std_residual_rmsnorm(*a, eps=eps)       # noqa: E731
+                    op = lambda *a, eps=eps: K.residual_rmsnorm(*a, eps=eps)  # noqa: E731
+                    std = lambda *a, eps=eps: std_residual_rmsnorm(*a, eps=eps)  # noqa: E731
                     got, want = _run(op, args, range(4), ups), _run(std, args, range(4), ups)
                     rep = _rows_report(got, want, RES_NAMES)
                     leak = any(v["extra_rows"] for v in rep.values())
@@ -564,16 +631,20 @@ def print_residual(res: dict) -> None:
         tr = rec["rows"]["rstd"]["torch_rows"]
         print(f"  {key:34s} {'LEAK ' + json.dumps(extra) if rec['leak'] else 'ok'}  (torch rstd bad rows {tr})")
         diag = rec.get("diagnostics", {})
-        if rec["leak"] or any(diag.get(k) for k in ("raw ss unwritten (row, tile)",
-                                                     "raw ss non-finite where fp32 partials finite (row, tile)")):
+        if rec["leak"] or any(
+            diag.get(k)
+            for k in ("raw ss unwritten (row, tile)", "raw ss non-finite where fp32 partials finite (row, tile)")
+        ):
             print(f"  {'':34s} diagnostics {json.dumps(diag)}")
 
 
 # --------------------------------------------------------------------------- main
 
-PROBES = {"deferred": (lambda quick: probe_deferred(quick), print_deferred),
-          "swiglu": (lambda quick: probe_swiglu(), print_swiglu),
-          "residual_rmsnorm": (lambda quick: probe_residual(), print_residual)}
+PROBES = {
+    "deferred": (lambda quick: probe_deferred(quick), print_deferred),
+    "swiglu": (lambda quick: probe_swiglu(), print_swiglu),
+    "residual_rmsnorm": (lambda quick: probe_residual(), print_residual),
+}
 
 
 def main(argv=None) -> int:
@@ -584,12 +655,16 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if DEVICE == "cuda" and not torch.cuda.is_available():
         raise SystemExit("library_probe: needs a CUDA (Hopper) device")
-    torch.backends.cuda.matmul.allow_tf32 = False      # the fp32 references are fp32 GEMMs
+    torch.backends.cuda.matmul.allow_tf32 = False  # the fp32 references are fp32 GEMMs
     results: dict = {}
     try:
         import importlib.metadata as md
-        results["env"] = (f"{torch.cuda.get_device_name(0)}; torch {torch.__version__}; "
-                          f"quack-kernels {md.version('quack-kernels')}") if DEVICE == "cuda" else DEVICE
+
+        results["env"] = (
+            (f"{torch.cuda.get_device_name(0)}; torch {torch.__version__}; quack-kernels {md.version('quack-kernels')}")
+            if DEVICE == "cuda"
+            else DEVICE
+        )
     except Exception as e:
         results["env"] = f"{type(e).__name__}: {e}"
     t0 = time.perf_counter()
@@ -598,9 +673,12 @@ def main(argv=None) -> int:
         t = time.perf_counter()
         try:
             results[name] = run(args.quick)
-        except Exception as e:                  # one failing probe must not lose the others
-            results[name] = {"verdict": "error", "error": f"{type(e).__name__}: {e}",
-                             "traceback": traceback.format_exc(limit=6)}
+        except Exception as e:  # one failing probe must not lose the others
+            results[name] = {
+                "verdict": "error",
+                "error": f"{type(e).__name__}: {e}",
+                "traceback": traceback.format_exc(limit=6),
+            }
         results[name]["seconds"] = round(time.perf_counter() - t, 1)
         try:
             show(results[name])
@@ -610,8 +688,10 @@ def main(argv=None) -> int:
             print(f"  {name}: error {results[name]['error']}")
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(results, indent=1, default=str))
-    print(f"\nverdicts ({time.perf_counter() - t0:.0f} s): "
-          + ", ".join(f"{n} {results[n].get('verdict')} ({results[n].get('seconds')} s)" for n in args.probe or PROBES))
+    print(
+        f"\nverdicts ({time.perf_counter() - t0:.0f} s): "
+        + ", ".join(f"{n} {results[n].get('verdict')} ({results[n].get('seconds')} s)" for n in args.probe or PROBES)
+    )
     return 0
 
 

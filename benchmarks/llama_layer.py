@@ -97,8 +97,15 @@ def make_inputs(shape: LayerShape, M: int, *, device: str, dtype=torch.bfloat16,
         return (torch.rand(n, generator=g, device=device) + 0.5).to(dtype)
 
     D, n_qkv = shape.D, (shape.HQ + 2 * shape.HKV) * shape.HD
-    return [randn(M, D), gamma(D), randn(n_qkv, D, std=D ** -0.5), randn(D, shape.HQ * shape.HD, std=D ** -0.5),
-            gamma(D), randn(2 * shape.I, D, std=D ** -0.5), randn(D, shape.I, std=shape.I ** -0.5)]
+    return [
+        randn(M, D),
+        gamma(D),
+        randn(n_qkv, D, std=D**-0.5),
+        randn(D, shape.HQ * shape.HD, std=D**-0.5),
+        gamma(D),
+        randn(2 * shape.I, D, std=D**-0.5),
+        randn(D, shape.I, std=shape.I**-0.5),
+    ]
 
 
 def rope_tables(M: int, S: int, head_dim: int, device: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -134,8 +141,9 @@ def _attention(qkv, S: int, s: LayerShape):
     M = qkv.shape[0]
     q, k, v = qkv.split((s.HQ * s.HD, s.HKV * s.HD, s.HKV * s.HD), dim=1)
     heads = lambda t, h: t.reshape(M // S, S, h, s.HD).transpose(1, 2)  # noqa: E731
-    o = F.scaled_dot_product_attention(heads(q, s.HQ), heads(k, s.HKV), heads(v, s.HKV), is_causal=True,
-                                       enable_gqa=True)
+    o = F.scaled_dot_product_attention(
+        heads(q, s.HQ), heads(k, s.HKV), heads(v, s.HKV), is_causal=True, enable_gqa=True
+    )
     return o.transpose(1, 2).reshape(M, s.HQ * s.HD)
 
 
@@ -147,8 +155,9 @@ def standard_layer(x, g1, w_qkv, w_o, g2, w1, w_down, *, positions, inv_freq, S:
     return x2 + (F.silu(pre[:, 0::2]) * pre[:, 1::2]) @ w_down.T
 
 
-def coda_layer(x, g1, w_qkv, w_o, g2, w1, w_down, *, positions, inv_freq, S: int, shape: LayerShape,
-               mlp: str = "swiglu"):
+def coda_layer(
+    x, g1, w_qkv, w_o, g2, w1, w_down, *, positions, inv_freq, S: int, shape: LayerShape, mlp: str = "swiglu"
+):
     """The same layer through coda_agent.kernels (see the module docstring for the wiring)."""
     import coda_agent.kernels as K
 
@@ -175,20 +184,20 @@ def chained_stack(x, *weights, positions, inv_freq, S: int, shape: LayerShape):
     import coda_agent.kernels as K
 
     n = len(PARAMS)
-    layers = [weights[i:i + n] for i in range(0, len(weights), n)]
+    layers = [weights[i : i + n] for i in range(0, len(weights), n)]
     heads = {"n_q_heads": shape.HQ, "n_kv_heads": shape.HKV, "head_dim": shape.HD}
     normed_w, rstd = K.chain_start(x, layers[0][0], eps=EPS)
     for i, ws in enumerate(layers):
         g_next = layers[i + 1][0] if i + 1 < len(layers) else None
-        x, normed_w, rstd = K.chained_layer(x, normed_w, rstd, *ws, g_next, positions=positions, inv_freq=inv_freq,
-                                            seq_len=S, eps=EPS, **heads)
+        x, normed_w, rstd = K.chained_layer(
+            x, normed_w, rstd, *ws, g_next, positions=positions, inv_freq=inv_freq, seq_len=S, eps=EPS, **heads
+        )
     return x
 
 
 def chained_layer(x, g1, w_qkv, w_o, g2, w1, w_down, *, positions, inv_freq, S: int, shape: LayerShape):
     """One layer through the chained ops (a stack of one: ``chain_start`` included)."""
-    return chained_stack(x, g1, w_qkv, w_o, g2, w1, w_down, positions=positions, inv_freq=inv_freq, S=S,
-                         shape=shape)
+    return chained_stack(x, g1, w_qkv, w_o, g2, w1, w_down, positions=positions, inv_freq=inv_freq, S=S, shape=shape)
 
 
 def layer_fn(variant: str, **kw):
@@ -196,14 +205,18 @@ def layer_fn(variant: str, **kw):
     a :data:`MLPS` wiring of :func:`coda_layer`, or ``"chained"`` (:func:`chained_stack`)."""
     if variant == "chained":
         return lambda x, *ws: chained_stack(x, *ws, **kw)
-    one = (lambda *a: standard_layer(*a, **kw)) if variant == "standard" else (
-        lambda *a: coda_layer(*a, mlp=variant, **kw))
+    one = (
+        (lambda *a: standard_layer(*a, **kw))
+        if variant == "standard"
+        else (lambda *a: coda_layer(*a, mlp=variant, **kw))
+    )
     n = len(PARAMS)
 
     def run(x, *ws):
         for i in range(0, len(ws), n):
-            x = one(x, *ws[i:i + n])
+            x = one(x, *ws[i : i + n])
         return x
+
     return run
 
 
@@ -213,8 +226,17 @@ def _grads(fn, args, dy):
     return (out, *torch.autograd.grad(out, xs, dy))
 
 
-def check(shape: LayerShape, M: int, S: int, *, device: str = "cuda", mlp: str = "swiglu", seed: int = 0,
-          layers: int = 1, compiled: bool = False) -> dict:
+def check(
+    shape: LayerShape,
+    M: int,
+    S: int,
+    *,
+    device: str = "cuda",
+    mlp: str = "swiglu",
+    seed: int = 0,
+    layers: int = 1,
+    compiled: bool = False,
+) -> dict:
     """Max abs error of a CODA variant's output and gradients (x, then :data:`PARAMS` per
     layer) against the standard layer (a stack of ``layers``) in fp32 from the same bf16
     inputs, next to the standard bf16 layer's error (the budget is twice that). ``mlp``: a
@@ -231,12 +253,15 @@ def check(shape: LayerShape, M: int, S: int, *, device: str = "cuda", mlp: str =
     fn = layer_fn(mlp, **kw)
     got = _grads(torch.compile(fn, fullgraph=True) if compiled else fn, args, dy)
     names = ("out", "dx", *(f"d{p}" + (f"[{i}]" if layers > 1 else "") for i in range(layers) for p in PARAMS))
-    return {n: {"coda": (g.float() - r).abs().max().item(), "standard_bf16": (b.float() - r).abs().max().item()}
-            for n, g, r, b in zip(names, got, ref, low, strict=False)}
+    return {
+        n: {"coda": (g.float() - r).abs().max().item(), "standard_bf16": (b.float() - r).abs().max().item()}
+        for n, g, r, b in zip(names, got, ref, low, strict=False)
+    }
 
 
 def _bench(fn, rep: int = 1000) -> float:
     from triton.testing import do_bench
+
     return float(do_bench(fn, warmup=50, rep=rep, return_mode="median"))
 
 
@@ -273,9 +298,13 @@ def split_profile(prof: dict, top_other: int = 15) -> dict:
         if c == "other":
             others.append(k)
     busy = sum(by.values()) or 1.0
-    return {"gemm us": round(by["gemm"], 1), "attention us": round(by["attention"], 1),
-            "other us": round(by["other"], 1), "other %": round(100 * by["other"] / busy, 2),
-            "other top": others[:top_other]}
+    return {
+        "gemm us": round(by["gemm"], 1),
+        "attention us": round(by["attention"], 1),
+        "other us": round(by["other"], 1),
+        "other %": round(100 * by["other"] / busy, 2),
+        "other top": others[:top_other],
+    }
 
 
 def down_proj_choice(shape: LayerShape, M: int) -> dict:
@@ -283,14 +312,17 @@ def down_proj_choice(shape: LayerShape, M: int) -> dict:
     g_next): cuBLAS addmm with x2 as C (what it runs), the gemm_residual_partial_rms kernel
     with gamma = ones (the alternative), and mm + add."""
     import coda_agent.kernels as K
+
     g = torch.Generator(device="cuda").manual_seed(0)
     post = torch.randn(M, shape.I, generator=g, device="cuda").to(torch.bfloat16)
-    w_down = (torch.randn(shape.D, shape.I, generator=g, device="cuda") * shape.I ** -0.5).to(torch.bfloat16)
+    w_down = (torch.randn(shape.D, shape.I, generator=g, device="cuda") * shape.I**-0.5).to(torch.bfloat16)
     x2 = torch.randn(M, shape.D, generator=g, device="cuda").to(torch.bfloat16)
     ones = torch.ones(shape.D, device="cuda", dtype=torch.bfloat16)
-    cases = {"addmm (x2 as C)": lambda: torch.addmm(x2, post, w_down.T),
-             "gemm_residual_partial_rms (gamma = ones)": lambda: K.gemm_residual_partial_rms_op(post, w_down, x2, ones),
-             "mm + add": lambda: x2 + post @ w_down.T}
+    cases = {
+        "addmm (x2 as C)": lambda: torch.addmm(x2, post, w_down.T),
+        "gemm_residual_partial_rms (gamma = ones)": lambda: K.gemm_residual_partial_rms_op(post, w_down, x2, ones),
+        "mm + add": lambda: x2 + post @ w_down.T,
+    }
     res = {}
     for name, fn in cases.items():
         try:
@@ -335,26 +367,37 @@ def time_step(shape: LayerShape, M: int, S: int, rounds: int = 2, profile: int =
     positions, inv_freq = rope_tables(M, S, shape.HD, "cuda")
     kw = dict(positions=positions, inv_freq=inv_freq, S=S, shape=shape)
     dy = torch.randn_like(x)
-    impls = {"standard": "standard", "coda (swiglu op)": "swiglu", "coda (deferred swiglu)": "deferred",
-             "coda (deferred swiglu mlp)": "deferred_mlp", "chained": "chained"}
+    impls = {
+        "standard": "standard",
+        "coda (swiglu op)": "swiglu",
+        "coda (deferred swiglu)": "deferred",
+        "coda (deferred swiglu mlp)": "deferred_mlp",
+        "chained": "chained",
+    }
     if layers > 1:
         impls = {k: v for k, v in impls.items() if v in ("standard", "deferred_mlp", "chained")}
     steps, res = {}, {}
     for name, variant in impls.items():
         fn = layer_fn(variant, **kw)
-        for mode, f in (("eager", fn), ("compile", torch.compile(fn, dynamic=False)),
-                        ("cudagraphs", torch.compile(fn, dynamic=False, mode="reduce-overhead"))):
+        for mode, f in (
+            ("eager", fn),
+            ("compile", torch.compile(fn, dynamic=False)),
+            ("cudagraphs", torch.compile(fn, dynamic=False, mode="reduce-overhead")),
+        ):
             key = f"{name} ({mode})"
-            if mode == "cudagraphs":   # a new training step: earlier replays' outputs may be overwritten
+            if mode == "cudagraphs":  # a new training step: earlier replays' outputs may be overwritten
+
                 def step(f=f):
                     torch.compiler.cudagraph_mark_step_begin()
                     return torch.autograd.grad(f(*args), args, dy)
             else:
+
                 def step(f=f):
                     return torch.autograd.grad(f(*args), args, dy)
+
             skips = counters["inductor"]["cudagraph_skips"]
             try:
-                for _ in range(3):          # compile, warm up, record
+                for _ in range(3):  # compile, warm up, record
                     step()
                 torch.cuda.synchronize()
             except Exception as e:  # one failing variant must not lose the others
@@ -371,8 +414,9 @@ def time_step(shape: LayerShape, M: int, S: int, rounds: int = 2, profile: int =
         res[key] = {"median": round(statistics.median(ts), 4), "rounds": ts}
     if profile:
         from host_probe import kernel_profile
+
         for key, step in steps.items():
-            prof = kernel_profile(step, profile, top=10 ** 6)
+            prof = kernel_profile(step, profile, top=10**6)
             res[f"split:{key}"] = split_profile(prof)
             res[f"profile:{key}"] = {**prof, "top": prof["top"][:30]}
     return res
@@ -388,6 +432,7 @@ def targets(shape_name: str, res: dict) -> dict:
     (compile, cudagraphs, eager): the step's speedup over the standard one
     (``100 (t_std / t_chained - 1)``) and, when profiled, the other kernels' share of the
     busy GPU time (``other %``, the target's measure) and of the timed step."""
+
     def ms(key):
         v = res.get(key)
         return v["median"] if isinstance(v, dict) else None
@@ -412,11 +457,20 @@ def main(argv=None) -> int:
     ap.add_argument("--time-only", action="store_true", help="timing only, no numerics")
     ap.add_argument("--shape", action="append", choices=sorted(SHAPES), help="default: both")
     ap.add_argument("--rounds", type=int, default=2, help="timing rounds (each times every variant once)")
-    ap.add_argument("--layers", type=int, default=1,
-                    help="time a stack of this many layers (standard, the deferred_mlp wiring and chained)")
-    ap.add_argument("--profile", type=int, default=2, metavar="N",
-                    help="profile N steps of every variant (0: none): GPU time by kernel, idle gaps, the "
-                         "GEMM / attention / other split")
+    ap.add_argument(
+        "--layers",
+        type=int,
+        default=1,
+        help="time a stack of this many layers (standard, the deferred_mlp wiring and chained)",
+    )
+    ap.add_argument(
+        "--profile",
+        type=int,
+        default=2,
+        metavar="N",
+        help="profile N steps of every variant (0: none): GPU time by kernel, idle gaps, the "
+        "GEMM / attention / other split",
+    )
     args = ap.parse_args(argv)
     if args.layers < 1 or args.rounds < 1 or args.profile < 0:
         ap.error("--layers and --rounds must be >= 1, --profile >= 0")
@@ -427,14 +481,21 @@ def main(argv=None) -> int:
     from host_probe import env_line
 
     args.out.mkdir(parents=True, exist_ok=True)
-    results: dict = {"env": env_line(), "eps": EPS, "command": " ".join(sys.argv), "check": {}, "step_ms": {},
-                     "targets": {}, "down_proj_ms": {}}
+    results: dict = {
+        "env": env_line(),
+        "eps": EPS,
+        "command": " ".join(sys.argv),
+        "check": {},
+        "step_ms": {},
+        "targets": {},
+        "down_proj_ms": {},
+    }
 
     def save():
         (args.out / "llama_layer.json").write_text(json.dumps(results, indent=1))
 
-    for shape in ([] if args.time_only else shapes):
-        for variant, n in (*((v, 1) for v in VARIANTS), ("chained", 2)):   # + a chained stack: the hand-offs
+    for shape in [] if args.time_only else shapes:
+        for variant, n in (*((v, 1) for v in VARIANTS), ("chained", 2)):  # + a chained stack: the hand-offs
             key = f"{shape.name} M=1024 (2 x 512) mlp={variant}" + (f", {n} layers" if n > 1 else "")
             try:
                 results["check"][key] = check(shape, 1024, 512, mlp=variant, layers=n)
@@ -448,17 +509,34 @@ def main(argv=None) -> int:
     if not args.check_only:
         for shape in shapes:
             key = f"{shape.name} M=8192 (1 x 8192)" + (f", {args.layers} layers" if args.layers > 1 else "")
-            res = results["step_ms"][key] = time_step(shape, 8192, 8192, rounds=args.rounds, profile=args.profile,
-                                                      layers=args.layers)
+            res = results["step_ms"][key] = time_step(
+                shape, 8192, 8192, rounds=args.rounds, profile=args.profile, layers=args.layers
+            )
             results["targets"][key] = targets(shape.name, res)
             results["down_proj_ms"][shape.name] = down_proj_choice(shape, 8192)
-            print(key, json.dumps({k: v for k, v in res.items() if not k.startswith(("profile:", "split:"))}),
-                  flush=True)
-            print(key, "split (us/step: gemm, attention, other, other %):", json.dumps(
-                {k[6:]: [v["gemm us"], v["attention us"], v["other us"], v["other %"]]
-                 for k, v in res.items() if k.startswith("split:")}), flush=True)
-            print(key, "targets:", json.dumps(results["targets"][key]), "down projection + residual (ms):",
-                  json.dumps(results["down_proj_ms"][shape.name]), flush=True)
+            print(
+                key, json.dumps({k: v for k, v in res.items() if not k.startswith(("profile:", "split:"))}), flush=True
+            )
+            print(
+                key,
+                "split (us/step: gemm, attention, other, other %):",
+                json.dumps(
+                    {
+                        k[6:]: [v["gemm us"], v["attention us"], v["other us"], v["other %"]]
+                        for k, v in res.items()
+                        if k.startswith("split:")
+                    }
+                ),
+                flush=True,
+            )
+            print(
+                key,
+                "targets:",
+                json.dumps(results["targets"][key]),
+                "down projection + residual (ms):",
+                json.dumps(results["down_proj_ms"][shape.name]),
+                flush=True,
+            )
             save()
     return 0
 

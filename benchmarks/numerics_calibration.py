@@ -121,8 +121,9 @@ class _Rows(list):
                 f.write(json.dumps(row, default=str) + "\n")
 
 
-def calibrate(names: list[str] | None, device: str, secrets: int, bench: bool, sample: int = 1 << 62,
-              sink: Path | None = None) -> list[dict]:
+def calibrate(
+    names: list[str] | None, device: str, secrets: int, bench: bool, sample: int = 1 << 62, sink: Path | None = None
+) -> list[dict]:
     """Judge every candidate (module doc) and return the rows; each row is also appended to
     ``sink`` (JSON lines) as soon as it exists, so a run cut short keeps what it judged."""
     from coda_agent.verifier.gpu.inputs import make_inputs
@@ -142,8 +143,11 @@ def calibrate(names: list[str] | None, device: str, secrets: int, bench: bool, s
         spec, ref = loaded.spec, loaded.load_reference()
         runs = []
         for s in range(1, secrets + 1):  # (the sampled production-size case: benchmarks/reverify.py)
-            runs += [r for r in make_runs(spec, secret=s, device=device) if not r.recheck and not r.sample
-                     and (s == 1 or r.key.startswith("cov"))]
+            runs += [
+                r
+                for r in make_runs(spec, secret=s, device=device)
+                if not r.recheck and not r.sample and (s == 1 or r.key.startswith("cov"))
+            ]
         if bench and device == "cuda" and spec.shapes.benchmark:
             shapes = make_bench_shapes(spec)[:1]
             runs += make_bench_checks(spec, shapes, secret=7)
@@ -163,14 +167,31 @@ def calibrate(names: list[str] | None, device: str, secrets: int, bench: bool, s
             for cname, fn in cands.items():
                 try:
                     with torch.no_grad():
-                        got = fn(**inputs, **consts) if cname != "kernel" else fn(
-                            *[inputs[t.name] for t in spec.entry.inputs], **consts)
+                        got = (
+                            fn(**inputs, **consts)
+                            if cname != "kernel"
+                            else fn(*[inputs[t.name] for t in spec.entry.inputs], **consts)
+                        )
                     if not isinstance(got, dict):
-                        got = dict(zip([o.name for o in spec.entry.outputs], got if isinstance(got, tuple) else (got,), strict=False))
+                        got = dict(
+                            zip(
+                                [o.name for o in spec.entry.outputs],
+                                got if isinstance(got, tuple) else (got,),
+                                strict=False,
+                            )
+                        )
                     results[cname] = {k: v.detach() for k, v in got.items()}
                 except Exception as e:  # noqa: BLE001 -- a candidate that cannot run is a row, not a crash
-                    rows.append(dict(spec=loaded.name, run=run.key, case=run.case, candidate=cname, output=None,
-                                     error=f"{type(e).__name__}: {str(e)[:300]}"))
+                    rows.append(
+                        dict(
+                            spec=loaded.name,
+                            run=run.key,
+                            case=run.case,
+                            candidate=cname,
+                            output=None,
+                            error=f"{type(e).__name__}: {str(e)[:300]}",
+                        )
+                    )
             for pos, o in enumerate(spec.entry.outputs):
                 r32, lp = ref32[o.name], lowp[o.name]
                 tol = spec.tolerance.for_output(o.name)
@@ -189,14 +210,32 @@ def calibrate(names: list[str] | None, device: str, secrets: int, bench: bool, s
                     else:
                         o_, r_, l_ = out, r32, lp
                     if o_.shape != r_.shape:
-                        rows.append(dict(spec=loaded.name, run=run.key, case=run.case, candidate=cname, output=o.name,
-                                         error=f"shape {tuple(o_.shape)} != {tuple(r_.shape)}"))
+                        rows.append(
+                            dict(
+                                spec=loaded.name,
+                                run=run.key,
+                                case=run.case,
+                                candidate=cname,
+                                output=o.name,
+                                error=f"shape {tuple(o_.shape)} != {tuple(r_.shape)}",
+                            )
+                        )
                         continue
                     j = tolerance_check(o_, r_, l_, tol, o.dtype, spec.low_precision)
-                    rows.append(dict(spec=loaded.name, run=run.key, case=run.case, draw=run.draw, candidate=cname,
-                                     output=o.name, ok=j["ok"], failed=j.get("failed", []),
-                                     ratios={k: v["ratio"] for k, v in j.get("rules", {}).items()},
-                                     sign_wrong=j.get("rules", {}).get("sign", {}).get("wrong")))
+                    rows.append(
+                        dict(
+                            spec=loaded.name,
+                            run=run.key,
+                            case=run.case,
+                            draw=run.draw,
+                            candidate=cname,
+                            output=o.name,
+                            ok=j["ok"],
+                            failed=j.get("failed", []),
+                            ratios={k: v["ratio"] for k, v in j.get("rules", {}).items()},
+                            sign_wrong=j.get("rules", {}).get("sign", {}).get("wrong"),
+                        )
+                    )
             del inputs, results, ref32, lowp
             if device == "cuda":
                 torch.cuda.empty_cache()
@@ -206,8 +245,10 @@ def calibrate(names: list[str] | None, device: str, secrets: int, bench: bool, s
 
 def summarize(rows: list[dict]) -> str:
     """A markdown table: per candidate and rule, the largest ratio and (honest rows) the margin."""
-    lines = ["| candidate | judged | failed | " + " | ".join(f"max {r}" for r in RULES[:3]) + " | sign wrong | margin |",
-             "|---|---|---|" + "---|" * 3 + "---|---|"]
+    lines = [
+        "| candidate | judged | failed | " + " | ".join(f"max {r}" for r in RULES[:3]) + " | sign wrong | margin |",
+        "|---|---|---|" + "---|" * 3 + "---|---|",
+    ]
     by: dict[str, list[dict]] = {}
     for r in rows:
         if r.get("output") is not None and "ratios" in r:
@@ -221,8 +262,11 @@ def summarize(rows: list[dict]) -> str:
         sign = sum(x.get("sign_wrong") or 0 for x in rs)
         top = max(worst[r] for r in RULES[:3])
         margin = f"{1 / top:.2f}x" if cand in HONEST and top > 0 and math.isfinite(top) else "-"
-        lines.append(f"| {cand} | {len(rs)} | {failed} | " + " | ".join(f"{worst[r]:.3g}" for r in RULES[:3])
-                     + f" | {sign} | {margin} |")
+        lines.append(
+            f"| {cand} | {len(rs)} | {failed} | "
+            + " | ".join(f"{worst[r]:.3g}" for r in RULES[:3])
+            + f" | {sign} | {margin} |"
+        )
     errors = [r for r in rows if r.get("error")]
     if errors:
         lines.append("")
@@ -238,7 +282,10 @@ def per_spec(rows: list[dict]) -> str:
         rs = [r for r in rows if r.get("spec") == spec and r.get("output") == output and "ratios" in r]
         honest = [r for r in rs if r["candidate"] in HONEST]
         wrong = [r for r in rs if r["candidate"] in WRONG]
-        w = max(((v, k, r["candidate"]) for r in honest for k, v in r["ratios"].items() if k in RULES[:3]), default=(0, "-", "-"))
+        w = max(
+            ((v, k, r["candidate"]) for r in honest for k, v in r["ratios"].items() if k in RULES[:3]),
+            default=(0, "-", "-"),
+        )
         caught = sum(1 for r in wrong if not r["ok"])
         out.append(f"| {spec} | {output} | {w[0]:.3g} ({w[1]}, {w[2]}) | {caught}/{len(wrong)} |")
     return "\n".join(out)
@@ -250,8 +297,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--secrets", type=int, default=2, help="secrets whose coverage cases are judged")
     ap.add_argument("--spec", action="append", help="only these specs (repeatable)")
     ap.add_argument("--bench", action="store_true", help="also the first benchmark shape, sampled (GPU)")
-    ap.add_argument("--sample", type=int, default=1 << 62,
-                    help="judge at most this many sampled elements per output (the rules on a sample)")
+    ap.add_argument(
+        "--sample",
+        type=int,
+        default=1 << 62,
+        help="judge at most this many sampled elements per output (the rules on a sample)",
+    )
     ap.add_argument("--json", type=Path, help="append every judged row here as it is judged (JSON lines)")
     ap.add_argument("--summarize", type=Path, help="print the tables of an earlier --json file and exit")
     a = ap.parse_args(argv)

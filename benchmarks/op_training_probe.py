@@ -53,6 +53,7 @@ from llama_layer import rope_interleaved  # noqa: E402  (the standard RoPE, writ
 
 def _bench(fn) -> float:
     from triton.testing import do_bench
+
     return float(do_bench(fn, warmup=25, rep=200, return_mode="median"))
 
 
@@ -65,6 +66,7 @@ def _step(fn, args, dy):
     def run():
         out = fn(*xs)
         return torch.autograd.grad(out, leaves, dy)
+
     return run
 
 
@@ -83,14 +85,21 @@ def _steps(op, standard, args, dy) -> dict:
     trees replay forward and backward, so host launch time drops out), the number of graph
     skips Inductor counted for each (0: the step really ran as graphs) and the largest
     gradient difference of the graphed op from the eager op (relative to the eager max)."""
-    impls = [("ops", op), ("ops (compile)", torch.compile(op, dynamic=False)), ("eager", standard),
-             ("compile", torch.compile(standard, dynamic=False))]
+    impls = [
+        ("ops", op),
+        ("ops (compile)", torch.compile(op, dynamic=False)),
+        ("eager", standard),
+        ("compile", torch.compile(standard, dynamic=False)),
+    ]
     if CUDAGRAPHS:
-        impls += [("ops (cudagraphs)", torch.compile(op, dynamic=False, mode="reduce-overhead")),
-                  ("compile (cudagraphs)", torch.compile(standard, dynamic=False, mode="reduce-overhead"))]
+        impls += [
+            ("ops (cudagraphs)", torch.compile(op, dynamic=False, mode="reduce-overhead")),
+            ("compile (cudagraphs)", torch.compile(standard, dynamic=False, mode="reduce-overhead")),
+        ]
     res = {}
     for k, f in impls:
         from torch._dynamo.utils import counters
+
         skips = counters["inductor"]["cudagraph_skips"]
         run = _step(f, args, dy)
         res[f"step:{k}"] = _bench(run)
@@ -103,59 +112,71 @@ def _steps(op, standard, args, dy) -> dict:
             got = [g.clone() for g in run()]
             res["grad max rel diff:ops (cudagraphs) vs ops"] = max(
                 float((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-30))
-                for a, b in zip(got, want, strict=False))
+                for a, b in zip(got, want, strict=False)
+            )
     return res
 
 
 def rmsnorm_linear_case(m, d, n):
     import coda_agent.kernels as K
+
     ref = load_reference("rms_bwd")
-    h, gamma, w = _randn(m, d, std=2.0), (torch.rand(d, device="cuda") + 0.5).to(torch.bfloat16), _randn(n, d, std=d ** -0.5)
+    h, gamma, w = (
+        _randn(m, d, std=2.0),
+        (torch.rand(d, device="cuda") + 0.5).to(torch.bfloat16),
+        _randn(n, d, std=d**-0.5),
+    )
     dy = _randn(m, n)
-    standard = lambda h, gamma, w: ref.forward(w=w, h=h, gamma=gamma)          # noqa: E731
+    standard = lambda h, gamma, w: ref.forward(w=w, h=h, gamma=gamma)  # noqa: E731
     res = _steps(K.rmsnorm_linear, standard, (h, gamma, w), dy)
     out = K.rmsnorm_linear(h, gamma, w)
     rstd = ref.saved_rstd(h=h)
-    zdz_pass = lambda: (dy.float() * out.float()).sum(dim=-1) / d               # noqa: E731
+    zdz_pass = lambda: (dy.float() * out.float()).sum(dim=-1) / d  # noqa: E731
     zdz = zdz_pass()
     dresid = torch.zeros_like(h)
     res["zdz pass (glue, eager)"] = _bench(zdz_pass)
     res["rms_bwd kernel"] = _bench(lambda: K.rms_bwd_op(dy, w, h, gamma, rstd, zdz, dresid))
     unfused = torch.compile(ref.baseline, dynamic=False)
     res["unfused dgrad + RMSNorm bwd (compile)"] = _bench(
-        lambda: unfused(dy=dy, w=w, h=h, gamma=gamma, rstd=rstd, zdz=zdz, dresid=dresid))
+        lambda: unfused(dy=dy, w=w, h=h, gamma=gamma, rstd=rstd, zdz=zdz, dresid=dresid)
+    )
     res["dgrad GEMM (cuBLAS)"] = _bench(lambda: dy @ w)
     return res
 
 
 def swiglu_case(m, k, i):
     import coda_agent.kernels as K
-    x, w1, w_down = _randn(m, k), _randn(2 * i, k, std=k ** -0.5), _randn(k, i, std=i ** -0.5)
+
+    x, w1, w_down = _randn(m, k), _randn(2 * i, k, std=k**-0.5), _randn(k, i, std=i**-0.5)
     dy = _randn(m, k)
 
     def standard(x, w1, w_down):
         pre = x @ w1.T
         return (F.silu(pre[:, 0::2]) * pre[:, 1::2]) @ w_down.T
+
     return _steps(K.swiglu, standard, (x, w1, w_down), dy)
 
 
 def qkv_rope_case(m, k, hq, hkv, hd):
     import coda_agent.kernels as K
+
     n = (hq + 2 * hkv) * hd
-    x, w = _randn(m, k), _randn(n, k, std=k ** -0.5)
+    x, w = _randn(m, k), _randn(n, k, std=k**-0.5)
     positions = torch.arange(m, device="cuda") % 8192
     inv_freq = 1.0 / (500000.0 ** (torch.arange(0, hd, 2, device="cuda", dtype=torch.float32) / hd))
     dy = _randn(m, n)
 
-    def standard(x, w):           # Meta's interleaved RoPE on Q and K heads, V passes through
+    def standard(x, w):  # Meta's interleaved RoPE on Q and K heads, V passes through
         return rope_interleaved(x @ w.T, positions, inv_freq, hq, hkv, hd)
 
     def ops(x, w):
         return K.qkv_rope(x, w, positions, inv_freq, n_q_heads=hq, n_kv_heads=hkv, head_dim=hd)
+
     res = _steps(ops, standard, (x, w), dy)
     # the rotation passes alone, each compiled: the op's glue (R^T, float64 angles) and the
     # standard definition's rotation (fp32 angles; what its backward computes, by other kernels)
     from coda_agent.kernels._rope import rope_rotate
+
     n_rot = (hq + hkv) * hd
     glue = torch.compile(lambda d: rope_rotate(d, positions, inv_freq, n_rot, inverse=True), dynamic=False)
     std_rot = torch.compile(lambda d: rope_interleaved(d, positions, inv_freq, hq, hkv, hd), dynamic=False)
@@ -166,12 +187,14 @@ def qkv_rope_case(m, k, hq, hkv, hd):
 
 def linear_cross_entropy_case(m, k, v):
     import coda_agent.kernels as K
-    h, w = _randn(m, k), _randn(v, k, std=k ** -0.5)
+
+    h, w = _randn(m, k), _randn(v, k, std=k**-0.5)
     target = torch.randint(0, v, (m,), device="cuda")
     dloss = torch.rand(m, device="cuda")
 
     def standard(h, w, target):
         return F.cross_entropy((h @ w.T).float(), target, reduction="none")
+
     return _steps(K.linear_cross_entropy, standard, (h, w, target), dloss)
 
 
@@ -191,10 +214,14 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--case", action="append", choices=sorted(CASES), help="default: every case")
-    ap.add_argument("--cudagraphs", action="store_true",
-                    help='also time op and standard under torch.compile(mode="reduce-overhead")')
-    ap.add_argument("--profile", type=int, default=0, metavar="N",
-                    help="also profile N steps of every variant: GPU time by kernel")
+    ap.add_argument(
+        "--cudagraphs",
+        action="store_true",
+        help='also time op and standard under torch.compile(mode="reduce-overhead")',
+    )
+    ap.add_argument(
+        "--profile", type=int, default=0, metavar="N", help="also profile N steps of every variant: GPU time by kernel"
+    )
     args = ap.parse_args(argv)
     global CUDAGRAPHS, PROFILE_STEPS
     CUDAGRAPHS, PROFILE_STEPS = args.cudagraphs, args.profile
@@ -208,9 +235,17 @@ def main(argv=None) -> int:
             results["cases"][name] = CASES[name]()
         except Exception as e:  # one failing case must not lose the others
             results["cases"][name] = {"failed": f"{type(e).__name__}: {e}"}
-        print(name, json.dumps({k: (round(v, 4) if isinstance(v, float) else v)
-                                for k, v in results["cases"][name].items() if not k.startswith("profile:")}),
-              flush=True)
+        print(
+            name,
+            json.dumps(
+                {
+                    k: (round(v, 4) if isinstance(v, float) else v)
+                    for k, v in results["cases"][name].items()
+                    if not k.startswith("profile:")
+                }
+            ),
+            flush=True,
+        )
         (args.out / "op_training.json").write_text(json.dumps(results, indent=1))
     return 0
 

@@ -41,15 +41,28 @@ def _events(prof, trace_path: Path) -> dict[str, list[dict[str, str]]]:
     """Every non-CPU event of one session: the FunctionEvent list, the raw Kineto events and
     the exported Chrome trace's device events with their category (``cat``)."""
     cpu = torch.autograd.DeviceType.CPU
-    fe = [dict(name=e.name, device_type=str(e.device_type), activity_type=_attr(e, "activity_type"))
-          for e in prof.events() if e.device_type != cpu]
-    raw = [dict(name=e.name(), device_type=str(e.device_type()), activity_type=_attr(e, "activity_type"),
-                correlation_id=_attr(e, "correlation_id"))
-           for e in prof.profiler.kineto_results.events() if e.device_type() != cpu]
+    fe = [
+        dict(name=e.name, device_type=str(e.device_type), activity_type=_attr(e, "activity_type"))
+        for e in prof.events()
+        if e.device_type != cpu
+    ]
+    raw = [
+        dict(
+            name=e.name(),
+            device_type=str(e.device_type()),
+            activity_type=_attr(e, "activity_type"),
+            correlation_id=_attr(e, "correlation_id"),
+        )
+        for e in prof.profiler.kineto_results.events()
+        if e.device_type() != cpu
+    ]
     prof.export_chrome_trace(str(trace_path))
     trace = json.loads(trace_path.read_text()).get("traceEvents", [])
-    cats = [dict(name=str(t.get("name")), cat=str(t.get("cat")), correlation=str((t.get("args") or {}).get("correlation")))
-            for t in trace if t.get("ph") == "X" and str(t.get("cat")) not in ("cpu_op", "python_function", "user_annotation")]
+    cats = [
+        dict(name=str(t.get("name")), cat=str(t.get("cat")), correlation=str((t.get("args") or {}).get("correlation")))
+        for t in trace
+        if t.get("ph") == "X" and str(t.get("cat")) not in ("cpu_op", "python_function", "user_annotation")
+    ]
     return {"function_events": fe, "kineto_events": raw, "trace_events": cats}
 
 

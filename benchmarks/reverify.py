@@ -43,11 +43,14 @@ def _row(name: str, verdict, wall: float) -> dict:
     cov, alltr = m.get("coverage_s") or {}, m.get("trials_s") or {}
     first = failed.findings[0] if failed is not None and failed.findings else None
     return {
-        "kernel": name, "outcome": verdict.outcome, "wall_s": round(wall, 1),
+        "kernel": name,
+        "outcome": verdict.outcome,
+        "wall_s": round(wall, 1),
         "failed_stage": failed.stage if failed else None,
         "finding": (f"[{first.kind}] {first.case or ''}: {first.message[:400]}" if first else None),
         "worst": _worst_rules(verdict),
-        "coverage_s": cov, "trials_s": alltr,
+        "coverage_s": cov,
+        "trials_s": alltr,
         "cases": len(m.get("cases") or []),
     }
 
@@ -76,16 +79,22 @@ def main(argv: list[str] | None = None) -> int:
 
     with ThreadPoolExecutor(max(1, a.jobs)) as ex:
         rows = list(ex.map(one, names))
-    lines = ["| kernel | outcome | " + " | ".join(f"worst {r}" for r in RULES)
-             + " | cases | coverage s (cand / ref) | all trials s (cand / ref) | wall s | first finding |",
-             "|---|---|" + "---|" * len(RULES) + "---|---|---|---|---|"]
+    lines = [
+        "| kernel | outcome | "
+        + " | ".join(f"worst {r}" for r in RULES)
+        + " | cases | coverage s (cand / ref) | all trials s (cand / ref) | wall s | first finding |",
+        "|---|---|" + "---|" * len(RULES) + "---|---|---|---|---|",
+    ]
     for r in rows:
         w = r["worst"]
         cov, tr = r["coverage_s"], r["trials_s"]
-        lines.append(f"| {r['kernel']} | {r['outcome']} | " + " | ".join(f"{w.get(k, 0):.3g}" for k in RULES)
-                     + f" | {r['cases']} | {cov.get('candidate', 0):.1f} / {cov.get('reference', 0):.1f}"
-                     + f" | {tr.get('candidate', 0):.1f} / {tr.get('reference', 0):.1f} | {r['wall_s']}"
-                     + f" | {(r['finding'] or '').replace('|', '/')[:200]} |")
+        lines.append(
+            f"| {r['kernel']} | {r['outcome']} | "
+            + " | ".join(f"{w.get(k, 0):.3g}" for k in RULES)
+            + f" | {r['cases']} | {cov.get('candidate', 0):.1f} / {cov.get('reference', 0):.1f}"
+            + f" | {tr.get('candidate', 0):.1f} / {tr.get('reference', 0):.1f} | {r['wall_s']}"
+            + f" | {(r['finding'] or '').replace('|', '/')[:200]} |"
+        )
     table = "\n".join(lines)
     (a.out / "table.md").write_text(table + "\n")
     (a.out / "rows.json").write_text(json.dumps(rows, indent=1))

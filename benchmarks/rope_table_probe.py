@@ -63,11 +63,21 @@ def main(argv=None) -> int:
 
     rope = load_kernel("gemm_rope")
     configs = {
-        "128x192pp": GemmConfig(tile_m=128, tile_n=192, pingpong=True, cluster_m=2, cluster_n=1, is_dynamic_persistent=False),
-        "128x128pp": GemmConfig(tile_m=128, tile_n=128, pingpong=True, cluster_m=2, cluster_n=1, is_dynamic_persistent=False),
-        "128x128pp-c12": GemmConfig(tile_m=128, tile_n=128, pingpong=True, cluster_m=1, cluster_n=2, is_dynamic_persistent=False),
-        "128x256coop": GemmConfig(tile_m=128, tile_n=256, pingpong=False, cluster_m=2, cluster_n=1, is_dynamic_persistent=False),
-        "256x128coop": GemmConfig(tile_m=256, tile_n=128, pingpong=False, cluster_m=2, cluster_n=1, is_dynamic_persistent=False),
+        "128x192pp": GemmConfig(
+            tile_m=128, tile_n=192, pingpong=True, cluster_m=2, cluster_n=1, is_dynamic_persistent=False
+        ),
+        "128x128pp": GemmConfig(
+            tile_m=128, tile_n=128, pingpong=True, cluster_m=2, cluster_n=1, is_dynamic_persistent=False
+        ),
+        "128x128pp-c12": GemmConfig(
+            tile_m=128, tile_n=128, pingpong=True, cluster_m=1, cluster_n=2, is_dynamic_persistent=False
+        ),
+        "128x256coop": GemmConfig(
+            tile_m=128, tile_n=256, pingpong=False, cluster_m=2, cluster_n=1, is_dynamic_persistent=False
+        ),
+        "256x128coop": GemmConfig(
+            tile_m=256, tile_n=128, pingpong=False, cluster_m=2, cluster_n=1, is_dynamic_persistent=False
+        ),
     }
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []
@@ -81,7 +91,7 @@ def main(argv=None) -> int:
         n, n_rot = (hq + 2 * hkv) * hd, (hq + hkv) * hd
         g = torch.Generator(device="cuda").manual_seed(0)
         x = torch.randn(m, k, device="cuda", generator=g).to(torch.bfloat16)
-        w = (torch.randn(n, k, device="cuda", generator=g) * k ** -0.5).to(torch.bfloat16)
+        w = (torch.randn(n, k, device="cuda", generator=g) * k**-0.5).to(torch.bfloat16)
         positions = torch.randint(0, 8192, (m,), device="cuda", generator=g)
         inv_freq = (1.0 / 500000.0 ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd)).float().cuda()
         theta = positions.double()[:, None] * inv_freq.double()[None, :]
@@ -96,8 +106,13 @@ def main(argv=None) -> int:
         acc = x.float() @ w.float().T
         pr = acc[:, :n_rot].unflatten(1, (n_rot // hd, hd // 2, 2))
         c, s = cs[:, 0::2][:, None, :], cs[:, 1::2][:, None, :]
-        ref = torch.cat((torch.stack((pr[..., 0] * c - pr[..., 1] * s, pr[..., 0] * s + pr[..., 1] * c), -1).flatten(1),
-                         acc[:, n_rot:]), 1)
+        ref = torch.cat(
+            (
+                torch.stack((pr[..., 0] * c - pr[..., 1] * s, pr[..., 0] * s + pr[..., 1] * c), -1).flatten(1),
+                acc[:, n_rot:],
+            ),
+            1,
+        )
         calls = {
             "bare_gemm": (None, lambda: x @ w.T),
             "quack_identity(default)": (None, lambda: identity_epi(x, w.T, tuned=False)["D"]),
@@ -106,10 +121,16 @@ def main(argv=None) -> int:
         for cname, cfg in configs.items():
             if cfg.tile_n % hd and hd % cfg.tile_n:
                 continue
-            calls[f"table+mask {cname}"] = (cfg, lambda cfg=cfg: table_mask_epi(
-                x, w.T, tuned=False, config=cfg, cs=cs, mask=mask_of().view(1, -1))["D"])
-            calls[f"quack table {cname}"] = (cfg, lambda cfg=cfg: rope_table_epi(
-                x, w.T, tuned=False, config=cfg, cs=cs, bias=x.new_zeros(1, n, dtype=torch.float32))["D"])
+            calls[f"table+mask {cname}"] = (
+                cfg,
+                lambda cfg=cfg: table_mask_epi(x, w.T, tuned=False, config=cfg, cs=cs, mask=mask_of().view(1, -1))["D"],
+            )
+            calls[f"quack table {cname}"] = (
+                cfg,
+                lambda cfg=cfg: rope_table_epi(
+                    x, w.T, tuned=False, config=cfg, cs=cs, bias=x.new_zeros(1, n, dtype=torch.float32)
+                )["D"],
+            )
         for label, (_cfg, call) in calls.items():
             try:
                 out = call()
@@ -118,8 +139,13 @@ def main(argv=None) -> int:
                 if label.startswith(("table+mask", "posfreq")):
                     err = float((out.float() - ref).abs().max())
                 ms = float(do_bench(call, return_mode="median", warmup=25, rep=200))
-                record(shape=shape, call=label, ms=round(ms, 4), host_us=round(pipelined_host_us(call), 1),
-                       max_abs_err_vs_fp32=err)
+                record(
+                    shape=shape,
+                    call=label,
+                    ms=round(ms, 4),
+                    host_us=round(pipelined_host_us(call), 1),
+                    max_abs_err_vs_fp32=err,
+                )
             except Exception as e:  # noqa: BLE001 - a config that does not compile is a result
                 record(shape=shape, call=label, error=f"{type(e).__name__}: {str(e)[:300]}")
     return 0

@@ -67,12 +67,18 @@ def _after_idle_ms(fn, calls: int = 20, idle_cycles: int = 4_000_000) -> float:
 def _do_bench(rep_ms: int):
     def run(fn) -> float:
         from triton.testing import do_bench
+
         return float(do_bench(fn, warmup=25, rep=rep_ms, return_mode="median"))
+
     return run
 
 
-METHODS = {"do_bench 0.15 s": _do_bench(150), "do_bench 1 s": _do_bench(1000),
-           "profiler": _profiled_ms, "after idle": _after_idle_ms}
+METHODS = {
+    "do_bench 0.15 s": _do_bench(150),
+    "do_bench 1 s": _do_bench(1000),
+    "profiler": _profiled_ms,
+    "after idle": _after_idle_ms,
+}
 """Timing methods by row label (``after idle``: after a ~2 ms spin kernel, see :func:`_after_idle_ms`)."""
 
 
@@ -84,8 +90,16 @@ class ClockSampler:
         self.out = open(path, "w")
         try:
             self.proc = subprocess.Popen(
-                ["nvidia-smi", "--query-gpu=timestamp,clocks.sm,power.draw", "--format=csv,noheader,nounits",
-                 "-lms", "50"], stdout=self.out, stderr=subprocess.DEVNULL)
+                [
+                    "nvidia-smi",
+                    "--query-gpu=timestamp,clocks.sm,power.draw",
+                    "--format=csv,noheader,nounits",
+                    "-lms",
+                    "50",
+                ],
+                stdout=self.out,
+                stderr=subprocess.DEVNULL,
+            )
         except OSError:
             self.proc = None
 
@@ -94,6 +108,7 @@ class ClockSampler:
         if self.proc is None:
             return {}
         import datetime as dt
+
         clocks, power = [], []
         for line in self.path.read_text().splitlines():
             parts = [p.strip() for p in line.split(",")]
@@ -106,7 +121,11 @@ class ClockSampler:
                 continue
         if not clocks:
             return {}
-        return {"sm_mhz": round(statistics.mean(clocks)), "power_w": round(statistics.mean(power)), "samples": len(clocks)}
+        return {
+            "sm_mhz": round(statistics.mean(clocks)),
+            "power_w": round(statistics.mean(power)),
+            "samples": len(clocks),
+        }
 
     def stop(self):
         if self.proc is not None:
@@ -123,13 +142,15 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         raise SystemExit("timing_context_probe: needs a CUDA device")
     args.out.mkdir(parents=True, exist_ok=True)
-    m, k, i = 8192, 4096, 14336                     # llama3-8b down projection, M = 8192
+    m, k, i = 8192, 4096, 14336  # llama3-8b down projection, M = 8192
     kern, ref = load_kernel("swiglu_bwd"), load_reference("swiglu_bwd")
-    dout, w_down, preact = _randn(m, k), _randn(k, i, std=i ** -0.5), _randn(m, 2 * i)
+    dout, w_down, preact = _randn(m, k), _randn(k, i, std=i**-0.5), _randn(m, 2 * i)
     compiled = torch.compile(ref.baseline, dynamic=False)
-    calls = {"swiglu_bwd kernel": lambda: kern.swiglu_bwd(dout, w_down, preact),
-             "torch_compile baseline": lambda: compiled(dout=dout, w_down=w_down, preact=preact),
-             "bare_gemm (cuBLAS)": lambda: dout @ w_down}
+    calls = {
+        "swiglu_bwd kernel": lambda: kern.swiglu_bwd(dout, w_down, preact),
+        "torch_compile baseline": lambda: compiled(dout=dout, w_down=w_down, preact=preact),
+        "bare_gemm (cuBLAS)": lambda: dout @ w_down,
+    }
     for fn in calls.values():
         fn()
     torch.cuda.synchronize()
@@ -148,15 +169,21 @@ def main(argv=None) -> int:
                     print(f"round {r} {method:16s} {name:24s} {ms:8.4f} ms {clock}", flush=True)
             for method in METHODS:
                 fused = rnd[f"{method}: swiglu_bwd kernel"]["ms"]
-                rnd[f"{method}: speedup vs torch_compile"] = round(rnd[f"{method}: torch_compile baseline"]["ms"] / fused, 3)
+                rnd[f"{method}: speedup vs torch_compile"] = round(
+                    rnd[f"{method}: torch_compile baseline"]["ms"] / fused, 3
+                )
                 rnd[f"{method}: fused / bare_gemm"] = round(fused / rnd[f"{method}: bare_gemm (cuBLAS)"]["ms"], 3)
             results["rounds"].append(rnd)
             (args.out / "timing_context.json").write_text(json.dumps(results, indent=1))
     finally:
         sampler.stop()
     for method in METHODS:
-        print(method, [r[f"{method}: speedup vs torch_compile"] for r in results["rounds"]],
-              "x torch.compile; fused/bare", [r[f"{method}: fused / bare_gemm"] for r in results["rounds"]])
+        print(
+            method,
+            [r[f"{method}: speedup vs torch_compile"] for r in results["rounds"]],
+            "x torch.compile; fused/bare",
+            [r[f"{method}: fused / bare_gemm"] for r in results["rounds"]],
+        )
     return 0
 
 

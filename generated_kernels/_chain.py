@@ -95,6 +95,7 @@ def _wgrad(dy, normed_w, rstd, w):
 
 # --------------------------------------------------------------------------- chain_start
 
+
 def chain_start(x: torch.Tensor, g1: torch.Tensor, *, eps: float = EPS) -> tuple[torch.Tensor, torch.Tensor]:
     """The first layer's deferred norm: ``(normed_w1, rstd1) = (x * g1, rsqrt(mean(x^2) + eps))``.
 
@@ -114,8 +115,11 @@ def chain_start(x: torch.Tensor, g1: torch.Tensor, *, eps: float = EPS) -> tuple
     normed_w / rstd from the previous layer's ``chained_mlp``.
     """
     op = "chain_start"
-    _expect(x.dim() == 2 and tuple(g1.shape) == (x.shape[-1],), op,
-            lambda: f"need x (M, D) and g1 (D,), got {_shape(x)} and {_shape(g1)}")
+    _expect(
+        x.dim() == 2 and tuple(g1.shape) == (x.shape[-1],),
+        op,
+        lambda: f"need x (M, D) and g1 (D,), got {_shape(x)} and {_shape(g1)}",
+    )
     _pkg._check_layout(op, x=(x, BF16), g1=(g1, BF16))
     _pkg._check_device(op, x=x, g1=g1)
     eps = _check_eps(op, eps)
@@ -126,14 +130,24 @@ def chain_start(x: torch.Tensor, g1: torch.Tensor, *, eps: float = EPS) -> tuple
 
 # --------------------------------------------------------------------------- chained_qkv_rope
 
+
 @torch.library.custom_op("coda_agent::chained_qkv_rope", mutates_args=())
 def _chained_qkv_rope(
-    x: torch.Tensor, normed_w: torch.Tensor, rstd: torch.Tensor, gamma: torch.Tensor, w_qkv: torch.Tensor,
-    positions: torch.Tensor, inv_freq: torch.Tensor, n_q_heads: int, n_kv_heads: int, head_dim: int,
+    x: torch.Tensor,
+    normed_w: torch.Tensor,
+    rstd: torch.Tensor,
+    gamma: torch.Tensor,
+    w_qkv: torch.Tensor,
+    positions: torch.Tensor,
+    inv_freq: torch.Tensor,
+    n_q_heads: int,
+    n_kv_heads: int,
+    head_dim: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    qkv = gemm_rmsnorm_rope_op(normed_w, rstd, w_qkv, positions, inv_freq, n_q_heads=n_q_heads,
-                               n_kv_heads=n_kv_heads, head_dim=head_dim)
-    return qkv, x.new_empty(x.shape)         # the residual-gradient port: allocated, never written
+    qkv = gemm_rmsnorm_rope_op(
+        normed_w, rstd, w_qkv, positions, inv_freq, n_q_heads=n_q_heads, n_kv_heads=n_kv_heads, head_dim=head_dim
+    )
+    return qkv, x.new_empty(x.shape)  # the residual-gradient port: allocated, never written
 
 
 @_chained_qkv_rope.register_fake
@@ -178,8 +192,17 @@ _chained_qkv_rope.register_autograd(_chained_qkv_backward, setup_context=_chaine
 
 
 def chained_qkv_rope(
-    x: torch.Tensor, normed_w: torch.Tensor, rstd: torch.Tensor, gamma: torch.Tensor, w_qkv: torch.Tensor,
-    positions: torch.Tensor, inv_freq: torch.Tensor, *, n_q_heads: int, n_kv_heads: int, head_dim: int,
+    x: torch.Tensor,
+    normed_w: torch.Tensor,
+    rstd: torch.Tensor,
+    gamma: torch.Tensor,
+    w_qkv: torch.Tensor,
+    positions: torch.Tensor,
+    inv_freq: torch.Tensor,
+    *,
+    n_q_heads: int,
+    n_kv_heads: int,
+    head_dim: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The attention norm + QKV projection + RoPE, chained (CODA items 5 + 8):
     ``qkv = RoPE(RMSNorm(x) @ w_qkv^T)`` from the deferred norm ``normed_w = x * gamma``,
@@ -206,10 +229,23 @@ def chained_qkv_rope(
     Works under ``torch.compile``.
     """
     op = "chained_qkv_rope"
-    _check_rope(op, normed_w, w_qkv, positions, inv_freq, n_q_heads, n_kv_heads, head_dim, rstd=rstd,
-                names=("normed_w", "w_qkv"))
-    _expect(tuple(x.shape) == tuple(normed_w.shape) and tuple(gamma.shape) == (normed_w.shape[1],), op,
-            lambda: f"need x (M, D) as normed_w {_shape(normed_w)} and gamma (D,), got {_shape(x)}, {_shape(gamma)}")
+    _check_rope(
+        op,
+        normed_w,
+        w_qkv,
+        positions,
+        inv_freq,
+        n_q_heads,
+        n_kv_heads,
+        head_dim,
+        rstd=rstd,
+        names=("normed_w", "w_qkv"),
+    )
+    _expect(
+        tuple(x.shape) == tuple(normed_w.shape) and tuple(gamma.shape) == (normed_w.shape[1],),
+        op,
+        lambda: f"need x (M, D) as normed_w {_shape(normed_w)} and gamma (D,), got {_shape(x)}, {_shape(gamma)}",
+    )
     _pkg._check_layout(op, x=(x, BF16), gamma=(gamma, BF16))
     _pkg._check_device(op, x=x, normed_w=normed_w, gamma=gamma)
     return _chained_qkv_rope(x, normed_w, rstd, gamma, w_qkv, positions, inv_freq, n_q_heads, n_kv_heads, head_dim)
@@ -217,9 +253,14 @@ def chained_qkv_rope(
 
 # --------------------------------------------------------------------------- chained_out_proj
 
+
 @torch.library.custom_op("coda_agent::chained_out_proj", mutates_args=())
 def _chained_out_proj(
-    attn: torch.Tensor, w_o: torch.Tensor, x: torch.Tensor, gamma: torch.Tensor, port: torch.Tensor | None,
+    attn: torch.Tensor,
+    w_o: torch.Tensor,
+    x: torch.Tensor,
+    gamma: torch.Tensor,
+    port: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return gemm_residual_partial_rms_op(attn, w_o, x, gamma)
 
@@ -253,8 +294,13 @@ _chained_out_proj.register_autograd(_out_proj_backward, setup_context=_out_proj_
 
 
 def chained_out_proj(
-    attn: torch.Tensor, w_o: torch.Tensor, x: torch.Tensor, g2: torch.Tensor,
-    resid_port: torch.Tensor | None = None, *, eps: float = EPS,
+    attn: torch.Tensor,
+    w_o: torch.Tensor,
+    x: torch.Tensor,
+    g2: torch.Tensor,
+    resid_port: torch.Tensor | None = None,
+    *,
+    eps: float = EPS,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The out-projection with the residual add and the MLP norm's statistics (CODA item 3):
     ``x2 = attn @ w_o^T + x``, ``normed_w2 = x2 * g2``, ``rstd2 = rsqrt(mean(x2^2) + eps)``.
@@ -279,12 +325,23 @@ def chained_out_proj(
     pass). Backward: the dgrad and wgrad GEMMs; the residual gradient is dx2 itself.
     """
     op = "chained_out_proj"
-    _expect(attn.dim() == 2 and w_o.dim() == 2 and attn.shape[1] == w_o.shape[1]
-            and tuple(x.shape) == (attn.shape[0], w_o.shape[0]) and tuple(g2.shape) == (w_o.shape[0],), op,
-            lambda: f"need attn (M, K), w_o (D, K), x (M, D), g2 (D,), got {_shape(attn)}, {_shape(w_o)}, "
-                    f"{_shape(x)}, {_shape(g2)}")
-    _expect(resid_port is None or tuple(resid_port.shape) == tuple(x.shape), op,
-            lambda: f"resid_port must be x's shape {_shape(x)}, got {_shape(resid_port)}")
+    _expect(
+        attn.dim() == 2
+        and w_o.dim() == 2
+        and attn.shape[1] == w_o.shape[1]
+        and tuple(x.shape) == (attn.shape[0], w_o.shape[0])
+        and tuple(g2.shape) == (w_o.shape[0],),
+        op,
+        lambda: (
+            f"need attn (M, K), w_o (D, K), x (M, D), g2 (D,), got {_shape(attn)}, {_shape(w_o)}, "
+            f"{_shape(x)}, {_shape(g2)}"
+        ),
+    )
+    _expect(
+        resid_port is None or tuple(resid_port.shape) == tuple(x.shape),
+        op,
+        lambda: f"resid_port must be x's shape {_shape(x)}, got {_shape(resid_port)}",
+    )
     _pkg._check_layout(op, attn=(attn, BF16), w_o=(w_o, BF16), x=(x, BF16), g2=(g2, BF16))
     _pkg._check_device(op, attn=attn, w_o=w_o, x=x, g2=g2)
     eps = _check_eps(op, eps)
@@ -294,10 +351,16 @@ def chained_out_proj(
 
 # --------------------------------------------------------------------------- chained_mlp
 
+
 @torch.library.custom_op("coda_agent::chained_mlp", mutates_args=())
 def _chained_mlp(
-    x2: torch.Tensor, normed_w: torch.Tensor, rstd: torch.Tensor, gamma: torch.Tensor, w1: torch.Tensor,
-    w_down: torch.Tensor, g_next: torch.Tensor,
+    x2: torch.Tensor,
+    normed_w: torch.Tensor,
+    rstd: torch.Tensor,
+    gamma: torch.Tensor,
+    w1: torch.Tensor,
+    w_down: torch.Tensor,
+    g_next: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     preact, postact = gemm_rmsnorm_swiglu_op(normed_w, rstd, w1)
     x3, normed3, rstd3 = gemm_residual_partial_rms_op(postact, w_down, x2, g_next)
@@ -307,13 +370,21 @@ def _chained_mlp(
 @_chained_mlp.register_fake
 def _(x2, normed_w, rstd, gamma, w1, w_down, g_next):
     m, d = x2.shape
-    return (x2.new_empty((m, d)), x2.new_empty((m, d)), x2.new_empty((m,), dtype=_stat_dtype(x2)),
-            x2.new_empty((m, w1.shape[0])))
+    return (
+        x2.new_empty((m, d)),
+        x2.new_empty((m, d)),
+        x2.new_empty((m,), dtype=_stat_dtype(x2)),
+        x2.new_empty((m, w1.shape[0])),
+    )
 
 
 @torch.library.custom_op("coda_agent::chained_mlp_last", mutates_args=())
 def _chained_mlp_last(
-    x2: torch.Tensor, normed_w: torch.Tensor, rstd: torch.Tensor, gamma: torch.Tensor, w1: torch.Tensor,
+    x2: torch.Tensor,
+    normed_w: torch.Tensor,
+    rstd: torch.Tensor,
+    gamma: torch.Tensor,
+    w1: torch.Tensor,
     w_down: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     preact, postact = gemm_rmsnorm_swiglu_op(normed_w, rstd, w1)
@@ -331,7 +402,7 @@ def _mlp_setup(ctx, inputs, output):
     x2, normed_w, rstd, gamma, w1, w_down = inputs[:6]
     preact = output[-1]
     ctx.save_for_backward(x2, normed_w, rstd, gamma, w1, w_down, preact)
-    ctx.mark_non_differentiable(*output[1:])    # normed3, rstd3 (hand-offs) and preact (saved)
+    ctx.mark_non_differentiable(*output[1:])  # normed3, rstd3 (hand-offs) and preact (saved)
 
 
 def _mlp_grads(ctx, dx3):
@@ -363,8 +434,15 @@ _chained_mlp_last.register_autograd(_mlp_last_backward, setup_context=_mlp_setup
 
 
 def chained_mlp(
-    x2: torch.Tensor, normed_w2: torch.Tensor, rstd2: torch.Tensor, g2: torch.Tensor, w1: torch.Tensor,
-    w_down: torch.Tensor, g_next: torch.Tensor | None = None, *, eps: float = EPS,
+    x2: torch.Tensor,
+    normed_w2: torch.Tensor,
+    rstd2: torch.Tensor,
+    g2: torch.Tensor,
+    w1: torch.Tensor,
+    w_down: torch.Tensor,
+    g_next: torch.Tensor | None = None,
+    *,
+    eps: float = EPS,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """The MLP half, chained (CODA items 2 + 3 + 7 + 8): ``x3 = x2 + SwiGLU(RMSNorm(x2) W1^T) W_down^T``
     with ``RMSNorm(x2) = normed_w2 * rstd2`` (gate/up interleaved in w1, as ``swiglu``).
@@ -395,19 +473,39 @@ def chained_mlp(
     Works under ``torch.compile``.
     """
     op = "chained_mlp"
-    _expect(x2.dim() == 2 and w1.dim() == 2 and w_down.dim() == 2 and w1.shape[0] % 2 == 0
-            and tuple(normed_w2.shape) == tuple(x2.shape) and tuple(rstd2.shape) == (x2.shape[0],)
-            and tuple(g2.shape) == (x2.shape[1],) and w1.shape[1] == x2.shape[1]
-            and tuple(w_down.shape) == (x2.shape[1], w1.shape[0] // 2)
-            and (g_next is None or tuple(g_next.shape) == (x2.shape[1],)), op,
-            lambda: f"need x2 (M, D), normed_w2 (M, D), rstd2 (M,), g2 (D,), w1 (2I, D), w_down (D, I), g_next "
-                    f"(D,) or None; got {', '.join(_shape(t) for t in (x2, normed_w2, rstd2, g2, w1, w_down))}, "
-                    f"{None if g_next is None else _shape(g_next)}")
+    _expect(
+        x2.dim() == 2
+        and w1.dim() == 2
+        and w_down.dim() == 2
+        and w1.shape[0] % 2 == 0
+        and tuple(normed_w2.shape) == tuple(x2.shape)
+        and tuple(rstd2.shape) == (x2.shape[0],)
+        and tuple(g2.shape) == (x2.shape[1],)
+        and w1.shape[1] == x2.shape[1]
+        and tuple(w_down.shape) == (x2.shape[1], w1.shape[0] // 2)
+        and (g_next is None or tuple(g_next.shape) == (x2.shape[1],)),
+        op,
+        lambda: (
+            f"need x2 (M, D), normed_w2 (M, D), rstd2 (M,), g2 (D,), w1 (2I, D), w_down (D, I), g_next "
+            f"(D,) or None; got {', '.join(_shape(t) for t in (x2, normed_w2, rstd2, g2, w1, w_down))}, "
+            f"{None if g_next is None else _shape(g_next)}"
+        ),
+    )
     more = {} if g_next is None else {"g_next": (g_next, BF16)}
-    _pkg._check_layout(op, {"I (half of w1's rows)": w1.shape[0] // 2}, x2=(x2, BF16), normed_w2=(normed_w2, BF16),
-                       rstd2=(rstd2, FP32), g2=(g2, BF16), w1=(w1, BF16), w_down=(w_down, BF16), **more)
-    _pkg._check_device(op, x2=x2, normed_w2=normed_w2, rstd2=rstd2, g2=g2, w1=w1, w_down=w_down,
-                       **{k: t for k, (t, _) in more.items()})
+    _pkg._check_layout(
+        op,
+        {"I (half of w1's rows)": w1.shape[0] // 2},
+        x2=(x2, BF16),
+        normed_w2=(normed_w2, BF16),
+        rstd2=(rstd2, FP32),
+        g2=(g2, BF16),
+        w1=(w1, BF16),
+        w_down=(w_down, BF16),
+        **more,
+    )
+    _pkg._check_device(
+        op, x2=x2, normed_w2=normed_w2, rstd2=rstd2, g2=g2, w1=w1, w_down=w_down, **{k: t for k, (t, _) in more.items()}
+    )
     eps = _check_eps(op, eps)
     if g_next is None:
         x3, _ = _chained_mlp_last(x2, normed_w2, rstd2, g2, w1, w_down)
@@ -418,8 +516,10 @@ def chained_mlp(
 
 # --------------------------------------------------------------------------- the layer
 
-def causal_gqa_attention(qkv: torch.Tensor, *, seq_len: int, n_q_heads: int, n_kv_heads: int,
-                         head_dim: int) -> torch.Tensor:
+
+def causal_gqa_attention(
+    qkv: torch.Tensor, *, seq_len: int, n_q_heads: int, n_kv_heads: int, head_dim: int
+) -> torch.Tensor:
     """Causal grouped-query SDPA over sequences of ``seq_len`` tokens (torch autograd):
     qkv (M, (HQ + 2 HKV) HD) -> (M, HQ HD), M a multiple of seq_len."""
     m = qkv.shape[0]
@@ -428,16 +528,31 @@ def causal_gqa_attention(qkv: torch.Tensor, *, seq_len: int, n_q_heads: int, n_k
     def heads(t: torch.Tensor, h: int) -> torch.Tensor:
         return t.reshape(m // seq_len, seq_len, h, head_dim).transpose(1, 2)
 
-    o = F.scaled_dot_product_attention(heads(q, n_q_heads), heads(k, n_kv_heads), heads(v, n_kv_heads),
-                                       is_causal=True, enable_gqa=True)
+    o = F.scaled_dot_product_attention(
+        heads(q, n_q_heads), heads(k, n_kv_heads), heads(v, n_kv_heads), is_causal=True, enable_gqa=True
+    )
     return o.transpose(1, 2).reshape(m, n_q_heads * head_dim)
 
 
 def chained_layer(
-    x: torch.Tensor, normed_w1: torch.Tensor, rstd1: torch.Tensor, g1: torch.Tensor, w_qkv: torch.Tensor,
-    w_o: torch.Tensor, g2: torch.Tensor, w1: torch.Tensor, w_down: torch.Tensor,
-    g_next: torch.Tensor | None = None, *, positions: torch.Tensor, inv_freq: torch.Tensor, seq_len: int,
-    n_q_heads: int, n_kv_heads: int, head_dim: int, eps: float = EPS,
+    x: torch.Tensor,
+    normed_w1: torch.Tensor,
+    rstd1: torch.Tensor,
+    g1: torch.Tensor,
+    w_qkv: torch.Tensor,
+    w_o: torch.Tensor,
+    g2: torch.Tensor,
+    w1: torch.Tensor,
+    w_down: torch.Tensor,
+    g_next: torch.Tensor | None = None,
+    *,
+    positions: torch.Tensor,
+    inv_freq: torch.Tensor,
+    seq_len: int,
+    n_q_heads: int,
+    n_kv_heads: int,
+    head_dim: int,
+    eps: float = EPS,
     attention: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """A pre-norm Llama-3 decoder layer from the chained ops:

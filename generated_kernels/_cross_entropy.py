@@ -131,19 +131,33 @@ def linear_cross_entropy(
     (``benchmarks/op_training_probe.py``, H200, 2026-12-01).
     """
     op = "linear_cross_entropy"
-    _expect(h.dim() == 2 and w_vocab.dim() == 2 and h.shape[1] == w_vocab.shape[1], op,
-            lambda: f"h (M, K) and w_vocab (V, K) must share K, got {tuple(h.shape)} and {tuple(w_vocab.shape)}")
-    _expect(tuple(target.shape) == (h.shape[0],), op,
-            lambda: f"target must be (M,) = ({h.shape[0]},), got {tuple(target.shape)}")
+    _expect(
+        h.dim() == 2 and w_vocab.dim() == 2 and h.shape[1] == w_vocab.shape[1],
+        op,
+        lambda: f"h (M, K) and w_vocab (V, K) must share K, got {tuple(h.shape)} and {tuple(w_vocab.shape)}",
+    )
+    _expect(
+        tuple(target.shape) == (h.shape[0],),
+        op,
+        lambda: f"target must be (M,) = ({h.shape[0]},), got {tuple(target.shape)}",
+    )
     # V: cross_entropy_bwd materializes bf16 (M, V) dlogits as its GEMMs' operand (16-byte rows)
-    _pkg._check_layout(op, {"V (w_vocab's rows)": w_vocab.shape[0]}, h=(h, torch.bfloat16),
-                       w_vocab=(w_vocab, torch.bfloat16), target=(target, torch.int64))
+    _pkg._check_layout(
+        op,
+        {"V (w_vocab's rows)": w_vocab.shape[0]},
+        h=(h, torch.bfloat16),
+        w_vocab=(w_vocab, torch.bfloat16),
+        target=(target, torch.int64),
+    )
     _pkg._check_device(op, h=h, w_vocab=w_vocab, target=target)  # last: a CPU call is checked first
     ignore_index = _as_index(op, ignore_index)
     keep = target != ignore_index
     safe_target = torch.where(keep, target, torch.zeros_like(target))
     # torch._assert_async exists at run time; torch's __all__ leaves it out
-    torch._assert_async(((safe_target >= 0) & (safe_target < w_vocab.shape[0])).all(),  # pyright: ignore[reportPrivateImportUsage]
-                        f"{op}: a target is outside [0, V) and is not ignore_index")
+    assert_async = torch._assert_async  # pyright: ignore[reportPrivateImportUsage]
+    assert_async(
+        ((safe_target >= 0) & (safe_target < w_vocab.shape[0])).all(),
+        f"{op}: a target is outside [0, V) and is not ignore_index",
+    )
     loss, _ = _linear_cross_entropy(h, w_vocab, safe_target)
     return torch.where(keep, loss, torch.zeros_like(loss))

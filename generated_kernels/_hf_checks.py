@@ -33,15 +33,19 @@ def _require_transformers():
     try:
         import transformers  # noqa: F401
     except ModuleNotFoundError as e:
-        raise ModuleNotFoundError("apply_coda needs transformers 5.x: pip install 'coda-agent[hf]' "
-                                  "(or 'transformers>=5,<6')") from e
+        raise ModuleNotFoundError(
+            "apply_coda needs transformers 5.x: pip install 'coda-agent[hf]' (or 'transformers>=5,<6')"
+        ) from e
 
 
 def _base(model) -> Any | None:
     """The decoder stack (``LlamaModel``) of ``model`` (itself or ``model.model``), or None."""
     for cand in (model, getattr(model, "base_model", None), getattr(model, "model", None)):
-        if cand is not None and isinstance(getattr(cand, "layers", None), nn.ModuleList) and \
-                hasattr(cand, "rotary_emb"):
+        if (
+            cand is not None
+            and isinstance(getattr(cand, "layers", None), nn.ModuleList)
+            and hasattr(cand, "rotary_emb")
+        ):
             return cand
     return None
 
@@ -53,8 +57,7 @@ def _model_problems(model, config, base) -> list[str]:
         hint = " (Qwen2's q/k/v projections have biases; the fused GEMMs have none)" if mt == "qwen2" else ""
         return [f"config.model_type = {mt!r} is not supported (supported: {sorted(MODEL_TYPES)}){hint}"]
     if base is None:
-        return [f"{type(model).__name__} has no decoder stack (.layers and .rotary_emb) where a "
-                f"{mt} model has one"]
+        return [f"{type(model).__name__} has no decoder stack (.layers and .rotary_emb) where a {mt} model has one"]
     out = []
     if getattr(config, "hidden_act", None) != "silu":
         out.append(f"config.hidden_act = {config.hidden_act!r}: the fused MLP is SwiGLU, needs 'silu'")
@@ -69,8 +72,10 @@ def _model_problems(model, config, base) -> list[str]:
         if n % 8:
             out.append(f"config.{name} = {n} must be a multiple of 8 (16-byte bf16 rows for TMA)")
     if config.num_attention_heads % config.num_key_value_heads:
-        out.append(f"config.num_attention_heads = {config.num_attention_heads} must be a multiple of "
-                   f"config.num_key_value_heads = {config.num_key_value_heads}")
+        out.append(
+            f"config.num_attention_heads = {config.num_attention_heads} must be a multiple of "
+            f"config.num_key_value_heads = {config.num_key_value_heads}"
+        )
     return out
 
 
@@ -90,14 +95,17 @@ def _rope_problems(config, base) -> tuple[torch.Tensor | None, list[str]]:
     rp = _rope_params(config)
     rope_type = rp.get("rope_type", rp.get("type", "default"))
     if rope_type not in ROPE_TYPES:
-        return None, [f"config.rope_parameters['rope_type'] = {rope_type!r} is not supported (supported: "
-                      f"{list(ROPE_TYPES)}: they change inv_freq only; yarn / longrope scale attention, dynamic "
-                      f"changes the frequencies with the sequence length)"]
+        return None, [
+            f"config.rope_parameters['rope_type'] = {rope_type!r} is not supported (supported: "
+            f"{list(ROPE_TYPES)}: they change inv_freq only; yarn / longrope scale attention, dynamic "
+            f"changes the frequencies with the sequence length)"
+        ]
     rotary = base.rotary_emb
     if rope_type == "default":
         inv_freq, scaling = type(rotary).compute_default_rope_parameters(config)
     else:
         from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
         inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](config, torch.device("cpu"))
     inv_freq = inv_freq.detach().to("cpu", torch.float32)
     problems = []
@@ -105,13 +113,22 @@ def _rope_problems(config, base) -> tuple[torch.Tensor | None, list[str]]:
         problems.append(f"config.rope_parameters gives attention scaling {float(scaling)} != 1: not implemented")
     hd = _head_dim(config)
     if inv_freq.shape != (hd // 2,):
-        problems.append(f"config.rope_parameters rotates {2 * inv_freq.numel()} of head_dim = {hd} dims "
-                        f"(partial_rotary_factor): the kernels rotate whole heads")
+        problems.append(
+            f"config.rope_parameters rotates {2 * inv_freq.numel()} of head_dim = {hd} dims "
+            f"(partial_rotary_factor): the kernels rotate whole heads"
+        )
     buf = getattr(rotary, "inv_freq", None)
-    if (buf is not None and buf.dtype == torch.float32 and buf.device.type != "meta" and buf.shape == inv_freq.shape
-            and not torch.equal(buf.detach().cpu(), inv_freq)):
-        problems.append("model.rotary_emb.inv_freq differs from the inverse frequencies its config gives "
-                        "(changed after construction?): refusing to guess which one is meant")
+    if (
+        buf is not None
+        and buf.dtype == torch.float32
+        and buf.device.type != "meta"
+        and buf.shape == inv_freq.shape
+        and not torch.equal(buf.detach().cpu(), inv_freq)
+    ):
+        problems.append(
+            "model.rotary_emb.inv_freq differs from the inverse frequencies its config gives "
+            "(changed after construction?): refusing to guess which one is meant"
+        )
     return inv_freq, problems
 
 
@@ -135,14 +152,21 @@ def _layer_problems(i: int, layer, config, names, weight_dtype: torch.dtype) -> 
     attn, mlp = layer.self_attn, layer.mlp
     hq, hkv, hd, D = config.num_attention_heads, config.num_key_value_heads, _head_dim(config), config.hidden_size
     I = config.intermediate_size  # noqa: E741
-    linears = {"self_attn.q_proj": (attn.q_proj, (hq * hd, D)), "self_attn.k_proj": (attn.k_proj, (hkv * hd, D)),
-               "self_attn.v_proj": (attn.v_proj, (hkv * hd, D)), "self_attn.o_proj": (attn.o_proj, (D, hq * hd)),
-               "mlp.gate_proj": (mlp.gate_proj, (I, D)), "mlp.up_proj": (mlp.up_proj, (I, D)),
-               "mlp.down_proj": (mlp.down_proj, (D, I))}
+    linears = {
+        "self_attn.q_proj": (attn.q_proj, (hq * hd, D)),
+        "self_attn.k_proj": (attn.k_proj, (hkv * hd, D)),
+        "self_attn.v_proj": (attn.v_proj, (hkv * hd, D)),
+        "self_attn.o_proj": (attn.o_proj, (D, hq * hd)),
+        "mlp.gate_proj": (mlp.gate_proj, (I, D)),
+        "mlp.up_proj": (mlp.up_proj, (I, D)),
+        "mlp.down_proj": (mlp.down_proj, (D, I)),
+    }
     for name, (lin, _) in linears.items():
         if type(lin) is not nn.Linear:
-            out.append(f"{where}: {name} is {type(lin).__name__}, not a plain nn.Linear (adapters / quantized "
-                       f"layers are not supported)")
+            out.append(
+                f"{where}: {name} is {type(lin).__name__}, not a plain nn.Linear (adapters / quantized "
+                f"layers are not supported)"
+            )
     if out:
         return out
     for name, (lin, shape) in linears.items():
@@ -158,13 +182,17 @@ def _layer_problems(i: int, layer, config, names, weight_dtype: torch.dtype) -> 
     params = {n: p for n, p in layer.named_parameters()}
     for n, p in params.items():
         if p.dtype != weight_dtype:
-            out.append(f"{where}: {n} is {p.dtype} (dtype): the fused kernels need {weight_dtype} weights "
-                       f"(from_pretrained(..., dtype=torch.bfloat16) or model.to(torch.bfloat16) before apply_coda)")
+            out.append(
+                f"{where}: {n} is {p.dtype} (dtype): the fused kernels need {weight_dtype} weights "
+                f"(from_pretrained(..., dtype=torch.bfloat16) or model.to(torch.bfloat16) before apply_coda)"
+            )
             break
     for n, p in params.items():
         if type(p.data) is not torch.Tensor:
-            out.append(f"{where}: {n} is a {type(p.data).__name__}: call apply_coda before sharding "
-                       f"(fully_shard, tensor parallel) or quantizing the model")
+            out.append(
+                f"{where}: {n} is a {type(p.data).__name__}: call apply_coda before sharding "
+                f"(fully_shard, tensor parallel) or quantizing the model"
+            )
             break
     for group in (_ATTN_PARTS, _MLP_PARTS):
         owner = attn if group is _ATTN_PARTS else mlp
@@ -173,8 +201,9 @@ def _layer_problems(i: int, layer, config, names, weight_dtype: torch.dtype) -> 
             out.append(f"{where}: {', '.join(group)} differ in requires_grad: the fused weight has one flag")
     eps = {layer.input_layernorm.variance_epsilon, layer.post_attention_layernorm.variance_epsilon}
     if len(eps) > 1:
-        out.append(f"{where}: the two RMSNorms' eps differ ({sorted(eps)}): the fused layer takes one "
-                   f"(config.rms_norm_eps)")
+        out.append(
+            f"{where}: the two RMSNorms' eps differ ({sorted(eps)}): the fused layer takes one (config.rms_norm_eps)"
+        )
     return out
 
 
@@ -182,14 +211,14 @@ def _lm_head_problems(model, config, weight_dtype: torch.dtype) -> list[str]:
     """Why the LM head cannot be fused (empty: it can); its weight must be ``weight_dtype``."""
     lm = getattr(model, "lm_head", None)
     if not type(model).__name__.endswith("ForCausalLM") or not isinstance(lm, nn.Linear):
-        return [f"fused_lm_head=True needs a *ForCausalLM model with an nn.Linear lm_head; got "
-                f"{type(model).__name__}"]
+        return [f"fused_lm_head=True needs a *ForCausalLM model with an nn.Linear lm_head; got {type(model).__name__}"]
     out = []
     if lm.bias is not None:
         out.append("lm_head has a bias: linear_cross_entropy has none")
     if config.vocab_size % 8 or lm.weight.shape[0] % 8:
-        out.append(f"config.vocab_size = {config.vocab_size} must be a multiple of 8 for linear_cross_entropy "
-                   f"(16-byte rows)")
+        out.append(
+            f"config.vocab_size = {config.vocab_size} must be a multiple of 8 for linear_cross_entropy (16-byte rows)"
+        )
     if lm.weight.dtype != weight_dtype:
         out.append(f"lm_head.weight is {lm.weight.dtype} (dtype): linear_cross_entropy needs {weight_dtype}")
     loss_type = getattr(model, "loss_type", "ForCausalLM")
@@ -203,6 +232,8 @@ def _report(problems: list[str], strict: bool, consequence: str) -> None:
         return
     text = "\n  - ".join(problems)
     if strict:
-        raise ValueError(f"apply_coda: unsupported setting(s):\n  - {text}\n"
-                         f"(apply_coda(..., strict=False) leaves those parts unpatched with a warning)")
+        raise ValueError(
+            f"apply_coda: unsupported setting(s):\n  - {text}\n"
+            f"(apply_coda(..., strict=False) leaves those parts unpatched with a warning)"
+        )
     warnings.warn(f"apply_coda: {consequence}:\n  - {text}", stacklevel=3)

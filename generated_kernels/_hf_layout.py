@@ -40,35 +40,39 @@ def _head_rows(n_heads: int, head_dim: int, inverse: bool = False) -> torch.Tens
     return (torch.arange(n_heads)[:, None] * head_dim + perm[None, :]).flatten()
 
 
-def pack_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, n_q_heads: int, n_kv_heads: int,
-             head_dim: int) -> torch.Tensor:
+def pack_qkv(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, n_q_heads: int, n_kv_heads: int, head_dim: int
+) -> torch.Tensor:
     """HF's q_proj (HQ HD, D), k_proj (HKV HD, D), v_proj (HKV HD, D) weights -> the fused
     ((HQ + 2 HKV) HD, D) weight of ``deferred_rmsnorm_qkv_rope``: q and k rows permuted per
     head by :func:`rope_row_permutation`, v as is. A new contiguous tensor (dtype of the
     inputs, promoted). ValueError on shapes that do not match the head counts."""
-    _check_rows("pack_qkv", {"q": (q, n_q_heads * head_dim), "k": (k, n_kv_heads * head_dim),
-                             "v": (v, n_kv_heads * head_dim)})
+    _check_rows(
+        "pack_qkv", {"q": (q, n_q_heads * head_dim), "k": (k, n_kv_heads * head_dim), "v": (v, n_kv_heads * head_dim)}
+    )
     qi = _head_rows(n_q_heads, head_dim).to(q.device)
     ki = _head_rows(n_kv_heads, head_dim).to(k.device)
     return torch.cat((q[qi], k[ki], v), dim=0).contiguous()
 
 
-def unpack_qkv(w_qkv: torch.Tensor, *, n_q_heads: int, n_kv_heads: int,
-               head_dim: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def unpack_qkv(
+    w_qkv: torch.Tensor, *, n_q_heads: int, n_kv_heads: int, head_dim: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Inverse of :func:`pack_qkv`: (q, k, v) weights in HF's layout, new contiguous tensors."""
     nq, nk = n_q_heads * head_dim, n_kv_heads * head_dim
     _check_rows("unpack_qkv", {"w_qkv": (w_qkv, nq + 2 * nk)})
     qi = _head_rows(n_q_heads, head_dim, inverse=True).to(w_qkv.device)
     ki = _head_rows(n_kv_heads, head_dim, inverse=True).to(w_qkv.device)
-    return w_qkv[:nq][qi], w_qkv[nq:nq + nk][ki], w_qkv[nq + nk:].clone()
+    return w_qkv[:nq][qi], w_qkv[nq : nq + nk][ki], w_qkv[nq + nk :].clone()
 
 
 def pack_gate_up(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """HF's gate_proj and up_proj weights, (I, D) each -> the fused (2I, D) weight ``w1``
     (row 2j = gate j, row 2j+1 = up j). A new contiguous tensor."""
     if gate.shape != up.shape or gate.dim() != 2:
-        raise ValueError(f"pack_gate_up: gate and up must be (I, D) of one shape, got {tuple(gate.shape)} and "
-                         f"{tuple(up.shape)}")
+        raise ValueError(
+            f"pack_gate_up: gate and up must be (I, D) of one shape, got {tuple(gate.shape)} and {tuple(up.shape)}"
+        )
     return torch.stack((gate, up), dim=1).flatten(0, 1)
 
 
@@ -90,10 +94,10 @@ def _check_rows(op: str, named: dict) -> None:
 class _Fused:
     """How one module's separate HF weights map to its fused one."""
 
-    fused: str                       # child holding the fused weight ("qkv_proj" / "gate_up_proj")
-    parts: tuple                     # HF children in state-dict order
-    pack: Callable                   # (*part weights) -> fused
-    unpack: Callable                 # fused -> tuple of part weights
+    fused: str  # child holding the fused weight ("qkv_proj" / "gate_up_proj")
+    parts: tuple  # HF children in state-dict order
+    pack: Callable  # (*part weights) -> fused
+    unpack: Callable  # fused -> tuple of part weights
 
 
 def _qkv_fused(hq: int, hkv: int, hd: int) -> _Fused:
@@ -121,8 +125,9 @@ def _like(full: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
     if not _is_dtensor(ref):
         return full
     from torch.distributed.tensor import distribute_tensor
-    return distribute_tensor(full.to(ref.device), ref.device_mesh, ref.placements,  # pyright: ignore[reportAttributeAccessIssue]  (a DTensor's)
-                             src_data_rank=None)
+
+    mesh, placements = ref.device_mesh, ref.placements  # pyright: ignore[reportAttributeAccessIssue]  (a DTensor's)
+    return distribute_tensor(full.to(ref.device), mesh, placements, src_data_rank=None)
 
 
 def _state_dict_post_hook(module, state_dict, prefix, local_metadata):
@@ -131,7 +136,7 @@ def _state_dict_post_hook(module, state_dict, prefix, local_metadata):
     key = f"{prefix}{spec.fused}.weight"
     if key not in state_dict:
         return
-    mine = [k for k in state_dict if k.startswith(prefix)]   # this module's keys: the last ones inserted
+    mine = [k for k in state_dict if k.startswith(prefix)]  # this module's keys: the last ones inserted
     items = [(k, state_dict.pop(k)) for k in mine]
     for k, v in items:
         if k != key:
@@ -143,8 +148,7 @@ def _state_dict_post_hook(module, state_dict, prefix, local_metadata):
             state_dict[f"{prefix}{name}.weight"] = _like(p, v)
 
 
-def _load_pre_hook(module, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
-                   error_msgs):
+def _load_pre_hook(module, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs):
     """Replace HF's part keys by the fused key. Parts absent from ``state_dict`` keep the
     model's values (as the unpatched model would) and are reported as missing under ``strict``."""
     spec: _Fused = module._coda_fused
@@ -159,8 +163,10 @@ def _load_pre_hook(module, state_dict, prefix, local_metadata, strict, missing_k
             if n in state_dict:
                 given = _full(state_dict.pop(n))
                 if given.shape != cur.shape:
-                    error_msgs.append(f"size mismatch for {n}: copying a param with shape {tuple(given.shape)} "
-                                      f"from checkpoint, the shape in current model is {tuple(cur.shape)}.")
+                    error_msgs.append(
+                        f"size mismatch for {n}: copying a param with shape {tuple(given.shape)} "
+                        f"from checkpoint, the shape in current model is {tuple(cur.shape)}."
+                    )
                     return
                 parts.append(given)
             else:
@@ -174,8 +180,10 @@ def _load_pre_hook(module, state_dict, prefix, local_metadata, strict, missing_k
 
 def _register_hooks(module, spec: _Fused) -> None:
     module._coda_fused = spec
-    module._coda_handles = [module.register_state_dict_post_hook(_state_dict_post_hook),
-                            module.register_load_state_dict_pre_hook(_load_pre_hook)]
+    module._coda_handles = [
+        module.register_state_dict_post_hook(_state_dict_post_hook),
+        module.register_load_state_dict_pre_hook(_load_pre_hook),
+    ]
 
 
 class PackedPart:
@@ -211,8 +219,11 @@ def _fuse_children(module, spec: _Fused, weight: torch.Tensor) -> None:
     part names become :class:`PackedPart` attributes."""
     old = module._modules
     lin = _linear(weight, old[spec.parts[0]].weight.requires_grad)
-    module._modules = {(spec.fused if n == spec.parts[0] else n): (lin if n == spec.parts[0] else m)
-                       for n, m in old.items() if n not in spec.parts[1:]}
+    module._modules = {
+        (spec.fused if n == spec.parts[0] else n): (lin if n == spec.parts[0] else m)
+        for n, m in old.items()
+        if n not in spec.parts[1:]
+    }
     _register_hooks(module, spec)
     for i, name in enumerate(spec.parts):
         setattr(module, name, PackedPart(module, i))

@@ -36,8 +36,7 @@ def load(name: str):
     kdir = Path(_pkg.KERNELS_DIR)
     if not (kdir / name / "kernel.py").is_file():
         raise ModuleNotFoundError(
-            f"no accepted kernel {name!r} in {kdir} (accepted: {_pkg.accepted()}); "
-            f"run `coda-agent generate {name}`"
+            f"no accepted kernel {name!r} in {kdir} (accepted: {_pkg.accepted()}); run `coda-agent generate {name}`"
         )
     return importlib.import_module(f"{_pkg.__name__}.{name}.kernel")
 
@@ -48,8 +47,7 @@ def _check_device(op: str, *tensors: torch.Tensor, **named: torch.Tensor) -> Non
     devices = {t.device for t in (*tensors, *named.values())}
     if len(devices) != 1 or next(iter(devices)).type != "cuda":
         got = [str(t.device) for t in tensors] + [f"{k}={t.device}" for k, t in named.items()]
-        raise ValueError(f"{op}: the fused kernels need all tensors on one CUDA (Hopper) device, got "
-                         f"{', '.join(got)}")
+        raise ValueError(f"{op}: the fused kernels need all tensors on one CUDA (Hopper) device, got {', '.join(got)}")
 
 
 @functools.lru_cache(maxsize=None)
@@ -66,8 +64,10 @@ def _check_arch(op: str, device: torch.device) -> None:
         return
     name, cap = _device_info(device.index if device.index is not None else torch.cuda.current_device())
     if tuple(cap) != (9, 0):
-        raise ValueError(f"{op}: the fused kernels are built for Hopper (sm_90a, compute capability 9.0); "
-                         f"{device} is {name} with capability {cap[0]}.{cap[1]}")
+        raise ValueError(
+            f"{op}: the fused kernels are built for Hopper (sm_90a, compute capability 9.0); "
+            f"{device} is {name} with capability {cap[0]}.{cap[1]}"
+        )
 
 
 def _expect(cond: bool, op: str, msg) -> None:
@@ -99,18 +99,29 @@ def _check_layout(op: str, widths: dict | None = None, **args: tuple[torch.Tenso
     for name, (t, dtype) in args.items():
         _expect(t.dtype == dtype, op, lambda: f"{name} must be {dtype}, got {t.dtype}")
         _expect(t.numel() > 0, op, lambda: f"{name} is empty, shape {tuple(t.shape)}")
-        _expect(t.is_contiguous(), op,
-                lambda: f"{name} must be contiguous (shape {tuple(t.shape)}, strides {t.stride()}); "
-                        f"pass {name}.contiguous()")
+        _expect(
+            t.is_contiguous(),
+            op,
+            lambda: (
+                f"{name} must be contiguous (shape {tuple(t.shape)}, strides {t.stride()}); pass {name}.contiguous()"
+            ),
+        )
         if t.dim() == 2:
-            _expect(t.shape[1] * t.element_size() % ROW_ALIGN_BYTES == 0, op,
-                    lambda: f"{name}'s rows must be a multiple of {ROW_ALIGN_BYTES} bytes "
-                            f"({ROW_ALIGN_BYTES // t.element_size()} {dtype} elements) for TMA, got "
-                            f"{t.shape[1]} columns")
+            _expect(
+                t.shape[1] * t.element_size() % ROW_ALIGN_BYTES == 0,
+                op,
+                lambda: (
+                    f"{name}'s rows must be a multiple of {ROW_ALIGN_BYTES} bytes "
+                    f"({ROW_ALIGN_BYTES // t.element_size()} {dtype} elements) for TMA, got "
+                    f"{t.shape[1]} columns"
+                ),
+            )
     for what, n in (widths or {}).items():
-        _expect(n % (ROW_ALIGN_BYTES // 2) == 0, op,
-                lambda: f"{what} = {n} must be a multiple of {ROW_ALIGN_BYTES // 2} "
-                        f"(16-byte bf16 output rows for TMA)")
+        _expect(
+            n % (ROW_ALIGN_BYTES // 2) == 0,
+            op,
+            lambda: f"{what} = {n} must be a multiple of {ROW_ALIGN_BYTES // 2} (16-byte bf16 output rows for TMA)",
+        )
 
 
 def _arg_name(name: str, i: int, more: str = "") -> str:
@@ -151,8 +162,14 @@ def run_kernel(name: str, *args, **constants) -> tuple[Any, ...]:
         # said again with the entry's argument names ("x=cpu, w1=cpu", not "cpu, cpu"); the
         # names are looked up only here, off the hot path
         params = _param_names(name) or []
-        _pkg._check_device(f"{name} kernel", **{(params[i] if i < len(params) else f"argument {i}"): t
-                                                 for i, t in enumerate(args) if isinstance(t, torch.Tensor)})
+        _pkg._check_device(
+            f"{name} kernel",
+            **{
+                (params[i] if i < len(params) else f"argument {i}"): t
+                for i, t in enumerate(args)
+                if isinstance(t, torch.Tensor)
+            },
+        )
         raise
     device = tensors[0].device if tensors else torch.device("cpu")
     _check_arch(f"{name} kernel", device)
@@ -160,14 +177,18 @@ def run_kernel(name: str, *args, **constants) -> tuple[Any, ...]:
         if not isinstance(t, torch.Tensor):
             continue
         if not t.is_contiguous():
-            raise ValueError(f"{name} kernel: {_arg_name(name, i)} must be contiguous, got shape "
-                             f"{tuple(t.shape)}, strides {t.stride()}")
+            raise ValueError(
+                f"{name} kernel: {_arg_name(name, i)} must be contiguous, got shape "
+                f"{tuple(t.shape)}, strides {t.stride()}"
+            )
         # floating operands go to TMA as they are; index tensors (positions, target) are
         # converted by the kernels' host code, so a shifted slice of them is fine
         if t.is_floating_point() and t.data_ptr() % ROW_ALIGN_BYTES:
-            raise ValueError(f"{name} kernel: {_arg_name(name, i, f'shape {tuple(t.shape)}')} starts "
-                             f"{t.data_ptr() % ROW_ALIGN_BYTES} bytes past a {ROW_ALIGN_BYTES}-byte boundary "
-                             f"(storage offset {t.storage_offset()}): TMA needs aligned operands; pass a .clone()")
+            raise ValueError(
+                f"{name} kernel: {_arg_name(name, i, f'shape {tuple(t.shape)}')} starts "
+                f"{t.data_ptr() % ROW_ALIGN_BYTES} bytes past a {ROW_ALIGN_BYTES}-byte boundary "
+                f"(storage offset {t.storage_offset()}): TMA needs aligned operands; pass a .clone()"
+            )
     fn = getattr(_pkg.load(name), name)
     if constants:
         params = inspect.signature(fn).parameters

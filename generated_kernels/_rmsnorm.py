@@ -63,6 +63,7 @@ def _zeros_if_none(g, like: torch.Tensor) -> torch.Tensor:
 
 # --------------------------------------------------------------------------- kernel ops
 
+
 @torch.library.custom_op("coda_agent::gemm_residual_partial_rms", mutates_args=())
 def gemm_residual_partial_rms_op(
     x: torch.Tensor, w_o: torch.Tensor, residual: torch.Tensor, gamma: torch.Tensor
@@ -110,8 +111,13 @@ def _(normed_w, rstd, w1):
 
 @torch.library.custom_op("coda_agent::rms_bwd", mutates_args=())
 def rms_bwd_op(
-    dy: torch.Tensor, w: torch.Tensor, h: torch.Tensor, gamma: torch.Tensor,
-    rstd: torch.Tensor, zdz: torch.Tensor, dresid: torch.Tensor,
+    dy: torch.Tensor,
+    w: torch.Tensor,
+    h: torch.Tensor,
+    gamma: torch.Tensor,
+    rstd: torch.Tensor,
+    zdz: torch.Tensor,
+    dresid: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Fused dgrad GEMM + RMSNorm backward (item 8). dy (M, N), w (N, D), h (M, D),
     gamma (D,), dresid (M, D) bf16; rstd, zdz (M,) fp32 -> (dh (M, D) bf16, dgamma (D,) fp32).
@@ -124,13 +130,31 @@ def rms_bwd_op(
     Raises ValueError on inconsistent shapes, a wrong dtype, a non-contiguous tensor, rows
     not a multiple of 16 bytes or tensors not on one CUDA device."""
     op = "rms_bwd_op"
-    _expect(dy.dim() == 2 and w.dim() == 2 and h.dim() == 2 and dy.shape[1] == w.shape[0]
-            and tuple(h.shape) == (dy.shape[0], w.shape[1]) and tuple(dresid.shape) == tuple(h.shape)
-            and tuple(gamma.shape) == (h.shape[1],) and tuple(rstd.shape) == tuple(zdz.shape) == (h.shape[0],),
-            op, lambda: f"need dy (M, N), w (N, D), h (M, D), gamma (D,), rstd (M,), zdz (M,), dresid (M, D); got "
-                        f"{', '.join(str(tuple(t.shape)) for t in (dy, w, h, gamma, rstd, zdz, dresid))}")
-    _pkg._check_layout(op, dy=(dy, BF16), w=(w, BF16), h=(h, BF16), gamma=(gamma, BF16), rstd=(rstd, FP32),
-                       zdz=(zdz, FP32), dresid=(dresid, BF16))
+    _expect(
+        dy.dim() == 2
+        and w.dim() == 2
+        and h.dim() == 2
+        and dy.shape[1] == w.shape[0]
+        and tuple(h.shape) == (dy.shape[0], w.shape[1])
+        and tuple(dresid.shape) == tuple(h.shape)
+        and tuple(gamma.shape) == (h.shape[1],)
+        and tuple(rstd.shape) == tuple(zdz.shape) == (h.shape[0],),
+        op,
+        lambda: (
+            f"need dy (M, N), w (N, D), h (M, D), gamma (D,), rstd (M,), zdz (M,), dresid (M, D); got "
+            f"{', '.join(str(tuple(t.shape)) for t in (dy, w, h, gamma, rstd, zdz, dresid))}"
+        ),
+    )
+    _pkg._check_layout(
+        op,
+        dy=(dy, BF16),
+        w=(w, BF16),
+        h=(h, BF16),
+        gamma=(gamma, BF16),
+        rstd=(rstd, FP32),
+        zdz=(zdz, FP32),
+        dresid=(dresid, BF16),
+    )
     _pkg._check_device(op, dy=dy, w=w, h=h, gamma=gamma, rstd=rstd, zdz=zdz, dresid=dresid)
     dh, dgamma = run_kernel("rms_bwd", dy, w, h, gamma, rstd, zdz, dresid)
     return dh, dgamma
@@ -142,6 +166,7 @@ def _(dy, w, h, gamma, rstd, zdz, dresid):
 
 
 # --------------------------------------------------------------------------- shared backward math
+
 
 def deferred_linear_grads(dy, a, rstd, w, need=(True, True, True)):
     """Gradients of out = (a * rstd[:, None]) @ w^T (the deferred-rstd GEMM) for the upstream
@@ -164,7 +189,7 @@ def deferred_linear_grads(dy, a, rstd, w, need=(True, True, True)):
     r = rstd.to(sd)[:, None]
     da = drstd = dw = None
     if need_a or need_rstd:
-        dz = (dy @ w).to(sd)                             # d out / d (a * rstd), (M, K)
+        dz = (dy @ w).to(sd)  # d out / d (a * rstd), (M, K)
         da = (dz * r).to(a.dtype) if need_a else None
         drstd = (dz * a.to(sd)).sum(dim=-1).to(rstd.dtype) if need_rstd else None
     if need_w:
@@ -173,6 +198,7 @@ def deferred_linear_grads(dy, a, rstd, w, need=(True, True, True)):
 
 
 # --------------------------------------------------------------------------- residual_rmsnorm
+
 
 @torch.library.custom_op("coda_agent::residual_rmsnorm", mutates_args=())
 def _residual_rmsnorm(
@@ -242,10 +268,16 @@ def residual_rmsnorm(
     three outputs (incl. rstd: d rstd / d y = -rstd^3 y / N). Works under ``torch.compile``.
     """
     op = "residual_rmsnorm"
-    _expect(x.dim() == 2 and w_o.dim() == 2 and x.shape[1] == w_o.shape[1], op,
-            lambda: f"x (M, K) and w_o (N, K) must share K, got {tuple(x.shape)} and {tuple(w_o.shape)}")
-    _expect(tuple(residual.shape) == (x.shape[0], w_o.shape[0]) and tuple(gamma.shape) == (w_o.shape[0],), op,
-            lambda: f"residual must be (M, N) and gamma (N,), got {tuple(residual.shape)} and {tuple(gamma.shape)}")
+    _expect(
+        x.dim() == 2 and w_o.dim() == 2 and x.shape[1] == w_o.shape[1],
+        op,
+        lambda: f"x (M, K) and w_o (N, K) must share K, got {tuple(x.shape)} and {tuple(w_o.shape)}",
+    )
+    _expect(
+        tuple(residual.shape) == (x.shape[0], w_o.shape[0]) and tuple(gamma.shape) == (w_o.shape[0],),
+        op,
+        lambda: f"residual must be (M, N) and gamma (N,), got {tuple(residual.shape)} and {tuple(gamma.shape)}",
+    )
     _pkg._check_layout(op, x=(x, BF16), w_o=(w_o, BF16), residual=(residual, BF16), gamma=(gamma, BF16))
     _pkg._check_device(op, x=x, w_o=w_o, residual=residual, gamma=gamma)
     eps = _check_eps(op, eps)
@@ -254,6 +286,7 @@ def residual_rmsnorm(
 
 
 # --------------------------------------------------------------------------- rmsnorm_linear
+
 
 def rmsnorm_linear(h: torch.Tensor, gamma: torch.Tensor, w: torch.Tensor, *, eps: float = EPS) -> torch.Tensor:
     """RMSNorm followed by a linear layer (CODA item 4): ``RMSNorm(h) @ w^T``.
@@ -292,13 +325,16 @@ def rmsnorm_linear(h: torch.Tensor, gamma: torch.Tensor, w: torch.Tensor, *, eps
     8.46 / 1.90 / 2.45 ms in that run). ``rms_bwd_op`` stays for callers that have zdz.
     """
     op = "rmsnorm_linear"
-    _expect(h.dim() == 2 and w.dim() == 2 and h.shape[1] == w.shape[1] and tuple(gamma.shape) == (h.shape[1],),
-            op, lambda: f"need h (M, D), gamma (D,), w (N, D), got {tuple(h.shape)}, {tuple(gamma.shape)}, "
-                        f"{tuple(w.shape)}")
+    _expect(
+        h.dim() == 2 and w.dim() == 2 and h.shape[1] == w.shape[1] and tuple(gamma.shape) == (h.shape[1],),
+        op,
+        lambda: f"need h (M, D), gamma (D,), w (N, D), got {tuple(h.shape)}, {tuple(gamma.shape)}, {tuple(w.shape)}",
+    )
     # gamma meets torch code only (h * gamma): a strided one (an expanded scalar) is copied, D elements
     gamma = gamma if gamma.is_contiguous() else gamma.contiguous()
-    _pkg._check_layout(op, {"N (w's rows, the output's columns)": w.shape[0]}, h=(h, BF16), gamma=(gamma, BF16),
-                       w=(w, BF16))
+    _pkg._check_layout(
+        op, {"N (w's rows, the output's columns)": w.shape[0]}, h=(h, BF16), gamma=(gamma, BF16), w=(w, BF16)
+    )
     _pkg._check_device(op, h=h, gamma=gamma, w=w)
     eps = _check_eps(op, eps)
     rstd = torch.rsqrt(h.to(_stat_dtype(h)).pow(2).mean(dim=-1) + eps)
@@ -306,6 +342,7 @@ def rmsnorm_linear(h: torch.Tensor, gamma: torch.Tensor, w: torch.Tensor, *, eps
 
 
 # --------------------------------------------------------------------------- deferred_rmsnorm_linear
+
 
 @torch.library.custom_op("coda_agent::deferred_rmsnorm_linear", mutates_args=())
 def _deferred_rmsnorm_linear(a: torch.Tensor, rstd: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -318,7 +355,7 @@ def _(a, rstd, w):
 
 
 def _deferred_setup(ctx, inputs, output):
-    ctx.save_for_backward(*inputs)          # a, rstd, w
+    ctx.save_for_backward(*inputs)  # a, rstd, w
 
 
 def _deferred_rmsnorm_linear_backward(ctx, dy):
@@ -332,11 +369,20 @@ _deferred_rmsnorm_linear.register_autograd(_deferred_rmsnorm_linear_backward, se
 def _check_deferred(op, a, rstd, w, widths, a_name="a", w_name="w", **more_bf16):
     """Shapes of a deferred-rstd GEMM's operands, then device and layout of them and of
     ``more_bf16`` (further bf16 weights, e.g. ``w_down``, whose shapes the caller checked)."""
-    _expect(a.dim() == 2 and w.dim() == 2 and a.shape[1] == w.shape[1] and tuple(rstd.shape) == (a.shape[0],),
-            op, lambda: f"need {a_name} (M, K), rstd (M,), {w_name} (N, K), got {tuple(a.shape)}, "
-                        f"{tuple(rstd.shape)}, {tuple(w.shape)}")
-    _pkg._check_layout(op, widths, **{a_name: (a, BF16), "rstd": (rstd, FP32), w_name: (w, BF16)},
-                       **{k: (t, BF16) for k, t in more_bf16.items()})
+    _expect(
+        a.dim() == 2 and w.dim() == 2 and a.shape[1] == w.shape[1] and tuple(rstd.shape) == (a.shape[0],),
+        op,
+        lambda: (
+            f"need {a_name} (M, K), rstd (M,), {w_name} (N, K), got {tuple(a.shape)}, "
+            f"{tuple(rstd.shape)}, {tuple(w.shape)}"
+        ),
+    )
+    _pkg._check_layout(
+        op,
+        widths,
+        **{a_name: (a, BF16), "rstd": (rstd, FP32), w_name: (w, BF16)},
+        **{k: (t, BF16) for k, t in more_bf16.items()},
+    )
     _pkg._check_device(op, **{a_name: a, "rstd": rstd, w_name: w}, **more_bf16)
 
 
@@ -366,6 +412,7 @@ def deferred_rmsnorm_linear(a: torch.Tensor, rstd: torch.Tensor, w: torch.Tensor
 
 # --------------------------------------------------------------------------- deferred_rmsnorm_swiglu
 
+
 @torch.library.custom_op("coda_agent::deferred_rmsnorm_swiglu", mutates_args=())
 def _deferred_rmsnorm_swiglu(
     normed_w: torch.Tensor, rstd: torch.Tensor, w1: torch.Tensor
@@ -392,9 +439,9 @@ def _deferred_rmsnorm_swiglu_backward(ctx, d_preact, d_postact):
     gate, up = p[:, 0::2], p[:, 1::2]
     sig = torch.sigmoid(gate)
     dpost = _zeros_if_none(d_postact, up).to(sd)
-    dgate = dpost * up * sig * (1 + gate * (1 - sig))         # d silu(g) / dg = sig (1 + g (1 - sig))
+    dgate = dpost * up * sig * (1 + gate * (1 - sig))  # d silu(g) / dg = sig (1 + g (1 - sig))
     dup = dpost * F.silu(gate)
-    dpre = torch.stack((dgate, dup), dim=-1).flatten(1)       # interleaved like preact
+    dpre = torch.stack((dgate, dup), dim=-1).flatten(1)  # interleaved like preact
     if d_preact is not None:
         dpre = dpre + d_preact.to(sd)
     return deferred_linear_grads(dpre.to(normed_w.dtype), normed_w, rstd, w1, ctx.needs_input_grad)
@@ -427,14 +474,25 @@ def deferred_rmsnorm_swiglu(
     :func:`deferred_rmsnorm_linear`. Gradients flow through both outputs to normed_w, rstd
     and w1; works under ``torch.compile``.
     """
-    _expect(w1.dim() == 2 and w1.shape[0] % 2 == 0, "deferred_rmsnorm_swiglu",
-            lambda: f"w1 needs an even row count 2I, got shape {tuple(w1.shape)}")
-    _check_deferred("deferred_rmsnorm_swiglu", normed_w, rstd, w1,
-                    {"I (half of w1's rows, postact's columns)": w1.shape[0] // 2}, "normed_w", "w1")
+    _expect(
+        w1.dim() == 2 and w1.shape[0] % 2 == 0,
+        "deferred_rmsnorm_swiglu",
+        lambda: f"w1 needs an even row count 2I, got shape {tuple(w1.shape)}",
+    )
+    _check_deferred(
+        "deferred_rmsnorm_swiglu",
+        normed_w,
+        rstd,
+        w1,
+        {"I (half of w1's rows, postact's columns)": w1.shape[0] // 2},
+        "normed_w",
+        "w1",
+    )
     return _deferred_rmsnorm_swiglu(normed_w, rstd, w1)
 
 
 # --------------------------------------------------------------------------- deferred_rmsnorm_swiglu_mlp
+
 
 @torch.library.custom_op("coda_agent::deferred_rmsnorm_swiglu_mlp", mutates_args=())
 def _deferred_rmsnorm_swiglu_mlp(
@@ -453,7 +511,7 @@ def _(normed_w, rstd, w1, w_down):
 def _deferred_mlp_setup(ctx, inputs, output):
     normed_w, rstd, w1, w_down = inputs
     ctx.save_for_backward(normed_w, rstd, w1, w_down, output[1])
-    ctx.mark_non_differentiable(output[1])   # preact is saved for the backward, not an output to train
+    ctx.mark_non_differentiable(output[1])  # preact is saved for the backward, not an output to train
 
 
 def _deferred_mlp_backward(ctx, dout, _dpreact_unused):
@@ -502,11 +560,20 @@ def deferred_rmsnorm_swiglu_mlp(
     Works under ``torch.compile``.
     """
     op = "deferred_rmsnorm_swiglu_mlp"
-    _expect(normed_w.dim() == 2 and w1.dim() == 2 and w1.shape[0] % 2 == 0 and w_down.dim() == 2
-            and tuple(w_down.shape) == (normed_w.shape[1], w1.shape[0] // 2), op,
-            lambda: f"need w1 (2I, D) and w_down (D, I) for normed_w (M, D), got {tuple(w1.shape)}, "
-                    f"{tuple(w_down.shape)}, {tuple(normed_w.shape)}")
-    _check_deferred(op, normed_w, rstd, w1, {"I (half of w1's rows)": w1.shape[0] // 2}, "normed_w", "w1",
-                    w_down=w_down)
+    _expect(
+        normed_w.dim() == 2
+        and w1.dim() == 2
+        and w1.shape[0] % 2 == 0
+        and w_down.dim() == 2
+        and tuple(w_down.shape) == (normed_w.shape[1], w1.shape[0] // 2),
+        op,
+        lambda: (
+            f"need w1 (2I, D) and w_down (D, I) for normed_w (M, D), got {tuple(w1.shape)}, "
+            f"{tuple(w_down.shape)}, {tuple(normed_w.shape)}"
+        ),
+    )
+    _check_deferred(
+        op, normed_w, rstd, w1, {"I (half of w1's rows)": w1.shape[0] // 2}, "normed_w", "w1", w_down=w_down
+    )
     out, _ = _deferred_rmsnorm_swiglu_mlp(normed_w, rstd, w1, w_down)
     return out

@@ -20,8 +20,9 @@ from ._rmsnorm import deferred_linear_grads
 
 
 @torch.library.custom_op("coda_agent::rope_cos_sin", mutates_args=())
-def _rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor,
-                  dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def _rope_cos_sin(
+    positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin of ``theta[m, j] = positions[m] * inv_freq[j]``: positions (M,) int64,
     inv_freq (HD/2,) fp32 -> cos, sin, each (M, HD/2) in ``dtype``, angles in float64.
 
@@ -30,7 +31,7 @@ def _rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor,
     per element, (M, N) instead of (M, HD/2): 0.51 ms of GPU time at llama3-8b, M = 8192,
     against 0.22 ms for the standard definition's backward rotation
     (``op_training_probe.py --profile``, H200, 2026-12-01)."""
-    theta = positions[:, None] * inv_freq.double()[None, :]        # int64 * float64 -> float64
+    theta = positions[:, None] * inv_freq.double()[None, :]  # int64 * float64 -> float64
     return theta.cos().to(dtype), theta.sin().to(dtype)
 
 
@@ -47,11 +48,13 @@ def _traced() -> bool:
     session flag) only as an active proxy-tensor mode; 2.13 keeps the flag up for the whole
     compile."""
     from torch.fx.experimental.proxy_tensor import get_proxy_mode
+
     return torch.compiler.is_compiling() or get_proxy_mode() is not None
 
 
-def rope_rotate(t: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, n_rot: int,
-                *, inverse: bool = False) -> torch.Tensor:
+def rope_rotate(
+    t: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, n_rot: int, *, inverse: bool = False
+) -> torch.Tensor:
     """Interleaved-pair RoPE (Meta Llama / RoFormer) of the first ``n_rot`` columns of ``t``
     (the query and key heads), the other columns (value heads) unchanged.
 
@@ -73,8 +76,10 @@ def rope_rotate(t: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor
     half = inv_freq.shape[0]
     hd = 2 * half
     if hd == 0 or t.shape[1] % hd or n_rot % hd or not 0 <= n_rot <= t.shape[1]:
-        raise ValueError(f"rope_rotate: N = {t.shape[1]} and n_rot = {n_rot} must be multiples of "
-                         f"head_dim = 2 * len(inv_freq) = {hd} > 0, with 0 <= n_rot <= N")
+        raise ValueError(
+            f"rope_rotate: N = {t.shape[1]} and n_rot = {n_rot} must be multiples of "
+            f"head_dim = 2 * len(inv_freq) = {hd} > 0, with 0 <= n_rot <= N"
+        )
     # the ops give inv_freq no gradient (documented): a trainable one gets none from here, and
     # the custom op needs no autograd formula (double backward works)
     cos, sin = _rope_cos_sin(positions, inv_freq.detach(), acc)
@@ -83,7 +88,7 @@ def rope_rotate(t: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor
         x, y = t[:, :n_rot].to(acc).unflatten(1, (n_rot // hd, half, 2)).unbind(-1)
         rotated = torch.stack((x * cos - y * sin, x * sin + y * cos), dim=-1).flatten(1)
         return torch.cat((rotated.to(t.dtype), t[:, n_rot:]), dim=1)
-    pairs = t.to(acc).unflatten(1, (t.shape[1] // hd, half, 2))               # (M, heads, HD/2, 2)
+    pairs = t.to(acc).unflatten(1, (t.shape[1] // hd, half, 2))  # (M, heads, HD/2, 2)
     x, y = pairs[..., 0], pairs[..., 1]
     rotated = torch.stack((x * cos - y * sin, x * sin + y * cos), dim=-1)
     rotates = torch.arange(pairs.shape[1], device=t.device)[None, :, None, None] < n_rot // hd
@@ -98,24 +103,47 @@ def _check_rope(op, x, w, positions, inv_freq, n_q_heads, n_kv_heads, head_dim, 
     """Shapes, head counts, dtypes (bf16 x / w, int64 positions, fp32 inv_freq and rstd),
     layout and device of a RoPE op's arguments; ValueError naming ``op`` (messages are
     built only on failure: see ``_expect``)."""
-    _expect(head_dim > 0 and head_dim % 2 == 0 and n_q_heads > 0 and n_kv_heads > 0, op,
-            lambda: f"need positive head counts and an even head_dim, got n_q_heads={n_q_heads}, "
-                    f"n_kv_heads={n_kv_heads}, head_dim={head_dim}")
+    _expect(
+        head_dim > 0 and head_dim % 2 == 0 and n_q_heads > 0 and n_kv_heads > 0,
+        op,
+        lambda: (
+            f"need positive head counts and an even head_dim, got n_q_heads={n_q_heads}, "
+            f"n_kv_heads={n_kv_heads}, head_dim={head_dim}"
+        ),
+    )
     n = (n_q_heads + 2 * n_kv_heads) * head_dim
-    _expect(x.dim() == 2 and w.dim() == 2 and x.shape[1] == w.shape[1] and w.shape[0] == n, op,
-            lambda: f"need {names[0]} (M, K) and {names[1]} ((n_q_heads + 2 * n_kv_heads) * head_dim = {n}, K), "
-                    f"got {tuple(x.shape)} and {tuple(w.shape)}")
-    _expect(tuple(positions.shape) == (x.shape[0],), op,
-            lambda: f"positions must be (M,) = ({x.shape[0]},), got {tuple(positions.shape)}")
-    _expect(tuple(inv_freq.shape) == (head_dim // 2,), op,
-            lambda: f"inv_freq must be (head_dim / 2,) = ({head_dim // 2},), got {tuple(inv_freq.shape)}")
+    _expect(
+        x.dim() == 2 and w.dim() == 2 and x.shape[1] == w.shape[1] and w.shape[0] == n,
+        op,
+        lambda: (
+            f"need {names[0]} (M, K) and {names[1]} ((n_q_heads + 2 * n_kv_heads) * head_dim = {n}, K), "
+            f"got {tuple(x.shape)} and {tuple(w.shape)}"
+        ),
+    )
+    _expect(
+        tuple(positions.shape) == (x.shape[0],),
+        op,
+        lambda: f"positions must be (M,) = ({x.shape[0]},), got {tuple(positions.shape)}",
+    )
+    _expect(
+        tuple(inv_freq.shape) == (head_dim // 2,),
+        op,
+        lambda: f"inv_freq must be (head_dim / 2,) = ({head_dim // 2},), got {tuple(inv_freq.shape)}",
+    )
     # inv_freq fp32: a model cast with .to(torch.bfloat16) turns an inv_freq buffer into bf16,
     # whose 8-bit mantissa puts angles at position ~8k off by whole turns
-    tensors = {names[0]: (x, torch.bfloat16), names[1]: (w, torch.bfloat16), "positions": (positions, torch.int64),
-               "inv_freq": (inv_freq, torch.float32)}
+    tensors = {
+        names[0]: (x, torch.bfloat16),
+        names[1]: (w, torch.bfloat16),
+        "positions": (positions, torch.int64),
+        "inv_freq": (inv_freq, torch.float32),
+    }
     if rstd is not None:
-        _expect(tuple(rstd.shape) == (x.shape[0],), op,
-                lambda: f"rstd must be (M,) = ({x.shape[0]},), got {tuple(rstd.shape)}")
+        _expect(
+            tuple(rstd.shape) == (x.shape[0],),
+            op,
+            lambda: f"rstd must be (M,) = ({x.shape[0]},), got {tuple(rstd.shape)}",
+        )
         tensors["rstd"] = (rstd, torch.float32)
     _pkg._check_layout(op, {"(n_q_heads + 2 * n_kv_heads) * head_dim (the output's columns)": n}, **tensors)
     _pkg._check_device(op, **{k: t for k, (t, _) in tensors.items()})
@@ -123,10 +151,17 @@ def _check_rope(op, x, w, positions, inv_freq, n_q_heads, n_kv_heads, head_dim, 
 
 # --------------------------------------------------------------------------- kernel ops
 
+
 @torch.library.custom_op("coda_agent::gemm_rope", mutates_args=())
 def gemm_rope_op(
-    x: torch.Tensor, w_qkv: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor,
-    *, n_q_heads: int, n_kv_heads: int, head_dim: int,
+    x: torch.Tensor,
+    w_qkv: torch.Tensor,
+    positions: torch.Tensor,
+    inv_freq: torch.Tensor,
+    *,
+    n_q_heads: int,
+    n_kv_heads: int,
+    head_dim: int,
 ) -> torch.Tensor:
     """Fused QKV GEMM + RoPE (item 5). x (M, K) bf16, w_qkv ((HQ+2HKV)*HD, K) bf16,
     positions (M,) int64, inv_freq (HD/2,) fp32 -> qkv (M, (HQ+2HKV)*HD) bf16."""
@@ -141,13 +176,21 @@ def _(x, w_qkv, positions, inv_freq, *, n_q_heads, n_kv_heads, head_dim):
 
 @torch.library.custom_op("coda_agent::gemm_rmsnorm_rope", mutates_args=())
 def gemm_rmsnorm_rope_op(
-    a: torch.Tensor, rstd: torch.Tensor, w_qkv: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor,
-    *, n_q_heads: int, n_kv_heads: int, head_dim: int,
+    a: torch.Tensor,
+    rstd: torch.Tensor,
+    w_qkv: torch.Tensor,
+    positions: torch.Tensor,
+    inv_freq: torch.Tensor,
+    *,
+    n_q_heads: int,
+    n_kv_heads: int,
+    head_dim: int,
 ) -> torch.Tensor:
     """Fused QKV GEMM + deferred rstd + RoPE (item 5). a (M, K) bf16, rstd (M,) fp32,
     w_qkv ((HQ+2HKV)*HD, K) bf16, positions (M,) int64, inv_freq (HD/2,) fp32 -> qkv bf16."""
-    (qkv,) = run_kernel("gemm_rmsnorm_rope", a, rstd, w_qkv, positions, inv_freq,
-                        **_consts(n_q_heads, n_kv_heads, head_dim))
+    (qkv,) = run_kernel(
+        "gemm_rmsnorm_rope", a, rstd, w_qkv, positions, inv_freq, **_consts(n_q_heads, n_kv_heads, head_dim)
+    )
     return qkv
 
 
@@ -158,8 +201,14 @@ def _(a, rstd, w_qkv, positions, inv_freq, *, n_q_heads, n_kv_heads, head_dim):
 
 @torch.library.custom_op("coda_agent::rope_bwd", mutates_args=())
 def rope_bwd_op(
-    g: torch.Tensor, w: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor,
-    *, n_q_heads: int, n_kv_heads: int, head_dim: int,
+    g: torch.Tensor,
+    w: torch.Tensor,
+    positions: torch.Tensor,
+    inv_freq: torch.Tensor,
+    *,
+    n_q_heads: int,
+    n_kv_heads: int,
+    head_dim: int,
 ) -> torch.Tensor:
     """RoPE backward fused into the GEMM producing the gradient (CODA item 10), no autograd.
 
@@ -196,13 +245,18 @@ def _(g, w, positions, inv_freq, *, n_q_heads, n_kv_heads, head_dim):
 
 # --------------------------------------------------------------------------- qkv_rope
 
+
 @torch.library.custom_op("coda_agent::qkv_rope", mutates_args=())
 def _qkv_rope(
-    x: torch.Tensor, w_qkv: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor,
-    n_q_heads: int, n_kv_heads: int, head_dim: int,
+    x: torch.Tensor,
+    w_qkv: torch.Tensor,
+    positions: torch.Tensor,
+    inv_freq: torch.Tensor,
+    n_q_heads: int,
+    n_kv_heads: int,
+    head_dim: int,
 ) -> torch.Tensor:
-    return gemm_rope_op(x, w_qkv, positions, inv_freq, n_q_heads=n_q_heads, n_kv_heads=n_kv_heads,
-                        head_dim=head_dim)
+    return gemm_rope_op(x, w_qkv, positions, inv_freq, n_q_heads=n_q_heads, n_kv_heads=n_kv_heads, head_dim=head_dim)
 
 
 @_qkv_rope.register_fake
@@ -227,8 +281,14 @@ _qkv_rope.register_autograd(_qkv_rope_backward, setup_context=_qkv_rope_setup)
 
 
 def qkv_rope(
-    x: torch.Tensor, w_qkv: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor,
-    *, n_q_heads: int, n_kv_heads: int, head_dim: int,
+    x: torch.Tensor,
+    w_qkv: torch.Tensor,
+    positions: torch.Tensor,
+    inv_freq: torch.Tensor,
+    *,
+    n_q_heads: int,
+    n_kv_heads: int,
+    head_dim: int,
 ) -> torch.Tensor:
     """Fused QKV projection + rotary embedding (CODA item 5): ``RoPE(x @ w_qkv^T)``.
 
@@ -263,13 +323,21 @@ def qkv_rope(
 
 # --------------------------------------------------------------------------- deferred_rmsnorm_qkv_rope
 
+
 @torch.library.custom_op("coda_agent::deferred_rmsnorm_qkv_rope", mutates_args=())
 def _deferred_qkv_rope(
-    a: torch.Tensor, rstd: torch.Tensor, w_qkv: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor,
-    n_q_heads: int, n_kv_heads: int, head_dim: int,
+    a: torch.Tensor,
+    rstd: torch.Tensor,
+    w_qkv: torch.Tensor,
+    positions: torch.Tensor,
+    inv_freq: torch.Tensor,
+    n_q_heads: int,
+    n_kv_heads: int,
+    head_dim: int,
 ) -> torch.Tensor:
-    return gemm_rmsnorm_rope_op(a, rstd, w_qkv, positions, inv_freq, n_q_heads=n_q_heads,
-                                n_kv_heads=n_kv_heads, head_dim=head_dim)
+    return gemm_rmsnorm_rope_op(
+        a, rstd, w_qkv, positions, inv_freq, n_q_heads=n_q_heads, n_kv_heads=n_kv_heads, head_dim=head_dim
+    )
 
 
 @_deferred_qkv_rope.register_fake
@@ -294,8 +362,15 @@ _deferred_qkv_rope.register_autograd(_deferred_qkv_rope_backward, setup_context=
 
 
 def deferred_rmsnorm_qkv_rope(
-    a: torch.Tensor, rstd: torch.Tensor, w_qkv: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor,
-    *, n_q_heads: int, n_kv_heads: int, head_dim: int,
+    a: torch.Tensor,
+    rstd: torch.Tensor,
+    w_qkv: torch.Tensor,
+    positions: torch.Tensor,
+    inv_freq: torch.Tensor,
+    *,
+    n_q_heads: int,
+    n_kv_heads: int,
+    head_dim: int,
 ) -> torch.Tensor:
     """QKV projection + RoPE on a deferred RMSNorm (CODA item 5):
     ``RoPE((a * rstd[:, None]) @ w_qkv^T)``, the rotation as in :func:`qkv_rope`.
@@ -318,6 +393,16 @@ def deferred_rmsnorm_qkv_rope(
     gradient, then ``da = (dq @ w) * rstd``, ``drstd = sum((dq @ w) * a, -1)``,
     ``dw = dq^T @ (a * rstd)``. Gradients reach a, rstd and w_qkv; works under ``torch.compile``.
     """
-    _check_rope("deferred_rmsnorm_qkv_rope", a, w_qkv, positions, inv_freq, n_q_heads, n_kv_heads, head_dim,
-                rstd=rstd, names=("a", "w_qkv"))
+    _check_rope(
+        "deferred_rmsnorm_qkv_rope",
+        a,
+        w_qkv,
+        positions,
+        inv_freq,
+        n_q_heads,
+        n_kv_heads,
+        head_dim,
+        rstd=rstd,
+        names=("a", "w_qkv"),
+    )
     return _deferred_qkv_rope(a, rstd, w_qkv, positions, inv_freq, n_q_heads, n_kv_heads, head_dim)

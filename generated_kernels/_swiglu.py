@@ -49,9 +49,7 @@ def _(x, w1):
 
 
 @torch.library.custom_op("coda_agent::swiglu_bwd", mutates_args=())
-def swiglu_bwd_op(
-    dout: torch.Tensor, w_down: torch.Tensor, preact: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
+def swiglu_bwd_op(dout: torch.Tensor, w_down: torch.Tensor, preact: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Fused down-projection dgrad + SwiGLU backward. dout (M, K), w_down (K, I),
     preact (M, 2I), all bf16 -> (dpreact (M, 2I), postact (M, I)) bf16. dpreact's gate and up
     columns and postact are 0 where gate < :data:`FLUSHED_GATE`."""
@@ -80,10 +78,18 @@ def swiglu_bwd_rms_op(
     of 16 bytes (K and I multiples of 8) or tensors not on one CUDA device;
     ModuleNotFoundError when swiglu_bwd_rms is not accepted yet."""
     op = "swiglu_bwd_rms_op"
-    _expect(dout.dim() == 2 and w_down.dim() == 2 and preact.dim() == 2 and dout.shape[1] == w_down.shape[0]
-            and tuple(preact.shape) == (dout.shape[0], 2 * w_down.shape[1]), op,
-            lambda: f"need dout (M, K), w_down (K, I), preact (M, 2I); got {tuple(dout.shape)}, "
-                    f"{tuple(w_down.shape)}, {tuple(preact.shape)}")
+    _expect(
+        dout.dim() == 2
+        and w_down.dim() == 2
+        and preact.dim() == 2
+        and dout.shape[1] == w_down.shape[0]
+        and tuple(preact.shape) == (dout.shape[0], 2 * w_down.shape[1]),
+        op,
+        lambda: (
+            f"need dout (M, K), w_down (K, I), preact (M, 2I); got {tuple(dout.shape)}, "
+            f"{tuple(w_down.shape)}, {tuple(preact.shape)}"
+        ),
+    )
     bf16 = torch.bfloat16
     _pkg._check_layout(op, dout=(dout, bf16), w_down=(w_down, bf16), preact=(preact, bf16))
     _pkg._check_device(op, dout=dout, w_down=w_down, preact=preact)
@@ -113,7 +119,7 @@ def _mlp_setup_context(ctx, inputs, output):
     x, w1, w_down = inputs
     _, preact = output
     ctx.save_for_backward(x, w1, w_down, preact)
-    ctx.mark_non_differentiable(preact)      # saved for the backward, not an output to train
+    ctx.mark_non_differentiable(preact)  # saved for the backward, not an output to train
 
 
 def down_proj_backward(dout, w_down, preact, need_w_down: bool):
@@ -129,8 +135,8 @@ def _mlp_backward(ctx, dout, _dpreact_unused):
     x, w1, w_down, preact = ctx.saved_tensors
     need_x, need_w1, need_w_down = ctx.needs_input_grad
     dpreact, dw_down = down_proj_backward(dout, w_down, preact, need_w_down)
-    dx = dpreact @ w1 if need_x else None                  # dgrad of the gate/up projection (M, K)
-    dw1 = dpreact.T @ x if need_w1 else None               # wgrad of the gate/up projection (2I, K)
+    dx = dpreact @ w1 if need_x else None  # dgrad of the gate/up projection (M, K)
+    dw1 = dpreact.T @ x if need_w1 else None  # wgrad of the gate/up projection (2I, K)
     return dx, dw1, dw_down
 
 
@@ -174,12 +180,22 @@ def swiglu(x: torch.Tensor, w1: torch.Tensor, w_down: torch.Tensor) -> torch.Ten
     sigmoid(gate) < 2^-126 to 0); every other gate is within the kernels' rounding.
     """
     op = "swiglu"
-    _expect(x.dim() == 2 and w1.dim() == 2 and w_down.dim() == 2, op,
-            lambda: f"need 2-D x (M, K), w1 (2I, K), w_down (K, I); got {x.dim()}-D, {w1.dim()}-D, "
-                    f"{w_down.dim()}-D (flatten batch and sequence into M: x.reshape(-1, K))")
-    _expect(w1.shape[1] == x.shape[1] and w_down.shape[0] == x.shape[1] and w1.shape[0] == 2 * w_down.shape[1],
-            op, lambda: f"need x (M, K), w1 (2I, K), w_down (K, I), got {tuple(x.shape)}, {tuple(w1.shape)}, "
-                        f"{tuple(w_down.shape)}: {_swiglu_mismatch(x, w1, w_down)}")
+    _expect(
+        x.dim() == 2 and w1.dim() == 2 and w_down.dim() == 2,
+        op,
+        lambda: (
+            f"need 2-D x (M, K), w1 (2I, K), w_down (K, I); got {x.dim()}-D, {w1.dim()}-D, "
+            f"{w_down.dim()}-D (flatten batch and sequence into M: x.reshape(-1, K))"
+        ),
+    )
+    _expect(
+        w1.shape[1] == x.shape[1] and w_down.shape[0] == x.shape[1] and w1.shape[0] == 2 * w_down.shape[1],
+        op,
+        lambda: (
+            f"need x (M, K), w1 (2I, K), w_down (K, I), got {tuple(x.shape)}, {tuple(w1.shape)}, "
+            f"{tuple(w_down.shape)}: {_swiglu_mismatch(x, w1, w_down)}"
+        ),
+    )
     _pkg._check_layout(op, x=(x, torch.bfloat16), w1=(w1, torch.bfloat16), w_down=(w_down, torch.bfloat16))
     _pkg._check_device(op, x=x, w1=w1, w_down=w_down)
     out, _ = _swiglu_mlp(x, w1, w_down)

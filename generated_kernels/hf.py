@@ -184,8 +184,25 @@ norm (default), or ``swiglu`` on the normalized activations (``h2`` materialized
 
 # --------------------------------------------------------------------------- the layer's math
 
-def coda_decoder_layer(x, g1, w_qkv, w_o, g2, w1, w_down, *, positions, inv_freq, attention: Callable,
-                       n_q_heads: int, n_kv_heads: int, head_dim: int, eps: float, mlp: str = "deferred_mlp"):
+
+def coda_decoder_layer(
+    x,
+    g1,
+    w_qkv,
+    w_o,
+    g2,
+    w1,
+    w_down,
+    *,
+    positions,
+    inv_freq,
+    attention: Callable,
+    n_q_heads: int,
+    n_kv_heads: int,
+    head_dim: int,
+    eps: float,
+    mlp: str = "deferred_mlp",
+):
     """One pre-norm Llama decoder layer through the fused ops (the wiring of
     ``benchmarks/llama_layer.py``'s ``coda_layer``).
 
@@ -223,6 +240,7 @@ def coda_decoder_layer(x, g1, w_qkv, w_o, g2, w1, w_down, *, positions, inv_freq
 
 # --------------------------------------------------------------------------- patched modules
 
+
 @dataclass
 class _LayerInfo:
     """What a patched decoder layer needs besides its modules (a plain attribute, not state)."""
@@ -232,9 +250,9 @@ class _LayerInfo:
     head_dim: int
     eps: float
     mlp: str
-    inv_freq: torch.Tensor                 # (HD/2,) fp32 on the CPU: the master copy of the buffer
-    attention_kwargs: tuple                # config fields passed to attention (Mistral: sliding_window)
-    new_cache_api: bool                    # transformers >= 5.2x: ``cache.update(k, v, idx, kwargs=...)``
+    inv_freq: torch.Tensor  # (HD/2,) fp32 on the CPU: the master copy of the buffer
+    attention_kwargs: tuple  # config fields passed to attention (Mistral: sliding_window)
+    new_cache_api: bool  # transformers >= 5.2x: ``cache.update(k, v, idx, kwargs=...)``
 
 
 def _layer_forward(self, hidden_states, attention_mask=None, position_ids=None, **kwargs):
@@ -242,7 +260,7 @@ def _layer_forward(self, hidden_states, attention_mask=None, position_ids=None, 
     info: _LayerInfo = self._coda
     attn, mlp = self.self_attn, self.mlp
     B, S = hidden_states.shape[:2]
-    kwargs.pop("position_embeddings", None)           # HF's cos/sin: the kernels rotate from inv_freq
+    kwargs.pop("position_embeddings", None)  # HF's cos/sin: the kernels rotate from inv_freq
     cache = kwargs.pop("cache", None)
     legacy_cache = kwargs.pop("past_key_values", None)
     cache = cache if cache is not None else legacy_cache
@@ -256,22 +274,42 @@ def _layer_forward(self, hidden_states, attention_mask=None, position_ids=None, 
 
     def attention(qkv):
         q, k, v = qkv.view(B, S, -1).split((hq * hd, hkv * hd, hkv * hd), dim=-1)
-        q, k, v = (t.unflatten(-1, (-1, hd)).transpose(1, 2) for t in (q, k, v))   # (B, heads, S, HD)
+        q, k, v = (t.unflatten(-1, (-1, hd)).transpose(1, 2) for t in (q, k, v))  # (B, heads, S, HD)
         if cache is not None:
             if info.new_cache_api:
                 k, v = cache.update(k, v, attn.layer_idx, kwargs=attn_kwargs)
             else:
                 k, v = cache.update(k, v, attn.layer_idx, {"cache_position": attn_kwargs.get("cache_position")})
         interface = _attention_interface(attn)
-        out, _ = interface(attn, q, k, v, attention_mask, dropout=attn.attention_dropout if attn.training else 0.0,
-                           scaling=attn.scaling, **attn_kwargs)
+        out, _ = interface(
+            attn,
+            q,
+            k,
+            v,
+            attention_mask,
+            dropout=attn.attention_dropout if attn.training else 0.0,
+            scaling=attn.scaling,
+            **attn_kwargs,
+        )
         return out.reshape(B * S, hq * hd).contiguous()
 
-    return coda_decoder_layer(      # a module global, looked up per call: swappable
-        hidden_states, self.input_layernorm.weight, attn.qkv_proj.weight, attn.o_proj.weight,
-        self.post_attention_layernorm.weight, mlp.gate_up_proj.weight, mlp.down_proj.weight, positions=positions,
-        inv_freq=self.coda_inv_freq, attention=attention, n_q_heads=hq, n_kv_heads=hkv, head_dim=hd, eps=info.eps,
-        mlp=info.mlp)
+    return coda_decoder_layer(  # a module global, looked up per call: swappable
+        hidden_states,
+        self.input_layernorm.weight,
+        attn.qkv_proj.weight,
+        attn.o_proj.weight,
+        self.post_attention_layernorm.weight,
+        mlp.gate_up_proj.weight,
+        mlp.down_proj.weight,
+        positions=positions,
+        inv_freq=self.coda_inv_freq,
+        attention=attention,
+        n_q_heads=hq,
+        n_kv_heads=hkv,
+        head_dim=hd,
+        eps=info.eps,
+        mlp=info.mlp,
+    )
 
 
 def _attention_interface(attn):
@@ -289,6 +327,7 @@ def _layer_apply(cls: type):
     """``nn.Module._apply`` of the patched class ``cls``: afterwards ``coda_inv_freq`` is the
     fp32 master copy again, on the buffer's new device, whatever ``fn`` did
     (``model.to(torch.bfloat16)`` casts buffers; ``to_empty`` leaves them uninitialized)."""
+
     def _apply(self, fn, recurse=True):
         # cls is built at run time over an nn.Module layer class; pyright resolves this super() to object
         out = super(cls, self)._apply(fn, recurse)  # pyright: ignore[reportAttributeAccessIssue]
@@ -296,6 +335,7 @@ def _layer_apply(cls: type):
         if buf is not None:
             self._buffers["coda_inv_freq"] = self._coda.inv_freq.to(buf.device)
         return out
+
     return _apply
 
 
@@ -308,9 +348,16 @@ def _patched_class(base: type) -> type:
     name); transformers' ``GradientCheckpointingLayer`` wraps its forward like the base's."""
     cls = _PATCHED_CLASSES.get(base)
     if cls is None:
-        cls = type(base.__name__, (base,), {
-            "forward": _layer_forward, "_coda_base": base, "__module__": __name__,
-            "__doc__": f"{base.__name__} patched by coda_agent.kernels.apply_coda (forward: coda_decoder_layer)."})
+        cls = type(
+            base.__name__,
+            (base,),
+            {
+                "forward": _layer_forward,
+                "_coda_base": base,
+                "__module__": __name__,
+                "__doc__": f"{base.__name__} patched by coda_agent.kernels.apply_coda (forward: coda_decoder_layer).",
+            },
+        )
         cls._apply = _layer_apply(cls)
         _PATCHED_CLASSES[base] = cls
     return cls
@@ -318,9 +365,16 @@ def _patched_class(base: type) -> type:
 
 # --------------------------------------------------------------------------- LM head
 
-def causal_lm_loss(hidden_states: torch.Tensor, w_vocab: torch.Tensor, labels: torch.Tensor | None = None, *,
-                   shift_labels: torch.Tensor | None = None, num_items_in_batch=None,
-                   ignore_index: int = -100) -> torch.Tensor:
+
+def causal_lm_loss(
+    hidden_states: torch.Tensor,
+    w_vocab: torch.Tensor,
+    labels: torch.Tensor | None = None,
+    *,
+    shift_labels: torch.Tensor | None = None,
+    num_items_in_batch=None,
+    ignore_index: int = -100,
+) -> torch.Tensor:
     """transformers' ``ForCausalLMLoss`` through ``linear_cross_entropy`` (logits never stored).
 
     Args:
@@ -342,8 +396,7 @@ def causal_lm_loss(hidden_states: torch.Tensor, w_vocab: torch.Tensor, labels: t
         shift_labels = F.pad(labels, (0, 1), value=ignore_index)[..., 1:]
     D = hidden_states.shape[-1]
     target = shift_labels.reshape(-1).to(device=hidden_states.device, dtype=torch.int64).contiguous()
-    rows = K.linear_cross_entropy(hidden_states.reshape(-1, D).contiguous(), w_vocab, target,
-                                  ignore_index=ignore_index)
+    rows = K.linear_cross_entropy(hidden_states.reshape(-1, D).contiguous(), w_vocab, target, ignore_index=ignore_index)
     if num_items_in_batch is None:
         return rows.sum() / (target != ignore_index).sum()
     if torch.is_tensor(num_items_in_batch):
@@ -353,7 +406,7 @@ def causal_lm_loss(hidden_states: torch.Tensor, w_vocab: torch.Tensor, labels: t
 
 @dataclass
 class _LMInfo:
-    params: tuple                          # the original forward's parameter names, in order (after self)
+    params: tuple  # the original forward's parameter names, in order (after self)
 
 
 def _causal_lm_forward(self, *args, **kwargs):
@@ -377,8 +430,9 @@ def _causal_lm_forward(self, *args, **kwargs):
     loss = causal_lm_loss(outputs.last_hidden_state, self.lm_head.weight, labels, **loss_kw)
     fields = CausalLMOutputWithPast.__dataclass_fields__
     extra = {name: getattr(outputs, name, None) for name in ("cache", "past_key_values") if name in fields}
-    out = CausalLMOutputWithPast(loss=loss, logits=None, hidden_states=outputs.hidden_states,
-                                 attentions=outputs.attentions, **extra)
+    out = CausalLMOutputWithPast(
+        loss=loss, logits=None, hidden_states=outputs.hidden_states, attentions=outputs.attentions, **extra
+    )
     if return_dict is False:
         return out.to_tuple()
     return out
@@ -386,17 +440,19 @@ def _causal_lm_forward(self, *args, **kwargs):
 
 # --------------------------------------------------------------------------- public API
 
+
 @dataclass
 class CodaPatch:
     """What :func:`apply_coda` did to a model (``model._coda``)."""
 
-    layers: list[int] = field(default_factory=list)   # indices of the patched decoder layers
+    layers: list[int] = field(default_factory=list)  # indices of the patched decoder layers
     fused_lm_head: bool = False
     mlp: str = "deferred_mlp"
 
 
-def apply_coda(model: nn.Module, *, fused_lm_head: bool | None = None, strict: bool = True,
-               mlp: str = "deferred_mlp") -> nn.Module:
+def apply_coda(
+    model: nn.Module, *, fused_lm_head: bool | None = None, strict: bool = True, mlp: str = "deferred_mlp"
+) -> nn.Module:
     """Patch a transformers 5.x Llama (or Mistral) model in place to train on the fused kernels.
 
     Args:
@@ -455,8 +511,9 @@ def apply_coda(model: nn.Module, *, fused_lm_head: bool | None = None, strict: b
         _patch_layer(base.layers[i], hq, hkv, hd, mlp, inv_freq, names[4])
     if patch.fused_lm_head:
         sig = inspect.signature(type(model).forward)
-        params = tuple(n for n, p in list(sig.parameters.items())[1:]
-                       if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
+        params = tuple(
+            n for n, p in list(sig.parameters.items())[1:] if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        )
         model._coda_lm = _LMInfo(params)  # pyright: ignore[reportArgumentType]  (torch types the value Tensor | Module)
         model.forward = types.MethodType(_causal_lm_forward, model)
     model._coda = patch  # pyright: ignore[reportArgumentType]  (torch types the value Tensor | Module)
@@ -468,14 +525,22 @@ def _patch_layer(layer, hq: int, hkv: int, hd: int, mlp: str, inv_freq: torch.Te
     attn_cls = type(attn)
     new_cache_api = "cache" in inspect.signature(attn_cls.forward).parameters
     with torch.no_grad():
-        w_qkv = pack_qkv(attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight,
-                         n_q_heads=hq, n_kv_heads=hkv, head_dim=hd)
+        w_qkv = pack_qkv(
+            attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight, n_q_heads=hq, n_kv_heads=hkv, head_dim=hd
+        )
         w1 = pack_gate_up(mlp_mod.gate_proj.weight, mlp_mod.up_proj.weight)
     _fuse_children(attn, _qkv_fused(hq, hkv, hd), w_qkv)
     _fuse_children(mlp_mod, _GATE_UP, w1)
-    layer._coda = _LayerInfo(n_q_heads=hq, n_kv_heads=hkv, head_dim=hd,
-                             eps=float(layer.input_layernorm.variance_epsilon), mlp=mlp, inv_freq=inv_freq,
-                             attention_kwargs=attn_kwargs, new_cache_api=new_cache_api)
+    layer._coda = _LayerInfo(
+        n_q_heads=hq,
+        n_kv_heads=hkv,
+        head_dim=hd,
+        eps=float(layer.input_layernorm.variance_epsilon),
+        mlp=mlp,
+        inv_freq=inv_freq,
+        attention_kwargs=attn_kwargs,
+        new_cache_api=new_cache_api,
+    )
     layer.register_buffer("coda_inv_freq", inv_freq.to(layer.input_layernorm.weight.device), persistent=False)
     layer.__class__ = _patched_class(type(layer))
 

@@ -44,7 +44,9 @@ def test_list_shows_specs_and_accepted_kernels(ws, capsys):
 def test_list_flags_invalid_spec(ws, capsys):
     shutil.copytree(ws / "kernel_specs" / "swiglu_fwd", ws / "kernel_specs" / "broken")
     p = ws / "kernel_specs" / "broken" / "spec.toml"
-    p.write_text(p.read_text().replace('name = "swiglu_fwd"', 'name = "broken"').replace('pattern = "forward"', 'pattern = "up"'))
+    p.write_text(
+        p.read_text().replace('name = "swiglu_fwd"', 'name = "broken"').replace('pattern = "forward"', 'pattern = "up"')
+    )
     assert main(["list"]) == 2
     cap = capsys.readouterr()
     assert "invalid" in cap.out
@@ -115,7 +117,8 @@ def test_usage_errors_exit_2(ws, capsys, monkeypatch):
     assert "did you mean 'swiglu_fwd'" in " ".join(capsys.readouterr().err.split())
     assert main(["bench", "swiglu_fwdd"]) == 2  # named before "no GPU"
     assert "not accepted kernels: ['swiglu_fwdd'] (did you mean 'swiglu_fwd' for 'swiglu_fwdd'?)" in " ".join(
-        capsys.readouterr().err.split())
+        capsys.readouterr().err.split()
+    )
 
 
 def test_generate_manual_writes_prompt_and_waits(ws, capsys, monkeypatch):
@@ -163,7 +166,7 @@ def test_tricks_add_appends_dated_entry(ws, capsys):
     before = (ws / "tricks_log.md").read_text()
     assert main(["tricks", "add", "pin tile_n=128 for the rotary table op", "--kernel", "swiglu_fwd"]) == 0
     after = (ws / "tricks_log.md").read_text()
-    assert after.startswith(before) and "pin tile_n=128 for the rotary table op" in after[len(before):]
+    assert after.startswith(before) and "pin tile_n=128 for the rotary table op" in after[len(before) :]
     assert main(["tricks", "add"]) == 2
     assert main(["tricks", "add", "x\n## 2099-01-01 — general", "--kernel", "swiglu_fwd"]) == 2
     assert main(["tricks", "add", "some lesson", "--kernel", "doesnotexist"]) == 2
@@ -176,7 +179,9 @@ def test_tricks_add_from_run_takes_a_run_name(ws, capsys, monkeypatch, tmp_path)
 
     run = ws / "runs" / "20260101T000000Z-swiglu_fwd"
     run.mkdir(parents=True)
-    (run / "run.json").write_text(json.dumps({"spec": "swiglu_fwd", "status": "accepted", "lesson": {"status": "proposed"}}))
+    (run / "run.json").write_text(
+        json.dumps({"spec": "swiglu_fwd", "status": "accepted", "lesson": {"status": "proposed"}})
+    )
     (run / "proposed_trick.md").write_text("Name the run, not its path.\n")
     monkeypatch.chdir(tmp_path.parent)  # outside the workspace: the name resolves through CODA_ROOT
     assert main(["tricks", "add", "--from-run", run.name]) == 2  # no accepted kernel vouches for this run
@@ -366,8 +371,9 @@ def test_a_committed_run_record_is_not_resumed(ws, capsys, monkeypatch):
     before = (dest / "run.json").read_bytes()
     monkeypatch.chdir(ws)
     for ref in (str(dest), str(dest.relative_to(ws))):
-        assert main(["--root", str(ws), "generate", "swiglu_fwd", "--resume", ref, "--llm", "manual",
-                     "--cpu-only"]) == 2
+        assert (
+            main(["--root", str(ws), "generate", "swiglu_fwd", "--resume", ref, "--llm", "manual", "--cpu-only"]) == 2
+        )
         assert "is a committed run record" in capsys.readouterr().err
     assert (dest / "run.json").read_bytes() == before and not (dest / ".lock").exists()
     # the suggested copy works in a checkout without runs/ (it is git-ignored)
@@ -406,8 +412,23 @@ def test_a_workspace_under_a_folder_named_like_the_records_can_resume(tmp_path, 
     monkeypatch.chdir(ws)
     assert main(["--root", str(ws), "generate", "swiglu_fwd", "--llm", "manual", "--cpu-only", "--no-accept"]) == 0
     run = next((ws / "runs").iterdir())
-    assert main(["--root", str(ws), "generate", "swiglu_fwd", "--resume", run.name, "--llm", "manual",
-                 "--cpu-only", "--no-accept"]) == 0
+    assert (
+        main(
+            [
+                "--root",
+                str(ws),
+                "generate",
+                "swiglu_fwd",
+                "--resume",
+                run.name,
+                "--llm",
+                "manual",
+                "--cpu-only",
+                "--no-accept",
+            ]
+        )
+        == 0
+    )
     assert "committed run record" not in capsys.readouterr().err
 
 
@@ -418,8 +439,13 @@ def test_a_library_the_verifier_cannot_import_is_a_verifier_error_not_the_candid
     from coda_agent.verifier.static import surface
 
     real = surface._import.__wrapped__
-    monkeypatch.setattr(surface, "_import", lambda name: (None, "ModuleNotFoundError: No module named 'triton'")
-                        if name == "quack.activation" else real(name))
+    monkeypatch.setattr(
+        surface,
+        "_import",
+        lambda name: (
+            (None, "ModuleNotFoundError: No module named 'triton'") if name == "quack.activation" else real(name)
+        ),
+    )
     surface.judge.cache_clear()
     try:
         rc = main(["verify", "swiglu_fwd", str(ws / "generated_kernels" / "swiglu_fwd" / "kernel.py"), "--cpu-only"])
@@ -497,11 +523,13 @@ def test_output_flags_never_write_into_the_library_or_specs(ws, capsys):
     good = ws / "generated_kernels" / "swiglu_fwd" / "kernel.py"
     cand = ws / "cand.py"
     cand.write_bytes(good.read_bytes())
-    for argv in (["prompt", "swiglu_bwd", "--out", str(kdir / "kernel.py")],
-                 ["verify", "swiglu_fwd", str(cand), "--cpu-only", "--json", str(kdir / "manifest.json")],
-                 ["regress", "--cpu-only", "swiglu_bwd", "--json", str(kdir / "kernel.py")],
-                 ["prompt", "swiglu_bwd", "--out", str(ws / "kernel_specs" / "swiglu_bwd" / "spec.toml")],
-                 ["bench", "--all", "--from-manifests", "--out", str(kdir / "pages")]):
+    for argv in (
+        ["prompt", "swiglu_bwd", "--out", str(kdir / "kernel.py")],
+        ["verify", "swiglu_fwd", str(cand), "--cpu-only", "--json", str(kdir / "manifest.json")],
+        ["regress", "--cpu-only", "swiglu_bwd", "--json", str(kdir / "kernel.py")],
+        ["prompt", "swiglu_bwd", "--out", str(ws / "kernel_specs" / "swiglu_bwd" / "spec.toml")],
+        ["bench", "--all", "--from-manifests", "--out", str(kdir / "pages")],
+    ):
         assert main(argv) == 2, argv
         err = " ".join(capsys.readouterr().err.split())
         assert "which output flags never write" in err, (argv, err)
@@ -543,9 +571,24 @@ def test_an_interrupted_generate_kills_its_llm_command(ws, tmp_path, sig, rc):
     script = tmp_path / "slow.sh"
     script.write_text(f"#!/bin/sh\necho $$ > {pidfile}\nexec sleep 120\n")
     script.chmod(0o755)
-    proc = subprocess.Popen([sys.executable, "-m", "coda_agent.cli", "generate", "swiglu_bwd", "--llm", "command",
-                             "--cmd", str(script), "--no-accept", "--cpu-only"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ws)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "coda_agent.cli",
+            "generate",
+            "swiglu_bwd",
+            "--llm",
+            "command",
+            "--cmd",
+            str(script),
+            "--no-accept",
+            "--cpu-only",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=ws,
+    )
     deadline = time.monotonic() + 120
     while not (pidfile.exists() and pidfile.read_text().strip()) and time.monotonic() < deadline:
         assert proc.poll() is None, proc.communicate()
@@ -567,8 +610,14 @@ def test_bench_refuses_flags_it_would_ignore(ws, capsys):
     --shape/--repeat/--jobs would be ignored with exit 0: each is refused."""
     kept = ws / "kept"
     kept.mkdir()
-    for extra, named in ((["swiglu_bwd"], "SPEC names"), (["--shape", "x"], "--shape"), (["--repeat", "3"], "--repeat"),
-                         (["--jobs", "2"], "--jobs"), (["--from-manifests"], "--from-manifests"), (["--all"], "--all")):
+    for extra, named in (
+        (["swiglu_bwd"], "SPEC names"),
+        (["--shape", "x"], "--shape"),
+        (["--repeat", "3"], "--repeat"),
+        (["--jobs", "2"], "--jobs"),
+        (["--from-manifests"], "--from-manifests"),
+        (["--all"], "--all"),
+    ):
         assert main(["bench", "--from-verdicts", str(kept), *extra]) == 2, extra
         assert f"so {named} would be ignored" in " ".join(capsys.readouterr().err.split())
     assert main(["bench", "swiglu_bwd", "--repeat", "0"]) == 2
@@ -581,9 +630,14 @@ def test_generate_exits_2_when_the_verifier_fails(ws, capsys, monkeypatch):
     import coda_agent.agent.loop as loop
     from coda_agent.verifier.verdict import StageResult, Verdict
 
-    broken = Verdict(spec="swiglu_fwd", spec_hash="h", candidate_hash="c", cpu_only=True,
-                     stages=[StageResult(stage="static", status="error", summary="[cpu-compile] extra is missing")])
-    monkeypatch.setattr(loop, "default_verifier", lambda **kw: (lambda loaded, cand, workdir: broken))
+    broken = Verdict(
+        spec="swiglu_fwd",
+        spec_hash="h",
+        candidate_hash="c",
+        cpu_only=True,
+        stages=[StageResult(stage="static", status="error", summary="[cpu-compile] extra is missing")],
+    )
+    monkeypatch.setattr(loop, "default_verifier", lambda **kw: lambda loaded, cand, workdir: broken)
     answer = ws / "answer.sh"
     good = ws / "generated_kernels" / "swiglu_fwd" / "kernel.py"
     answer.write_text(f"#!/bin/sh\necho '```python'\ncat '{good}'\necho '```'\n")
@@ -665,9 +719,11 @@ def test_an_output_flag_replaces_only_its_own_earlier_output(ws, capsys):
     good = ws / "generated_kernels" / "swiglu_fwd" / "kernel.py"
     kept = ws / "kept-verdict.json"
     kept.write_text('{"spec": "swiglu_fwd", "stages": []}')  # a kept verdict: no outcome fields
-    for argv in (["verify", "swiglu_fwd", str(good), "--cpu-only", "--json", str(log)],
-                 ["prompt", "swiglu_fwd", "--out", str(log)],
-                 ["regress", "--cpu-only", "swiglu_fwd", "--json", str(kept)]):
+    for argv in (
+        ["verify", "swiglu_fwd", str(good), "--cpu-only", "--json", str(log)],
+        ["prompt", "swiglu_fwd", "--out", str(log)],
+        ["regress", "--cpu-only", "swiglu_fwd", "--json", str(kept)],
+    ):
         assert main(argv) == 2, argv
         assert "exists and is not" in " ".join(capsys.readouterr().err.split()), argv
     assert log.read_bytes() == before and kept.read_text() == '{"spec": "swiglu_fwd", "stages": []}'

@@ -169,20 +169,22 @@ def minimal_spec(ex: Example):
     """A KernelSpec carrying just what the static stage reads: entry, inputs, allowed_torch."""
     from coda_agent.verifier.spec import KernelSpec
 
-    return KernelSpec.model_validate({
-        "name": ex.id,
-        "description": f"documentation example {ex.id} from primitives_docs/{ex.doc}",
-        "pattern": "forward",
-        "math": "see the documentation text around the example",
-        "entry": {
-            "function": ex.entry,
-            "inputs": [{"name": n, "shape": list(s), "dtype": d} for n, s, d in ex.args],
-            "outputs": [{"name": o, "shape": [1], "dtype": "float32"} for o in _returned_names(ex)],
-            "allowed_torch": list(ex.allowed),
-        },
-        "shapes": {"correctness": [{"name": "ragged", "dims": {"M": 333}}]},
-        "bench": {"flops": "1"},
-    })
+    return KernelSpec.model_validate(
+        {
+            "name": ex.id,
+            "description": f"documentation example {ex.id} from primitives_docs/{ex.doc}",
+            "pattern": "forward",
+            "math": "see the documentation text around the example",
+            "entry": {
+                "function": ex.entry,
+                "inputs": [{"name": n, "shape": list(s), "dtype": d} for n, s, d in ex.args],
+                "outputs": [{"name": o, "shape": [1], "dtype": "float32"} for o in _returned_names(ex)],
+                "allowed_torch": list(ex.allowed),
+            },
+            "shapes": {"correctness": [{"name": "ragged", "dims": {"M": 333}}]},
+            "bench": {"flops": "1"},
+        }
+    )
 
 
 # --------------------------------------------------------------------------- no-quack checks
@@ -275,10 +277,17 @@ def _compile_fallback(path: Path, ex: Example, tmp: Path) -> tuple[bool, str, in
     req.write_text(json.dumps({"path": str(path), "entry": ex.entry, "args": [list(a) for a in ex.args]}))
     runner = tmp / "runner.py"
     runner.write_text(_RUNNER)
-    env = dict(os.environ, QUACK_ARCH="sm_90", CUTE_DSL_ARCH="sm_90a", CUDA_VISIBLE_DEVICES="",
-               QUACK_CACHE_DIR=str(tmp / "quack_cache"), CUTE_DSL_CACHE_DIR=str(tmp / "cute_cache"))
-    proc = subprocess.run([sys.executable, str(runner), str(req), str(res)], cwd=tmp, env=env,
-                          capture_output=True, text=True, timeout=300)
+    env = dict(
+        os.environ,
+        QUACK_ARCH="sm_90",
+        CUTE_DSL_ARCH="sm_90a",
+        CUDA_VISIBLE_DEVICES="",
+        QUACK_CACHE_DIR=str(tmp / "quack_cache"),
+        CUTE_DSL_CACHE_DIR=str(tmp / "cute_cache"),
+    )
+    proc = subprocess.run(
+        [sys.executable, str(runner), str(req), str(res)], cwd=tmp, env=env, capture_output=True, text=True, timeout=300
+    )
     if not res.is_file():
         return False, f"runner died (rc {proc.returncode}):\n{proc.stderr[-3000:]}", 0
     out = json.loads(res.read_text())

@@ -27,16 +27,31 @@ _SITE_DIRS = sorted({sysconfig.get_paths()["purelib"], sysconfig.get_paths()["pl
 def test_wheel_layout_and_plain_install(tmp_path):
     wheel_dir = tmp_path / "wheel"
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-         "-w", str(wheel_dir), str(ROOT)],
-        check=True, cwd=tmp_path,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(wheel_dir),
+            str(ROOT),
+        ],
+        check=True,
+        cwd=tmp_path,
     )
     (wheel,) = wheel_dir.glob("coda_agent-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
     assert tops == {"coda_agent"}, tops
-    for must in ("coda_agent/cli.py", "coda_agent/agent/__init__.py", "coda_agent/verifier/spec/__init__.py",
-                 "coda_agent/kernels/__init__.py"):
+    for must in (
+        "coda_agent/cli.py",
+        "coda_agent/agent/__init__.py",
+        "coda_agent/verifier/spec/__init__.py",
+        "coda_agent/kernels/__init__.py",
+    ):
         assert must in names, must
     assert any(n.startswith("coda_agent/agent/prompts/") and n.endswith(".j2") for n in names) or not list(
         (ROOT / "agent" / "prompts").glob("*.j2")
@@ -60,16 +75,26 @@ def test_wheel_layout_and_plain_install(tmp_path):
         "print(coda_agent.cli.__file__)"
     )
     out = subprocess.run(
-        [sys.executable, "-I", "-c", f"import sys; sys.path.insert(0, {str(target)!r}); "
-         + "sys.path.extend(" + repr(_SITE_DIRS) + "); " + code],
-        check=True, capture_output=True, text=True, cwd=tmp_path,
+        [
+            sys.executable,
+            "-I",
+            "-c",
+            f"import sys; sys.path.insert(0, {str(target)!r}); " + "sys.path.extend(" + repr(_SITE_DIRS) + "); " + code,
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
     )
     assert out.stdout.strip().startswith(str(target))
     # `python -m coda_agent` is the command (the package's __main__ ships in the wheel)
     assert "coda_agent/__main__.py" in names
     env_path = [str(target), *_SITE_DIRS]
     ver = subprocess.run(
-        [sys.executable, "-m", "coda_agent", "--version"], capture_output=True, text=True, cwd=tmp_path,
+        [sys.executable, "-m", "coda_agent", "--version"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
         env={"PYTHONPATH": ":".join(env_path), "PATH": "/usr/bin:/bin"},
     )
     assert ver.returncode == 0 and ver.stdout.startswith("coda-agent"), (ver.stdout, ver.stderr)

@@ -41,16 +41,26 @@ MAX_BYTES = {README: 10 * 1024, ARCHITECTURE: 20 * 1024}
 QUICKSTART_HEADING = "## Quickstart: no GPU, no API key"
 COMMANDS_HEADING = "## Commands"
 RUN_PLACEHOLDER = "RUN"
-TOP_LEVEL = ("agent/", "verifier/", "generated_kernels/", "kernel_specs/", "benchmarks/", "docs/",
-             "tests/", "primitives_docs/", ".ci/")
+TOP_LEVEL = (
+    "agent/",
+    "verifier/",
+    "generated_kernels/",
+    "kernel_specs/",
+    "benchmarks/",
+    "docs/",
+    "tests/",
+    "primitives_docs/",
+    ".ci/",
+)
 WORKSPACE = ("kernel_specs", "generated_kernels", "primitives_docs", "tricks_log.md")
 
 FENCE_RE = re.compile(r"^```(?P<lang>[a-z]*)[ \t]*\n(?P<body>.*?)^```[ \t]*$", re.MULTILINE | re.DOTALL)
 LINK_RE = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
 CODE_RE = re.compile(r"`([^`\n]+)`")
 FLAG_RE = re.compile(r"(?<![\w-])--[a-z][a-z-]*")
-FORBIDDEN = re.compile(r"/work/|\.\./shared|\bsessions? \d+|red[- ]team|this session|the fix below|\brounds? \d+",
-                       re.IGNORECASE)
+FORBIDDEN = re.compile(
+    r"/work/|\.\./shared|\bsessions? \d+|red[- ]team|this session|the fix below|\brounds? \d+", re.IGNORECASE
+)
 
 
 def _text(page: Path) -> str:
@@ -61,7 +71,7 @@ def _section(text: str, heading: str) -> str:
     """The text under ``heading`` (a ``## `` line) up to the next ``## `` heading."""
     start = text.find("\n" + heading + "\n")
     assert start >= 0, f"README.md has no section {heading!r}"
-    rest = text[start + len(heading) + 2:]
+    rest = text[start + len(heading) + 2 :]
     end = rest.find("\n## ")
     return rest if end < 0 else rest[:end]
 
@@ -100,8 +110,9 @@ def _quickstart_params():
     params = []
     for i, argv in enumerate(cmds):
         marks = [pytest.mark.slow, pytest.mark.compile] if _compiles(argv) else []
-        params.append(pytest.param(argv, id=f"{i}-{'-'.join(a for a in argv[1:3] if not a.startswith('-'))}",
-                                   marks=marks))
+        params.append(
+            pytest.param(argv, id=f"{i}-{'-'.join(a for a in argv[1:3] if not a.startswith('-'))}", marks=marks)
+        )
     return params
 
 
@@ -166,8 +177,10 @@ def test_test_commands_and_markers():
     cmds = [c for _, b in _blocks(section) for c in _commands(b)]
     assert ["python", "-m", "pytest", "-n", "2"] in cmds, cmds
     assert ["python", "-m", "pytest", "-n", "2", "-m", "not slow"] in cmds, cmds
-    markers = {m.split(":")[0] for m in tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]
-               ["ini_options"]["markers"]}
+    markers = {
+        m.split(":")[0]
+        for m in tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["markers"]
+    }
     assert {"slow", "compile", "gpu"} <= markers, markers
     pytest.importorskip("xdist", reason="-n 2 needs pytest-xdist (the dev extra)")
 
@@ -175,10 +188,12 @@ def test_test_commands_and_markers():
 # --------------------------------------------------------------------------- the command line
 
 
-def _cli(*args: str, cwd: Path = ROOT, env: dict[str, str] | None = None,
-         timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "coda_agent", *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+def _cli(
+    *args: str, cwd: Path = ROOT, env: dict[str, str] | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "coda_agent", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 @functools.lru_cache(maxsize=None)
@@ -320,7 +335,9 @@ def _answer(ws: Path, spec: str) -> str:
 
 def _expect(argv: list[str], res: subprocess.CompletedProcess, ws: Path) -> None:
     """The exit code and a telling piece of output of one quickstart command."""
-    shown = f"`{shlex.join(argv)}` exited {res.returncode}\nstdout:\n{res.stdout[-3000:]}\nstderr:\n{res.stderr[-3000:]}"
+    shown = (
+        f"`{shlex.join(argv)}` exited {res.returncode}\nstdout:\n{res.stdout[-3000:]}\nstderr:\n{res.stderr[-3000:]}"
+    )
     assert res.returncode == 0, shown
     sub = argv[1]
     if sub == "list":

@@ -115,7 +115,9 @@ def render_feedback(verdict: Verdict, candidate_source: str, max_lines: int = 60
 
     if failed is not None:
         who = " (a verifier/machine error, not necessarily your code)" if failed.status == "error" else ""
-        out.append(f"Verification of `{verdict.spec}` FAILED at stage `{failed.stage}`{who}: {failed.summary or failed.status}")
+        out.append(
+            f"Verification of `{verdict.spec}` FAILED at stage `{failed.stage}`{who}: {failed.summary or failed.status}"
+        )
         out.append(f"Stages: {stages_run}")
         findings = failed.findings
         if not findings:
@@ -156,7 +158,7 @@ def render_feedback(verdict: Verdict, candidate_source: str, max_lines: int = 60
         rest = blocks[i:]
         if room >= 2:
             out.extend(block[: room - 1] + ["    ..."])
-            rest = blocks[i + 1:]
+            rest = blocks[i + 1 :]
         omitted = sum(1 for b in rest if b and b[0].startswith("- ["))
         out.append(f"... ({omitted} more finding(s) omitted)" if omitted else "...")
         break

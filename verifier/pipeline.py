@@ -98,11 +98,21 @@ def _guarded(stage: Stage, fn: Callable[[], StageResult]) -> StageResult:
         from .static.surface import LibraryUnavailable
 
         if isinstance(e, LibraryUnavailable):  # the machine's fault, and the message says the fix: no traceback
-            return StageResult(stage=stage, status="error", summary=f"verifier error in the {stage} stage: {e}",
-                               findings=[Finding(kind="verifier-error", message=str(e))], duration_s=time.monotonic() - t0)
+            return StageResult(
+                stage=stage,
+                status="error",
+                summary=f"verifier error in the {stage} stage: {e}",
+                findings=[Finding(kind="verifier-error", message=str(e))],
+                duration_s=time.monotonic() - t0,
+            )
         tb = traceback.format_exc(limit=8)
-        return StageResult(stage=stage, status="error", summary=f"verifier error in the {stage} stage: {type(e).__name__}: {e}",
-                           findings=[Finding(kind="verifier-error", message=tb[-3000:])], duration_s=time.monotonic() - t0)
+        return StageResult(
+            stage=stage,
+            status="error",
+            summary=f"verifier error in the {stage} stage: {type(e).__name__}: {e}",
+            findings=[Finding(kind="verifier-error", message=tb[-3000:])],
+            duration_s=time.monotonic() - t0,
+        )
 
 
 def run_static(loaded: LoadedSpec, snap: Snapshot) -> StageResult:
@@ -173,9 +183,14 @@ def run_gpu_workers(
     # candidate cannot plant compiled kernels that the reference worker would load).
     scratch = cand_dir / SCRATCH_DIR
     cache = scratch / "cache"
-    cand_env = {**env, "TMPDIR": str(scratch / "tmp"), "QUACK_CACHE_DIR": str(cache / "quack"),
-                "CUTE_DSL_CACHE_DIR": str(cache / "cute_dsl"), "TRITON_CACHE_DIR": str(cache / "triton"),
-                "CUDA_CACHE_PATH": str(cache / "nv")}
+    cand_env = {
+        **env,
+        "TMPDIR": str(scratch / "tmp"),
+        "QUACK_CACHE_DIR": str(cache / "quack"),
+        "CUTE_DSL_CACHE_DIR": str(cache / "cute_dsl"),
+        "TRITON_CACHE_DIR": str(cache / "triton"),
+        "CUDA_CACHE_PATH": str(cache / "nv"),
+    }
     for d in ("tmp", "cache/quack", "cache/cute_dsl", "cache/triton", "cache/nv"):  # trials/: the worker's
         (scratch / d).mkdir(parents=True, exist_ok=True)
     # The plan holds the secret (seeds, sample positions, which timed calls are kept): it
@@ -184,9 +199,17 @@ def run_gpu_workers(
     # for the record once the worker has ended.
     plan_json = plan.to_json()
     with progress.step("candidate worker (correctness, coverage" + (", benchmark)" if bench else ")")) as s:
-        cand = run_worker(CAND_WORKER, ["--dir", str(cand_dir), "--plan-stdin"], timeout, cwd=cand_dir, env=cand_env,
-                          results=cand_dir / RESULTS_FILE, log_dir=logs, confine=[scratch],
-                          stdin_data=plan_json.encode())
+        cand = run_worker(
+            CAND_WORKER,
+            ["--dir", str(cand_dir), "--plan-stdin"],
+            timeout,
+            cwd=cand_dir,
+            env=cand_env,
+            results=cand_dir / RESULTS_FILE,
+            log_dir=logs,
+            confine=[scratch],
+            stdin_data=plan_json.encode(),
+        )
         s.outcome = str(cand.status)
     atomic_write_text(cand_dir / PLAN_FILE, plan_json)
     cand_plan_sha256 = plan.sha256()
@@ -204,15 +227,27 @@ def run_gpu_workers(
         atomic_write_text(ref_dir / PLAN_FILE, ref_plan.to_json())
         # trusted side: torch.compile of the baseline recompiles per bench shape, so allow more time
         ref_timeout = timeout * 2 if plan.bench and plan.bench_shapes else timeout
-        with progress.step("reference worker (fp32 + low-precision references" + (", baselines)" if bench else ")")) as s:
-            run.ref = run_worker(REF_WORKER, ["--dir", str(ref_dir)], ref_timeout, cwd=ref_dir, env=env,
-                                 results=ref_dir / RESULTS_FILE, log_dir=logs)
+        with progress.step(
+            "reference worker (fp32 + low-precision references" + (", baselines)" if bench else ")")
+        ) as s:
+            run.ref = run_worker(
+                REF_WORKER,
+                ["--dir", str(ref_dir)],
+                ref_timeout,
+                cwd=ref_dir,
+                env=env,
+                results=ref_dir / RESULTS_FILE,
+                log_dir=logs,
+            )
             s.outcome = str(run.ref.status)
     return run
 
 
-TIMED_CHECKS = (timed_check_run, wall_check_run,
-                *(functools.partial(timed_loop_check_run, slot=j) for j in range(TIMED_LOOP_SLOTS)))
+TIMED_CHECKS = (
+    timed_check_run,
+    wall_check_run,
+    *(functools.partial(timed_loop_check_run, slot=j) for j in range(TIMED_LOOP_SLOTS)),
+)
 """The checks of timed calls, per benchmark shape: the extra call after timing in the same
 rotation, one of the wall-time calls, and the calls kept from inside the timing loop (one
 per reservoir slot; a slot the timer's calls did not fill has no record, and the bench
@@ -295,7 +330,10 @@ def gpu_stages(loaded: LoadedSpec, run: GpuRun) -> list[StageResult]:
 
     out: list[StageResult] = []
     stages: tuple[tuple[Stage, Callable[[LoadedSpec, GpuRun], StageResult]], ...] = (
-        ("correctness", correctness_stage), ("gradients", gradients_stage), ("bench", bench_stage))
+        ("correctness", correctness_stage),
+        ("gradients", gradients_stage),
+        ("bench", bench_stage),
+    )
     for name, fn in stages:
         res = _guarded(name, lambda fn=fn: fn(loaded, run))
         out.append(res)
@@ -322,8 +360,9 @@ def cpu_stages(loaded: LoadedSpec, candidate: Path, *, timeout_s: float | None =
     return cpu_stages_many([(loaded, Path(candidate))], timeout_s=timeout_s)[0]
 
 
-def cpu_stages_many(items: list[tuple[LoadedSpec, Path]], *, jobs: int = 1,
-                    timeout_s: float | None = None) -> list[CpuStages]:
+def cpu_stages_many(
+    items: list[tuple[LoadedSpec, Path]], *, jobs: int = 1, timeout_s: float | None = None
+) -> list[CpuStages]:
     """:func:`cpu_stages` for several candidates, results in ``items`` order.
 
     Static runs in this process, one candidate after the other (it imports the libraries
@@ -337,11 +376,14 @@ def cpu_stages_many(items: list[tuple[LoadedSpec, Path]], *, jobs: int = 1,
             folder = Path(tmp) / str(i)
             folder.mkdir()
             snaps.append(take(cand, folder))
-        return _cpu_stages_of([(loaded, snap) for (loaded, _), snap in zip(items, snaps, strict=False)], jobs, timeout_s)
+        return _cpu_stages_of(
+            [(loaded, snap) for (loaded, _), snap in zip(items, snaps, strict=False)], jobs, timeout_s
+        )
 
 
 def _cpu_stages_of(items: list[tuple[LoadedSpec, Snapshot]], jobs: int, timeout_s: float | None) -> list[CpuStages]:
     """static -> compile of snapshots already taken (:func:`cpu_stages_many`, :func:`verify`)."""
+
     def reported(stage: Stage, what: str, fn: Callable[[], StageResult]) -> StageResult:
         with progress.step(what) as s:
             res = _guarded(stage, fn)
@@ -349,15 +391,19 @@ def _cpu_stages_of(items: list[tuple[LoadedSpec, Snapshot]], jobs: int, timeout_
         return res
 
     many = len(items) > 1
-    statics = [reported("static", f"static {lc[0].name}" if many else "static", lambda lc=lc: run_static(*lc))
-               for lc in items]
+    statics = [
+        reported("static", f"static {lc[0].name}" if many else "static", lambda lc=lc: run_static(*lc)) for lc in items
+    ]
 
     def one(i: int) -> CpuStages:
         loaded, snap = items[i]
         if not statics[i].ok:
             return CpuStages(candidate_hash=snap.sha256, stages=(statics[i],))
-        comp = reported("compile", f"compile (sm_90a) {loaded.name}" if many else "compile (sm_90a)",
-                        lambda: run_compile(loaded, snap, timeout_s=timeout_s or 300))
+        comp = reported(
+            "compile",
+            f"compile (sm_90a) {loaded.name}" if many else "compile (sm_90a)",
+            lambda: run_compile(loaded, snap, timeout_s=timeout_s or 300),
+        )
         return CpuStages(candidate_hash=snap.sha256, stages=(statics[i], comp))
 
     return in_parallel(one, len(items), jobs)
@@ -396,13 +442,33 @@ def verify(
         raise FileNotFoundError(f"candidate not found: {candidate}")
     with tempfile.TemporaryDirectory(prefix="coda-candidate-") as snap_dir:
         snap = take(candidate, snap_dir)
-        return _verify_snapshot(loaded, snap, cpu_only=cpu_only, bench=bench, workdir=workdir, timeout_s=timeout_s,
-                                bench_shapes=bench_shapes, device=device, baselines=baselines, cpu_done=cpu_done)
+        return _verify_snapshot(
+            loaded,
+            snap,
+            cpu_only=cpu_only,
+            bench=bench,
+            workdir=workdir,
+            timeout_s=timeout_s,
+            bench_shapes=bench_shapes,
+            device=device,
+            baselines=baselines,
+            cpu_done=cpu_done,
+        )
 
 
-def _verify_snapshot(loaded: LoadedSpec, snap: Snapshot, *, cpu_only: bool, bench: bool, workdir: Path | None,
-                     timeout_s: float | None, bench_shapes: list[Any] | None, device: str,
-                     baselines: list[str] | None, cpu_done: CpuStages | None) -> Verdict:
+def _verify_snapshot(
+    loaded: LoadedSpec,
+    snap: Snapshot,
+    *,
+    cpu_only: bool,
+    bench: bool,
+    workdir: Path | None,
+    timeout_s: float | None,
+    bench_shapes: list[Any] | None,
+    device: str,
+    baselines: list[str] | None,
+    cpu_done: CpuStages | None,
+) -> Verdict:
     t0 = time.monotonic()
     verdict = Verdict(
         spec=loaded.name,
@@ -424,12 +490,18 @@ def _verify_snapshot(loaded: LoadedSpec, snap: Snapshot, *, cpu_only: bool, benc
         return finish()
 
     if cpu_only:
-        verdict.stages += [StageResult(stage=s, status="skip", summary=_skip_summary(loaded, s, "--cpu-only: not run (not verified on a GPU)"))
-                           for s in GPU_STAGES]
+        verdict.stages += [
+            StageResult(
+                stage=s, status="skip", summary=_skip_summary(loaded, s, "--cpu-only: not run (not verified on a GPU)")
+            )
+            for s in GPU_STAGES
+        ]
         return finish()
     if device == "cuda" and not cuda_available():
-        verdict.stages += [StageResult(stage=s, status="skip", summary=_skip_summary(loaded, s, "no CUDA GPU: not verified"))
-                           for s in GPU_STAGES]
+        verdict.stages += [
+            StageResult(stage=s, status="skip", summary=_skip_summary(loaded, s, "no CUDA GPU: not verified"))
+            for s in GPU_STAGES
+        ]
         return finish()
 
     tmp = None
@@ -438,11 +510,24 @@ def _verify_snapshot(loaded: LoadedSpec, snap: Snapshot, *, cpu_only: bool, benc
         workdir = Path(tmp.name)
     try:
         try:
-            run = run_gpu_workers(loaded, snap, Path(workdir), bench=bench, bench_shapes=bench_shapes,
-                                  timeout_s=timeout_s, device=device, baselines=baselines)
+            run = run_gpu_workers(
+                loaded,
+                snap,
+                Path(workdir),
+                bench=bench,
+                bench_shapes=bench_shapes,
+                timeout_s=timeout_s,
+                device=device,
+                baselines=baselines,
+            )
         except Exception as e:  # noqa: BLE001 -- e.g. an unknown bench shape name, a full disk
-            verdict.stages.append(StageResult(stage="correctness", status="error",
-                                              summary=f"could not run the GPU workers: {type(e).__name__}: {e}"))
+            verdict.stages.append(
+                StageResult(
+                    stage="correctness",
+                    status="error",
+                    summary=f"could not run the GPU workers: {type(e).__name__}: {e}",
+                )
+            )
             return finish()
         env = run.gpu_env
         for k, v in env.items():
@@ -474,8 +559,10 @@ def _print(verdict: Verdict) -> None:
             where = f" line {f.line}" if f.line else ""
             print(f"      [{f.kind}]{where} {f.message}")
     env = verdict.environment
-    print(f"  environment: {env.gpu or 'no GPU'} (sm {env.compute_capability}), torch {env.torch}, "
-          f"cutlass-dsl {env.cutlass_dsl}, quack {env.quack}")
+    print(
+        f"  environment: {env.gpu or 'no GPU'} (sm {env.compute_capability}), torch {env.torch}, "
+        f"cutlass-dsl {env.cutlass_dsl}, quack {env.quack}"
+    )
     print(f"  outcome: {verdict.outcome} (passed: {verdict.passed}; GPU verified: {verdict.gpu_verified})")
 
 
@@ -505,15 +592,25 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if a.workdir:
         a.workdir.mkdir(parents=True, exist_ok=True)
-    verdict = verify(loaded, a.candidate, cpu_only=a.cpu_only, bench=not a.no_bench, workdir=a.workdir,
-                     timeout_s=a.timeout, bench_shapes=a.bench_shape)
+    verdict = verify(
+        loaded,
+        a.candidate,
+        cpu_only=a.cpu_only,
+        bench=not a.no_bench,
+        workdir=a.workdir,
+        timeout_s=a.timeout,
+        bench_shapes=a.bench_shape,
+    )
     _print(verdict)
     if a.json:
         atomic_write_text(a.json, verdict.to_json(outcome=True))
     broken = verdict.verifier_error
     if broken is not None:
-        print(f"verifier error in the {broken.stage} stage (the verifier or this machine failed, not the "
-              f"candidate): {broken.summary}", file=sys.stderr)
+        print(
+            f"verifier error in the {broken.stage} stage (the verifier or this machine failed, not the "
+            f"candidate): {broken.summary}",
+            file=sys.stderr,
+        )
         return 2
     return 0 if verdict.done_as_asked(cpu_only=a.cpu_only, bench=not a.no_bench) else 1
 

@@ -101,8 +101,15 @@ def note(text: str) -> None:
     _safe("note", text)
 
 
-_STYLE = {"pass": "green", "done": "green", "ok": "green", "fail": "red", "error": "red", "interrupted": "red",
-          "skip": "dim"}
+_STYLE = {
+    "pass": "green",
+    "done": "green",
+    "ok": "green",
+    "fail": "red",
+    "error": "red",
+    "interrupted": "red",
+    "skip": "dim",
+}
 
 
 class RichReporter:
@@ -115,8 +122,9 @@ class RichReporter:
         from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
         self.console = console if console is not None else Console(stderr=True)
-        self.progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
-                                 console=self.console, transient=True)
+        self.progress = Progress(
+            SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=self.console, transient=True
+        )
         self.tasks: dict[str, list[TaskID]] = {}
         self.prefix = ""
         self.lock = threading.Lock()

@@ -61,8 +61,10 @@ class Environment(BaseModel):
     python: str | None = None
     hostname: str | None = None
     worker_sandbox: str | None = Field(
-        default=None, description="how the candidate worker was confined (verifier/confine/landlock.py), e.g. "
-        "'landlock ABI 7: writes only beneath 2 folder(s); ...', or 'unavailable: <why>'")
+        default=None,
+        description="how the candidate worker was confined (verifier/confine/landlock.py), e.g. "
+        "'landlock ABI 7: writes only beneath 2 folder(s); ...', or 'unavailable: <why>'",
+    )
 
 
 class Verdict(BaseModel):
@@ -153,6 +155,10 @@ class Verdict(BaseModel):
         d = self.model_dump(mode="json")
         if outcome:
             failed = self.failed_stage
-            d.update(outcome=self.outcome, passed=self.passed, gpu_verified=self.gpu_verified,
-                     failed_stage=failed.stage if failed else None)
+            d.update(
+                outcome=self.outcome,
+                passed=self.passed,
+                gpu_verified=self.gpu_verified,
+                failed_stage=failed.stage if failed else None,
+            )
         return json.dumps(d, indent=2, sort_keys=True) + "\n"

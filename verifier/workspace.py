@@ -105,8 +105,14 @@ def remove_tree(path: str | Path) -> None:
         return
     rm = shutil.which("rm")
     if rm is not None:
-        subprocess.run([rm, "-rf", "--", str(p)], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                       stderr=subprocess.DEVNULL, check=False, timeout=3600)
+        subprocess.run(
+            [rm, "-rf", "--", str(p)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            check=False,
+            timeout=3600,
+        )
     else:
         try:
             shutil.rmtree(p, ignore_errors=True)
@@ -134,9 +140,15 @@ def check_out_target(root: Path, p: Path, flag: str, value: str, keep: tuple[Pat
         raise OutputPathError(f"{flag} {value}: cannot resolve the path ({e})") from None
     for name, d in protected_dirs(root):
         if target == d or d in target.parents:
-            raise OutputPathError(f"{flag} {value}: inside {name}/ ({d}), which output flags never write "
-                                  + ("(accepted kernels change only through --accept)" if name == "generated_kernels"
-                                     else "(specs are edited by hand)") + "; choose a path outside it")
+            raise OutputPathError(
+                f"{flag} {value}: inside {name}/ ({d}), which output flags never write "
+                + (
+                    "(accepted kernels change only through --accept)"
+                    if name == "generated_kernels"
+                    else "(specs are edited by hand)"
+                )
+                + "; choose a path outside it"
+            )
     if target in kept:
         raise OutputPathError(f"{flag} {value}: is the candidate itself; choose another file")
 
@@ -152,18 +164,23 @@ def protected_dirs(root: Path) -> list[tuple[str, Path]]:
     out = [(name, (root / name).resolve()) for name in PROTECTED_DIRS]
     out += [(name, (here / name).resolve()) for name in PROTECTED_DIRS if (here / name).is_dir()]
     spec = importlib.util.find_spec("coda_agent.kernels")  # found without importing it (no torch)
-    out += [("generated_kernels", Path(loc).resolve()) for loc in (spec.submodule_search_locations or [])] if spec else []
+    out += (
+        [("generated_kernels", Path(loc).resolve()) for loc in (spec.submodule_search_locations or [])] if spec else []
+    )
     return out
 
 
 OUTPUT_KINDS = {
     # what an earlier output of each flag looks like: only such a file is replaced
-    "prompt": ("a prompt written by `coda-agent prompt --out`",
-               lambda text: text.startswith("=== SYSTEM ===")),
-    "verdict": ("a verdict written by `verify --json`",
-                lambda text: _json_keys(text) >= {"stages", "passed", "gpu_verified"}),
-    "regress": ("a report written by `regress --json`",
-                lambda text: _json_keys(text) >= {"rows", "tolerance", "cpu_only"}),
+    "prompt": ("a prompt written by `coda-agent prompt --out`", lambda text: text.startswith("=== SYSTEM ===")),
+    "verdict": (
+        "a verdict written by `verify --json`",
+        lambda text: _json_keys(text) >= {"stages", "passed", "gpu_verified"},
+    ),
+    "regress": (
+        "a report written by `regress --json`",
+        lambda text: _json_keys(text) >= {"rows", "tolerance", "cpu_only"},
+    ),
 }
 """Output kind -> (what it is, a test that an existing file's text is one)."""
 
@@ -178,8 +195,13 @@ def _json_keys(text: str) -> set[str]:
     return set(data) if isinstance(data, dict) else set()
 
 
-def out_file(value: str | None, flag: str = "--json", root: Path | None = None,
-             keep: tuple[Path, ...] = (), kind: str | None = None) -> Path | None:
+def out_file(
+    value: str | None,
+    flag: str = "--json",
+    root: Path | None = None,
+    keep: tuple[Path, ...] = (),
+    kind: str | None = None,
+) -> Path | None:
     """Check an output file path before any work starts (a missing folder must not raise a
     traceback after a whole verification, with the exit status of a rejection); with
     ``root``, also that it writes nothing of the library or specs (:func:`check_out_target`);
@@ -202,8 +224,10 @@ def out_file(value: str | None, flag: str = "--json", root: Path | None = None,
         except OSError:
             ok = False
         if not ok:
-            raise OutputPathError(f"{flag} {value}: exists and is not {what}; nothing was run. Remove it or "
-                                  "choose another file (an output flag replaces only its own earlier output)")
+            raise OutputPathError(
+                f"{flag} {value}: exists and is not {what}; nothing was run. Remove it or "
+                "choose another file (an output flag replaces only its own earlier output)"
+            )
     return p
 
 

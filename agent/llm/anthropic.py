@@ -182,8 +182,10 @@ class AnthropicBackend:
                         # Not retried: a proxy that answers this way will on every billed try.
                         raise LLMError(
                             "Anthropic API: asked for an event stream, got "
-                            + (f"content type {kind!r}" if kind else "no content type") + " "
-                            "(a proxy at ANTHROPIC_BASE_URL that does not pass streaming through?)")
+                            + (f"content type {kind!r}" if kind else "no content type")
+                            + " "
+                            "(a proxy at ANTHROPIC_BASE_URL that does not pass streaming through?)"
+                        )
                     msg = _final_message(stream)
                 return to_response(msg)
             except (anthropic.AuthenticationError, anthropic.PermissionDeniedError) as e:
@@ -193,8 +195,10 @@ class AnthropicBackend:
                     f"{self.model!r} (or choose another with --model / CODA_MODEL)"
                 ) from None
             except anthropic.NotFoundError as e:
-                raise LLMError(f"Anthropic API: model {self.model!r} not found (HTTP {e.status_code}); "
-                               "choose another with --model / CODA_MODEL") from None
+                raise LLMError(
+                    f"Anthropic API: model {self.model!r} not found (HTTP {e.status_code}); "
+                    "choose another with --model / CODA_MODEL"
+                ) from None
             except anthropic.APIStatusError as e:
                 status, label = _status(e)
                 overloaded = status == 529 or "overloaded" in str(e).lower()
@@ -207,13 +211,15 @@ class AnthropicBackend:
                 # have been billed, and 4 x 3 tries of a 600 s timeout is two hours.
                 raise LLMError(
                     f"Anthropic API: no answer within {self.timeout_s:.0f} s (after the client's own "
-                    "retries); resume the run later (the run's summary prints the command)") from None
+                    "retries); resume the run later (the run's summary prints the command)"
+                ) from None
             except httpx2.TimeoutException:
                 # The stream started, then stalled: the SDK does not retry a started body, and
                 # neither does this loop (the tokens so far were billed).
                 raise LLMError(
                     f"Anthropic API: the answer stalled (no event for {self.timeout_s:.0f} s) part-way "
-                    "through; resume the run later (the run's summary prints the command)") from None
+                    "through; resume the run later (the run's summary prints the command)"
+                ) from None
             except (anthropic.APIConnectionError, httpx2.RequestError, json.JSONDecodeError, _BrokenStream) as e:
                 # APIConnectionError: before the first byte (the SDK retried it already);
                 # the others: the stream broke off part-way (a transport or decoding error,
@@ -235,9 +241,15 @@ class _BrokenStream(Exception):
 
 
 ERROR_TYPE_STATUS = {
-    "invalid_request_error": 400, "authentication_error": 401, "permission_error": 403,
-    "not_found_error": 404, "request_too_large": 413, "rate_limit_error": 429,
-    "api_error": 500, "timeout_error": 504, "overloaded_error": 529,
+    "invalid_request_error": 400,
+    "authentication_error": 401,
+    "permission_error": 403,
+    "not_found_error": 404,
+    "request_too_large": 413,
+    "rate_limit_error": 429,
+    "api_error": 500,
+    "timeout_error": 504,
+    "overloaded_error": 529,
 }
 """The HTTP status each documented API error type stands for. An ``error`` event inside a
 stream arrives on a 200 response, so the SDK's exception carries status 200; its type

@@ -113,16 +113,25 @@ class CommandBackend:
             raise LLMError(f"--llm command {self.command!r} printed more than {MAX_OUTPUT >> 20} MiB on stdout")
         if not stdout.strip():
             # a script whose last line failed exits 0 with the error on stderr
-            raise LLMError(f"--llm command {self.command!r} printed nothing on stdout (exit status 0)"
-                           + (f"; stderr:\n{tail}" if tail else " and nothing on stderr"))
+            raise LLMError(
+                f"--llm command {self.command!r} printed nothing on stdout (exit status 0)"
+                + (f"; stderr:\n{tail}" if tail else " and nothing on stderr")
+            )
         if stderr.strip() and self.directory is not None and self.directory.is_dir():
             atomic_write_text(self.directory / "command.stderr", stderr)  # replaces, never writes through a link
         return LLMResponse(text=stdout, model=self.model)
 
     def _run(self, data: bytes, env: dict[str, str]) -> tuple[int | None, str, str, bool]:
         """(exit status or None on timeout, stdout, stderr tail, stdout over the cap)."""
-        proc = subprocess.Popen(self.command, shell=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, env=env, start_new_session=True)
+        proc = subprocess.Popen(
+            self.command,
+            shell=True,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+            start_new_session=True,
+        )
         track_group(proc.pid, True)  # killed with the verifier's workers when coda-agent is interrupted
         try:
             return self._collect(proc, data)
@@ -133,8 +142,10 @@ class CommandBackend:
         out: list[bytes] = []
         err: list[bytes] = []
         over: list[bool] = []
-        drains = [threading.Thread(target=_drain, args=(proc.stdout, MAX_OUTPUT + 1, out, over), daemon=True),
-                  threading.Thread(target=_drain_tail, args=(proc.stderr, 1 << 20, err), daemon=True)]
+        drains = [
+            threading.Thread(target=_drain, args=(proc.stdout, MAX_OUTPUT + 1, out, over), daemon=True),
+            threading.Thread(target=_drain_tail, args=(proc.stderr, 1 << 20, err), daemon=True),
+        ]
         for t in drains:
             t.start()
 

@@ -45,5 +45,8 @@ class ScriptedBackend:
         if isinstance(item, Path):
             item = item.read_text()
         text = str(item)
-        return LLMResponse(text=text, model=self.model, usage=Usage(input_tokens=prompt.estimate_tokens(),
-                                                                      output_tokens=len(text) // 4))
+        return LLMResponse(
+            text=text,
+            model=self.model,
+            usage=Usage(input_tokens=prompt.estimate_tokens(), output_tokens=len(text) // 4),
+        )

@@ -33,6 +33,5 @@ def liger(*, h, w_vocab, target):
 
     # apply(_input, weight, target, bias, ce_weight, ignore_index, lse_square_scale,
     #       label_smoothing, reduction) -> (loss, z_loss, token_accuracy, predicted_tokens)
-    loss = LigerFusedLinearCrossEntropyFunction.apply(
-        h, w_vocab, target, None, None, -100, 0.0, 0.0, "none")[0]
+    loss = LigerFusedLinearCrossEntropyFunction.apply(h, w_vocab, target, None, None, -100, 0.0, 0.0, "none")[0]
     return {"loss": loss}

@@ -40,8 +40,8 @@ def liger(*, x, w_qkv, positions, inv_freq, HQ, HKV):
     m = x.shape[0]
     nq, nk = HQ * hd, HKV * hd
     q = F.linear(x, w_qkv[:nq]).view(1, m, HQ, hd).transpose(1, 2)
-    k = F.linear(x, w_qkv[nq:nq + nk]).view(1, m, HKV, hd).transpose(1, 2)
-    v = F.linear(x, w_qkv[nq + nk:]).view(1, m, HKV, hd).transpose(1, 2)
+    k = F.linear(x, w_qkv[nq : nq + nk]).view(1, m, HKV, hd).transpose(1, 2)
+    v = F.linear(x, w_qkv[nq + nk :]).view(1, m, HKV, hd).transpose(1, 2)
     freqs = positions.float()[:, None] * inv_freq.float()[None, :]  # (M, HD/2)
     emb = torch.cat((freqs, freqs), dim=-1)[None]  # (1, M, HD), HF layout
     q, k = LigerRopeFunction.apply(q, k, emb.cos(), emb.sin())

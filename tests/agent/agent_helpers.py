@@ -52,16 +52,39 @@ def build_workspace(tmp_path: Path) -> Path:
     (gk / "__init__.py").write_text('"""accepted kernels"""\n')
     kernels = {
         # the target's own accepted kernel: must never appear in its prompt
-        "swiglu_fwd": (OWN_MARKER, "swiglu_fwd", "acc_pair", {"spec": "swiglu_fwd", "pattern": "forward", "catalogue_item": 1}),
-        "swiglu_bwd": (BWD_MARKER, "swiglu_bwd", "packed_cd_b16x2", {"spec": "swiglu_bwd", "pattern": "backward", "catalogue_item": 7}),
-        "gelu_fwd": (GELU_MARKER, "gelu_fwd", None, {
-            "spec": "gelu_fwd", "pattern": "forward", "catalogue_item": 2,
-            "description": "GEMM fused with a GELU activation epilogue on the accumulator.",
-        }),
-        "rms_bwd": (RMS_MARKER, "rms_bwd", None, {
-            "spec": "rms_bwd", "pattern": "backward",
-            "description": "Backward of an RMS norm scale folded into a dgrad GEMM.",
-        }),
+        "swiglu_fwd": (
+            OWN_MARKER,
+            "swiglu_fwd",
+            "acc_pair",
+            {"spec": "swiglu_fwd", "pattern": "forward", "catalogue_item": 1},
+        ),
+        "swiglu_bwd": (
+            BWD_MARKER,
+            "swiglu_bwd",
+            "packed_cd_b16x2",
+            {"spec": "swiglu_bwd", "pattern": "backward", "catalogue_item": 7},
+        ),
+        "gelu_fwd": (
+            GELU_MARKER,
+            "gelu_fwd",
+            None,
+            {
+                "spec": "gelu_fwd",
+                "pattern": "forward",
+                "catalogue_item": 2,
+                "description": "GEMM fused with a GELU activation epilogue on the accumulator.",
+            },
+        ),
+        "rms_bwd": (
+            RMS_MARKER,
+            "rms_bwd",
+            None,
+            {
+                "spec": "rms_bwd",
+                "pattern": "backward",
+                "description": "Backward of an RMS norm scale folded into a dgrad GEMM.",
+            },
+        ),
     }
     for name, (marker, fn, mode, manifest) in kernels.items():
         d = gk / name

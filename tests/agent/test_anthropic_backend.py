@@ -52,19 +52,41 @@ def sse_events(body: dict, *, thinking: str | None = None, chunk: int = 7) -> li
     ev: list[tuple[str, dict]] = [("message_start", {"type": "message_start", "message": start})]
     blocks = ([("thinking", thinking)] if thinking is not None else []) + [("text", b["text"]) for b in body["content"]]
     for i, (kind, text) in enumerate(blocks):
-        first = {"type": "thinking", "thinking": "", "signature": ""} if kind == "thinking" else {"type": "text", "text": ""}
+        first = (
+            {"type": "thinking", "thinking": "", "signature": ""}
+            if kind == "thinking"
+            else {"type": "text", "text": ""}
+        )
         ev.append(("content_block_start", {"type": "content_block_start", "index": i, "content_block": first}))
         for j in range(0, len(text), chunk):
-            delta = ({"type": "thinking_delta", "thinking": text[j:j + chunk]} if kind == "thinking"
-                     else {"type": "text_delta", "text": text[j:j + chunk]})
+            delta = (
+                {"type": "thinking_delta", "thinking": text[j : j + chunk]}
+                if kind == "thinking"
+                else {"type": "text_delta", "text": text[j : j + chunk]}
+            )
             ev.append(("content_block_delta", {"type": "content_block_delta", "index": i, "delta": delta}))
         if kind == "thinking":
-            ev.append(("content_block_delta", {"type": "content_block_delta", "index": i,
-                                               "delta": {"type": "signature_delta", "signature": "sig"}}))
+            ev.append(
+                (
+                    "content_block_delta",
+                    {
+                        "type": "content_block_delta",
+                        "index": i,
+                        "delta": {"type": "signature_delta", "signature": "sig"},
+                    },
+                )
+            )
         ev.append(("content_block_stop", {"type": "content_block_stop", "index": i}))
-    ev.append(("message_delta", {"type": "message_delta", "delta": {"stop_reason": body["stop_reason"],
-                                                                     "stop_sequence": None},
-                                 "usage": {"output_tokens": u["output_tokens"]}}))
+    ev.append(
+        (
+            "message_delta",
+            {
+                "type": "message_delta",
+                "delta": {"stop_reason": body["stop_reason"], "stop_sequence": None},
+                "usage": {"output_tokens": u["output_tokens"]},
+            },
+        )
+    )
     ev.append(("message_stop", {"type": "message_stop"}))
     return ev
 
@@ -144,7 +166,9 @@ def test_request_shape_and_usage(workspace, fwd_spec, monkeypatch):
     assert r.usage.cache_read_input_tokens == 7000 and r.usage.cache_creation_input_tokens == 12
 
     req = server.requests[0]
-    assert req.url.path == "/v1/messages" and SECRET in (req.headers.get("x-api-key", "") + req.headers.get("authorization", ""))
+    assert req.url.path == "/v1/messages" and SECRET in (
+        req.headers.get("x-api-key", "") + req.headers.get("authorization", "")
+    )
     body = server.body()
     assert body["model"] == DEFAULT_MODEL == "claude-opus-5-5"
     assert body["max_tokens"] == 16000 and body["stream"] is True
@@ -154,8 +178,12 @@ def test_request_shape_and_usage(workspace, fwd_spec, monkeypatch):
     assert [("cache_control" in blk) for blk in system] == [False, False, False, True]
     assert system[-1]["cache_control"] == {"type": "ephemeral"}
     assert body["messages"] == [
-        {"role": "user", "content": [{"type": "text", "text": prompt.messages[0]["content"],
-                                      "cache_control": {"type": "ephemeral"}}]}
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": prompt.messages[0]["content"], "cache_control": {"type": "ephemeral"}}
+            ],
+        }
     ]
 
 
@@ -163,8 +191,14 @@ def test_repair_request_keeps_cache_prefix(workspace, fwd_spec):
     server = Server((200, message_body()))
     b, _ = backend(server)
     base = render_prompt(fwd_spec, workspace)
-    rp = build_repair_prompt(base, previous_response="```python\nx=1\n```", previous_candidate="x=1\n",
-                             feedback="bad", attempt=2, max_attempts=5)
+    rp = build_repair_prompt(
+        base,
+        previous_response="```python\nx=1\n```",
+        previous_candidate="x=1\n",
+        feedback="bad",
+        attempt=2,
+        max_attempts=5,
+    )
     b.complete(rp)
     body = server.body()
     assert [m["role"] for m in body["messages"]] == ["user", "assistant", "user"]

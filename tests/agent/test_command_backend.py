@@ -50,7 +50,9 @@ def test_timeout_and_empty_output(workspace, fwd_spec):
         CommandBackend("cat > /dev/null").complete(render_prompt(fwd_spec, workspace))
     # a script whose last command failed exits 0 with the reason on stderr: it is shown
     # (e.g. "python: not found")
-    with pytest.raises(LLMError, match=r"printed nothing on stdout \(exit status 0\); stderr:\n.*nosuchtool.*not found"):
+    with pytest.raises(
+        LLMError, match=r"printed nothing on stdout \(exit status 0\); stderr:\n.*nosuchtool.*not found"
+    ):
         CommandBackend("cat > /dev/null; nosuchtool || true").complete(render_prompt(fwd_spec, workspace))
     # ... also after 1.2 MB of warnings: stderr's tail is kept, not its head
     noisy = "cat > /dev/null; head -c 1200000 /dev/zero | tr '\\0' w >&2; echo; nosuchtool || true"
@@ -108,10 +110,17 @@ def test_a_successful_commands_stderr_is_kept_beside_its_answer(workspace, fwd_s
     the extraction fails, and the stderr names the real problem, so it is not thrown away:
     it is kept as attempt-<k>/command.stderr."""
     b = CommandBackend("cat > /dev/null; echo 'sorry, no code'; echo 'API quota exceeded' >&2")
-    s = generate(fwd_spec, root=workspace, backend=b, verifier=FakeVerifier(), run_dir=workspace / "runs" / "e",
-                 max_attempts=1)
+    s = generate(
+        fwd_spec, root=workspace, backend=b, verifier=FakeVerifier(), run_dir=workspace / "runs" / "e", max_attempts=1
+    )
     assert s.status == "out-of-attempts"
     assert (s.run_dir / "attempt-1" / "command.stderr").read_text() == "API quota exceeded\n"
-    quiet = generate(fwd_spec, root=workspace, backend=CommandBackend("cat > /dev/null; echo 'no code'"),
-                     verifier=FakeVerifier(), run_dir=workspace / "runs" / "q", max_attempts=1)
+    quiet = generate(
+        fwd_spec,
+        root=workspace,
+        backend=CommandBackend("cat > /dev/null; echo 'no code'"),
+        verifier=FakeVerifier(),
+        run_dir=workspace / "runs" / "q",
+        max_attempts=1,
+    )
     assert not (quiet.run_dir / "attempt-1" / "command.stderr").exists()

@@ -60,10 +60,7 @@ def test_only_other_language_blocks_named_in_error():
 
 
 def test_fenced_snippet_inside_docstring_keeps_whole_module():
-    mod = (
-        '"""Kernel.\n\nUsage:\n\n```python\nout = f(x)\n```\n"""\n'
-        "import torch\n\n\ndef f(x):\n    return x\n"
-    )
+    mod = '"""Kernel.\n\nUsage:\n\n```python\nout = f(x)\n```\n"""\nimport torch\n\n\ndef f(x):\n    return x\n'
     assert extract_module(f"Here:\n```python\n{mod}```\nDone.\n") == mod
 
 
@@ -129,8 +126,11 @@ CUT_IN_DOCSTRING = '```python\n"""Epilogue.\n\nExample:\n```python\nout = f(x)\n
 
 
 def test_a_cut_inside_a_docstring_snippet_is_reported_as_cut_off():
-    with pytest.raises(ExtractError, match=r"stopped at the output token limit and the code block at line 1 "
-                                           r"does not parse \(line 1 of its 5: unterminated triple-quoted string.*cut off"):
+    with pytest.raises(
+        ExtractError,
+        match=r"stopped at the output token limit and the code block at line 1 "
+        r"does not parse \(line 1 of its 5: unterminated triple-quoted string.*cut off",
+    ):
         extract_module(CUT_IN_DOCSTRING, stopped_at_limit=True)
     # Without the backend's word that it stopped at the limit this is an ordinary broken
     # module: returned, and the verifier's static stage reports the syntax error.

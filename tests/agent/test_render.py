@@ -40,7 +40,10 @@ def test_prompt_contains_docs_examples_tricks_and_spec(workspace, fwd_spec):
     assert '<doc file="00_gemm_epilogue.md">' in text
     assert text.index("00_gemm_epilogue.md") < text.index("10_math.md")
     # examples carry the manifest header
-    assert "Accepted kernel: spec `swiglu_bwd`, pattern backward, CODA catalogue item 7, quack mode 'packed_cd_b16x2'." in text
+    assert (
+        "Accepted kernel: spec `swiglu_bwd`, pattern backward, CODA catalogue item 7, quack mode 'packed_cd_b16x2'."
+        in text
+    )
     # the spec
     task = p.messages[0]["content"]
     assert p.messages[0]["role"] == "user"
@@ -152,8 +155,12 @@ def test_repair_prompt_has_feedback_and_previous_candidate(workspace, fwd_spec):
     base = render_prompt(fwd_spec, workspace)
     cand = "import torch\n\ndef swiglu_fwd(x, w1):\n    return x\n"
     r = build_repair_prompt(
-        base, previous_response="prose\n```python\n" + cand + "```", previous_candidate=cand,
-        feedback="Stage correctness fail: postact off by 0.75 at line 4", attempt=2, max_attempts=5,
+        base,
+        previous_response="prose\n```python\n" + cand + "```",
+        previous_candidate=cand,
+        feedback="Stage correctness fail: postact off by 0.75 at line 4",
+        attempt=2,
+        max_attempts=5,
     )
     assert r.kind == "repair"
     assert r.system_blocks == base.system_blocks and r.static_blocks == base.static_blocks
@@ -165,16 +172,23 @@ def test_repair_prompt_has_feedback_and_previous_candidate(workspace, fwd_spec):
     assert "FULL" in last and "attempt 2 of 5" in last
     assert "```python" in r.messages[1]["content"]
     # extraction failure: no candidate section
-    r2 = build_repair_prompt(base, previous_response="no code", previous_candidate=None,
-                             feedback="no ```python block", attempt=3, max_attempts=5)
+    r2 = build_repair_prompt(
+        base,
+        previous_response="no code",
+        previous_candidate=None,
+        feedback="no ```python block",
+        attempt=3,
+        max_attempts=5,
+    )
     assert "No module could be extracted" in r2.messages[2]["content"]
     assert "line numbers as the feedback uses them" not in r2.messages[2]["content"]
 
 
 def test_lesson_prompt(workspace, fwd_spec):
     base = render_prompt(fwd_spec, workspace)
-    lp = build_lesson_prompt(base, kernel="swiglu_fwd", failed_attempt=1,
-                             feedback="NaN in ragged tile", diff="-old line\n+new line")
+    lp = build_lesson_prompt(
+        base, kernel="swiglu_fwd", failed_attempt=1, feedback="NaN in ragged tile", diff="-old line\n+new line"
+    )
     assert lp.kind == "lesson" and lp.system_blocks == base.system_blocks
     msg = lp.messages[0]["content"]
     assert "NaN in ragged tile" in msg and "+new line" in msg
@@ -194,10 +208,11 @@ def test_number_lines():
 def test_code_with_fences_is_shown_in_a_longer_fence(workspace, fwd_spec):
     base = render_prompt(fwd_spec, workspace)
     cand = '"""Doc.\n\n```python\nf(x)\n```\n"""\nx = 1\n'
-    r = build_repair_prompt(base, previous_response="r", previous_candidate=cand, feedback="fb",
-                            attempt=2, max_attempts=3)
+    r = build_repair_prompt(
+        base, previous_response="r", previous_candidate=cand, feedback="fb", attempt=2, max_attempts=3
+    )
     last = r.messages[-1]["content"]
-    assert "\n````\n1 | \"\"\"Doc." in last and "\n7 | x = 1\n````\n" in last
+    assert '\n````\n1 | """Doc.' in last and "\n7 | x = 1\n````\n" in last
 
 
 def test_repair_prompt_repeats_a_huge_answer_only_clipped(workspace, fwd_spec):
@@ -206,8 +221,14 @@ def test_repair_prompt_repeats_a_huge_answer_only_clipped(workspace, fwd_spec):
     from coda_agent.agent.render import REPAIR_ECHO_CHARS, build_repair_prompt, render_prompt
 
     huge = "HEAD\n" + "x = 1\n" * 1_000_000 + "TAIL\n"
-    p = build_repair_prompt(render_prompt(fwd_spec, workspace), previous_response=huge, previous_candidate=huge,
-                            feedback="static failed", attempt=2, max_attempts=5)
+    p = build_repair_prompt(
+        render_prompt(fwd_spec, workspace),
+        previous_response=huge,
+        previous_candidate=huge,
+        feedback="static failed",
+        attempt=2,
+        max_attempts=5,
+    )
     extra = sum(len(m["content"]) for m in p.messages[1:])
     assert extra < 3 * REPAIR_ECHO_CHARS
     text = p.as_text()
@@ -243,12 +264,18 @@ def test_task_prompt_states_every_numeric_rule_with_the_specs_numbers(fwd_spec):
     assert (tol.factor, tol.floor, tol.ulps, tol.floor_ulps, tol.quantile_factor) == (2.0, 1e-6, 3.0, 2.0, 2.0)
     task = _task(fwd_spec)
     assert "1. max-abs: max |out - ref32| <= 2 * max |ref_lowp - ref32| + 1e-06." in task
-    assert ("2. per element: |out_i - ref32_i| <= 3 * ulp_out(ref32_i) + 2 * |ref_lowp_i - ref32_i| "
-            "+ 2 * ulp_bf16(scale of row i) + 1e-06.") in task
-    assert ("3. error quantiles: the 50th, 90th, 99th percentiles of |out - ref32| are each at most 2 * the same "
-            "percentile of |ref_lowp - ref32| + ulp_bf16(scale of the tensor) + 1e-06.") in task
-    assert ("4. sign: wherever |ref32_i| > 2 * (2 * |ref_lowp_i - ref32_i| + 2 * ulp_bf16(scale of row i) + 1e-06), "
-            "out_i * ref32_i > 0 (no zero, no flipped sign).") in task
+    assert (
+        "2. per element: |out_i - ref32_i| <= 3 * ulp_out(ref32_i) + 2 * |ref_lowp_i - ref32_i| "
+        "+ 2 * ulp_bf16(scale of row i) + 1e-06."
+    ) in task
+    assert (
+        "3. error quantiles: the 50th, 90th, 99th percentiles of |out - ref32| are each at most 2 * the same "
+        "percentile of |ref_lowp - ref32| + ulp_bf16(scale of the tensor) + 1e-06."
+    ) in task
+    assert (
+        "4. sign: wherever |ref32_i| > 2 * (2 * |ref_lowp_i - ref32_i| + 2 * ulp_bf16(scale of row i) + 1e-06), "
+        "out_i * ref32_i > 0 (no zero, no flipped sign)."
+    ) in task
     assert "5. non-finite: out is NaN/Inf exactly where ref32 is, and nowhere else." in task
     assert "ulp_out(v) is the spacing of the output's dtype at |v|, ulp_bf16(x) the spacing of bfloat16 at x." in task
     assert "rows = the last dim" in task
@@ -281,7 +308,7 @@ def test_task_prompt_states_per_output_overrides(fwd_spec):
     pre = task.index("For `preact`:")
     post = task.index("For `postact`:")
     assert pre < post
-    preact_rules, postact_rules = task[pre:post], task[post:task.index("ulp_out(v) is the spacing")]
+    preact_rules, postact_rules = task[pre:post], task[post : task.index("ulp_out(v) is the spacing")]
     assert "max |out - ref32| <= 2 * max |ref_lowp - ref32| + 1e-06." in preact_rules
     assert "<= 3 * ulp_out(ref32_i) + 2 * |ref_lowp_i - ref32_i| + 2 * ulp_bf16" in preact_rules
     assert "max |out - ref32| <= 4 * max |ref_lowp - ref32| + 1e-06." in postact_rules
@@ -302,8 +329,9 @@ def test_rule_constants_in_the_prompt_match_the_verifier():
 
     assert render.SIGN_MARGIN == numerics.SIGN_MARGIN
     assert render.QUANTILES == numerics.QUANTILES
-    assert inputs.DRAWS == ("spec", "heavy", "outliers", "saturate", "tiny_rows", "nonfinite"), \
+    assert inputs.DRAWS == ("spec", "heavy", "outliers", "saturate", "tiny_rows", "nonfinite"), (
         "a new input draw: say what it draws in task.md.j2's Coverage section"
+    )
 
 
 def test_task_prompt_states_the_limits(workspace, fwd_spec):
@@ -311,8 +339,10 @@ def test_task_prompt_states_the_limits(workspace, fwd_spec):
     spec = fwd_spec.spec
     assert "At most 1 CUDA kernel launch per call." in task
     assert "Host code may call no torch function beyond allocation" in task
-    assert ("The budget: half the largest tensor the spec declares (input or output) at that shape, "
-            "or 8 MiB if that is more") in task
+    assert (
+        "The budget: half the largest tensor the spec declares (input or output) at that shape, "
+        "or 8 MiB if that is more"
+    ) in task
     for c in spec.shapes.benchmark:
         mib = spec.workspace_budget(c.dims)[0] / 2**20
         assert f"{c.name} {mib:.1f}".removesuffix(".0") + " MiB" in task
@@ -355,7 +385,7 @@ def test_task_prompt_states_the_coverage_of_the_rope_specs(workspace, name):
     spec = loaded.spec
     assert "HD" in spec.coverage.fixed and spec.coverage.constraints
     task = _task(loaded)
-    sec = task[task.index("## Coverage: secret shapes and inputs"):task.index("## Performance")]
+    sec = task[task.index("## Coverage: secret shapes and inputs") : task.index("## Performance")]
     assert "must be correct for every legal shape and input, not only the listed ones" in sec
     assert "a failure names the secret shape it happened at" in sec
     assert "one with M in [1, 64]" in sec and "one production-size ragged shape" in sec
@@ -378,14 +408,16 @@ def test_task_prompt_states_the_coverage_of_the_rope_specs(workspace, name):
 
 def test_task_prompt_coverage_without_constraints_and_with_nonfinite(workspace, fwd_spec):
     task = _task(fwd_spec)
-    sec = task[task.index("## Coverage"):task.index("## Performance")]
+    sec = task[task.index("## Coverage") : task.index("## Performance")]
     assert "Input constraints" not in sec and "Fixed:" not in sec
     assert "Dim ranges: M 1 to 32768; K 264 to 8192; I 200 to 28672." in sec
     toml = workspace / "kernel_specs" / "swiglu_fwd" / "spec.toml"
-    toml.write_text(toml.read_text() + '\n[coverage]\nnonfinite = true\nfixed = ["K"]\n'
-                    'dims = { M = { high = 4096, multiple_of = 8 } }\nconstraints = ["K is fixed"]\n')
+    toml.write_text(
+        toml.read_text() + '\n[coverage]\nnonfinite = true\nfixed = ["K"]\n'
+        'dims = { M = { high = 4096, multiple_of = 8 } }\nconstraints = ["K is fixed"]\n'
+    )
     task = _task(load_spec(toml.parent))
-    sec = task[task.index("## Coverage"):task.index("## Performance")]
+    sec = task[task.index("## Coverage") : task.index("## Performance")]
     assert "Rows holding a NaN, +Inf or -Inf are drawn too" in sec and "No NaN/Inf" not in sec
     assert "M 1 to 4096 (a multiple of 8)" in sec and "Fixed: K in {264, 320, 512, 2048, 4096, 8192}" in sec
     assert "  - K is fixed" in sec

@@ -45,11 +45,14 @@ def entry(fn, inputs: list[str], outputs: list[str]):
     """Adapt a spec function ``fn(**inputs) -> dict`` to the kernel entry convention
     ``entry(*inputs in order) -> tuple(outputs in order)``, with the inputs' names as its
     signature (as an accepted kernel's entry has: run_kernel's messages name them)."""
+
     def call(*args):
         res = fn(**dict(zip(inputs, args, strict=False)))
         return tuple(res[o] for o in outputs)
+
     call.__signature__ = inspect.Signature(
-        [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in inputs])
+        [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in inputs]
+    )
     return call
 
 
@@ -66,6 +69,7 @@ def use_standins(monkeypatch, entries: dict, *, check_layout: bool = False) -> d
         def call(*a, **kw):
             calls[name] += 1
             return fn(*a, **kw)
+
         call.__signature__ = inspect.signature(fn)  # keep keyword-only constants visible
         return call
 
@@ -99,8 +103,10 @@ def check_against_torch(fn, torch_fn, args, diff, *, rtol, seed=0, names=None):
     outs = _tuple(fn(*args))
     ups = _upstream(outs, seed)
     grads = torch.autograd.grad(outs, [args[i] for i in diff], ups)
-    rargs = [a.detach().double().requires_grad_() if i in diff
-             else (a.double() if a.is_floating_point() else a) for i, a in enumerate(args)]
+    rargs = [
+        a.detach().double().requires_grad_() if i in diff else (a.double() if a.is_floating_point() else a)
+        for i, a in enumerate(args)
+    ]
     routs = _tuple(torch_fn(*rargs))
     rgrads = torch.autograd.grad(routs, [rargs[i] for i in diff], [u.double() for u in ups])
     names = names or [f"out{i}" for i in range(len(outs))] + [f"d_arg{i}" for i in diff]

@@ -27,9 +27,8 @@ ROOT = Path(__file__).resolve().parents[2]
 L = module_from_file(ROOT / "benchmarks" / "llama_layer.py", "coda_llama_layer_chain")
 
 TINY = L.LayerShape("tiny", D=16, I=24, HQ=2, HKV=1, HD=8)
-RAGGED = L.LayerShape("ragged", D=264, I=200, HQ=4, HKV=1, HD=64)   # the specs' ragged dims; HQ * HD != D
-CHAINED_KERNELS = ("gemm_rmsnorm_rope", "gemm_residual_partial_rms", "gemm_rmsnorm_swiglu", "rms_bwd",
-                   "swiglu_bwd_rms")
+RAGGED = L.LayerShape("ragged", D=264, I=200, HQ=4, HKV=1, HD=64)  # the specs' ragged dims; HQ * HD != D
+CHAINED_KERNELS = ("gemm_rmsnorm_rope", "gemm_residual_partial_rms", "gemm_rmsnorm_swiglu", "rms_bwd", "swiglu_bwd_rms")
 
 
 def swiglu_bwd_rms_standin(kind: str):
@@ -46,12 +45,16 @@ def swiglu_bwd_rms_standin(kind: str):
         sd = torch.promote_types(preact.dtype, torch.float32)
         zdz = (base["dpreact"].to(sd) * preact.to(sd)).sum(dim=-1) / dout.shape[-1]
         return base["dpreact"], base["postact"], zdz
+
     return swiglu_bwd_rms
 
 
 def standins(kind: str) -> dict:
-    return {**rms_standins(kind, rms_bwd="spec_math"), **rope_standins(kind),
-            "swiglu_bwd_rms": swiglu_bwd_rms_standin(kind)}
+    return {
+        **rms_standins(kind, rms_bwd="spec_math"),
+        **rope_standins(kind),
+        "swiglu_bwd_rms": swiglu_bwd_rms_standin(kind),
+    }
 
 
 def layer_case(shape, M, S, dtype, layers=1, seed=0):
@@ -85,7 +88,7 @@ def assert_layers_match(got, want, layers, rtol):
 
 # --------------------------------------------------------------------------- CPU: one layer, stacks
 
-CPU_CASES = {   # name: (shape, M, S, dtype, stand-in kind, rtol); measured worst: 1e-6 (fp32), 3e-15 (float64)
+CPU_CASES = {  # name: (shape, M, S, dtype, stand-in kind, rtol); measured worst: 1e-6 (fp32), 3e-15 (float64)
     "tiny-fp32": (TINY, 12, 6, torch.float32, "baseline", 1e-5),
     "tiny-M1-fp32": (TINY, 1, 1, torch.float32, "baseline", 1e-5),
     "ragged-fp32": (RAGGED, 333, 111, torch.float32, "baseline", 1e-5),
@@ -95,8 +98,9 @@ CPU_CASES = {   # name: (shape, M, S, dtype, stand-in kind, rtol); measured wors
 }
 
 
-@pytest.mark.parametrize(("case", "layers"), [(c, n) for c in CPU_CASES for n in (1, 3)
-                                              if n == 1 or CPU_CASES[c][0] is TINY])
+@pytest.mark.parametrize(
+    ("case", "layers"), [(c, n) for c in CPU_CASES for n in (1, 3) if n == 1 or CPU_CASES[c][0] is TINY]
+)
 @pytest.mark.slow
 def test_chained_layers_are_the_standard_layers_cpu(case, layers, monkeypatch):
     """Outputs and every gradient (x; g1, w_qkv, w_o, g2, w1, w_down of each layer) equal the
@@ -110,8 +114,12 @@ def test_chained_layers_are_the_standard_layers_cpu(case, layers, monkeypatch):
     got = grads(L.layer_fn("chained", **kw), args, dy)
     assert_layers_match(got, want, layers, rtol)
     assert {k: v for k, v in calls.items() if v} == {
-        "gemm_rmsnorm_rope": layers, "gemm_residual_partial_rms": 2 * layers - 1, "gemm_rmsnorm_swiglu": layers,
-        "swiglu_bwd_rms": layers, "rms_bwd": 2 * layers}
+        "gemm_rmsnorm_rope": layers,
+        "gemm_residual_partial_rms": 2 * layers - 1,
+        "gemm_rmsnorm_swiglu": layers,
+        "swiglu_bwd_rms": layers,
+        "rms_bwd": 2 * layers,
+    }
 
 
 def test_an_inconsistent_hand_off_is_caught_cpu(monkeypatch):
@@ -130,9 +138,10 @@ def test_an_inconsistent_hand_off_is_caught_cpu(monkeypatch):
 
     def standard(x, *ws):
         return L.layer_fn("standard", **kw)(x, *ws[:6], ws[6] * 1.5, *ws[7:])
+
     got, want = grads(wrong, args, dy), grads(standard, args, dy)
     torch.testing.assert_close(got[0], want[0], rtol=1e-10, atol=1e-11)
-    assert not torch.allclose(got[1], want[1], rtol=1e-3)                 # dx
+    assert not torch.allclose(got[1], want[1], rtol=1e-3)  # dx
 
 
 def _one_layer(x, ws, kw, *, port: bool, cut_residual: bool = False):
@@ -177,14 +186,34 @@ def test_hand_offs_are_not_differentiable_cpu(monkeypatch):
     heads = dict(n_q_heads=s.HQ, n_kv_heads=s.HKV, head_dim=s.HD)
     normed, rstd = K.chain_start(x, ws[0], eps=L.EPS)
     assert not (normed.requires_grad or rstd.requires_grad)
-    x3, n3, r3 = K.chained_layer(x, normed, rstd, *ws[:6], ws[6], positions=kw["positions"],
-                                 inv_freq=kw["inv_freq"], seq_len=kw["S"], eps=L.EPS, **heads)
+    x3, n3, r3 = K.chained_layer(
+        x,
+        normed,
+        rstd,
+        *ws[:6],
+        ws[6],
+        positions=kw["positions"],
+        inv_freq=kw["inv_freq"],
+        seq_len=kw["S"],
+        eps=L.EPS,
+        **heads,
+    )
     assert x3.requires_grad and not (n3.requires_grad or r3.requires_grad)
     want = torch.autograd.grad(x3, [x, *ws[:6]], dy)
-    normed_d = x * ws[0]                                                   # differentiable hand-off
+    normed_d = x * ws[0]  # differentiable hand-off
     rstd_d = torch.rsqrt(x.pow(2).mean(-1) + L.EPS)
-    x3_d, _, _ = K.chained_layer(x, normed_d, rstd_d, *ws[:6], ws[6], positions=kw["positions"],
-                                 inv_freq=kw["inv_freq"], seq_len=kw["S"], eps=L.EPS, **heads)
+    x3_d, _, _ = K.chained_layer(
+        x,
+        normed_d,
+        rstd_d,
+        *ws[:6],
+        ws[6],
+        positions=kw["positions"],
+        inv_freq=kw["inv_freq"],
+        seq_len=kw["S"],
+        eps=L.EPS,
+        **heads,
+    )
     for g, w in zip(torch.autograd.grad(x3_d, [x, *ws[:6]], dy), want, strict=True):
         torch.testing.assert_close(g, w, rtol=1e-12, atol=1e-13)
 
@@ -212,6 +241,7 @@ def test_under_torch_compile_cpu(layers, monkeypatch):
 
 
 # --------------------------------------------------------------------------- CPU: the ops alone
+
 
 def test_swiglu_bwd_rms_zdz_is_the_norm_correction_cpu(monkeypatch):
     """For preact = RMSNorm(h) @ w1^T, the swiglu_bwd_rms spec's zdz is the rms_bwd spec's
@@ -241,8 +271,19 @@ def _small_tensors(dtype=torch.float32):
     r = lambda *shape: torch.randn(*shape, generator=g, dtype=dtype)  # noqa: E731
     x, g1 = r(M, D), torch.rand(D, generator=g, dtype=dtype) + 0.5
     rstd = torch.rsqrt(x.pow(2).mean(-1) + 1e-5)
-    return dict(x=x, normed=x * g1, rstd=rstd, g=g1, w_qkv=r(n_qkv, D) / 4, attn=r(M, s.HQ * s.HD), w_o=r(D, s.HQ * s.HD) / 4,
-                w1=r(2 * I, D) / 4, w_down=r(D, I) / 5, positions=torch.arange(M), inv_freq=torch.rand(s.HD // 2))
+    return dict(
+        x=x,
+        normed=x * g1,
+        rstd=rstd,
+        g=g1,
+        w_qkv=r(n_qkv, D) / 4,
+        attn=r(M, s.HQ * s.HD),
+        w_o=r(D, s.HQ * s.HD) / 4,
+        w1=r(2 * I, D) / 4,
+        w_down=r(D, I) / 5,
+        positions=torch.arange(M),
+        inv_freq=torch.rand(s.HD // 2),
+    )
 
 
 @pytest.mark.slow
@@ -253,9 +294,11 @@ def test_opcheck_cpu(monkeypatch):
     t = _small_tensors()
     rg = lambda *ts: tuple(a.detach().clone().requires_grad_() for a in ts)  # noqa: E731
     x, normed, rstd, g, w_qkv = rg(t["x"], t["normed"], t["rstd"], t["g"], t["w_qkv"])
-    torch.library.opcheck(_chain._chained_qkv_rope, (x, normed.detach(), rstd.detach(), g, w_qkv, t["positions"],
-                                                     t["inv_freq"], TINY.HQ, TINY.HKV, TINY.HD),
-                          test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
+    torch.library.opcheck(
+        _chain._chained_qkv_rope,
+        (x, normed.detach(), rstd.detach(), g, w_qkv, t["positions"], t["inv_freq"], TINY.HQ, TINY.HKV, TINY.HD),
+        test_utils=("test_schema", "test_autograd_registration", "test_faketensor"),
+    )
     port = torch.zeros_like(t["x"]).requires_grad_()
     for p in (None, port):
         torch.library.opcheck(_chain._chained_out_proj, (*rg(t["attn"], t["w_o"], t["x"]), t["g"], p))
@@ -304,13 +347,24 @@ def test_dtypes_and_devices_are_refused(monkeypatch):
     with pytest.raises(ValueError, match="chained_out_proj: the fused kernels need all tensors on one CUDA"):
         K.chained_out_proj(bf["attn"], bf["w_o"], bf["x"], bf["g"])
     with pytest.raises(ValueError, match="chained_qkv_rope: the fused kernels need all tensors on one CUDA"):
-        K.chained_qkv_rope(bf["x"], bf["normed"], bf["rstd"], bf["g"], bf["w_qkv"], bf["positions"], bf["inv_freq"],
-                           n_q_heads=TINY.HQ, n_kv_heads=TINY.HKV, head_dim=TINY.HD)
+        K.chained_qkv_rope(
+            bf["x"],
+            bf["normed"],
+            bf["rstd"],
+            bf["g"],
+            bf["w_qkv"],
+            bf["positions"],
+            bf["inv_freq"],
+            n_q_heads=TINY.HQ,
+            n_kv_heads=TINY.HKV,
+            head_dim=TINY.HD,
+        )
     with pytest.raises(ValueError, match="chain_start: the fused kernels need all tensors on one CUDA"):
         K.chain_start(bf["x"], bf["g"])
 
 
 # --------------------------------------------------------------------------- GPU
+
 
 def _need():
     missing = set(CHAINED_KERNELS) - set(K.accepted())
@@ -374,12 +428,15 @@ def test_swiglu_bwd_rms_op_on_gpu(compiled):
     base = reference_module("swiglu_bwd_rms").baseline
     g = torch.Generator(device="cuda").manual_seed(0)
     M, Kd, I = 333, 1024, 1408
-    args = [torch.randn(M, Kd, generator=g, device="cuda").to(torch.bfloat16),
-            (torch.randn(Kd, I, generator=g, device="cuda") * Kd ** -0.5).to(torch.bfloat16),
-            (torch.randn(M, 2 * I, generator=g, device="cuda") * 1.5).to(torch.bfloat16)]
+    args = [
+        torch.randn(M, Kd, generator=g, device="cuda").to(torch.bfloat16),
+        (torch.randn(Kd, I, generator=g, device="cuda") * Kd**-0.5).to(torch.bfloat16),
+        (torch.randn(M, 2 * I, generator=g, device="cuda") * 1.5).to(torch.bfloat16),
+    ]
     fn = torch.compile(K.swiglu_bwd_rms_op, fullgraph=True) if compiled else K.swiglu_bwd_rms_op
 
     def torch_fn(dout, w_down, preact):
         out = base(dout=dout, w_down=w_down, preact=preact)
         return out["dpreact"], out["postact"], out["zdz"]
+
     check_on_gpu(fn, torch_fn, args, (), ("dpreact", "postact", "zdz"))

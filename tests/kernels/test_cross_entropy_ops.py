@@ -43,8 +43,11 @@ def standins(kind: str = "baseline") -> dict:
     fwd = reference_module("gemm_cross_entropy")
     bwd = reference_module("cross_entropy_bwd")
     return {
-        "gemm_cross_entropy": (entry(fwd.baseline, ["h", "w_vocab", "target"], ["loss", "lse"])
-                               if kind == "baseline" else gemm_cross_entropy_spec_math),
+        "gemm_cross_entropy": (
+            entry(fwd.baseline, ["h", "w_vocab", "target"], ["loss", "lse"])
+            if kind == "baseline"
+            else gemm_cross_entropy_spec_math
+        ),
         "cross_entropy_bwd": entry(bwd.baseline, ["h", "w_vocab", "target", "lse", "dloss"], ["dh", "dw_vocab"]),
     }
 
@@ -55,8 +58,14 @@ def baseline_kernels(monkeypatch):
 
 
 def test_matches_torch_cpu(baseline_kernels):
-    check_against_torch(K.linear_cross_entropy, torch_linear_cross_entropy, ce_inputs("cpu", torch.float32), (0, 1),
-                        rtol=1e-4, names=NAMES)
+    check_against_torch(
+        K.linear_cross_entropy,
+        torch_linear_cross_entropy,
+        ce_inputs("cpu", torch.float32),
+        (0, 1),
+        rtol=1e-4,
+        names=NAMES,
+    )
     assert baseline_kernels == {"gemm_cross_entropy": 1, "cross_entropy_bwd": 1}
 
 
@@ -90,8 +99,13 @@ def test_mean_reduction_and_saved_lse_cpu(monkeypatch):
 def test_gradcheck_float64_cpu(monkeypatch):
     use_standins(monkeypatch, standins("spec_math"))
     h, w, t = ce_inputs("cpu", torch.float64, M=5, K=6, V=9)
-    assert torch.autograd.gradcheck(lambda h_, w_: K.linear_cross_entropy(h_, w_, t),
-                                    (h.requires_grad_(), w.requires_grad_()), eps=1e-6, atol=1e-7, rtol=1e-6)
+    assert torch.autograd.gradcheck(
+        lambda h_, w_: K.linear_cross_entropy(h_, w_, t),
+        (h.requires_grad_(), w.requires_grad_()),
+        eps=1e-6,
+        atol=1e-7,
+        rtol=1e-6,
+    )
 
 
 @pytest.mark.slow
@@ -108,8 +122,9 @@ def test_opcheck_cpu(baseline_kernels):
 def test_under_torch_compile_cpu(baseline_kernels):
     torch._dynamo.reset()
     compiled = torch.compile(K.linear_cross_entropy, fullgraph=True, backend="aot_eager")
-    check_against_torch(compiled, torch_linear_cross_entropy, ce_inputs("cpu", torch.float32), (0, 1),
-                        rtol=1e-4, names=NAMES)
+    check_against_torch(
+        compiled, torch_linear_cross_entropy, ce_inputs("cpu", torch.float32), (0, 1), rtol=1e-4, names=NAMES
+    )
 
 
 def test_cpu_tensors_are_refused_clearly(monkeypatch):

@@ -41,15 +41,34 @@ from coda_agent.kernels import hf
 
 ROOT = Path(__file__).resolve().parents[2]
 HAS_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
-needs_transformers = pytest.mark.skipif(not HAS_TRANSFORMERS,
-                                        reason="needs transformers 5.x (pip install 'coda-agent[hf]')")
+needs_transformers = pytest.mark.skipif(
+    not HAS_TRANSFORMERS, reason="needs transformers 5.x (pip install 'coda-agent[hf]')"
+)
 BF16 = torch.bfloat16
-TINY = dict(vocab_size=256, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,
-            num_key_value_heads=1, head_dim=64, max_position_embeddings=128, rms_norm_eps=1e-5,
-            rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, attn_implementation="sdpa")
-HF_KEYS = ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight",
-           "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight", "input_layernorm.weight",
-           "post_attention_layernorm.weight")
+TINY = dict(
+    vocab_size=256,
+    hidden_size=128,
+    intermediate_size=256,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    head_dim=64,
+    max_position_embeddings=128,
+    rms_norm_eps=1e-5,
+    rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+    attn_implementation="sdpa",
+)
+HF_KEYS = (
+    "self_attn.q_proj.weight",
+    "self_attn.k_proj.weight",
+    "self_attn.v_proj.weight",
+    "self_attn.o_proj.weight",
+    "mlp.gate_proj.weight",
+    "mlp.up_proj.weight",
+    "mlp.down_proj.weight",
+    "input_layernorm.weight",
+    "post_attention_layernorm.weight",
+)
 KERNELS = ("gemm_rmsnorm_rope", "gemm_residual_partial_rms", "gemm_rmsnorm_swiglu", "swiglu_bwd")
 
 
@@ -57,14 +76,16 @@ def tiny_model(dtype=BF16, seed=0, model_type="llama", **overrides):
     """A random tiny *ForCausalLM (gammas in [0.5, 1.5], so a misplaced norm weight shows)."""
     import transformers
 
-    cfg_cls, model_cls = {"llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
-                          "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
-                          "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM)}[model_type]
+    cfg_cls, model_cls = {
+        "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
+        "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
+        "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
+    }[model_type]
     kw = {**TINY, **overrides}
     if model_type == "qwen2":
         kw.pop("head_dim")
     torch.manual_seed(seed)
-    model = model_cls._from_config(cfg_cls(**kw), dtype=dtype)   # as from_pretrained: inv_freq stays fp32
+    model = model_cls._from_config(cfg_cls(**kw), dtype=dtype)  # as from_pretrained: inv_freq stays fp32
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" in name:
@@ -79,8 +100,9 @@ def tokens(B=2, S=32, V=256, seed=1):
 @pytest.fixture
 def exact(monkeypatch):
     """float64 models: the specs' exact references stand in for the kernels (layout checks off)."""
-    calls = use_standins(monkeypatch, {**swiglu_standins(), **rms_standins("reference"), **rope_standins("reference"),
-                                       **ce_standins()})
+    calls = use_standins(
+        monkeypatch, {**swiglu_standins(), **rms_standins("reference"), **rope_standins("reference"), **ce_standins()}
+    )
     monkeypatch.setattr(hf, "WEIGHT_DTYPE", torch.float64)
     return calls
 
@@ -88,22 +110,29 @@ def exact(monkeypatch):
 @pytest.fixture
 def baseline(monkeypatch):
     """bf16 models: the specs' PyTorch baselines stand in, dtype and layout checks on."""
-    return use_standins(monkeypatch, {**swiglu_standins(), **rms_standins("baseline"), **rope_standins("baseline"),
-                                      **ce_standins()}, check_layout=True)
+    return use_standins(
+        monkeypatch,
+        {**swiglu_standins(), **rms_standins("baseline"), **rope_standins("baseline"), **ce_standins()},
+        check_layout=True,
+    )
 
 
 def hf_grads(model) -> dict[str, torch.Tensor]:
     """Parameter gradients keyed and laid out as the unpatched model's (fused ones unpacked)."""
-    model = getattr(model, "_orig_mod", model)                 # torch.compile's wrapper
+    model = getattr(model, "_orig_mod", model)  # torch.compile's wrapper
     out = {}
     for name, p in model.named_parameters():
-        g = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad      # FSDP2: DTensor grads
+        g = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad  # FSDP2: DTensor grads
         if name.endswith("qkv_proj.weight"):
             attn_prefix = name[: -len("qkv_proj.weight")]
             c = model.config
-            for part, t in zip(("q_proj", "k_proj", "v_proj"),
-                               hf.unpack_qkv(g, n_q_heads=c.num_attention_heads, n_kv_heads=c.num_key_value_heads,
-                                             head_dim=c.head_dim), strict=False):
+            for part, t in zip(
+                ("q_proj", "k_proj", "v_proj"),
+                hf.unpack_qkv(
+                    g, n_q_heads=c.num_attention_heads, n_kv_heads=c.num_key_value_heads, head_dim=c.head_dim
+                ),
+                strict=False,
+            ):
                 out[f"{attn_prefix}{part}.weight"] = t
         elif name.endswith("gate_up_proj.weight"):
             mlp_prefix = name[: -len("gate_up_proj.weight")]
@@ -140,7 +169,7 @@ def bf16_budget_check(got, low, ref):
     Every gradient within 2 x the standard bf16 model's error + 1e-6; the loss within
     2 x that error or half a bf16 ulp of the loss."""
     loss_err = abs(got[0].double() - ref[0].double()).item()
-    loss_budget = max(2 * abs(low[0].double() - ref[0].double()).item(), 2.0 ** -9 * abs(ref[0].item()))
+    loss_budget = max(2 * abs(low[0].double() - ref[0].double()).item(), 2.0**-9 * abs(ref[0].item()))
     assert loss_err <= loss_budget, f"loss: err {loss_err:.3e} > {loss_budget:.3e}"
     worst = 0.0
     for name, r in ref[1].items():
@@ -153,14 +182,17 @@ def bf16_budget_check(got, low, ref):
 
 # --------------------------------------------------------------------------- structure
 
+
 @pytest.mark.slow
 def test_import_does_not_need_transformers():
-    code = ("import sys; sys.modules['transformers'] = None\n"
-            "import coda_agent.kernels as K\n"
-            "assert callable(K.apply_coda) and callable(K.remove_coda)\n"
-            "try:\n    K.apply_coda(object())\n"
-            "except ModuleNotFoundError as e:\n    assert 'coda-agent[hf]' in str(e)\n"
-            "else:\n    raise SystemExit('no error')\n")
+    code = (
+        "import sys; sys.modules['transformers'] = None\n"
+        "import coda_agent.kernels as K\n"
+        "assert callable(K.apply_coda) and callable(K.remove_coda)\n"
+        "try:\n    K.apply_coda(object())\n"
+        "except ModuleNotFoundError as e:\n    assert 'coda-agent[hf]' in str(e)\n"
+        "else:\n    raise SystemExit('no error')\n"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
 
 
@@ -170,7 +202,10 @@ def test_layouts_are_exact_inverses_cpu():
     w = hf.pack_qkv(q, k, v, n_q_heads=4, n_kv_heads=2, head_dim=64)
     assert w.shape == (512, 32) and w.is_contiguous()
     assert torch.equal(w[1], q[32]) and torch.equal(w[64 + 2], q[64 + 1]) and torch.equal(w[4 * 64 + 3], k[33])
-    assert all(torch.equal(a, b) for a, b in zip(hf.unpack_qkv(w, n_q_heads=4, n_kv_heads=2, head_dim=64), (q, k, v), strict=False))
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(hf.unpack_qkv(w, n_q_heads=4, n_kv_heads=2, head_dim=64), (q, k, v), strict=False)
+    )
     gate, up = torch.randn(24, 16, generator=g), torch.randn(24, 16, generator=g)
     w1 = hf.pack_gate_up(gate, up)
     assert torch.equal(w1[0::2], gate) and torch.equal(w1[1::2], up)
@@ -191,20 +226,25 @@ def test_which_modules_are_replaced_cpu():
     assert model._coda.layers == [0, 1] and model._coda.fused_lm_head is False and model._coda.mlp == "deferred_mlp"
     for layer in model.model.layers:
         assert isinstance(layer, Layer) and type(layer) is not Layer
-        assert type(layer).__name__ == "LlamaDecoderLayer"       # _no_split_modules / wrap policies match by name
+        assert type(layer).__name__ == "LlamaDecoderLayer"  # _no_split_modules / wrap policies match by name
         assert list(layer.self_attn._modules) == ["qkv_proj", "o_proj"]
         assert list(layer.mlp._modules) == ["gate_up_proj", "down_proj", "act_fn"]
         assert layer.self_attn.qkv_proj.weight.shape == ((2 + 2 * 1) * 64, 128)
         assert layer.mlp.gate_up_proj.weight.shape == (512, 128)
-        assert isinstance(layer.self_attn.q_proj, hf.PackedPart)   # HF key paths still resolve, read-only
+        assert isinstance(layer.self_attn.q_proj, hf.PackedPart)  # HF key paths still resolve, read-only
         assert layer.coda_inv_freq.dtype == torch.float32
-    assert "forward" not in model.__dict__                         # plain LM head: the model's forward untouched
+    assert "forward" not in model.__dict__  # plain LM head: the model's forward untouched
     params = list(model.named_parameters(remove_duplicate=False))
     assert len({id(p) for _, p in params}) == len(params)
     assert sum(p.numel() for _, p in params) == n_before
     assert [n for n, _ in model.model.layers[0].named_parameters()] == [
-        "self_attn.qkv_proj.weight", "self_attn.o_proj.weight", "mlp.gate_up_proj.weight", "mlp.down_proj.weight",
-        "input_layernorm.weight", "post_attention_layernorm.weight"]
+        "self_attn.qkv_proj.weight",
+        "self_attn.o_proj.weight",
+        "mlp.gate_up_proj.weight",
+        "mlp.down_proj.weight",
+        "input_layernorm.weight",
+        "post_attention_layernorm.weight",
+    ]
     assert not any("q_proj" in n for n, _ in model.named_modules())
 
 
@@ -222,6 +262,7 @@ def test_packed_part_is_read_only_cpu():
 
 # --------------------------------------------------------------------------- checkpoints
 
+
 @needs_transformers
 @pytest.mark.parametrize("keep_vars", [False, True])
 def test_state_dict_is_unchanged_cpu(keep_vars):
@@ -229,11 +270,11 @@ def test_state_dict_is_unchanged_cpu(keep_vars):
     before = {k: v.clone() for k, v in model.state_dict().items()}
     K.apply_coda(model, fused_lm_head=True)
     after = model.state_dict(keep_vars=keep_vars)
-    assert list(after) == list(before)                 # keys and their order
+    assert list(after) == list(before)  # keys and their order
     for k, v in before.items():
         assert after[k].shape == v.shape and after[k].dtype == v.dtype, k
         assert torch.equal(after[k], v), k
-    layer_sd = model.model.layers[0].state_dict()      # a submodule's state dict: HF keys too
+    layer_sd = model.model.layers[0].state_dict()  # a submodule's state dict: HF keys too
     assert list(layer_sd) == list(HF_KEYS)
 
 
@@ -248,7 +289,7 @@ def test_save_pretrained_then_unpatched_from_pretrained_is_bit_identical_cpu(tmp
     model.save_pretrained(tmp_path)
     with safe_open(str(tmp_path / "model.safetensors"), "pt") as f:
         saved = set(f.keys())
-    assert saved == set(before) - {"lm_head.weight"} or saved == set(before)   # tied weights may be dropped
+    assert saved == set(before) - {"lm_head.weight"} or saved == set(before)  # tied weights may be dropped
     loaded = transformers.LlamaForCausalLM.from_pretrained(tmp_path, dtype=BF16)
     assert not hasattr(loaded, "_coda")
     for k, v in loaded.state_dict().items():
@@ -302,8 +343,8 @@ def test_remove_coda_restores_the_model_cpu():
         assert torch.equal(v, before[k]), k
     with pytest.raises(ValueError, match="not patched"):
         K.remove_coda(model)
-    K.apply_coda(model)                                   # patchable again
-    twin = copy.deepcopy(model)                           # a copy is patched on its own
+    K.apply_coda(model)  # patchable again
+    twin = copy.deepcopy(model)  # a copy is patched on its own
     K.remove_coda(twin)
     assert list(model.model.layers[0].self_attn._modules) == ["qkv_proj", "o_proj"]
     assert list(model.state_dict()) == list(before) == list(twin.state_dict())
@@ -329,20 +370,21 @@ def test_meta_init_then_to_empty_and_load_cpu():
 
 @needs_transformers
 def test_inv_freq_buffer_survives_casts_and_to_empty_cpu():
-    model = tiny_model().to(BF16)                          # .to(bf16) casts HF's inv_freq buffer too
+    model = tiny_model().to(BF16)  # .to(bf16) casts HF's inv_freq buffer too
     assert model.model.rotary_emb.inv_freq.dtype == BF16
-    K.apply_coda(model)                                    # recomputed from the config in fp32
+    K.apply_coda(model)  # recomputed from the config in fp32
     want = 1.0 / 10000.0 ** (torch.arange(0, 64, 2, dtype=torch.float32) / 64)
     layer = model.model.layers[0]
     assert torch.equal(layer.coda_inv_freq, want)
-    model.to(BF16)                                         # casts floating buffers
+    model.to(BF16)  # casts floating buffers
     assert layer.coda_inv_freq.dtype == torch.float32 and torch.equal(layer.coda_inv_freq, want)
-    model.to_empty(device="cpu")                          # uninitialized storage
+    model.to_empty(device="cpu")  # uninitialized storage
     assert torch.equal(model.model.layers[1].coda_inv_freq, want)
     assert "coda_inv_freq" not in str(list(model.state_dict()))
 
 
 # --------------------------------------------------------------------------- numerics with stand-ins
+
 
 @needs_transformers
 @pytest.mark.parametrize("mlp", hf.MLPS)
@@ -364,7 +406,7 @@ def test_patched_equals_unpatched_float64_cpu(mlp, fused_lm_head, exact):
     assert exact["gemm_cross_entropy"] == exact["cross_entropy_bwd"] == (1 if fused_lm_head else 0)
     if fused_lm_head:
         assert model(ids, labels=ids).logits is None
-    model.eval()                                          # evaluation: the plain head, logits as HF's
+    model.eval()  # evaluation: the plain head, logits as HF's
     with torch.no_grad():
         out, want_out = model(ids, labels=ids), ref(ids, labels=ids)
     torch.testing.assert_close(out.logits, want_out.logits, rtol=1e-5, atol=1e-6)
@@ -382,11 +424,13 @@ def test_fused_lm_head_matches_hf_loss_options_float64_cpu(exact):
     labels = ids.clone()
     labels[0, :5] = -100
     for kw in ({}, {"num_items_in_batch": torch.tensor(50)}):
-        torch.testing.assert_close(model(ids, labels=labels, **kw).loss, ref(ids, labels=labels, **kw).loss,
-                                   rtol=1e-6, atol=0)
+        torch.testing.assert_close(
+            model(ids, labels=labels, **kw).loss, ref(ids, labels=labels, **kw).loss, rtol=1e-6, atol=0
+        )
     shifted = torch.nn.functional.pad(labels, (0, 1), value=-100)[:, 1:]
-    torch.testing.assert_close(model(ids, shift_labels=shifted, labels=labels).loss,
-                               ref(ids, labels=labels).loss, rtol=1e-6, atol=0)
+    torch.testing.assert_close(
+        model(ids, shift_labels=shifted, labels=labels).loss, ref(ids, labels=labels).loss, rtol=1e-6, atol=0
+    )
     tup = model(ids, labels=labels, return_dict=False)
     assert isinstance(tup, tuple) and torch.allclose(tup[0], ref(ids, labels=labels).loss, rtol=1e-6)
 
@@ -414,7 +458,7 @@ def test_gradient_checkpointing_cpu(exact):
     for k in exact:
         exact[k] = 0
     got = loss_and_grads(model, ids)
-    assert exact["gemm_rmsnorm_rope"] == 2 * TINY["num_hidden_layers"]    # the forward, then the recompute
+    assert exact["gemm_rmsnorm_rope"] == 2 * TINY["num_hidden_layers"]  # the forward, then the recompute
     torch.testing.assert_close(got[0], want[0], rtol=0, atol=0)
     assert_close_rel(got[1], want[1], rtol=1e-12)
 
@@ -447,8 +491,14 @@ def test_optimizer_steps_the_fused_parameters_cpu(exact):
 
 @needs_transformers
 def test_llama3_rope_scaling_cpu(exact):
-    rope = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0, "original_max_position_embeddings": 16}
+    rope = {
+        "rope_type": "llama3",
+        "rope_theta": 500000.0,
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 16,
+    }
     ref = tiny_model(torch.float64, rope_parameters=rope)
     model = K.apply_coda(copy.deepcopy(ref))
     assert torch.equal(model.model.layers[0].coda_inv_freq, ref.model.rotary_emb.inv_freq.float())
@@ -467,7 +517,7 @@ def test_mistral_with_a_sliding_window_cpu(exact):
     torch.testing.assert_close(got[0], want[0], rtol=1e-6, atol=0)
     assert_close_rel(got[1], want[1], rtol=1e-5)
     no_window = K.apply_coda(tiny_model(torch.float64, model_type="mistral", sliding_window=None))
-    assert not torch.allclose(loss_and_grads(no_window, ids)[0], got[0], rtol=1e-6)   # the window mattered
+    assert not torch.allclose(loss_and_grads(no_window, ids)[0], got[0], rtol=1e-6)  # the window mattered
 
 
 @needs_transformers
@@ -476,7 +526,7 @@ def test_padding_mask_and_position_ids_reach_attention_cpu(exact):
     model = K.apply_coda(copy.deepcopy(ref))
     ids = tokens()
     mask = torch.ones_like(ids)
-    mask[1, :7] = 0                                         # left padding of the second sequence
+    mask[1, :7] = 0  # left padding of the second sequence
     pos = (mask.cumsum(-1) - 1).clamp_min(0)
     labels = ids.masked_fill(mask == 0, -100)
     ref.train(), model.train()
@@ -497,6 +547,7 @@ def test_generation_uses_the_plain_head_and_a_consistent_cache_cpu(exact):
 
 # --------------------------------------------------------------------------- torch.compile
 
+
 @pytest.mark.slow
 @needs_transformers
 def test_compile_fullgraph_has_no_graph_breaks_cpu(baseline):
@@ -516,11 +567,12 @@ def test_compile_fullgraph_has_no_graph_breaks_cpu(baseline):
     want = loss_and_grads(model, ids)
     got = loss_and_grads(torch.compile(model, fullgraph=True, backend="aot_eager"), ids)
     torch.testing.assert_close(got[0], want[0], rtol=1e-3, atol=0)
-    assert_close_rel(got[1], want[1], rtol=2e-2)          # bf16: AOTAutograd's decompositions round differently
+    assert_close_rel(got[1], want[1], rtol=2e-2)  # bf16: AOTAutograd's decompositions round differently
     torch._dynamo.reset()
 
 
 # --------------------------------------------------------------------------- FSDP2
+
 
 @pytest.mark.slow
 @needs_transformers
@@ -571,10 +623,21 @@ UNSUPPORTED = {
     "head_dim": (dict(head_dim=32, hidden_size=64), "config.head_dim"),
     "hidden_size": (dict(hidden_size=132), "config.hidden_size"),
     "intermediate_size": (dict(intermediate_size=260), "config.intermediate_size"),
-    "yarn": (dict(rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
-                                   "original_max_position_embeddings": 32}), "config.rope_parameters['rope_type']"),
-    "dynamic": (dict(rope_parameters={"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0}),
-                "config.rope_parameters['rope_type']"),
+    "yarn": (
+        dict(
+            rope_parameters={
+                "rope_type": "yarn",
+                "rope_theta": 10000.0,
+                "factor": 4.0,
+                "original_max_position_embeddings": 32,
+            }
+        ),
+        "config.rope_parameters['rope_type']",
+    ),
+    "dynamic": (
+        dict(rope_parameters={"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0}),
+        "config.rope_parameters['rope_type']",
+    ),
     "fp32_weights": (dict(dtype=torch.float32), "(dtype)"),
     "qwen2": (dict(model_type="qwen2"), "config.model_type = 'qwen2'"),
 }
@@ -591,7 +654,7 @@ def test_unsupported_setting_raises_naming_it_cpu(case):
     assert needle in str(e.value), str(e.value)
     assert not hasattr(model, "_coda") and list(model.state_dict()) == before
     assert all(type(layer).__module__.startswith("transformers.") for layer in model.model.layers)
-    with pytest.warns(UserWarning, match="apply_coda") as w:             # strict=False: a warning, left as it was
+    with pytest.warns(UserWarning, match="apply_coda") as w:  # strict=False: a warning, left as it was
         K.apply_coda(model, strict=False)
     assert needle in str(w[0].message)
     assert all(type(layer).__module__.startswith("transformers.") for layer in model.model.layers)
@@ -608,7 +671,7 @@ def test_fused_lm_head_needs_a_multiple_of_8_vocab_cpu():
     base = tiny_model().model
     with pytest.raises(ValueError, match="ForCausalLM"):
         K.apply_coda(base, fused_lm_head=True)
-    assert K.apply_coda(base)._coda.layers == [0, 1]                     # the base model: layers only
+    assert K.apply_coda(base)._coda.layers == [0, 1]  # the base model: layers only
 
 
 @needs_transformers
@@ -638,7 +701,7 @@ def test_other_refusals_cpu():
         K.apply_coda(tiny_model(), mlp="fused")
     model = tiny_model()
     mlp = model.model.layers[0].mlp
-    mlp.up_proj = torch.nn.Sequential(mlp.up_proj)             # an adapter-like wrapper
+    mlp.up_proj = torch.nn.Sequential(mlp.up_proj)  # an adapter-like wrapper
     with pytest.raises(ValueError, match="mlp.up_proj is Sequential, not a plain nn.Linear"):
         K.apply_coda(model)
 
@@ -666,9 +729,18 @@ def test_forward_off_cuda_raises_cpu():
 
 # --------------------------------------------------------------------------- GPU
 
-GPU_CONFIG = dict(vocab_size=32000, hidden_size=1024, intermediate_size=4096, num_hidden_layers=2,
-                  num_attention_heads=16, num_key_value_heads=4, rms_norm_eps=1e-5, max_position_embeddings=4096,
-                  rope_parameters={"rope_type": "default", "rope_theta": 500000.0}, attn_implementation="sdpa")
+GPU_CONFIG = dict(
+    vocab_size=32000,
+    hidden_size=1024,
+    intermediate_size=4096,
+    num_hidden_layers=2,
+    num_attention_heads=16,
+    num_key_value_heads=4,
+    rms_norm_eps=1e-5,
+    max_position_embeddings=4096,
+    rope_parameters={"rope_type": "default", "rope_theta": 500000.0},
+    attn_implementation="sdpa",
+)
 
 
 def _need_kernels(fused_lm_head: bool):
@@ -684,7 +756,7 @@ def _gpu_models(head_dim: int):
     torch.manual_seed(0)
     cfg = transformers.LlamaConfig(**GPU_CONFIG, head_dim=head_dim)
     with torch.device("cuda"):
-        low = transformers.LlamaForCausalLM._from_config(cfg, dtype=BF16)     # inv_freq stays fp32
+        low = transformers.LlamaForCausalLM._from_config(cfg, dtype=BF16)  # inv_freq stays fp32
     with torch.no_grad():
         for name, p in low.named_parameters():
             if "norm" in name:
@@ -693,8 +765,11 @@ def _gpu_models(head_dim: int):
 
 
 GPU_CASES = [(hd, "eager", fused) for hd in (64, 128) for fused in (False, True)] + [
-    (64, "torch.compile", False), (128, "torch.compile", True), (64, "checkpointing", False),
-    (128, "checkpointing", True)]
+    (64, "torch.compile", False),
+    (128, "torch.compile", True),
+    (64, "checkpointing", False),
+    (128, "checkpointing", True),
+]
 
 
 @needs_transformers
@@ -735,6 +810,7 @@ def test_patched_layer_compiles_without_graph_breaks_on_gpu():
 
 # --------------------------------------------------------------------------- benchmarks/hf_train.py
 
+
 def tiny_hf_train(monkeypatch):
     """benchmarks/hf_train.py on the CPU at tiny widths (both shapes), compiled with aot_eager."""
     import functools
@@ -747,8 +823,18 @@ def tiny_hf_train(monkeypatch):
     monkeypatch.setattr(T, "SEQ", 32)
     monkeypatch.setattr(T, "COMPILE", functools.partial(torch.compile, backend="aot_eager"))
     for name, hd, tied in (("llama3-1b", 64, True), ("llama3-8b", 128, False)):
-        monkeypatch.setitem(T.SHAPES, name, dict(hidden_size=128, intermediate_size=256, num_attention_heads=2,
-                                                 num_key_value_heads=1, head_dim=hd, tie_word_embeddings=tied))
+        monkeypatch.setitem(
+            T.SHAPES,
+            name,
+            dict(
+                hidden_size=128,
+                intermediate_size=256,
+                num_attention_heads=2,
+                num_key_value_heads=1,
+                head_dim=hd,
+                tie_word_embeddings=tied,
+            ),
+        )
     return T
 
 
@@ -758,8 +844,9 @@ def test_hf_train_speed_runs_on_a_tiny_model_cpu(baseline, monkeypatch, capsys):
     """The benchmark's --speed path (main-process variants, the table and the verdict) on the
     CPU: every variant timed, none failed."""
     T = tiny_hf_train(monkeypatch)
-    args = T.argparse.Namespace(layers=1, shape=["llama3-8b"], all=False, quick=False, no_liger=True, warmup=1,
-                                steps_timed=1, rounds=1)
+    args = T.argparse.Namespace(
+        layers=1, shape=["llama3-8b"], all=False, quick=False, no_liger=True, warmup=1, steps_timed=1, rounds=1
+    )
     res = {}
     T.speed(args, res)
     torch._dynamo.reset()
@@ -783,10 +870,14 @@ def test_hf_train_parity_runs_on_a_tiny_model_cpu(baseline, monkeypatch):
     torch._dynamo.reset()
     runs = res["parity"]["runs"]
     assert all(isinstance(r, dict) and len(r["loss"]) == 6 for r in runs.values()), runs
-    assert runs["unpatched eager"]["loss"][-1] < runs["unpatched eager"]["loss"][0]      # it learns
+    assert runs["unpatched eager"]["loss"][-1] < runs["unpatched eager"]["loss"][0]  # it learns
     summary = res["parity"]["summary"]
     for metric in ("loss", "grad_norm"):
-        assert set(summary[metric]) == {"band: unpatched eager vs compile", f"band: unpatched eager vs {T.NO_RPR[10:]}",
-                                        "coda eager vs unpatched eager", "coda compile vs unpatched compile"}
+        assert set(summary[metric]) == {
+            "band: unpatched eager vs compile",
+            f"band: unpatched eager vs {T.NO_RPR[10:]}",
+            "coda eager vs unpatched eager",
+            "coda compile vs unpatched compile",
+        }
         assert summary[metric]["coda eager vs unpatched eager"]["max"] < 0.05 * max(runs["unpatched eager"][metric])
     T.print_parity(res["parity"])

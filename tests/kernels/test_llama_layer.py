@@ -29,7 +29,7 @@ TINY = L.LayerShape("tiny", D=16, I=24, HQ=2, HKV=1, HD=8)
 @pytest.mark.parametrize("mlp", L.MLPS)
 def test_coda_layer_is_the_standard_layer_cpu(mlp, monkeypatch):
     calls = use_standins(monkeypatch, {**swiglu_standins(), **rms_standins("reference"), **rope_standins("reference")})
-    M, S = 12, 6                                             # 2 sequences of 6 tokens
+    M, S = 12, 6  # 2 sequences of 6 tokens
     args = [a.detach().requires_grad_() for a in L.make_inputs(TINY, M, device="cpu", dtype=torch.float64)]
     positions, inv_freq = L.rope_tables(M, S, TINY.HD, "cpu")
     kw = dict(positions=positions, inv_freq=inv_freq.double(), S=S, shape=TINY)
@@ -64,8 +64,10 @@ def test_coda_layer_matches_the_standard_layer_on_gpu(mlp):
     import coda_agent.kernels as K
 
     need = {"gemm_rmsnorm_rope", "gemm_residual_partial_rms"} | {
-        "swiglu": {"swiglu_fwd", "swiglu_bwd"}, "deferred": {"gemm_rmsnorm_swiglu"},
-        "deferred_mlp": {"gemm_rmsnorm_swiglu", "swiglu_bwd"}}[mlp]
+        "swiglu": {"swiglu_fwd", "swiglu_bwd"},
+        "deferred": {"gemm_rmsnorm_swiglu"},
+        "deferred_mlp": {"gemm_rmsnorm_swiglu", "swiglu_bwd"},
+    }[mlp]
     if need - set(K.accepted()):
         pytest.skip(f"kernels not accepted yet: {sorted(need - set(K.accepted()))}")
     errs = L.check(L.LLAMA3_1B, 528, 264, mlp=mlp)
@@ -75,7 +77,7 @@ def test_coda_layer_matches_the_standard_layer_on_gpu(mlp):
 
 # --------------------------------------------------------------------------- the profile split
 
-PROFILED_NAMES = {   # kernel names from H200 profiles of this layer (benchmarks/results/dev), and others
+PROFILED_NAMES = {  # kernel names from H200 profiles of this layer (benchmarks/results/dev), and others
     "nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT": "gemm",
     "kernel_cutlass_kernel_quackepiloguefrontendGemmMod_rstd_rope_epi_00a087cc4238dace_g_col_col_row_sm9_": "gemm",
     "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_segment_k_of": "gemm",
@@ -102,8 +104,12 @@ def test_split_profile_and_targets():
     assert (sp["gemm us"], sp["attention us"], sp["other us"]) == (6.0, 30.0, 42.0)
     assert sp["other %"] == round(100 * 42 / 78, 2)
     assert [k["kernel"] for k in sp["other top"]] == list(PROFILED_NAMES)[8:10]
-    res = {"standard (compile)": {"median": 10.6}, "chained (compile)": {"median": 10.0},
-           "split:chained (compile)": sp, "chained (eager)": "failed: ModuleNotFoundError"}
+    res = {
+        "standard (compile)": {"median": 10.6},
+        "chained (compile)": {"median": 10.0},
+        "split:chained (compile)": sp,
+        "chained (eager)": "failed: ModuleNotFoundError",
+    }
     got = L.targets("llama3-8b", res)
     assert got["compile speedup %"] == 6.0 and got["compile other %"] == sp["other %"]
     assert got["compile other % of step time"] == round(42.0 / 10_000 * 100, 2)

@@ -43,10 +43,11 @@ from coda_agent.verifier.stages.numerics import judge
 
 BF16, FP32 = torch.bfloat16, torch.float32
 LOG2E = math.log2(math.e)
-FP32_TINY = 2.0 ** -126          # smallest normal fp32
+FP32_TINY = 2.0**-126  # smallest normal fp32
 
 
 # --------------------------------------------------------------------------- models of the kernels
+
 
 def fast_sigmoid(g: torch.Tensor) -> torch.Tensor:
     """quack.activation.sigmoid on fp32 values: ``rcp.approx.ftz(ex2.approx(-g log2 e) + 1)``;
@@ -86,9 +87,13 @@ def model_gemm_residual_partial_rms(x, w_o, residual, gamma):
     return y.to(x.dtype), (y * gamma.float()).to(x.dtype), rstd
 
 
-MODELS = {"gemm_rmsnorm": model_gemm_rmsnorm, "gemm_rmsnorm_swiglu": model_gemm_rmsnorm_swiglu,
-          "swiglu_fwd": model_swiglu_fwd, "swiglu_bwd": model_swiglu_bwd,
-          "gemm_residual_partial_rms": model_gemm_residual_partial_rms}
+MODELS = {
+    "gemm_rmsnorm": model_gemm_rmsnorm,
+    "gemm_rmsnorm_swiglu": model_gemm_rmsnorm_swiglu,
+    "swiglu_fwd": model_swiglu_fwd,
+    "swiglu_bwd": model_swiglu_bwd,
+    "gemm_residual_partial_rms": model_gemm_residual_partial_rms,
+}
 
 
 @pytest.fixture
@@ -97,6 +102,7 @@ def kernel_models(monkeypatch):
 
 
 # --------------------------------------------------------------------------- shared: three ways to compute
+
 
 def torch_deferred_swiglu_alt(normed_w, rstd, w1):
     """The same math as torch_deferred_swiglu in another valid bf16 PyTorch form (the row
@@ -128,7 +134,7 @@ def errors(op, torch_fn, args, diff, *, seed=0, control=None):
     g = torch.Generator().manual_seed(seed)
     outs = _tuple(op(*args))
     ups = [torch.randn(o.shape, generator=g).to(device=o.device, dtype=o.dtype) for o in outs]
-    f32 = lambda a: a.float() if a.is_floating_point() else a          # noqa: E731
+    f32 = lambda a: a.float() if a.is_floating_point() else a  # noqa: E731
     ref = _run(torch_fn, args, diff, ups, f32)
     res = {"op": _run(op, args, diff, ups), "torch": _run(torch_fn, args, diff, ups)}
     if control is not None:
@@ -140,7 +146,7 @@ def deferred_args(device, M, K, N, seed, mlp=False):
     g = torch.Generator(device=device).manual_seed(seed)
     a = torch.randn(M, K, generator=g, device=device).to(BF16)
     rstd = torch.rand(M, generator=g, device=device) * 1.5 + 0.5
-    w = (torch.randn(N, K, generator=g, device=device) * K ** -0.5).to(BF16)
+    w = (torch.randn(N, K, generator=g, device=device) * K**-0.5).to(BF16)
     if not mlp:
         return [a, rstd, w]
     return [a, rstd, w, (torch.randn(K, N // 2, generator=g, device=device) * (N // 2) ** -0.5).to(BF16)]
@@ -148,21 +154,37 @@ def deferred_args(device, M, K, N, seed, mlp=False):
 
 # name -> (op, standard definition, control, mlp inputs, output names (outputs, then gradients))
 DEFERRED = {
-    "deferred_rmsnorm_linear": (K.deferred_rmsnorm_linear, torch_deferred_linear, None, False,
-                                ("out", "da", "drstd", "dw")),
-    "deferred_rmsnorm_swiglu": (K.deferred_rmsnorm_swiglu, torch_deferred_swiglu, torch_deferred_swiglu_alt, False,
-                                ("preact", "postact", "dnormed_w", "drstd", "dw1")),
-    "deferred_rmsnorm_swiglu_mlp": (K.deferred_rmsnorm_swiglu_mlp, torch_deferred_swiglu_mlp,
-                                    torch_deferred_swiglu_mlp_alt, True,
-                                    ("out", "dnormed_w", "drstd", "dw1", "dw_down")),
+    "deferred_rmsnorm_linear": (
+        K.deferred_rmsnorm_linear,
+        torch_deferred_linear,
+        None,
+        False,
+        ("out", "da", "drstd", "dw"),
+    ),
+    "deferred_rmsnorm_swiglu": (
+        K.deferred_rmsnorm_swiglu,
+        torch_deferred_swiglu,
+        torch_deferred_swiglu_alt,
+        False,
+        ("preact", "postact", "dnormed_w", "drstd", "dw1"),
+    ),
+    "deferred_rmsnorm_swiglu_mlp": (
+        K.deferred_rmsnorm_swiglu_mlp,
+        torch_deferred_swiglu_mlp,
+        torch_deferred_swiglu_mlp_alt,
+        True,
+        ("out", "dnormed_w", "drstd", "dw1", "dw_down"),
+    ),
 }
 
 
 def pooled(name, device, M, calls, K, N):
     """errors() of ``calls`` independent problems of M rows; per tensor the list over calls."""
     op, std, control, mlp, names = DEFERRED[name]
-    runs = [errors(op, std, deferred_args(device, M, K, N, seed, mlp), range(4 if mlp else 3), seed=seed,
-                   control=control) for seed in range(calls)]
+    runs = [
+        errors(op, std, deferred_args(device, M, K, N, seed, mlp), range(4 if mlp else 3), seed=seed, control=control)
+        for seed in range(calls)
+    ]
     return names, {k: list(zip(*(r[k] for r in runs), strict=False)) for k in runs[0]}
 
 
@@ -173,6 +195,7 @@ def assert_pooled_budget(names, errs):
 
 
 # --------------------------------------------------------------------------- 1. deferred backward at small M (CPU)
+
 
 def test_deferred_backward_is_pytorchs_bf16_arithmetic_cpu(kernel_models):
     """For one dy, deferred_rmsnorm_linear's backward is PyTorch's bf16 autograd through the
@@ -206,11 +229,12 @@ def test_single_row_budget_is_a_random_comparison_cpu(name, kernel_models):
     names, errs = pooled(name, "cpu", M=1, calls=40, K=128, N=256)
     i = names.index("drstd")
     over = {k: sum(e > 2 * t for e, t in zip(errs[k][i], errs["torch"][i], strict=False)) for k in ("op", "control")}
-    assert over["control"] >= 4, over            # about a third of the rows
+    assert over["control"] >= 4, over  # about a third of the rows
     assert over["op"] <= over["control"], over
 
 
 # --------------------------------------------------------------------------- 2. fast sigmoid flush (CPU)
+
 
 def test_fast_sigmoid_model_flushes_below_the_documented_gate():
     g = torch.tensor([-200.0, -90.0, -88.5, -87.4, -87.3, -80.0, 0.0, 90.0])
@@ -219,7 +243,7 @@ def test_fast_sigmoid_model_flushes_below_the_documented_gate():
     assert (s[flushed] == 0).all() and (s[~flushed] > 0).all()
     assert (torch.sigmoid(g.double())[flushed] < FP32_TINY).all()
     assert ((g.double() * torch.sigmoid(g.double())).abs()[flushed] < 1.03e-36).all()
-    assert (F.silu(g)[g < -88.72] == 0).all()          # PyTorch's fp32 silu: exp(-g) overflows there
+    assert (F.silu(g)[g < -88.72] == 0).all()  # PyTorch's fp32 silu: exp(-g) overflows there
 
 
 def _postact_case(rows=4, width=64, seed=0):
@@ -233,7 +257,7 @@ def _postact_case(rows=4, width=64, seed=0):
 
 def test_flushed_postact_is_within_tolerance_and_a_wrong_value_is_not_cpu():
     gate, up = _postact_case()
-    ref32 = F.silu(gate) * up                                     # ~ -3e-37 * up at the -88.5 gates
+    ref32 = F.silu(gate) * up  # ~ -3e-37 * up at the -88.5 gates
     ref_lowp = F.silu(gate.to(BF16)) * up.to(BF16)
     out = (gate * fast_sigmoid(gate) * up).to(BF16)
     at = gate == -88.5
@@ -264,7 +288,7 @@ def test_fast_sigmoid_forward_and_backward_within_tolerance_for_all_finite_gates
         dsilu = s + silu * (1.0 - s)
         return silu * u, d * u * dsilu, d * silu
 
-    def standard(g, u, d):        # PyTorch's: silu, autograd's d silu
+    def standard(g, u, d):  # PyTorch's: silu, autograd's d silu
         gg = g.detach().requires_grad_()
         silu = F.silu(gg)
         (dsilu,) = torch.autograd.grad(silu, gg, torch.ones_like(silu))
@@ -281,12 +305,13 @@ def test_fast_sigmoid_forward_and_backward_within_tolerance_for_all_finite_gates
 
 # --------------------------------------------------------------------------- 3. non-finite rows (CPU)
 
+
 def residual_case(device, scenario, M=24, K=32, N=48, row=9, seed=0):
     """residual_rmsnorm inputs with one bad row: ``x_inf`` (one Inf in x), ``residual_inf``,
     ``residual_nan``, ``zero`` (x and residual of the row all 0)."""
     g = torch.Generator(device=device).manual_seed(seed)
     x = torch.randn(M, K, generator=g, device=device).to(BF16)
-    w_o = (torch.randn(N, K, generator=g, device=device) * K ** -0.5).to(BF16)
+    w_o = (torch.randn(N, K, generator=g, device=device) * K**-0.5).to(BF16)
     residual = torch.randn(M, N, generator=g, device=device).to(BF16)
     gamma = (torch.rand(N, generator=g, device=device) + 0.5).to(BF16)
     if scenario == "x_inf":
@@ -323,8 +348,8 @@ def test_residual_rmsnorm_keeps_nonfinite_rows_cpu(scenario, eps, kernel_models)
     """Every output and gradient of residual_rmsnorm is non-finite exactly where PyTorch's
     standard computation is, also with eps re-finalized (rstd = 0 of an infinite row keeps a
     finite derivative)."""
-    op = lambda *a: K.residual_rmsnorm(*a, eps=eps)                 # noqa: E731
-    std = lambda *a: torch_residual_rmsnorm(*a, eps=eps)            # noqa: E731
+    op = lambda *a: K.residual_rmsnorm(*a, eps=eps)  # noqa: E731
+    std = lambda *a: torch_residual_rmsnorm(*a, eps=eps)  # noqa: E731
     args = residual_case("cpu", scenario)
     assert nonfinite_mismatches(op, std, args, range(4), RESIDUAL_NAMES) == []
 
@@ -345,6 +370,7 @@ def test_deferred_ops_keep_nonfinite_rows_cpu(name, where, kernel_models):
 
 # --------------------------------------------------------------------------- GPU
 
+
 def _need(*kernels):
     missing = set(kernels) - set(K.accepted())
     if missing:
@@ -357,8 +383,10 @@ def _need(*kernels):
 def test_small_m_pooled_within_budget_on_gpu(name, M):
     """The real kernels at M = 1, 2, 7 (ragged tiles), ceil(32 / M) independent calls:
     pooled over them every output and gradient within twice PyTorch's bf16 error."""
-    _need("gemm_rmsnorm" if name == "deferred_rmsnorm_linear" else "gemm_rmsnorm_swiglu",
-          *(["swiglu_bwd"] if name.endswith("_mlp") else []))
+    _need(
+        "gemm_rmsnorm" if name == "deferred_rmsnorm_linear" else "gemm_rmsnorm_swiglu",
+        *(["swiglu_bwd"] if name.endswith("_mlp") else []),
+    )
     names, errs = pooled(name, "cuda", M=M, calls=-(-32 // M), K=1024, N=2048)
     assert_pooled_budget(names, errs)
 
@@ -371,14 +399,14 @@ def _gate_rows(device, M, K, gates):
     x = torch.randn(M, K, generator=g, device=device)
     x[:, 0] = 1.0
     I = 128
-    w1 = torch.randn(2 * I, K, generator=g, device=device) * K ** -0.5
+    w1 = torch.randn(2 * I, K, generator=g, device=device) * K**-0.5
     for j, v in enumerate(gates):
         w1[2 * j] = 0.0
         w1[2 * j, 0] = v
     return x.to(BF16), w1.to(BF16)
 
 
-GATES = (-88.5, -88.5, -90.0, 90.0, -87.0, -87.5)      # bf16-exact; -87.5 < FLUSHED_GATE < -87.0
+GATES = (-88.5, -88.5, -90.0, 90.0, -87.0, -87.5)  # bf16-exact; -87.5 < FLUSHED_GATE < -87.0
 
 
 def _judge_ok(out, ref32, low):
@@ -394,13 +422,15 @@ def test_fast_sigmoid_gates_within_tolerance_on_gpu():
     _need("swiglu_fwd", "swiglu_bwd", "gemm_rmsnorm_swiglu")
     x, w1 = _gate_rows("cuda", 64, 256, GATES)
     ones = torch.ones(x.shape[0], device="cuda")
-    pre32, pre_low = x.float() @ w1.float().T, x @ w1.T          # the fp32 reference / PyTorch's bf16
+    pre32, pre_low = x.float() @ w1.float().T, x @ w1.T  # the fp32 reference / PyTorch's bf16
     ref32 = F.silu(pre32[:, 0::2]) * pre32[:, 1::2]
     low = F.silu(pre_low[:, 0::2]) * pre_low[:, 1::2]
-    for kernel, (preact, postact) in (("swiglu_fwd", K.swiglu_fwd_op(x, w1)),
-                                      ("gemm_rmsnorm_swiglu", K.gemm_rmsnorm_swiglu_op(x, ones, w1))):
+    for kernel, (preact, postact) in (
+        ("swiglu_fwd", K.swiglu_fwd_op(x, w1)),
+        ("gemm_rmsnorm_swiglu", K.gemm_rmsnorm_swiglu_op(x, ones, w1)),
+    ):
         gate = preact[:, 0::2]
-        assert (gate[:, :len(GATES)] == torch.tensor(GATES, device="cuda").to(BF16)).all(), kernel
+        assert (gate[:, : len(GATES)] == torch.tensor(GATES, device="cuda").to(BF16)).all(), kernel
         ok, failed = _judge_ok(postact, ref32, low)
         assert ok, (kernel, failed)
         assert (postact[gate.float() < _swiglu.FLUSHED_GATE] == 0).all(), kernel
@@ -409,12 +439,13 @@ def test_fast_sigmoid_gates_within_tolerance_on_gpu():
     w_down = (torch.randn(256, 128, generator=g, device="cuda") / 16).to(BF16)
     dpreact, postact = K.swiglu_bwd_op(dout, w_down, preact)
 
-    def standard(dout, w_down, preact):     # PyTorch: exact sigmoid, autograd's dSwiGLU
+    def standard(dout, w_down, preact):  # PyTorch: exact sigmoid, autograd's dSwiGLU
         pre = preact.detach().requires_grad_()
         post = F.silu(pre[:, 0::2]) * pre[:, 1::2]
         dpost = dout @ w_down
         (dpre,) = torch.autograd.grad(post, pre, dpost.to(post.dtype))
         return dpre, post.detach()
+
     r32 = standard(dout.float(), w_down.float(), preact.float())
     low = standard(dout, w_down, preact)
     for name, o, r, lo in zip(("dpreact", "postact"), (dpreact, postact), r32, low, strict=False):
@@ -432,7 +463,7 @@ def test_residual_rmsnorm_keeps_nonfinite_rows_on_gpu(scenario, row, eps):
     """The gemm_residual_partial_rms kernel and the glue at M = 333, llama-like N: every
     output and gradient non-finite exactly where PyTorch's standard computation in bf16 is."""
     _need("gemm_residual_partial_rms")
-    op = lambda *a: K.residual_rmsnorm(*a, eps=eps)                 # noqa: E731
-    std = lambda *a: torch_residual_rmsnorm(*a, eps=eps)            # noqa: E731
+    op = lambda *a: K.residual_rmsnorm(*a, eps=eps)  # noqa: E731
+    std = lambda *a: torch_residual_rmsnorm(*a, eps=eps)  # noqa: E731
     args = residual_case("cuda", scenario, M=333, K=512, N=2048, row=row)
     assert nonfinite_mismatches(op, std, args, range(4), RESIDUAL_NAMES) == []

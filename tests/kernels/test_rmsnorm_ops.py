@@ -31,6 +31,7 @@ def _sd(t):
 
 # --------------------------------------------------------------------------- plain torch implementations
 
+
 def torch_residual_rmsnorm(x, w_o, residual, gamma, eps=EPS):
     y = x @ w_o.T + residual
     return y, y * gamma, torch.rsqrt(y.to(_sd(y)).pow(2).mean(dim=-1) + eps)
@@ -56,6 +57,7 @@ def torch_deferred_swiglu_mlp(normed_w, rstd, w1, w_down):
 
 # --------------------------------------------------------------------------- inputs
 
+
 def _gen(device, seed):
     return torch.Generator(device=device).manual_seed(seed)
 
@@ -70,21 +72,30 @@ def _uniform(g, *shape, low, high, device="cpu"):
 
 def residual_inputs(device, dtype, M=24, K=20, N=28, seed=0):
     g = _gen(device, seed)
-    return [_randn(g, M, K, device=device).to(dtype), _randn(g, N, K, std=K**-0.5, device=device).to(dtype),
-            _randn(g, M, N, device=device).to(dtype), _uniform(g, N, low=0.5, high=1.5, device=device).to(dtype)]
+    return [
+        _randn(g, M, K, device=device).to(dtype),
+        _randn(g, N, K, std=K**-0.5, device=device).to(dtype),
+        _randn(g, M, N, device=device).to(dtype),
+        _uniform(g, N, low=0.5, high=1.5, device=device).to(dtype),
+    ]
 
 
 def rmsnorm_linear_inputs(device, dtype, M=24, K=20, N=28, seed=0):
     g = _gen(device, seed)
-    return [_randn(g, M, K, std=2.0, device=device).to(dtype), _uniform(g, K, low=0.5, high=1.5, device=device).to(dtype),
-            _randn(g, N, K, std=K**-0.5, device=device).to(dtype)]
+    return [
+        _randn(g, M, K, std=2.0, device=device).to(dtype),
+        _uniform(g, K, low=0.5, high=1.5, device=device).to(dtype),
+        _randn(g, N, K, std=K**-0.5, device=device).to(dtype),
+    ]
 
 
 def deferred_inputs(device, dtype, M=24, K=20, N=28, seed=0):
     g = _gen(device, seed)
-    return [_randn(g, M, K, device=device).to(dtype),
-            _uniform(g, M, low=0.5, high=2.0, device=device).to(torch.promote_types(dtype, torch.float32)),
-            _randn(g, N, K, std=K**-0.5, device=device).to(dtype)]
+    return [
+        _randn(g, M, K, device=device).to(dtype),
+        _uniform(g, M, low=0.5, high=2.0, device=device).to(torch.promote_types(dtype, torch.float32)),
+        _randn(g, N, K, std=K**-0.5, device=device).to(dtype),
+    ]
 
 
 def deferred_mlp_inputs(device, dtype, M=24, K=20, N=28, seed=0):
@@ -101,26 +112,55 @@ class Case:
     make: Callable
     diff: tuple
     names: tuple
-    kernels: tuple          # accepted kernels it needs (forward, backward)
+    kernels: tuple  # accepted kernels it needs (forward, backward)
 
 
 CASES = {
-    "residual_rmsnorm": Case(K.residual_rmsnorm, torch_residual_rmsnorm, residual_inputs, (0, 1, 2, 3),
-                             ("resid_out", "normed_w", "rstd", "dx", "dw_o", "dresidual", "dgamma"),
-                             ("gemm_residual_partial_rms",)),
-    "rmsnorm_linear": Case(K.rmsnorm_linear, torch_rmsnorm_linear, rmsnorm_linear_inputs, (0, 1, 2),
-                           ("out", "dh", "dgamma", "dw"), ("gemm_rmsnorm",)),
-    "deferred_rmsnorm_linear": Case(K.deferred_rmsnorm_linear, torch_deferred_linear, deferred_inputs, (0, 1, 2),
-                                    ("out", "da", "drstd", "dw"), ("gemm_rmsnorm",)),
-    "deferred_rmsnorm_swiglu": Case(K.deferred_rmsnorm_swiglu, torch_deferred_swiglu, deferred_inputs, (0, 1, 2),
-                                    ("preact", "postact", "dnormed_w", "drstd", "dw1"), ("gemm_rmsnorm_swiglu",)),
-    "deferred_rmsnorm_swiglu_mlp": Case(K.deferred_rmsnorm_swiglu_mlp, torch_deferred_swiglu_mlp, deferred_mlp_inputs,
-                                        (0, 1, 2, 3), ("out", "dnormed_w", "drstd", "dw1", "dw_down"),
-                                        ("gemm_rmsnorm_swiglu", "swiglu_bwd")),
+    "residual_rmsnorm": Case(
+        K.residual_rmsnorm,
+        torch_residual_rmsnorm,
+        residual_inputs,
+        (0, 1, 2, 3),
+        ("resid_out", "normed_w", "rstd", "dx", "dw_o", "dresidual", "dgamma"),
+        ("gemm_residual_partial_rms",),
+    ),
+    "rmsnorm_linear": Case(
+        K.rmsnorm_linear,
+        torch_rmsnorm_linear,
+        rmsnorm_linear_inputs,
+        (0, 1, 2),
+        ("out", "dh", "dgamma", "dw"),
+        ("gemm_rmsnorm",),
+    ),
+    "deferred_rmsnorm_linear": Case(
+        K.deferred_rmsnorm_linear,
+        torch_deferred_linear,
+        deferred_inputs,
+        (0, 1, 2),
+        ("out", "da", "drstd", "dw"),
+        ("gemm_rmsnorm",),
+    ),
+    "deferred_rmsnorm_swiglu": Case(
+        K.deferred_rmsnorm_swiglu,
+        torch_deferred_swiglu,
+        deferred_inputs,
+        (0, 1, 2),
+        ("preact", "postact", "dnormed_w", "drstd", "dw1"),
+        ("gemm_rmsnorm_swiglu",),
+    ),
+    "deferred_rmsnorm_swiglu_mlp": Case(
+        K.deferred_rmsnorm_swiglu_mlp,
+        torch_deferred_swiglu_mlp,
+        deferred_mlp_inputs,
+        (0, 1, 2, 3),
+        ("out", "dnormed_w", "drstd", "dw1", "dw_down"),
+        ("gemm_rmsnorm_swiglu", "swiglu_bwd"),
+    ),
 }
 
 
 # --------------------------------------------------------------------------- stand-ins
+
 
 def rms_bwd_spec_math(dy, w, h, gamma, rstd, zdz, dresid):
     """rms_bwd from its spec's epilogue formula (reads the precomputed zdz, as the kernel does):
@@ -146,12 +186,14 @@ def standins(kind: str, rms_bwd: str = "baseline") -> dict:
         # the swiglu_bwd spec's reference gives postact only (its gradients come from autograd);
         # its baseline computes dpreact by formula, exact to rounding in float64 too
         "swiglu_bwd": entry(sbw.baseline, ["dout", "w_down", "preact"], ["dpreact", "postact"]),
-        "gemm_residual_partial_rms": entry(getattr(res, kind), ["x", "w_o", "residual", "gamma"],
-                                           ["resid_out", "normed_w", "rstd"]),
+        "gemm_residual_partial_rms": entry(
+            getattr(res, kind), ["x", "w_o", "residual", "gamma"], ["resid_out", "normed_w", "rstd"]
+        ),
         "gemm_rmsnorm": entry(getattr(rms, kind), ["a", "rstd", "w"], ["out"]),
         "gemm_rmsnorm_swiglu": entry(getattr(swi, kind), ["normed_w", "rstd", "w1"], ["preact", "postact"]),
-        "rms_bwd": rms_bwd_spec_math if rms_bwd == "spec_math" else entry(
-            bwd.baseline, ["dy", "w", "h", "gamma", "rstd", "zdz", "dresid"], ["dh", "dgamma"]),
+        "rms_bwd": rms_bwd_spec_math
+        if rms_bwd == "spec_math"
+        else entry(bwd.baseline, ["dy", "w", "h", "gamma", "rstd", "zdz", "dresid"], ["dh", "dgamma"]),
     }
 
 
@@ -162,12 +204,12 @@ def baseline_kernels(monkeypatch):
 
 # --------------------------------------------------------------------------- CPU tests
 
+
 @pytest.mark.parametrize("name", list(CASES))
 def test_matches_torch_cpu(name, baseline_kernels):
     case = CASES[name]
-    check_against_torch(case.op, case.torch_fn, case.make("cpu", torch.float32), case.diff, rtol=1e-4,
-                        names=case.names)
-    for k in case.kernels:                     # the op really went through its kernels
+    check_against_torch(case.op, case.torch_fn, case.make("cpu", torch.float32), case.diff, rtol=1e-4, names=case.names)
+    for k in case.kernels:  # the op really went through its kernels
         assert baseline_kernels[k] == 1, (k, baseline_kernels)
 
 
@@ -187,7 +229,9 @@ def test_rms_bwd_op_is_the_spec_reference_cpu(monkeypatch):
     use_standins(monkeypatch, standins("reference", rms_bwd="spec_math"))
     args = rms_bwd_inputs("cpu", torch.float64)
     dh, dgamma = K.rms_bwd_op(*args)
-    want = reference_module("rms_bwd").reference(**dict(zip(("dy", "w", "h", "gamma", "rstd", "zdz", "dresid"), args, strict=False)))
+    want = reference_module("rms_bwd").reference(
+        **dict(zip(("dy", "w", "h", "gamma", "rstd", "zdz", "dresid"), args, strict=False))
+    )
     torch.testing.assert_close(dh, want["dh"], rtol=1e-10, atol=1e-12)
     torch.testing.assert_close(dgamma, want["dgamma"], rtol=1e-10, atol=1e-12)
 
@@ -237,8 +281,9 @@ def test_under_torch_compile_cpu(name, baseline_kernels):
     torch._dynamo.reset()
     case = CASES[name]
     compiled = torch.compile(case.op, fullgraph=True, backend="aot_eager")
-    check_against_torch(compiled, case.torch_fn, case.make("cpu", torch.float32), case.diff, rtol=1e-4,
-                        names=case.names)
+    check_against_torch(
+        compiled, case.torch_fn, case.make("cpu", torch.float32), case.diff, rtol=1e-4, names=case.names
+    )
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -266,16 +311,17 @@ def test_bad_shapes_are_refused(baseline_kernels):
     a4, rstd4, w14, wd4 = deferred_mlp_inputs("cpu", torch.float32)
     for bad in ((a4[0], rstd4, w14, wd4), (a4, rstd4, w14, wd4[:, :-1]), (a4, rstd4, w14[:-1], wd4)):
         with pytest.raises(ValueError, match=r"deferred_rmsnorm_swiglu_mlp: need w1 \(2I, D\) and w_down"):
-            K.deferred_rmsnorm_swiglu_mlp(*bad)     # (a 1-D normed_w was an IndexError)
+            K.deferred_rmsnorm_swiglu_mlp(*bad)  # (a 1-D normed_w was an IndexError)
 
 
 # --------------------------------------------------------------------------- eps
+
 
 def small_rows(name, device, dtype, **kw):
     """The case's inputs with the normalized rows' mean square near 1e-6, where eps = 1e-5
     vs 1e-6 moves rstd by ~2x (with unit-scale rows the difference is below any tolerance)."""
     args = CASES[name].make(device, dtype, **kw)
-    if name == "residual_rmsnorm":   # y = x @ w_o^T + residual
+    if name == "residual_rmsnorm":  # y = x @ w_o^T + residual
         return [args[0] * 1e-3, args[1], args[2] * 1e-3, args[3]]
     return [args[0] * 5e-4, *args[1:]]  # h
 
@@ -290,7 +336,7 @@ def test_eps_cpu(name, eps, baseline_kernels):
     args = small_rows(name, "cpu", torch.float32)
     rstd_of = (lambda o: o[2]) if name == "residual_rmsnorm" else (lambda o: o)
     changed = rstd_of(case.torch_fn(*args, eps=eps)) / rstd_of(case.torch_fn(*args))
-    assert (changed - 1).abs().max() > 0.05          # the inputs make eps matter
+    assert (changed - 1).abs().max() > 0.05  # the inputs make eps matter
     torch._dynamo.reset()
     compiled = torch.compile(partial(case.op, eps=eps), fullgraph=True, backend="aot_eager")
     for fn in (partial(case.op, eps=eps), compiled):
@@ -310,7 +356,7 @@ def test_with_eps_is_exact_in_fp32():
         bound = 3e-7 * torch.clamp((ms.double() + 1e-6) / (ms.double() + eps), min=1.0)
         finite = want.isfinite()
         assert (rel[finite] <= bound[finite]).all(), (eps, (rel / bound)[finite].max())
-        assert (got[~finite] >= 1e6).all(), (eps, got[~finite])   # inf directly; never NaN
+        assert (got[~finite] >= 1e6).all(), (eps, got[~finite])  # inf directly; never NaN
 
 
 @pytest.mark.parametrize("eps", [-1e-6, float("nan"), float("inf"), "1e-5", True, torch.tensor(1e-5), 10**400])
@@ -332,6 +378,7 @@ def test_numpy_and_int_eps_are_accepted(baseline_kernels):
 
 
 # --------------------------------------------------------------------------- GPU
+
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("mode", MODES)
@@ -376,6 +423,7 @@ def test_rms_bwd_op_on_gpu(compiled):
     def torch_fn(*a):
         out = ref.reference(**dict(zip(("dy", "w", "h", "gamma", "rstd", "zdz", "dresid"), a, strict=False)))
         return out["dh"], out["dgamma"]
+
     check_on_gpu(fn, torch_fn, rms_bwd_inputs("cuda", torch.bfloat16, M=333, D=264, N=656), (), ("dh", "dgamma"))
 
 
@@ -391,5 +439,10 @@ def test_eps_on_gpu(name, compiled):
     torch._dynamo.reset()
     op = partial(case.op, eps=1e-5)
     fn = torch.compile(op, fullgraph=True) if compiled else op
-    check_on_gpu(fn, partial(case.torch_fn, eps=1e-5), small_rows(name, "cuda", torch.bfloat16, M=333, K=264, N=656),
-                 case.diff, case.names)
+    check_on_gpu(
+        fn,
+        partial(case.torch_fn, eps=1e-5),
+        small_rows(name, "cuda", torch.bfloat16, M=333, K=264, N=656),
+        case.diff,
+        case.names,
+    )

@@ -19,7 +19,7 @@ from glue_helpers import MODES, check_against_torch, check_on_gpu, compiled_for,
 
 import coda_agent.kernels as K
 
-HQ, HKV, HD = 2, 1, 8            # CPU shapes: 2 query heads, 1 key/value head of 8 columns
+HQ, HKV, HD = 2, 1, 8  # CPU shapes: 2 query heads, 1 key/value head of 8 columns
 CONSTS = {"n_q_heads": HQ, "n_kv_heads": HKV, "head_dim": HD}
 GPU_CONSTS = {"n_q_heads": 4, "n_kv_heads": 2, "head_dim": 64}
 
@@ -33,6 +33,7 @@ def llama3_inv_freq(head_dim, device="cpu"):
 
 
 # --------------------------------------------------------------------------- plain torch implementations
+
 
 def torch_rope(qkv, positions, inv_freq, *, n_q_heads, n_kv_heads, head_dim):
     """Interleaved RoPE of the query/key heads by complex multiplication; V unchanged."""
@@ -66,6 +67,7 @@ def torch_rope_bwd(g, w, positions, inv_freq, **consts):
 
 # --------------------------------------------------------------------------- inputs
 
+
 def _n(consts):
     return (consts["n_q_heads"] + 2 * consts["n_kv_heads"]) * consts["head_dim"]
 
@@ -97,12 +99,19 @@ class Case:
 
 CASES = {
     "qkv_rope": Case(K.qkv_rope, torch_qkv_rope, qkv_inputs, (0, 1), ("qkv", "dx", "dw_qkv"), "gemm_rope"),
-    "deferred_rmsnorm_qkv_rope": Case(K.deferred_rmsnorm_qkv_rope, torch_deferred_qkv_rope, deferred_inputs,
-                                      (0, 1, 2), ("qkv", "da", "drstd", "dw_qkv"), "gemm_rmsnorm_rope"),
+    "deferred_rmsnorm_qkv_rope": Case(
+        K.deferred_rmsnorm_qkv_rope,
+        torch_deferred_qkv_rope,
+        deferred_inputs,
+        (0, 1, 2),
+        ("qkv", "da", "drstd", "dw_qkv"),
+        "gemm_rmsnorm_rope",
+    ),
 }
 
 
 # --------------------------------------------------------------------------- stand-ins
+
 
 def standins(kind: str) -> dict:
     """The specs' ``baseline`` (float32) or ``reference`` (exact in float64) as kernel entries,
@@ -130,11 +139,18 @@ def baseline_kernels(monkeypatch):
 
 # --------------------------------------------------------------------------- CPU tests
 
+
 @pytest.mark.parametrize("name", list(CASES))
 def test_matches_torch_cpu(name, baseline_kernels):
     case = CASES[name]
-    check_against_torch(functools.partial(case.op, **CONSTS), functools.partial(case.torch_fn, **CONSTS),
-                        case.make("cpu", torch.float32), case.diff, rtol=1e-4, names=case.names)
+    check_against_torch(
+        functools.partial(case.op, **CONSTS),
+        functools.partial(case.torch_fn, **CONSTS),
+        case.make("cpu", torch.float32),
+        case.diff,
+        rtol=1e-4,
+        names=case.names,
+    )
     assert baseline_kernels[case.kernel] == 1
 
 
@@ -208,7 +224,7 @@ def test_rope_rotate_matches_the_concatenating_form_bitwise(dtype, inverse):
     assert torch.equal(got[:, n_rot:], t[:, n_rot:])
     assert not torch.equal(got[:, :n_rot], t[:, :n_rot])
     compiling = torch.compiler.is_compiling
-    torch.compiler.is_compiling = lambda: True   # the where-form that torch.compile traces
+    torch.compiler.is_compiling = lambda: True  # the where-form that torch.compile traces
     try:
         traced_form = rope_rotate(t, pos, f, n_rot, inverse=inverse)
     finally:
@@ -224,12 +240,12 @@ def test_rope_rotate_refuses_partial_heads_and_out_of_range_n_rot():
         rope_rotate(t, pos, f, HD + 2)
     with pytest.raises(ValueError, match="multiples of head_dim"):
         rope_rotate(t[:, :-2], pos, f, HD)
-    for n_rot in (-HD, _n(CONSTS) + HD):        # whole heads, but not within [0, N]
+    for n_rot in (-HD, _n(CONSTS) + HD):  # whole heads, but not within [0, N]
         with pytest.raises(ValueError, match="with 0 <= n_rot <= N"):
             rope_rotate(t, pos, f, n_rot)
     with pytest.raises(ValueError, match="head_dim = 2 \\* len\\(inv_freq\\) = 0 > 0"):
         rope_rotate(t, pos, f[:0], 0)
-    assert torch.equal(rope_rotate(t, pos, f, 0), t)                       # nothing rotated
+    assert torch.equal(rope_rotate(t, pos, f, 0), t)  # nothing rotated
 
 
 @pytest.mark.slow
@@ -255,13 +271,15 @@ def test_rope_cos_sin_is_an_opaque_custom_op_under_compile():
         return gm.forward
 
     t = torch.randn(5, _n(CONSTS))
-    out = torch.compile(lambda t: rope_rotate(t, pos, f, (HQ + HKV) * HD, inverse=True),
-                        backend=capture, fullgraph=True)(t)
+    out = torch.compile(
+        lambda t: rope_rotate(t, pos, f, (HQ + HKV) * HD, inverse=True), backend=capture, fullgraph=True
+    )(t)
     torch.testing.assert_close(out, rope_rotate(t, pos, f, (HQ + HKV) * HD, inverse=True), rtol=0, atol=0)
     targets = [str(n.target) for g in graphs for n in g.graph.nodes if n.op in ("call_function", "call_method")]
     assert targets.count("coda_agent.rope_cos_sin.default") == 1, targets
-    assert not [x for x in targets if "cos" in x.split(".")[-1] or "sin" in x.split(".")[-1]
-                if "rope_cos_sin" not in x], targets
+    assert not [
+        x for x in targets if "cos" in x.split(".")[-1] or "sin" in x.split(".")[-1] if "rope_cos_sin" not in x
+    ], targets
 
 
 @pytest.mark.parametrize("emulate_torch_211", [False, True])
@@ -280,8 +298,9 @@ def test_compiled_op_backward_traces_the_single_pass_rotation(baseline_kernels, 
             pytest.skip("this torch already behaves as 2.11")
         monkeypatch.setattr(torch.compiler, "_compile_session_context", contextlib.nullcontext)
     graphs = []
-    backend = aot_autograd(fw_compiler=lambda gm, ex: gm.forward,
-                           bw_compiler=lambda gm, ex: (graphs.append(gm), gm.forward)[1])
+    backend = aot_autograd(
+        fw_compiler=lambda gm, ex: gm.forward, bw_compiler=lambda gm, ex: (graphs.append(gm), gm.forward)[1]
+    )
     torch._dynamo.reset()
     case = CASES[name]
     args = case.make("cpu", torch.float32)
@@ -293,7 +312,7 @@ def test_compiled_op_backward_traces_the_single_pass_rotation(baseline_kernels, 
     targets = [str(n.target) for g in graphs for n in g.graph.nodes if n.op in ("call_function", "call_method")]
     assert graphs and any("where" in t for t in targets) and not any("cat" in t for t in targets), targets
     want = torch.autograd.grad(op(*args), diff, dy)
-    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=False))               # the same bits as eager
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=False))  # the same bits as eager
 
 
 def test_double_backward_through_the_glue_with_a_trainable_inv_freq(monkeypatch):
@@ -330,8 +349,12 @@ def test_kernel_constants_are_passed_as_the_entry_declares(signature, monkeypatc
     use_standins(monkeypatch, {"gemm_rope": entries[signature]})
     args = qkv_inputs("cpu", torch.float32)
     out = K.qkv_rope(*args, **CONSTS)
-    want = {"HQ,HKV": {"HQ": HQ, "HKV": HKV}, "**kwargs": {"HQ": HQ, "HKV": HKV, "HD": HD},
-            "HQ,HKV,HD": {"HQ": HQ, "HKV": HKV, "HD": HD}, "bare-or-tuple": {"HQ": HQ, "HKV": HKV}}[signature]
+    want = {
+        "HQ,HKV": {"HQ": HQ, "HKV": HKV},
+        "**kwargs": {"HQ": HQ, "HKV": HKV, "HD": HD},
+        "HQ,HKV,HD": {"HQ": HQ, "HKV": HKV, "HD": HD},
+        "bare-or-tuple": {"HQ": HQ, "HKV": HKV},
+    }[signature]
     assert got_consts == want
     torch.testing.assert_close(out, torch_qkv_rope(*args, **CONSTS), atol=1e-5, rtol=1e-5)
 
@@ -347,8 +370,10 @@ def test_opcheck_cpu(baseline_kernels):
     torch.library.opcheck(K.rope_bwd_op, (x, w, pos, f), CONSTS)
     c = (HQ, HKV, HD)
     torch.library.opcheck(_rope._qkv_rope, (x.clone().requires_grad_(), w.clone().requires_grad_(), pos, f, *c))
-    torch.library.opcheck(_rope._deferred_qkv_rope, (a.clone().requires_grad_(), rstd.clone().requires_grad_(),
-                                                     w2.clone().requires_grad_(), pos2, f2, *c))
+    torch.library.opcheck(
+        _rope._deferred_qkv_rope,
+        (a.clone().requires_grad_(), rstd.clone().requires_grad_(), w2.clone().requires_grad_(), pos2, f2, *c),
+    )
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -356,16 +381,23 @@ def test_under_torch_compile_cpu(name, baseline_kernels):
     torch._dynamo.reset()
     case = CASES[name]
     compiled = torch.compile(functools.partial(case.op, **CONSTS), fullgraph=True, backend="aot_eager")
-    check_against_torch(compiled, functools.partial(case.torch_fn, **CONSTS), case.make("cpu", torch.float32),
-                        case.diff, rtol=1e-4, names=case.names)
+    check_against_torch(
+        compiled,
+        functools.partial(case.torch_fn, **CONSTS),
+        case.make("cpu", torch.float32),
+        case.diff,
+        rtol=1e-4,
+        names=case.names,
+    )
 
 
 def test_rope_bwd_op_under_torch_compile_cpu(baseline_kernels):
     torch._dynamo.reset()
     g, w, pos, f = qkv_inputs("cpu", torch.float32)
     compiled = torch.compile(functools.partial(K.rope_bwd_op, **CONSTS), fullgraph=True, backend="aot_eager")
-    torch.testing.assert_close(compiled(g, w, pos, f).double(), torch_rope_bwd(g.double(), w.double(), pos, f, **CONSTS),
-                               atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        compiled(g, w, pos, f).double(), torch_rope_bwd(g.double(), w.double(), pos, f, **CONSTS), atol=1e-5, rtol=1e-5
+    )
 
 
 @pytest.mark.parametrize("name", [*CASES, "rope_bwd_op"])
@@ -395,6 +427,7 @@ def test_bad_arguments_are_refused(name, baseline_kernels):
 
 
 # --------------------------------------------------------------------------- GPU
+
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("mode", MODES)

@@ -21,13 +21,15 @@ def _torch_mlp(x, w1, w_down):
 def standins() -> dict:
     """The specs' baselines as the swiglu_fwd / swiglu_bwd kernel entries."""
     fwd, bwd = reference_module("swiglu_fwd"), reference_module("swiglu_bwd")
-    return {"swiglu_fwd": entry(fwd.baseline, ["x", "w1"], ["preact", "postact"]),
-            "swiglu_bwd": entry(bwd.baseline, ["dout", "w_down", "preact"], ["dpreact", "postact"])}
+    return {
+        "swiglu_fwd": entry(fwd.baseline, ["x", "w1"], ["preact", "postact"]),
+        "swiglu_bwd": entry(bwd.baseline, ["dout", "w_down", "preact"], ["dpreact", "postact"]),
+    }
 
 
 @pytest.fixture
 def baseline_kernels(monkeypatch):
-    return use_standins(monkeypatch, standins())   # device and layout checks off: CPU, float64 too
+    return use_standins(monkeypatch, standins())  # device and layout checks off: CPU, float64 too
 
 
 def _inputs(device, dtype, M=64, Kd=48, I=40, seed=0):
@@ -89,8 +91,11 @@ def test_cpu_tensors_are_refused_clearly(monkeypatch):
     with pytest.raises(ValueError, match=r"^swiglu: x must be torch.bfloat16, got torch.float32$"):
         K.swiglu(x, w1, wd)
     monkeypatch.setattr(K, "_check_layout", lambda *a, **kw: None)
-    with pytest.raises(ValueError, match=r"need all tensors on one CUDA \(Hopper\) device, got x=cpu, w1=cpu, "
-                                         r"w_down=cpu$"):
+    with pytest.raises(
+        ValueError,
+        match=r"need all tensors on one CUDA \(Hopper\) device, got x=cpu, w1=cpu, "
+        r"w_down=cpu$",
+    ):
         K.swiglu(x, w1, wd)
     if torch.cuda.is_available():  # mixed devices: the message says which argument is where
         with pytest.raises(ValueError, match=r"got x=cpu, w1=cuda:0, w_down=cpu$"):
@@ -123,7 +128,9 @@ def test_swiglu_matches_pytorch_on_gpu(mode):
     xb, w1b, wdb = (t.detach().clone().requires_grad_() for t in (x, w1, wd))
     out_b = _torch_mlp(xb, w1b, wdb)
     grads_b = torch.autograd.grad(out_b, (xb, w1b, wdb), dout)
-    for name, a, r, b in zip(("out", "dx", "dw1", "dw_down"), (out, *grads), (out_r, *grads_r), (out_b, *grads_b), strict=False):
+    for name, a, r, b in zip(
+        ("out", "dx", "dw1", "dw_down"), (out, *grads), (out_r, *grads_r), (out_b, *grads_b), strict=False
+    ):
         err = (a.float() - r).abs().max().item()
         budget = 2 * (b.float() - r).abs().max().item() + 1e-6
         assert err <= budget, f"{name}: max err {err:.3e} > allowed {budget:.3e}"

@@ -76,6 +76,7 @@ def _refs(loaded, inputs):
 
 # =========================================================================== common
 
+
 @pytest.mark.parametrize("name", ["rms_bwd", "cross_entropy_bwd"])
 def test_shapes_keep_tma_alignment_and_have_ragged_cases(name):
     spec = load_spec(SPECS / name).spec
@@ -99,13 +100,16 @@ def test_derived_inputs_are_deterministic(name):
 
 # =========================================================================== rms_bwd
 
+
 def test_rms_spec_loads(rms):
     s = rms.spec
     assert s.pattern == "backward" and s.catalogue_item == 8
     assert s.entry.function == "rms_bwd"
     assert [t.name for t in s.entry.inputs] == ["dy", "w", "h", "gamma", "rstd", "zdz", "dresid"]
     assert [(t.name, t.init.fn) for t in s.entry.inputs if t.init.dist == "derived"] == [
-        ("rstd", "saved_rstd"), ("zdz", "saved_zdz")]
+        ("rstd", "saved_rstd"),
+        ("zdz", "saved_zdz"),
+    ]
     assert [(o.name, o.dtype) for o in s.entry.outputs] == [("dh", "bfloat16"), ("dgamma", "float32")]
     assert s.gradient_outputs == []  # value outputs: dh carries + dresid (see reference.py)
     assert s.entry.max_launches == 2 and s.entry.allowed_torch == ["sum"]
@@ -115,7 +119,10 @@ def test_rms_spec_loads(rms):
     assert (s.tolerance.rule, s.tolerance.factor, s.tolerance.floor) == ("coda", 2.0, 1e-6)
     # Llama-3 gate/up boundary: D = hidden, N = 2 * intermediate
     assert {(c.dims["D"], c.dims["N"]) for c in s.shapes.benchmark} == {
-        (2048, 2 * 8192), (4096, 2 * 14336), (8192, 2 * 28672)}
+        (2048, 2 * 8192),
+        (4096, 2 * 14336),
+        (8192, 2 * 28672),
+    }
     assert {c.dims["M"] for c in s.shapes.benchmark} == {8192, 16384}
     ref = rms.load_reference()
     for fn in ("reference", "forward", "baseline", "bare_gemm", "saved_rstd", "saved_zdz"):
@@ -145,8 +152,11 @@ def test_rms_derived_inputs_match_forward_and_free_reduction(rms):
         hand = _rms_hand(x)
         _close(inp["rstd"].double(), hand["rstd"], 1e-6)
         # the saved pieces rebuild torch's own RMSNorm
-        _close((x["h"] * x["rstd"][:, None]) * x["gamma"],
-               F.rms_norm(x["h"], (case.dims["D"],), weight=x["gamma"], eps=EPS), 1e-6)
+        _close(
+            (x["h"] * x["rstd"][:, None]) * x["gamma"],
+            F.rms_norm(x["h"], (case.dims["D"],), weight=x["gamma"], eps=EPS),
+            1e-6,
+        )
         # zdz: the fp32 per-row correction, and the identity that lets the previous backward
         # emit it for free: (1/D) sum_d dz * z = (1/D) sum_n dy * out
         out = ref.forward(w=x["w"], h=x["h"], gamma=x["gamma"])
@@ -261,6 +271,7 @@ def test_rms_tolerance_accepts_the_fused_algebra_and_rejects_mistakes(rms, case)
 
 
 # =========================================================================== cross_entropy_bwd
+
 
 def test_ce_spec_loads(ce):
     s = ce.spec

@@ -20,6 +20,7 @@ def _f64(inputs):
 
 # --------------------------------------------------------------------------- cross-entropy
 
+
 @pytest.fixture(scope="module")
 def ce():
     return load_spec(SPECS / "gemm_cross_entropy")

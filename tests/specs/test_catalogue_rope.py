@@ -57,6 +57,7 @@ def _n_rot(dims):
 
 # --------------------------------------------------------------------------- independent math
 
+
 def _cis(positions, dims, conj=False):
     """(M, HQ+HKV, HD/2) complex128 e^{i theta}, theta = pos * 500000^(-2j/HD), from scratch."""
     hd = dims["HD"]
@@ -94,6 +95,7 @@ def _out_name(name):
 
 # --------------------------------------------------------------------------- spec fields
 
+
 @pytest.mark.parametrize("name", NAMES)
 def test_spec_loads(name):
     loaded, ref = _load(name)
@@ -102,8 +104,10 @@ def test_spec_loads(name):
     assert (s.catalogue_item, s.pattern) == ((10, "backward") if name == "rope_bwd" else (5, "forward"))
     ins = [t.name for t in s.entry.inputs]
     assert ins[-2:] == ["positions", "inv_freq"]
-    assert ins[:-2] == {"gemm_rope": ["x", "w_qkv"], "gemm_rmsnorm_rope": ["a", "rstd", "w_qkv"],
-                        "rope_bwd": ["g", "w"]}[name]
+    assert (
+        ins[:-2]
+        == {"gemm_rope": ["x", "w_qkv"], "gemm_rmsnorm_rope": ["a", "rstd", "w_qkv"], "rope_bwd": ["g", "w"]}[name]
+    )
     [out] = s.entry.outputs
     assert out.name == _out_name(name) and out.dtype == "bfloat16" and out.gradient is None
     pos, inv = s.entry.inputs[-2], s.entry.inputs[-1]
@@ -123,7 +127,10 @@ def test_spec_loads(name):
     bench = s.shapes.benchmark
     assert {c.dims["M"] for c in bench} == {8192, 16384}
     assert {(c.dims["K"], c.dims["HQ"], c.dims["HKV"], c.dims["HD"]) for c in bench} == {
-        (2048, 32, 8, 64), (4096, 32, 8, 128), (8192, 64, 8, 128)}
+        (2048, 32, 8, 64),
+        (4096, 32, 8, 128),
+        (8192, 64, 8, 128),
+    }
     assert {c.dims["S"] for c in bench} == {8192}
     corr = s.shapes.correctness
     assert {c.dims["HD"] for c in corr} == {64, 128}
@@ -184,6 +191,7 @@ def test_derived_inv_freq_is_llama3(name):
 
 
 # --------------------------------------------------------------------------- references
+
 
 @pytest.mark.parametrize("name,case", ALL_CASES)
 def test_reference_matches_complex_rotation(name, case):
@@ -284,6 +292,7 @@ def test_outputs_are_order_one_and_rotated(name):
 
 
 # --------------------------------------------------------------------------- quack_library
+
 
 @pytest.mark.slow
 def test_quack_library_functions_resolve():

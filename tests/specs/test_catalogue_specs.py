@@ -53,7 +53,9 @@ def test_spec_loads(name):
 def test_catalogue_items_and_launch_budgets():
     items = {n: _load(n)[0] for n in NAMES}
     assert {n: s.catalogue_item for n, s in items.items()} == {
-        "gemm_residual_partial_rms": 3, "gemm_rmsnorm_swiglu": 2, "gemm_rmsnorm": 4,
+        "gemm_residual_partial_rms": 3,
+        "gemm_rmsnorm_swiglu": 2,
+        "gemm_rmsnorm": 4,
     }
     partial = items["gemm_residual_partial_rms"].entry
     assert partial.allowed_torch == ["sum", "rsqrt"] and partial.max_launches == 4

@@ -58,42 +58,76 @@ def _edit(path: Path, old: str, new: str) -> None:
         ('dtype = "bfloat16"', 'dtype = "bf16"', r"field 'entry\.inputs\.0\.dtype'.*'bfloat16'"),
         ('function = "swiglu_bwd"', 'function = "Swiglu-Bwd"', r"field 'entry\.function'.*pattern"),
         ('pattern = "backward"', 'pattern = "sideways"', r"field 'pattern'.*'forward' or 'backward'"),
-        ('max_launches = 1', 'max_launches = 0', r"field 'entry\.max_launches'.*greater than or equal to 1"),
-        ('max_launches = 1', 'max_launches = 1\nmax_gemm_launches = 2',
-         r"field 'entry'.*max_gemm_launches = 2 exceeds max_launches = 1"),
+        ("max_launches = 1", "max_launches = 0", r"field 'entry\.max_launches'.*greater than or equal to 1"),
+        (
+            "max_launches = 1",
+            "max_launches = 1\nmax_gemm_launches = 2",
+            r"field 'entry'.*max_gemm_launches = 2 exceeds max_launches = 1",
+        ),
         ('std = "1/sqrt(K)"', 'std = "1/sqrt(K"', r"field 'entry\.inputs\.1\.init\.std'.*not an arithmetic expression"),
         ('wrt = "preact"', 'wrt = "preactivation"', r"gradient: wrt/upstream must name inputs"),
         ('flops = "2*M*K*I"', 'flop = "2*M*K*I"', r"field 'bench\.flops'.*Field required"),
-        ("M = 333, K = 320, I = 200", "M = 333, K = 320",
-         r"shapes\.correctness\[1\] \('ragged-m'\): dims \['I'\] are not bound \(used: I by entry\.inputs\[w_down\]\.shape"),
+        (
+            "M = 333, K = 320, I = 200",
+            "M = 333, K = 320",
+            r"shapes\.correctness\[1\] \('ragged-m'\): dims \['I'\] are not bound \(used: I by entry\.inputs\[w_down\]\.shape",
+        ),
         # a misspelt baseline in a bar would be accepted and never judged
         ("torch_compile = 1.0", "torch_compil = 1.0", r"field 'bench\.bar\.torch_compil\.\[key\]'"),
         ("bar = { torch_compile = 1.0,", "bar = { liger = 1.0,", r"bar: \['liger'\] not in baselines"),
-        ('flops = "2*M*K*I"', 'flops = "2*M*K*I*J"', r"shapes\.benchmark\[0\] .*dims \['J'\] are not bound \(used: J by bench\.flops\)"),
+        (
+            'flops = "2*M*K*I"',
+            'flops = "2*M*K*I*J"',
+            r"shapes\.benchmark\[0\] .*dims \['J'\] are not bound \(used: J by bench\.flops\)",
+        ),
         ("factor = 2.0", "factor = -1.0", r"field 'tolerance\.factor'.*greater than 0"),
         ('name = "swiglu_bwd"', 'name = "other_name"', r"field 'name': expected the folder name 'swiglu_bwd'"),
         ("[tolerance]", "[tolerence]", r"field 'tolerence': not a spec field \(did you mean 'tolerance'\?\)"),
         # these are refused at load, not when inputs are drawn
-        ('std = "1/sqrt(K)"', 'std = "1/sqrtt(K)"', r"init\.std'.*only ceil, max, min, sqrt\(\.\.\.\) may be called, got sqrtt"),
-        ('std = "1/sqrt(K)"', 'std = "1/sqrt(Z)"', r"dims \['Z'\] are not bound \(used: Z by entry\.inputs\[\w+\]\.init\.std\)"),
+        (
+            'std = "1/sqrt(K)"',
+            'std = "1/sqrtt(K)"',
+            r"init\.std'.*only ceil, max, min, sqrt\(\.\.\.\) may be called, got sqrtt",
+        ),
+        (
+            'std = "1/sqrt(K)"',
+            'std = "1/sqrt(Z)"',
+            r"dims \['Z'\] are not bound \(used: Z by entry\.inputs\[\w+\]\.init\.std\)",
+        ),
         # these would make checks vacuous or fail (or hang) mid-run (threat 28 of docs/threat-model.md)
         ("floor = 1e-6", "floor = inf", r"field 'tolerance\.floor'.*finite number"),
         ("factor = 2.0", "factor = nan", r"field 'tolerance\.factor'.*finite number"),
         ("seeds = [0, 1]", "seeds = []", r"field 'shapes\.seeds'.*at least 1 item"),
         ("seeds = [0, 1]", "seeds = [1, 1]", r"seeds: must be distinct"),
-        ('shape = ["M", "I"]', "shape = [\"M\", \"'I'\"]", r"'I' is not a number"),
-        ('shape = ["M", "I"]', 'shape = ["M", "I-304"]', r"shapes\.correctness\[1\] \('ragged-m'\): entry\.outputs\[postact\]\.shape\[1\] = 'I-304' is -104"),
-        ('shape = ["M", "I"]', 'shape = ["M", "I/3"]', r"shapes\.correctness\[1\].*'I/3' is 66\.6+7; a dim must be a positive integer"),
+        ('shape = ["M", "I"]', 'shape = ["M", "\'I\'"]', r"'I' is not a number"),
+        (
+            'shape = ["M", "I"]',
+            'shape = ["M", "I-304"]',
+            r"shapes\.correctness\[1\] \('ragged-m'\): entry\.outputs\[postact\]\.shape\[1\] = 'I-304' is -104",
+        ),
+        (
+            'shape = ["M", "I"]',
+            'shape = ["M", "I/3"]',
+            r"shapes\.correctness\[1\].*'I/3' is 66\.6+7; a dim must be a positive integer",
+        ),
         ("M = 256, K = 512", "M = true, K = 512", r"field 'shapes\.correctness\.0\.dims\.M'.*valid integer"),
         ('name = "llama3-1b/M16384"', 'name = "llama3-1b/M8192"', r"every shape needs a distinct, non-empty name"),
         ('flops = "2*M*K*I"', 'flops = "2*M*K*I/(K-K)"', r"shapes\.benchmark\[0\].*bench\.flops = .*division by zero"),
         ('flops = "2*M*K*I"', 'flops = "2*M*K*I*(9**9**9)"', r"exponent 387420489 is beyond 64"),
         ('flops = "2*M*K*I"', 'flops = "2*M*K*I*((((2**64)**64)**64)**64)"', r"wider than 256 bits"),
         # a new spec author: rows that are not 16-byte multiples fail only at the GPU launch
-        ("M = 333, K = 320, I = 200", "M = 333, K = 320, I = 201", r"'ragged-m'\): entry\.inputs\[w_down\]: rows of 402 bytes.*multiple of 16 bytes"),
+        (
+            "M = 333, K = 320, I = 200",
+            "M = 333, K = 320, I = 201",
+            r"'ragged-m'\): entry\.inputs\[w_down\]: rows of 402 bytes.*multiple of 16 bytes",
+        ),
         # finite values that make a check vacuous, and expressions that would raise tracebacks
-        ('std = 1.5', 'std = "0"', r"init\.std = '0' must be > 0"),
-        ('dist = "normal", std = 1.5', 'dist = "uniform", low = 1, high = 1', r"init: low = 1\.0 and high = 1\.0 draw no range"),
+        ("std = 1.5", 'std = "0"', r"init\.std = '0' must be > 0"),
+        (
+            'dist = "normal", std = 1.5',
+            'dist = "uniform", low = 1, high = 1',
+            r"init: low = 1\.0 and high = 1\.0 draw no range",
+        ),
         ("floor = 1e-6", "floor = 1e300", r"field 'tolerance\.floor'.*less than or equal to 0\.01"),
         ("factor = 2.0", "factor = 1e300", r"field 'tolerance\.factor'.*less than or equal to 16"),
         ("torch_compile = 1.0", "torch_compile = 1e300", r"bar ratios must be in \(0, 10\]"),
@@ -101,7 +135,11 @@ def _edit(path: Path, old: str, new: str) -> None:
         ('flops = "2*M*K*I"', 'flops = "(0-M)**0.5"', r"a complex value"),
         ('std = "1/sqrt(K)"', 'std = "1/sqrt(K,M)"', r"sqrt\(\) takes 1 argument, got 2"),
         ('flops = "2*M*K*I"', 'flops = "' + "-" * 1000 + 'M"', r"expression of 1001 characters"),
-        ('shape = ["M", "I"]', 'shape = ["M-200", "I"]', r"'ragged-all'\) at the recheck's M = 259: entry\.outputs\[postact\]\.shape\[0\] = 'M-200' is 59|recheck's M = 128: .*'M-200' is -72"),
+        (
+            'shape = ["M", "I"]',
+            'shape = ["M-200", "I"]',
+            r"'ragged-all'\) at the recheck's M = 259: entry\.outputs\[postact\]\.shape\[0\] = 'M-200' is 59|recheck's M = 128: .*'M-200' is -72",
+        ),
     ],
 )
 def test_invalid_field_is_named(tmp_path, old, new, expect):
@@ -205,8 +243,12 @@ def test_reference_runs_from_its_source_never_a_planted_pyc(tmp_path):
     d = _copy_spec(tmp_path, "swiglu_fwd")
     fake = tmp_path / "fake_reference.py"
     fake.write_text((d / "reference.py").read_text() + "\nPLANTED = True\n")
-    py_compile.compile(str(fake), cfile=importlib.util.cache_from_source(str(d / "reference.py")),
-                       invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH, doraise=True)
+    py_compile.compile(
+        str(fake),
+        cfile=importlib.util.cache_from_source(str(d / "reference.py")),
+        invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH,
+        doraise=True,
+    )
     loaded = load_spec(d)
     ref = loaded.load_reference()
     assert not hasattr(ref, "PLANTED") and callable(ref.reference)

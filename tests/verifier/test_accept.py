@@ -17,10 +17,20 @@ PROV = {"backend": "scripted", "model": "test-model", "prompt_sha256": "ab" * 32
 
 
 def _bench_metrics():
-    return {"gpu": "NVIDIA H200", "shapes": {"llama3-1b/M8192": {
-        "fused_ms": 0.81, "tflops": 679.0, "gbps": 1200.0, "sol_ms": 0.56, "wall_ms": 0.9,
-        "baselines": {"bare_gemm": {"ms": 0.88, "ratio": 0.92}, "quack_library": {"error": "x"}}}},
-        "bar": {"bare_gemm": {"limit": 1.03, "met": True, "met_shapes": 1, "shapes": 1}}}
+    return {
+        "gpu": "NVIDIA H200",
+        "shapes": {
+            "llama3-1b/M8192": {
+                "fused_ms": 0.81,
+                "tflops": 679.0,
+                "gbps": 1200.0,
+                "sol_ms": 0.56,
+                "wall_ms": 0.9,
+                "baselines": {"bare_gemm": {"ms": 0.88, "ratio": 0.92}, "quack_library": {"error": "x"}},
+            }
+        },
+        "bar": {"bare_gemm": {"limit": 1.03, "met": True, "met_shapes": 1, "shapes": 1}},
+    }
 
 
 CONFINED = "landlock ABI 7: writes only beneath 8 path(s); TCP denied"
@@ -28,14 +38,29 @@ CONFINED = "landlock ABI 7: writes only beneath 8 path(s); TCP denied"
 
 def _verdict(cand: Path, *, cpu_only=False, fail=None, bench="pass", sandbox=CONFINED) -> Verdict:
     stages = [StageResult(stage=s, status="pass", summary=f"{s} ok") for s in ("static", "compile")]
-    stages.append(StageResult(stage="correctness", status="fail" if fail == "correctness" else "pass", summary="c",
-                              metrics={"worst": {"preact": {"max_err": 0.01, "allowed": 0.03, "ratio": 0.33, "trial": "c0-aligned-s0"}},
-                                       "launches": 1, "max_launches": 1, "kernels": ["gemm_kernel"]}))
+    stages.append(
+        StageResult(
+            stage="correctness",
+            status="fail" if fail == "correctness" else "pass",
+            summary="c",
+            metrics={
+                "worst": {"preact": {"max_err": 0.01, "allowed": 0.03, "ratio": 0.33, "trial": "c0-aligned-s0"}},
+                "launches": 1,
+                "max_launches": 1,
+                "kernels": ["gemm_kernel"],
+            },
+        )
+    )
     stages.append(StageResult(stage="gradients", status="skip", summary="none"))
     stages.append(StageResult(stage="bench", status=bench, summary="b", metrics=_bench_metrics()))
-    return Verdict(spec=LOADED.name, spec_hash=LOADED.spec_hash, candidate_hash=sha256_file(cand), stages=stages,
-                   environment=Environment(gpu="NVIDIA H200", compute_capability="9.0", torch="2.11",
-                                           worker_sandbox=sandbox), cpu_only=cpu_only)
+    return Verdict(
+        spec=LOADED.name,
+        spec_hash=LOADED.spec_hash,
+        candidate_hash=sha256_file(cand),
+        stages=stages,
+        environment=Environment(gpu="NVIDIA H200", compute_capability="9.0", torch="2.11", worker_sandbox=sandbox),
+        cpu_only=cpu_only,
+    )
 
 
 @pytest.fixture(autouse=True)
@@ -178,8 +203,9 @@ def test_history_keeps_the_accepted_bytes_of_a_kernel_edited_in_place(tmp_path, 
     edited = accepted_bytes + b"# edited in place\n"
     (first / "kernel.py").write_bytes(edited)
     monkeypatch.setattr(acc, "_now", lambda: "2030-01-01T00:00:00Z")
-    dest = accept(LOADED, first / "kernel.py", _verdict(first / "kernel.py"), root=tmp_path, provenance=PROV,
-                  force=True)
+    dest = accept(
+        LOADED, first / "kernel.py", _verdict(first / "kernel.py"), root=tmp_path, provenance=PROV, force=True
+    )
     hist = dest / "history" / old["accepted_at"].replace(":", "-")
     assert (hist / "kernel.edited.py").read_bytes() == edited and not (hist / "kernel.py").exists()
     note = (hist / "HISTORY_NOTE.md").read_text()
@@ -237,11 +263,19 @@ def test_reaccepting_the_same_bytes_keeps_the_authors_provenance(tmp_path, cand,
     old = json.loads((first / "manifest.json").read_text())
     human = {"backend": "human", "source": "generated_kernels/swiglu_fwd/kernel.py"}
     monkeypatch.setattr(acc, "_now", lambda: "2031-01-01T00:00:00Z")
-    again = accept(LOADED, first / "kernel.py", _verdict(first / "kernel.py"), root=tmp_path, provenance=human, force=True)
+    again = accept(
+        LOADED, first / "kernel.py", _verdict(first / "kernel.py"), root=tmp_path, provenance=human, force=True
+    )
     prov = json.loads((again / "manifest.json").read_text())["provenance"]
     assert {k: prov[k] for k in PROV} == PROV
-    assert prov["reverified"] == [{"at": "2031-01-01T00:00:00Z", "previous_accepted_at": old["accepted_at"],
-                                   "previous_spec_hash": old["spec_hash"], **human}]
+    assert prov["reverified"] == [
+        {
+            "at": "2031-01-01T00:00:00Z",
+            "previous_accepted_at": old["accepted_at"],
+            "previous_spec_hash": old["spec_hash"],
+            **human,
+        }
+    ]
     assert "provenance: attempts=2" in (again / "REPORT.md").read_text()
     # changed bytes: the new provenance, no carried authorship
     cand2 = tmp_path / "v2.py"

@@ -66,8 +66,14 @@ def test_throughput_units():
 
 def test_shape_metrics_fwd_llama1b():
     flops = 2 * 8192 * 2048 * 2 * 8192
-    m, problems = shape_metrics(FWD, DIMS, 0.81, 0.90, {"bare_gemm": {"ms": 0.88}, "torch_compile": {"ms": 0.95},
-                                                        "quack_library": {"error": "boom"}}, "NVIDIA H200")
+    m, problems = shape_metrics(
+        FWD,
+        DIMS,
+        0.81,
+        0.90,
+        {"bare_gemm": {"ms": 0.88}, "torch_compile": {"ms": 0.95}, "quack_library": {"error": "boom"}},
+        "NVIDIA H200",
+    )
     assert m["flops"] == flops
     # bytes: x (M,K) + w1 (2I,K) + preact (M,2I) + postact (M,I), bf16
     assert m["bytes"] == 2 * (8192 * 2048 + 16384 * 2048 + 8192 * 16384 + 8192 * 8192)
@@ -95,9 +101,14 @@ def test_bar_missed_is_a_warning():
 
 def _run(spec, cand_bench, ref_bench, shapes, bench=True, status="ok", died_in=None):
     plan = Plan(spec_dir=str(spec.directory), runs=[], bench_shapes=shapes, bench=bench)
-    cand = WorkerOutcome(status=status, returncode=0 if status == "ok" else 1, duration_s=1.0,
-                         records=[{"part": "setup", "ok": True, "env": {"gpu": "NVIDIA H200"}}, *cand_bench],
-                         died_in=died_in, timeout_s=60)
+    cand = WorkerOutcome(
+        status=status,
+        returncode=0 if status == "ok" else 1,
+        duration_s=1.0,
+        records=[{"part": "setup", "ok": True, "env": {"gpu": "NVIDIA H200"}}, *cand_bench],
+        died_in=died_in,
+        timeout_s=60,
+    )
     ref = WorkerOutcome(status="ok", returncode=0, duration_s=1.0, records=[*ref_bench, {"part": "done"}])
     return GpuRun(workdir=Path("/nonexistent"), plan=plan, cand=cand, ref=ref)
 
@@ -115,10 +126,23 @@ def _checks(shape, slots=TIMED_LOOP_SLOTS, timed=True, wall=True):
 
 
 def test_bench_stage_pass_with_bar_summary():
-    run = _run(FWD, [*_checks(SHAPE), {"part": "bench", "shape": SHAPE.name, "event_ms": 0.81, "wall_ms": 0.9, "n_sets": 3}],
-               [{"part": "bench", "shape": SHAPE.name, "baselines": {"bare_gemm": {"ms": 0.88}, "torch_eager": {"ms": 1.13},
-                                                                     "torch_compile": {"ms": 0.95}, "quack_library": {"ms": 0.80}}}],
-               [SHAPE])
+    run = _run(
+        FWD,
+        [*_checks(SHAPE), {"part": "bench", "shape": SHAPE.name, "event_ms": 0.81, "wall_ms": 0.9, "n_sets": 3}],
+        [
+            {
+                "part": "bench",
+                "shape": SHAPE.name,
+                "baselines": {
+                    "bare_gemm": {"ms": 0.88},
+                    "torch_eager": {"ms": 1.13},
+                    "torch_compile": {"ms": 0.95},
+                    "quack_library": {"ms": 0.80},
+                },
+            }
+        ],
+        [SHAPE],
+    )
     res = bench_stage(FWD, run)
     assert res.status == "pass", res
     assert res.metrics["gpu"] == "NVIDIA H200"
@@ -130,8 +154,12 @@ def test_bench_stage_pass_with_bar_summary():
 
 
 def test_bench_stage_fails_on_speed_of_light():
-    run = _run(BWD, [{"part": "bench", "shape": SHAPE.name, "event_ms": 0.01, "wall_ms": 0.012}],
-               [{"part": "bench", "shape": SHAPE.name, "baselines": {"bare_gemm": {"ms": 0.43}}}], [SHAPE])
+    run = _run(
+        BWD,
+        [{"part": "bench", "shape": SHAPE.name, "event_ms": 0.01, "wall_ms": 0.012}],
+        [{"part": "bench", "shape": SHAPE.name, "baselines": {"bare_gemm": {"ms": 0.43}}}],
+        [SHAPE],
+    )
     res = bench_stage(BWD, run)
     assert res.status == "fail" and [f.kind for f in res.findings if f.kind == "speed-of-light"]
 
@@ -189,8 +217,15 @@ def test_timed_checks_that_did_not_run_fail_the_timing():
     with fewer kept calls than min(slots, timer calls), or without the after-timing check,
     means the checks silently did not run (only candidate code reaching into the worker)."""
     ref = [{"part": "bench", "shape": SHAPE.name, "baselines": {"bare_gemm": {"ms": 0.88}}}]
-    rec = {"part": "bench", "shape": SHAPE.name, "event_ms": 0.81, "wall_ms": 0.9, "n_sets": 3,
-           "timer": "do_bench", "timer_calls": 131}
+    rec = {
+        "part": "bench",
+        "shape": SHAPE.name,
+        "event_ms": 0.81,
+        "wall_ms": 0.9,
+        "n_sets": 3,
+        "timer": "do_bench",
+        "timer_calls": 131,
+    }
     kinds = lambda recs: {f.kind for f in bench_stage(FWD, _run(FWD, recs, ref, [SHAPE])).findings}  # noqa: E731
     assert "timed-check-missing" not in kinds([*_checks(SHAPE), rec])
     res = bench_stage(FWD, _run(FWD, [*_checks(SHAPE, slots=7), rec], ref, [SHAPE]))
@@ -198,7 +233,9 @@ def test_timed_checks_that_did_not_run_fail_the_timing():
     assert "timed-check-missing" in kinds([*_checks(SHAPE, timed=False), rec])
     assert "timed-check-missing" in kinds([*_checks(SHAPE, wall=False), rec])
     # a CPU timer loop that made only 3 calls keeps 3: nothing missing
-    assert "timed-check-missing" not in kinds([*_checks(SHAPE, slots=3), {**rec, "timer": "cpu-loop", "timer_calls": 3}])
+    assert "timed-check-missing" not in kinds(
+        [*_checks(SHAPE, slots=3), {**rec, "timer": "cpu-loop", "timer_calls": 3}]
+    )
     # records of another shape do not count for this one
     other = BenchShape(name="llama3-8b/M8192", dims=DIMS)
     assert "timed-check-missing" in kinds([*_checks(other), rec])
@@ -212,12 +249,16 @@ def test_launches_at_a_bench_shape_over_the_limit_are_reported():
     ref = [{"part": "bench", "shape": SHAPE.name, "baselines": {"bare_gemm": {"ms": 0.88}}}]
     rec = {"part": "bench", "shape": SHAPE.name, "event_ms": 0.81, "wall_ms": 0.9, "n_sets": 3}
     limit = FWD.spec.entry.max_launches
-    ok = bench_stage(FWD, _run(FWD, [*_checks(SHAPE), {**rec, "launches": limit,
-                                                       "launch_kernels": [QUACK_GEMM] * limit}], ref, [SHAPE]))
+    ok = bench_stage(
+        FWD,
+        _run(FWD, [*_checks(SHAPE), {**rec, "launches": limit, "launch_kernels": [QUACK_GEMM] * limit}], ref, [SHAPE]),
+    )
     assert "launches-at-bench-shape" not in {f.kind for f in ok.findings}
     assert ok.metrics["shapes"][SHAPE.name]["launches"] == limit
-    many = bench_stage(FWD, _run(FWD, [*_checks(SHAPE), {**rec, "launches": limit + 40,
-                                                         "launch_kernels": ["mul", "sum"]}], ref, [SHAPE]))
+    many = bench_stage(
+        FWD,
+        _run(FWD, [*_checks(SHAPE), {**rec, "launches": limit + 40, "launch_kernels": ["mul", "sum"]}], ref, [SHAPE]),
+    )
     f = next(x for x in many.findings if x.kind == "launches-at-bench-shape")
     assert many.status == "fail" and f"launched {limit + 40} GPU kernel(s), expected 1 to {limit}" in f.message
     assert ": mul, sum;" in f.message and "launches-at-bench-shape" in many.summary
@@ -238,10 +279,17 @@ def test_launch_budget_is_judged_at_every_correctness_shape():
     from coda_agent.verifier.stages.correctness import FindingSet, _launch_check
 
     limit = FWD.spec.entry.max_launches
-    recs = [{"part": "launches", "count": 1, "kernels": ["gemm"], "case": "aligned", "key": "aligned-s0"},
-            {"part": "launches", "count": limit + 3, "kernels": ["gemm", "mul", "sum", "add"][:limit + 3] + ["mul"] * (limit - 1),
-             "case": "ragged", "key": "ragged-s0"},
-            {"part": "launches", "count": 0, "kernels": [], "case": "tiny", "key": "tiny-s0"}]
+    recs = [
+        {"part": "launches", "count": 1, "kernels": ["gemm"], "case": "aligned", "key": "aligned-s0"},
+        {
+            "part": "launches",
+            "count": limit + 3,
+            "kernels": ["gemm", "mul", "sum", "add"][: limit + 3] + ["mul"] * (limit - 1),
+            "case": "ragged",
+            "key": "ragged-s0",
+        },
+        {"part": "launches", "count": 0, "kernels": [], "case": "tiny", "key": "tiny-s0"},
+    ]
     f, metrics = FindingSet(), {}
     assert _launch_check(FWD, _run(FWD, recs, [], [], bench=False), f, metrics) is None
     assert metrics["launches"] == 1 and metrics["launches_by_case"] == {"aligned": 1, "ragged": limit + 3, "tiny": 0}
@@ -250,8 +298,12 @@ def test_launch_budget_is_judged_at_every_correctness_shape():
     assert any(f"at ragged launched {limit + 3} GPU kernels" in x.message for x in f.items)
     # an older worker's single record without a case still judges
     f1, m1 = FindingSet(), {}
-    _launch_check(FWD, _run(FWD, [{"part": "launches", "count": limit + 1, "kernels": ["a"] * (limit + 1)}], [], [],
-                            bench=False), f1, m1)
+    _launch_check(
+        FWD,
+        _run(FWD, [{"part": "launches", "count": limit + 1, "kernels": ["a"] * (limit + 1)}], [], [], bench=False),
+        f1,
+        m1,
+    )
     assert [x.kind for x in f1.items] == ["too-many-launches"] and m1["launches"] == limit + 1
     # a CPU worker records no count: nothing judged, no verifier problem
     f2, m2 = FindingSet(), {}
@@ -289,26 +341,48 @@ def test_workspace_over_budget_fails_correctness_and_bench():
         (later if r.case in first else first).setdefault(r.case, r)
     budget = {c: FWD.spec.workspace_budget(r.dims)[0] for c, r in first.items()}
     cases = list(first)
-    recs = [{"part": "launches", "count": 1, "kernels": ["gemm"], "case": c, "key": r.key,
-             "workspace_bytes": budget[c] + (1 if c == cases[1] else 0)} for c, r in first.items()]
+    recs = [
+        {
+            "part": "launches",
+            "count": 1,
+            "kernels": ["gemm"],
+            "case": c,
+            "key": r.key,
+            "workspace_bytes": budget[c] + (1 if c == cases[1] else 0),
+        }
+        for c, r in first.items()
+    ]
     # an unprofiled trial over budget counts too (a candidate that behaves only under the profiler)
-    recs += [{"part": "trial", "key": r.key, "workspace_bytes": budget[c] + (2 if c == cases[2] else 0)}
-             for c, r in later.items()]
+    recs += [
+        {"part": "trial", "key": r.key, "workspace_bytes": budget[c] + (2 if c == cases[2] else 0)}
+        for c, r in later.items()
+    ]
     plan = Plan(spec_dir=str(FWD.directory), runs=runs, bench_shapes=[], bench=False)
-    run = GpuRun(workdir=Path("/nonexistent"), plan=plan,
-                 cand=WorkerOutcome(status="ok", returncode=0, duration_s=1.0, records=recs, timeout_s=60),
-                 ref=WorkerOutcome(status="ok", returncode=0, duration_s=1.0, records=[{"part": "done"}]))
+    run = GpuRun(
+        workdir=Path("/nonexistent"),
+        plan=plan,
+        cand=WorkerOutcome(status="ok", returncode=0, duration_s=1.0, records=recs, timeout_s=60),
+        ref=WorkerOutcome(status="ok", returncode=0, duration_s=1.0, records=[{"part": "done"}]),
+    )
     f, metrics = FindingSet(), {}
     _workspace_check(FWD, run, f, metrics)
     assert sorted((x.kind, x.case) for x in f.items) == sorted(
-        [("workspace-over-budget", cases[1]), ("workspace-over-budget", cases[2])])
+        [("workspace-over-budget", cases[1]), ("workspace-over-budget", cases[2])]
+    )
     assert metrics["workspace_by_case"][cases[1]] == budget[cases[1]] + 1
     assert metrics["workspace_by_case"][cases[2]] == budget[cases[2]] + 2
     assert "over the budget of 8.0 MiB (half the largest declared tensor" in f.items[0].message
 
     ref = [{"part": "bench", "shape": SHAPE.name, "baselines": {"bare_gemm": {"ms": 0.88}}}]
-    rec = {"part": "bench", "shape": SHAPE.name, "event_ms": 0.81, "wall_ms": 0.9, "n_sets": 3, "launches": 1,
-           "launch_kernels": [QUACK_GEMM]}
+    rec = {
+        "part": "bench",
+        "shape": SHAPE.name,
+        "event_ms": 0.81,
+        "wall_ms": 0.9,
+        "n_sets": 3,
+        "launches": 1,
+        "launch_kernels": [QUACK_GEMM],
+    }
     limit = FWD.spec.workspace_budget(DIMS)[0]
     ok = bench_stage(FWD, _run(FWD, [*_checks(SHAPE), {**rec, "workspace_bytes": limit}], ref, [SHAPE]))
     assert ok.status == "pass" and ok.metrics["shapes"][SHAPE.name]["workspace_bytes"] == limit
@@ -316,28 +390,41 @@ def test_workspace_over_budget_fails_correctness_and_bench():
     f = next(x for x in bad.findings if x.kind == "workspace-at-bench-shape")
     assert bad.status == "fail" and f.case == SHAPE.name and "held 512.0 MiB" in f.message
     # the unprofiled call after timing (same rotation as the timed calls) is judged as well
-    checks = [{**r, "workspace_bytes": limit + 1} if r["key"] == timed_check_run(SHAPE, 0, 0).key else r
-              for r in _checks(SHAPE)]
+    checks = [
+        {**r, "workspace_bytes": limit + 1} if r["key"] == timed_check_run(SHAPE, 0, 0).key else r
+        for r in _checks(SHAPE)
+    ]
     late = bench_stage(FWD, _run(FWD, [*checks, {**rec, "workspace_bytes": 0}], ref, [SHAPE]))
     assert late.status == "fail" and late.metrics["shapes"][SHAPE.name]["workspace_bytes"] == limit + 1
 
 
 # the GEMM launches among them (tests/verifier/corpus/second_gemm_pass.py): names as the H200 profiler gives them
-QUACK_GEMM = ("kernel_cutlass_kernel_quackepiloguefrontendGemmMod_rope_bwd_epi_d231d71a44f09bb3__col_col_col_row_"
-              "sm9_object_at__TiledMMA_ThrLayoutVMNK1281111000_PermutationMNK____MMAAtom_ThrID1281_Sha_0")
-TORCH_ELEMENTWISE = ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>, "
-                     "std::array<char*, 3ul> >(int, at::native::CUDAFunctor_add<float>, std::array<char*, 3ul>)")
+QUACK_GEMM = (
+    "kernel_cutlass_kernel_quackepiloguefrontendGemmMod_rope_bwd_epi_d231d71a44f09bb3__col_col_col_row_"
+    "sm9_object_at__TiledMMA_ThrLayoutVMNK1281111000_PermutationMNK____MMAAtom_ThrID1281_Sha_0"
+)
+TORCH_ELEMENTWISE = (
+    "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>, "
+    "std::array<char*, 3ul> >(int, at::native::CUDAFunctor_add<float>, std::array<char*, 3ul>)"
+)
 
 
 def test_gemm_launches_are_told_from_host_prep_by_name():
     from coda_agent.verifier.gpu.protocol import gemm_launches
 
-    cublas = ["sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_segment_k_off",
-              "nvjet_tst_128x256_64x4_1x2_h_bz_coopA_TNT", "ampere_bf16_s16816gemm_bf16_128x128_ldg8_f2f_tn"]
+    cublas = [
+        "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_segment_k_off",
+        "nvjet_tst_128x256_64x4_1x2_h_bz_coopA_TNT",
+        "ampere_bf16_s16816gemm_bf16_128x128_ldg8_f2f_tn",
+    ]
     assert gemm_launches([QUACK_GEMM]) == 1 and gemm_launches([QUACK_GEMM, QUACK_GEMM]) == 2
     assert gemm_launches(cublas) == 3
-    host = [TORCH_ELEMENTWISE, "void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, "
-            "at::native::func_wrapper_t<float, at::native::sum_functor<float, float, float>::operator()", "CatArrayBatchedCopy"]
+    host = [
+        TORCH_ELEMENTWISE,
+        "void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, "
+        "at::native::func_wrapper_t<float, at::native::sum_functor<float, float, float>::operator()",
+        "CatArrayBatchedCopy",
+    ]
     assert gemm_launches(host) == 0
 
 
@@ -350,8 +437,10 @@ def test_a_second_gemm_pass_within_the_launch_budget_is_rejected():
     assert rope.spec.entry.max_launches == 11 and rope.spec.entry.max_gemm_launches == 1
     honest = [QUACK_GEMM] + [TORCH_ELEMENTWISE] * 10
     unfused = [QUACK_GEMM, QUACK_GEMM] + [TORCH_ELEMENTWISE] * 9
-    recs = [{"part": "launches", "count": 11, "kernels": honest, "case": "aligned-hd64", "key": "a"},
-            {"part": "launches", "count": 11, "kernels": unfused, "case": "ragged-hd128", "key": "r"}]
+    recs = [
+        {"part": "launches", "count": 11, "kernels": honest, "case": "aligned-hd64", "key": "a"},
+        {"part": "launches", "count": 11, "kernels": unfused, "case": "ragged-hd128", "key": "r"},
+    ]
     f, metrics = FindingSet(), {}
     assert _launch_check(rope, _run(rope, recs, [], [], bench=False), f, metrics) is None
     assert [(x.kind, x.case) for x in f.items] == [("too-many-gemm-launches", "ragged-hd128")]
@@ -381,7 +470,14 @@ def test_a_launch_record_without_every_name_is_not_a_silent_pass():
     bs = rope.spec.shapes.benchmark[0]
     shape = BenchShape(name=bs.name, dims=bs.dims)
     ref = [{"part": "bench", "shape": shape.name, "baselines": {"bare_gemm": {"ms": 0.15}}}]
-    rec = {"part": "bench", "shape": shape.name, "event_ms": 0.2, "wall_ms": 0.3, "n_sets": 3, "launches": 11,
-           "launch_kernels": [QUACK_GEMM]}
+    rec = {
+        "part": "bench",
+        "shape": shape.name,
+        "event_ms": 0.2,
+        "wall_ms": 0.3,
+        "n_sets": 3,
+        "launches": 11,
+        "launch_kernels": [QUACK_GEMM],
+    }
     res = bench_stage(rope, _run(rope, [*_checks(shape), rec], ref, [shape]))
     assert res.status == "fail" and any("names 1 of its 11 kernels" in f.message for f in res.findings)

@@ -101,7 +101,7 @@ def test_cuda_hint_for_hardcoded_device(tmp_path):
 
 def test_lines_from_stack_dump():
     dump = (
-        'Thread 0x1 (most recent call first):\n'
+        "Thread 0x1 (most recent call first):\n"
         '  File "/tmp/x/cand.py", line 31 in swiglu_bwd\n'
         '  File "/site-packages/quack/frontend.py", line 9 in __call__\n'
         '  File "/tmp/x/cand.py", line 12 in helper\n'
@@ -130,8 +130,18 @@ def test_select_cases():
 
 
 def _res(**kw):
-    base = {"rc": 0, "timed_out": False, "stderr": "", "fault": "", "wall_s": 1.0, "phase": "done",
-            "calls": [], "variants_compiled": 1, "kernel_calls": 1, "notes": []}
+    base = {
+        "rc": 0,
+        "timed_out": False,
+        "stderr": "",
+        "fault": "",
+        "wall_s": 1.0,
+        "phase": "done",
+        "calls": [],
+        "variants_compiled": 1,
+        "kernel_calls": 1,
+        "notes": [],
+    }
     base.update(kw)
     return base
 
@@ -158,15 +168,30 @@ def test_interpret_pass(tmp_path):
     assert r.metrics["cache"] == "private" and r.metrics["compile_s"] == 2.5
 
 
-@pytest.mark.parametrize("outputs,kind,output", [
-    ({"container": "tuple", "items": [_tensor((256, 768))]}, "output-count", None),
-    ({"container": "single", "items": [_tensor((256, 768))]}, "output-count", None),
-    ({"container": "dict", "items": [_tensor((256, 768)), _tensor((256, 384))]}, "output-type", None),
-    ({"container": "tuple", "items": [_tensor((256, 768)), {"type": "builtins.NoneType", "is_tensor": False}]}, "output-type", "postact"),
-    ({"container": "tuple", "items": [_tensor((256, 768)), _tensor((256, 384), exact=False)]}, "output-type", "postact"),
-    ({"container": "tuple", "items": [_tensor((384, 768)), _tensor((256, 384))]}, "output-shape", "dpreact"),
-    ({"container": "tuple", "items": [_tensor((256, 768)), _tensor((256, 384), "float16")]}, "output-dtype", "postact"),
-])
+@pytest.mark.parametrize(
+    "outputs,kind,output",
+    [
+        ({"container": "tuple", "items": [_tensor((256, 768))]}, "output-count", None),
+        ({"container": "single", "items": [_tensor((256, 768))]}, "output-count", None),
+        ({"container": "dict", "items": [_tensor((256, 768)), _tensor((256, 384))]}, "output-type", None),
+        (
+            {"container": "tuple", "items": [_tensor((256, 768)), {"type": "builtins.NoneType", "is_tensor": False}]},
+            "output-type",
+            "postact",
+        ),
+        (
+            {"container": "tuple", "items": [_tensor((256, 768)), _tensor((256, 384), exact=False)]},
+            "output-type",
+            "postact",
+        ),
+        ({"container": "tuple", "items": [_tensor((384, 768)), _tensor((256, 384))]}, "output-shape", "dpreact"),
+        (
+            {"container": "tuple", "items": [_tensor((256, 768)), _tensor((256, 384), "float16")]},
+            "output-dtype",
+            "postact",
+        ),
+    ],
+)
 def test_interpret_output_checks(tmp_path, outputs, kind, output):
     r = _interp(tmp_path, _res(calls=[{"case": "aligned", "outputs": outputs}]))
     assert r.status == "fail"
@@ -189,13 +214,28 @@ def test_interpret_timeout_and_crash_locate_the_candidate_line(tmp_path):
     r = _interp(tmp_path, {"rc": -9, "timed_out": True, "stderr": "", "fault": dump, "wall_s": 10.0}, timeout=10)
     assert r.status == "fail" and r.findings[0].kind == "timeout" and r.findings[0].line == 31
     assert "10 s" in r.findings[0].message
-    r = _interp(tmp_path, {"rc": -11, "timed_out": False, "stderr": "Fatal Python error: Segmentation fault\n", "fault": dump, "wall_s": 3.0})
+    r = _interp(
+        tmp_path,
+        {
+            "rc": -11,
+            "timed_out": False,
+            "stderr": "Fatal Python error: Segmentation fault\n",
+            "fault": dump,
+            "wall_s": 3.0,
+        },
+    )
     f = r.findings[0]
     assert r.status == "fail" and f.kind == "worker-crash" and f.line == 31 and "SIGSEGV" in f.message
 
 
 def test_interpret_errors_of_the_candidate_and_of_the_machine(tmp_path):
-    err = {"type": "ValueError", "message": "ValueError: boom", "line": 12, "frames": [{"line": 12, "function": "f", "code": "x()"}], "dsl": False}
+    err = {
+        "type": "ValueError",
+        "message": "ValueError: boom",
+        "line": 12,
+        "frames": [{"line": 12, "function": "f", "code": "x()"}],
+        "dsl": False,
+    }
     r = _interp(tmp_path, _res(phase="import", error=err))
     assert r.status == "fail" and r.findings[0].kind == "import-error" and r.findings[0].line == 12
     r = _interp(tmp_path, _res(phase="call", error=dict(err, case="aligned")))
@@ -231,7 +271,9 @@ def test_timeout_kills_the_worker(tmp_path):
 
 TYPO_BWD = GOOD_BWD.replace("gate, up = unpack(c)", "gate, up = unpak(c)")
 TUNED_BWD = GOOD_BWD.replace(", tuned=False)", ")")
-DECORATION_ERROR = GOOD_BWD.replace("def dswiglu_epi(acc, c):", "def dswiglu_epi(x, c):").replace("dswiglu(gate, up, acc)", "dswiglu(gate, up, x)")
+DECORATION_ERROR = GOOD_BWD.replace("def dswiglu_epi(acc, c):", "def dswiglu_epi(x, c):").replace(
+    "dswiglu(gate, up, acc)", "dswiglu(gate, up, x)"
+)
 
 
 @pytest.fixture(scope="module")

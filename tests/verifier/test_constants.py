@@ -6,7 +6,6 @@ static requires them as keyword-only parameters, and the reference worker passes
 ``reference``/``baseline`` (the same code path the GPU run uses, on the CPU device).
 """
 
-
 import pytest
 from verifier_helpers import stub_static_compile as stub_stages
 from verifier_helpers import write_spec
@@ -14,7 +13,7 @@ from verifier_helpers import write_spec
 from coda_agent.verifier.spec import SpecError, load_spec
 from coda_agent.verifier.static import check_static
 
-TOML = '''
+TOML = """
 name = "const_demo"
 pattern = "forward"
 description = "a spec whose entry needs the number of heads, which shapes cannot tell"
@@ -34,16 +33,16 @@ dtype = "bfloat16"
 correctness = [{ dims = { M = 5, N = 16, HQ = 2, HD = 4 } }]
 [bench]
 flops = "M*N"
-'''
+"""
 
-REF = '''
+REF = """
 def reference(*, x, HQ, HD):
     return {"out": x[:, : HQ * HD] * 2}
 def baseline(*, x, HQ, HD):
     return reference(x=x, HQ=HQ, HD=HD)
 def bare_gemm(*, x, HQ, HD):
     return x
-'''
+"""
 
 
 def _spec(tmp_path, toml=TOML, name="const_demo", ref=REF):
@@ -59,7 +58,7 @@ def test_constants_validate_and_show_in_the_signature(tmp_path):
     with pytest.raises(SpecError, match=r"dims \['HQ'\] are not bound"):
         _spec(tmp_path, unbound, "c1")
     for i, bad in enumerate(['["x"]', '["out"]', '["HQ", "lambda"]', '["dims"]', '["HQ", "HQ"]']):
-        clash = TOML.replace('constants = ["HQ", "HD"]', f'constants = {bad}')
+        clash = TOML.replace('constants = ["HQ", "HD"]', f"constants = {bad}")
         with pytest.raises(SpecError, match="entry.constants"):
             _spec(tmp_path, clash, f"c2_{i}")
 
@@ -72,14 +71,17 @@ def test_prompt_tells_the_model_about_the_constants(tmp_path):
     assert view["input_names"] == "x, *, HQ, HD"
 
 
-@pytest.mark.parametrize("sig, ok", [
-    ("x, *, HQ, HD", True),
-    ("x, *, HD, HQ", True),
-    ("x", False),
-    ("x, HQ, HD", False),
-    ("x, *, HQ", False),
-    ("x, *, HQ, HD, extra=1", False),
-])
+@pytest.mark.parametrize(
+    "sig, ok",
+    [
+        ("x, *, HQ, HD", True),
+        ("x, *, HD, HQ", True),
+        ("x", False),
+        ("x, HQ, HD", False),
+        ("x, *, HQ", False),
+        ("x, *, HQ, HD, extra=1", False),
+    ],
+)
 def test_static_requires_the_constants_keyword_only(tmp_path, sig, ok):
     loaded = _spec(tmp_path)
     src = f"import torch\n\n\ndef const_demo({sig}):\n    return x\n"
@@ -93,13 +95,16 @@ def test_compile_stage_calls_the_entry_with_the_constants_and_valid_indices(tmp_
     ints, integer inputs holding valid indices (zeros), so host indexing does not fail there."""
     from coda_agent.verifier.compile.stage import compile_stage
 
-    toml = TOML.replace('''[[entry.outputs]]''', '''[[entry.inputs]]
+    toml = TOML.replace(
+        """[[entry.outputs]]""",
+        """[[entry.inputs]]
 name = "idx"
 shape = ["M"]
 dtype = "int64"
 init = { dist = "randint", low = 0, high = "N" }
 
-[[entry.outputs]]''')
+[[entry.outputs]]""",
+    )
     loaded = _spec(tmp_path, toml, "const_compile", ref=REF.replace("*, x,", "*, x, idx,"))
     cand = tmp_path / "cand.py"
     cand.write_text(
@@ -117,7 +122,7 @@ init = { dist = "randint", low = 0, high = "N" }
 
 # --------------------------------------------------------------------------- whole worker protocol (CPU device)
 
-PIPE_TOML = '''
+PIPE_TOML = """
 name = "pipe_demo"
 pattern = "forward"
 description = "deferred row scale of a saved statistic, on the first HQ*HD columns"
@@ -142,9 +147,9 @@ dtype = "bfloat16"
 correctness = [{ name = "small", dims = { M = 33, N = 24, HQ = 2, HD = 8 } }]
 [bench]
 flops = "M*N"
-'''
+"""
 
-PIPE_REF = '''
+PIPE_REF = """
 import torch
 def saved_rstd(*, h):
     return torch.rsqrt(h.float().pow(2).mean(-1) + 1e-6)
@@ -156,14 +161,14 @@ def baseline(*, h, rstd, HQ, HD):
     return {"out": (h.float() * rstd[:, None])[:, : HQ * HD].to(h.dtype)}
 def bare_gemm(*, h, rstd, HQ, HD):
     return h
-'''
+"""
 
-PIPE_CAND = '''
+PIPE_CAND = """
 import torch
 
 def pipe_demo(h, rstd, *, HQ, HD):
     return (h.float() * rstd[:, None])[:, : HQ * HD].to(h.dtype)
-'''
+"""
 
 
 @pytest.fixture
@@ -177,8 +182,15 @@ def _pipe(tmp_path, ref=PIPE_REF):
     cand.write_text(PIPE_CAND)
     from coda_agent.verifier.pipeline import verify
 
-    return verify(load_spec(d), cand, device="cpu", bench=False, baselines=["torch_eager"],
-                  workdir=tmp_path / "work", timeout_s=120)
+    return verify(
+        load_spec(d),
+        cand,
+        device="cpu",
+        bench=False,
+        baselines=["torch_eager"],
+        workdir=tmp_path / "work",
+        timeout_s=120,
+    )
 
 
 @pytest.mark.slow
@@ -215,4 +227,6 @@ def test_input_generation_after_the_import_is_charged_to_the_candidate(tmp_path,
     v = _pipe(tmp_path, once)
     st = {s.stage: s for s in v.stages}
     assert st["correctness"].status == "fail", st["correctness"].summary
-    assert any("after the candidate was imported" in f.message for f in st["correctness"].findings), st["correctness"].findings
+    assert any("after the candidate was imported" in f.message for f in st["correctness"].findings), st[
+        "correctness"
+    ].findings

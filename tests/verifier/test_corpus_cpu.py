@@ -26,20 +26,52 @@ from coda_agent.verifier.static import KINDS, check_static
 
 ROOT = Path(__file__).resolve().parents[2]
 CORPUS = Path(__file__).resolve().parent / "corpus"
-SPECS = {name: load_spec(ROOT / "kernel_specs" / name)
-         for name in ("swiglu_bwd", "swiglu_fwd", "gemm_cross_entropy", "gemm_rope", "rope_bwd")}
-GPU_KINDS = {"stale-memory", "input-mutation", "output-alias", "constant-output", "partial-output", "workspace",
-             "gemm-launches", "crash", "tolerance"}
+SPECS = {
+    name: load_spec(ROOT / "kernel_specs" / name)
+    for name in ("swiglu_bwd", "swiglu_fwd", "gemm_cross_entropy", "gemm_rope", "rope_bwd")
+}
+GPU_KINDS = {
+    "stale-memory",
+    "input-mutation",
+    "output-alias",
+    "constant-output",
+    "partial-output",
+    "workspace",
+    "gemm-launches",
+    "crash",
+    "tolerance",
+}
 HANG_TIMEOUT_S = 20.0
 
 REQUIRED = {
-    "good_swiglu_fwd", "good_swiglu_bwd", "stale_memory", "input_mutation", "side_stream", "fake_output",
-    "timer_patch", "cache_across_calls", "drift_after_n", "zeros_output", "first_tile_only", "shape_overfit",
-    "precision_downgrade", "torch_fallback", "introspection", "crash", "hang", "wrong_return_key",
+    "good_swiglu_fwd",
+    "good_swiglu_bwd",
+    "stale_memory",
+    "input_mutation",
+    "side_stream",
+    "fake_output",
+    "timer_patch",
+    "cache_across_calls",
+    "drift_after_n",
+    "zeros_output",
+    "first_tile_only",
+    "shape_overfit",
+    "precision_downgrade",
+    "torch_fallback",
+    "introspection",
+    "crash",
+    "hang",
+    "wrong_return_key",
     "missing_reduce",
     # wrong within max-abs, at shapes no spec case lists, on inputs a model produces (GPU numerics)
-    "wrong_small_zeroed", "wrong_small_sign", "wrong_grid_snap", "wrong_ragged_tile_dropped",
-    "wrong_rows_outside_range", "wrong_k_skipped", "wrong_saturated_gate", "wrong_saturated_grad",
+    "wrong_small_zeroed",
+    "wrong_small_sign",
+    "wrong_grid_snap",
+    "wrong_ragged_tile_dropped",
+    "wrong_rows_outside_range",
+    "wrong_k_skipped",
+    "wrong_saturated_gate",
+    "wrong_saturated_grad",
 }
 
 
@@ -64,8 +96,7 @@ def _parse(path: Path) -> Case:
     assert spec and exp, f"{path.name}: docstring needs SPEC: and EXPECT: lines"
     kind = exp.group(2)
     marked = tuple(
-        i for i, ln in enumerate(src.splitlines(), 1)
-        if kind and re.search(rf"#\s*expect:\s*{re.escape(kind)}\s*$", ln)
+        i for i, ln in enumerate(src.splitlines(), 1) if kind and re.search(rf"#\s*expect:\s*{re.escape(kind)}\s*$", ln)
     )
     return Case(path, spec.group(1), exp.group(1), kind, marked)
 
@@ -134,8 +165,10 @@ def test_compile_stage(case: Case, compiled):
         # the compile stage covers the spec's first aligned and first ragged case
         # (rope_bwd's first case already has dims that are no multiple of 128 (HQ, HD, S), so
         # select_cases takes it alone)
-        assert res.metrics["cases"] == {"gemm_cross_entropy": ["aligned", "ragged-v"],
-                                        "rope_bwd": ["aligned-hd64"]}.get(case.spec, ["aligned", "ragged-m"])
+        assert res.metrics["cases"] == {
+            "gemm_cross_entropy": ["aligned", "ragged-v"],
+            "rope_bwd": ["aligned-hd64"],
+        }.get(case.spec, ["aligned", "ragged-m"])
         return
     assert res.status == "fail", f"{case.id} must fail compile with {case.kind}: {detail}"
     hits = [f for f in res.findings if f.kind == case.kind]

@@ -50,8 +50,13 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
 CORPUS = Path(__file__).resolve().parent / "corpus_numerics"
 SPECS = {name: load_spec(ROOT / "kernel_specs" / name) for name in ("swiglu_fwd", "swiglu_bwd")}
-RULE_NAMES = {"nonfinite": "non-finite", "max_abs": "max-abs", "elementwise": "per-element",
-              "quantiles": "error-quantiles", "sign": "sign"}
+RULE_NAMES = {
+    "nonfinite": "non-finite",
+    "max_abs": "max-abs",
+    "elementwise": "per-element",
+    "quantiles": "error-quantiles",
+    "sign": "sign",
+}
 """The rules' keys in the stage metrics -> their names in finding messages."""
 PUBLIC_SECRET = 1
 """The secret of the tests whose kernels the public cases catch (any secret would do)."""
@@ -83,8 +88,16 @@ def _parse(path: Path) -> Case:
     spec, expect = _line(doc, "SPEC"), _line(doc, "EXPECT")
     assert spec and expect, f"{path.name}: docstring needs SPEC: and EXPECT: lines"
     stage, kind, rule = (expect.split() + [None, None])[:3]
-    return Case(path, spec, stage, kind, rule, tuple((_line(doc, "OUTPUTS") or "").split()),
-                _line(doc, "CAUGHT AT"), tuple((_line(doc, "RULES") or "").split()))
+    return Case(
+        path,
+        spec,
+        stage,
+        kind,
+        rule,
+        tuple((_line(doc, "OUTPUTS") or "").split()),
+        _line(doc, "CAUGHT AT"),
+        tuple((_line(doc, "RULES") or "").split()),
+    )
 
 
 CASES = {c.id: c for c in (_parse(p) for p in sorted(CORPUS.glob("*.py")))}
@@ -108,8 +121,16 @@ no public case may)."""
 BUDGET = {"ragged_tile_dropped": 16 << 20}
 """Coverage tensor budget for a test whose trigger the CPU device's 2 MiB never draws."""
 
-REQUIRED = {"small_zeroed_fwd", "small_zeroed_bwd", "small_sign_flipped", "grid_snapped",
-            *SHAPE_TRIGGERS, *INPUT_DRAWS, "honest_swiglu_fwd", "honest_swiglu_bwd"}
+REQUIRED = {
+    "small_zeroed_fwd",
+    "small_zeroed_bwd",
+    "small_sign_flipped",
+    "grid_snapped",
+    *SHAPE_TRIGGERS,
+    *INPUT_DRAWS,
+    "honest_swiglu_fwd",
+    "honest_swiglu_bwd",
+}
 
 
 @pytest.fixture(autouse=True)
@@ -126,8 +147,11 @@ def _verify(case: Case, tmp_path: Path):
 
 
 def _explain(v) -> str:
-    return "\n".join(f"{s.stage} {s.status}: {s.summary}" + "".join(
-        f"\n   [{f.kind}] {f.output} @ {f.case}: {f.message[:300]}" for f in s.findings) for s in v.stages)
+    return "\n".join(
+        f"{s.stage} {s.status}: {s.summary}"
+        + "".join(f"\n   [{f.kind}] {f.output} @ {f.case}: {f.message[:300]}" for f in s.findings)
+        for s in v.stages
+    )
 
 
 def _coverage(runs: list[Run]) -> list[Run]:

@@ -59,6 +59,7 @@ def _with_coverage(loaded, **cov):
 
 # --------------------------------------------------------------------------- the plan's cases
 
+
 def test_the_catalogue_is_there():
     assert len(SPECS) >= 11 and {"swiglu_fwd", "swiglu_bwd", "cross_entropy_bwd", "gemm_rope"} <= set(IDS)
     assert all(s.spec.shapes.benchmark and "M" in s.spec.shapes.benchmark[0].dims for s in SPECS)
@@ -82,9 +83,13 @@ def test_every_gpu_plan_has_one_production_size_ragged_case(loaded):
         m = p.dims["M"]
         assert m % 2 == 1 and m >= min(b["M"] for b in bench) // 2  # ragged, production size
         # a benchmark shape with M in [M/2, 2M] and every other free dim within 8 steps below
-        assert any(b["M"] // 2 <= m <= 2 * b["M"] + 1 and all(
-            p.dims[d] == v if "choices" in rules[d] else v - 64 <= p.dims[d] <= v
-            for d, v in b.items() if d != "M") for b in bench), (secret, p.dims)
+        assert any(
+            b["M"] // 2 <= m <= 2 * b["M"] + 1
+            and all(
+                p.dims[d] == v if "choices" in rules[d] else v - 64 <= p.dims[d] <= v for d, v in b.items() if d != "M"
+            )
+            for b in bench
+        ), (secret, p.dims)
 
 
 @pytest.mark.slow
@@ -156,9 +161,12 @@ def test_fixed_and_choice_dims_draw_only_their_values():
 # A drawn dim stays within its rule's [low, high]: a ragged pick of high that is a multiple
 # of 64 is moved down, not up; an aligned pick is never rounded below low.
 
+
 def test_a_ragged_pick_stays_at_or_below_high():
-    tiny = [coverage._pick(random.Random(s), {"low": 1, "high": 32768, "multiple_of": 1}, low=1, high=TINY_M,
-                           ragged=True) for s in range(2000)]  # the tiny-M case's call
+    tiny = [
+        coverage._pick(random.Random(s), {"low": 1, "high": 32768, "multiple_of": 1}, low=1, high=TINY_M, ragged=True)
+        for s in range(2000)
+    ]  # the tiny-M case's call
     assert min(tiny) == 1 and all(v % RAGGED_TO for v in tiny)
     assert max(tiny) <= TINY_M, sorted(v for v in set(tiny) if v > TINY_M)
 
@@ -176,8 +184,12 @@ def test_drawn_dims_stay_within_their_rule_bounds():
     for loaded in SPECS:
         rules = dim_rules(loaded.spec, "cuda")
         for secret in SECRETS:
-            out += [(loaded.spec.name, secret, r.case, d) for r in coverage_runs(loaded.spec, secret, "cuda")
-                    for d, v in r.dims.items() if "low" in rules[d] and not rules[d]["low"] <= v <= rules[d]["high"]]
+            out += [
+                (loaded.spec.name, secret, r.case, d)
+                for r in coverage_runs(loaded.spec, secret, "cuda")
+                for d, v in r.dims.items()
+                if "low" in rules[d] and not rules[d]["low"] <= v <= rules[d]["high"]
+            ]
     assert out == []
 
 
@@ -199,6 +211,7 @@ def test_m_is_log_uniform_from_1_to_twice_the_largest_benchmark_m(fwd_draws):
     ms = [r.dims["M"] for r in fwd_draws]
     assert len(ms) == 4 * len(M_SECRETS)
     assert min(ms) == 1 and top // 2 <= max(ms) <= top
+
     # log-uniform on [1, 32768]: P(M < 256) = 8/15, P(M >= 4096) = 3/15 (the ragged/aligned
     # rounding moves no value across 256 or 4096)
     def frac(pred) -> float:
@@ -286,8 +299,13 @@ def test_spec_draw_is_the_declared_draw(loaded):
             lo, hi = float(eval_expr(t.init.low, dims)), float(eval_expr(t.init.high, dims))
             x = torch.rand(shape, generator=g) * (hi - lo) + lo
         else:
-            x = torch.randint(int(eval_expr(t.init.low, dims)), int(eval_expr(t.init.high, dims)), shape,
-                              generator=g, dtype=torch.int64)
+            x = torch.randint(
+                int(eval_expr(t.init.low, dims)),
+                int(eval_expr(t.init.high, dims)),
+                shape,
+                generator=g,
+                dtype=torch.int64,
+            )
         assert bitwise_equal(a[t.name], x.to(getattr(torch, t.dtype))), t.name
 
 
@@ -309,7 +327,7 @@ def test_outliers_scale_about_one_percent_of_rows_and_columns():
     o = make_inputs(loaded, FWD_DIMS, 0, "cpu", draw="outliers")
     for name in ("x", "w1"):
         base, out = a[name].float(), o[name].float()
-        scaled = (out != base)
+        scaled = out != base
         nz = base != 0
         # a scaled element is exactly OUTLIER_SCALE x the spec draw (a power of two: exact in bf16)
         assert torch.equal(out[scaled], base[scaled] * OUTLIER_SCALE)
@@ -328,12 +346,12 @@ def test_saturate_rescales_only_normal_inputs_with_a_numeric_std():
     s = make_inputs(loaded, FWD_DIMS, 0, "cpu", draw="saturate")
     assert float(s["x"].float().std()) == pytest.approx(SATURATE_STD, rel=0.02)
     # x: std 1.0 -> 40 x the same draw (rounded to bf16 once); w1: std "1/sqrt(K)" unchanged
-    assert torch.allclose(s["x"].float(), a["x"].float() * SATURATE_STD, rtol=2 ** -7, atol=0)
+    assert torch.allclose(s["x"].float(), a["x"].float() * SATURATE_STD, rtol=2**-7, atol=0)
     assert bitwise_equal(s["w1"], a["w1"])
     rms = _by_name("rms_bwd")  # h: std 2.0 -> 40; gamma: uniform, unchanged; w: std "1/sqrt(D)"
     dims = dict(rms.spec.shapes.correctness[0].dims)
     a, s = make_inputs(rms, dims, 0, "cpu"), make_inputs(rms, dims, 0, "cpu", draw="saturate")
-    assert torch.allclose(s["h"].float(), a["h"].float() * (SATURATE_STD / 2.0), rtol=2 ** -7, atol=0)
+    assert torch.allclose(s["h"].float(), a["h"].float() * (SATURATE_STD / 2.0), rtol=2**-7, atol=0)
     assert bitwise_equal(s["gamma"], a["gamma"]) and bitwise_equal(s["w"], a["w"])
 
 
@@ -351,8 +369,9 @@ def test_tiny_rows_are_the_same_rows_in_every_input_and_one_is_zero():
         assert len(zero) == 1 and zero[0] == changed[name][0], name  # the first chosen row is 0
         rows = changed[name][1:]
         ratio = t[name][rows].float() / a[name][rows].float()
-        assert torch.allclose(ratio[a[name][rows] != 0], torch.full_like(ratio, TINY_ROW_SCALE)[a[name][rows] != 0],
-                              rtol=2 ** -7)
+        assert torch.allclose(
+            ratio[a[name][rows] != 0], torch.full_like(ratio, TINY_ROW_SCALE)[a[name][rows] != 0], rtol=2**-7
+        )
     assert changed["dout"] == changed["preact"] and len(changed["dout"]) == 600 // 50
 
 
@@ -372,7 +391,11 @@ def test_nonfinite_draw_only_for_a_spec_that_declares_it():
         assert len(rows[name]) == 600 // 100
         vals = x[name].float()[bad]
         # NaN, +Inf and -Inf in turn
-        assert [int(torch.isnan(vals).sum()), int((vals == math.inf).sum()), int((vals == -math.inf).sum())] == [2, 2, 2]
+        assert [int(torch.isnan(vals).sum()), int((vals == math.inf).sum()), int((vals == -math.inf).sum())] == [
+            2,
+            2,
+            2,
+        ]
         assert torch.equal(x[name][~bad], a[name][~bad])  # nothing else changed
     assert rows["dout"] == rows["preact"]
     assert torch.isfinite(x["w_down"].float()).all()

@@ -35,7 +35,9 @@ def test_static_failure_quotes_candidate_lines():
 
 def test_numerics_failure_names_output_case_and_numbers():
     f = Finding(
-        kind="tolerance", output="dpreact", case="ragged-m",
+        kind="tolerance",
+        output="dpreact",
+        case="ragged-m",
         message="max |out - ref32| = 0.25 > allowed 0.0031 (2 x 0.0015 + 1e-06) at row 300, col 17 (last M tile)",
     )
     v = verdict(
@@ -52,8 +54,14 @@ def test_numerics_failure_names_output_case_and_numbers():
 
 def test_compile_error_with_multiline_message_is_clipped():
     msg = "DSLUserCodeError: NameError\n" + "\n".join(f"detail {i}" for i in range(40))
-    v = verdict(StageResult(stage="compile", status="fail", summary="compile-error", findings=[
-        Finding(kind="compile-error", line=12, case="aligned", message=msg)]))
+    v = verdict(
+        StageResult(
+            stage="compile",
+            status="fail",
+            summary="compile-error",
+            findings=[Finding(kind="compile-error", line=12, case="aligned", message=msg)],
+        )
+    )
     text = render_feedback(v, SOURCE)
     assert "- [compile-error] case `aligned` line 12: line_12 = 12" in text
     assert "    detail 10" in text and "detail 30" not in text
@@ -62,11 +70,23 @@ def test_compile_error_with_multiline_message_is_clipped():
 
 def test_pass_with_warnings_shows_numbers():
     bench = StageResult(
-        stage="bench", status="pass", summary="1.07x bare GEMM (bar 1.03x) on llama3-8b/M8192",
-        findings=[Finding(kind="performance-bar", case="llama3-8b/M8192",
-                          message="fused 1.63 ms vs bare_gemm 1.52 ms: ratio 1.07 > bar 1.03")],
-        metrics={"fused_ms": 1.6312345, "bare_gemm_ms": 1.52, "ratio_bare_gemm": 1.0731, "launches": 1,
-                 "per_shape": {"x": 1}},
+        stage="bench",
+        status="pass",
+        summary="1.07x bare GEMM (bar 1.03x) on llama3-8b/M8192",
+        findings=[
+            Finding(
+                kind="performance-bar",
+                case="llama3-8b/M8192",
+                message="fused 1.63 ms vs bare_gemm 1.52 ms: ratio 1.07 > bar 1.03",
+            )
+        ],
+        metrics={
+            "fused_ms": 1.6312345,
+            "bare_gemm_ms": 1.52,
+            "ratio_bare_gemm": 1.0731,
+            "launches": 1,
+            "per_shape": {"x": 1},
+        },
     )
     v = verdict(StageResult(stage="static", status="pass", summary="ok"), bench)
     text = render_feedback(v, SOURCE)
@@ -77,16 +97,25 @@ def test_pass_with_warnings_shows_numbers():
 
 
 def test_clean_pass_and_cpu_only():
-    v = verdict(StageResult(stage="static", status="pass", summary="ok"),
-                StageResult(stage="compile", status="pass", summary="compiled 2 kernel variant(s)"), cpu_only=True)
+    v = verdict(
+        StageResult(stage="static", status="pass", summary="ok"),
+        StageResult(stage="compile", status="pass", summary="compiled 2 kernel variant(s)"),
+        cpu_only=True,
+    )
     text = render_feedback(v, SOURCE)
     assert "PASSED (CPU only" in text and "not yet verified on a GPU" in text
     assert "- compile: compiled 2 kernel variant(s)" in text
 
 
 def test_verifier_error_is_labelled():
-    v = verdict(StageResult(stage="compile", status="error", summary="environment: no quack",
-                            findings=[Finding(kind="environment", message="quack missing")]))
+    v = verdict(
+        StageResult(
+            stage="compile",
+            status="error",
+            summary="environment: no quack",
+            findings=[Finding(kind="environment", message="quack missing")],
+        )
+    )
     assert "a verifier/machine error" in render_feedback(v, SOURCE)
 
 
@@ -102,8 +131,14 @@ def test_line_budget_and_omission_note():
 
 
 def test_out_of_range_line_and_no_line():
-    v = verdict(StageResult(stage="static", status="fail", summary="2 violation(s)", findings=[
-        Finding(kind="entry-missing", message="no entry"), Finding(kind="x", line=999, message="far")]))
+    v = verdict(
+        StageResult(
+            stage="static",
+            status="fail",
+            summary="2 violation(s)",
+            findings=[Finding(kind="entry-missing", message="no entry"), Finding(kind="x", line=999, message="far")],
+        )
+    )
     text = render_feedback(v, SOURCE)
     assert "- [entry-missing]\n    no entry" in text
     assert "- [x] line 999\n    far" in text

@@ -33,16 +33,16 @@ def test_writes_only_beneath_the_given_folders(tmp_path):
         import os, subprocess
         from coda_agent.verifier.confine.landlock import confine_worker
         print(confine_worker([{str(ok)!r}]))
-        open({str(ok / 'a.txt')!r}, "w").write("x"); print("inside ok")
-        for what, f in (("create", lambda: open({str(other / 'b.txt')!r}, "w")),
-                        ("truncate", lambda: os.truncate({str(other / 'keep.txt')!r}, 0)),
-                        ("remove", lambda: os.remove({str(other / 'keep.txt')!r})),
-                        ("mkdir", lambda: os.mkdir({str(other / 'd')!r}))):
+        open({str(ok / "a.txt")!r}, "w").write("x"); print("inside ok")
+        for what, f in (("create", lambda: open({str(other / "b.txt")!r}, "w")),
+                        ("truncate", lambda: os.truncate({str(other / "keep.txt")!r}, 0)),
+                        ("remove", lambda: os.remove({str(other / "keep.txt")!r})),
+                        ("mkdir", lambda: os.mkdir({str(other / "d")!r}))):
             try:
                 f(); print(what, "ALLOWED")
             except PermissionError:
                 print(what, "denied")
-        r = subprocess.run(["sh", "-c", "echo x > {other / 'c.txt'}"], capture_output=True)
+        r = subprocess.run(["sh", "-c", "echo x > {other / "c.txt"}"], capture_output=True)
         print("child", "denied" if r.returncode else "ALLOWED")
         open("/dev/null", "w").write("x"); print("devnull ok")
         try:
@@ -53,8 +53,16 @@ def test_writes_only_beneath_the_given_folders(tmp_path):
             print("shm denied")  # no /dev/shm on this machine: nothing to write to either
     """)
     assert out[0].startswith(f"landlock ABI {ABI}: writes only beneath 3 path(s)")  # + its /proc/<pid>
-    assert out[1:] == ["inside ok", "create denied", "truncate denied", "remove denied", "mkdir denied", "child denied",
-                       "devnull ok", "shm denied"]
+    assert out[1:] == [
+        "inside ok",
+        "create denied",
+        "truncate denied",
+        "remove denied",
+        "mkdir denied",
+        "child denied",
+        "devnull ok",
+        "shm denied",
+    ]
     assert (other / "keep.txt").read_text() == "precious" and not (other / "b.txt").exists()
 
 
@@ -109,7 +117,8 @@ def test_launcher_confines_before_any_thread_and_threads_inherit(tmp_path):
     other.mkdir()
     results = tmp_path / "results.jsonl"
     results.write_text("first\n")
-    (tmp_path / "launched_probe.py").write_text(textwrap.dedent(f"""
+    (tmp_path / "launched_probe.py").write_text(
+        textwrap.dedent(f"""
         import os, sys, threading
         import numpy  # starts a BLAS thread pool on import
         from coda_agent.verifier.confine import landlock
@@ -118,7 +127,7 @@ def test_launcher_confines_before_any_thread_and_threads_inherit(tmp_path):
         print("threads", len(os.listdir("/proc/self/task")) > 1)
         def attempt():
             try:
-                open({str(other / 'from-thread.txt')!r}, "w"); print("thread write ALLOWED")
+                open({str(other / "from-thread.txt")!r}, "w"); print("thread write ALLOWED")
             except PermissionError:
                 print("thread write denied")
         t = threading.Thread(target=attempt); t.start(); t.join()
@@ -134,21 +143,50 @@ def test_launcher_confines_before_any_thread_and_threads_inherit(tmp_path):
             open({str(results)!r}, "w"); print("results rewrite ALLOWED")
         except PermissionError:
             print("results rewrite denied")
-    """))
+    """)
+    )
     r_fd, w_fd = os.pipe()
-    r = subprocess.run([sys.executable, "-m", LAUNCHER, "--write", str(ok), "--results-fd", str(w_fd),
-                        "launched_probe", "--", "--dir", "x"],
-                       capture_output=True, text=True, timeout=60, pass_fds=(w_fd,),
-                       env={**os.environ, "OPENBLAS_NUM_THREADS": "2", "OMP_NUM_THREADS": "2",  # a pool exists
-                            "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"})
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            LAUNCHER,
+            "--write",
+            str(ok),
+            "--results-fd",
+            str(w_fd),
+            "launched_probe",
+            "--",
+            "--dir",
+            "x",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        pass_fds=(w_fd,),
+        env={
+            **os.environ,
+            "OPENBLAS_NUM_THREADS": "2",
+            "OMP_NUM_THREADS": "2",  # a pool exists
+            "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+        },
+    )
     os.close(w_fd)
     with os.fdopen(r_fd, "rb") as f:
         piped = f.read()
     assert r.returncode == 0, r.stderr
     out = r.stdout.splitlines()
     assert out[0].startswith(f"landlock ABI {ABI}: writes only beneath") and "earlier thread" not in out[0], out
-    assert out[1:] == ["argv ['--dir', 'x']", "threads True", "thread write denied", "pipe append ok",
-                       "truncate fails", "pwrite fails", "fallocate fails", "results rewrite denied"], out
+    assert out[1:] == [
+        "argv ['--dir', 'x']",
+        "threads True",
+        "thread write denied",
+        "pipe append ok",
+        "truncate fails",
+        "pwrite fails",
+        "fallocate fails",
+        "results rewrite denied",
+    ], out
     assert piped == b"record\n" and results.read_text() == "first\n" and not (other / "from-thread.txt").exists()
 
 
@@ -156,7 +194,8 @@ def test_launcher_confines_before_any_thread_and_threads_inherit(tmp_path):
 def test_cuda_comes_up_inside_the_launched_confinement(tmp_path):
     # the candidate worker initializes CUDA (driver threads, device nodes) already confined
     # by Landlock with no capabilities, then adds seccomp: the profiler works under all
-    (tmp_path / "cuda_probe.py").write_text(textwrap.dedent("""
+    (tmp_path / "cuda_probe.py").write_text(
+        textwrap.dedent("""
         import os, subprocess
         import torch
         from coda_agent.verifier.confine import landlock
@@ -172,12 +211,20 @@ def test_cuda_comes_up_inside_the_launched_confinement(tmp_path):
         smi = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
                              capture_output=True, text=True)
         print("nvidia-smi", smi.returncode == 0, smi.stderr.strip()[:200])
-    """))
+    """)
+    )
     (tmp_path / "w").mkdir()
-    r = subprocess.run([sys.executable, "-m", LAUNCHER, "--write", str(tmp_path / "w"), "cuda_probe"],
-                       capture_output=True, text=True, timeout=120,
-                       env={**os.environ, "TMPDIR": str(tmp_path / "w"),  # as the pipeline gives the worker
-                            "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"})
+    r = subprocess.run(
+        [sys.executable, "-m", LAUNCHER, "--write", str(tmp_path / "w"), "cuda_probe"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={
+            **os.environ,
+            "TMPDIR": str(tmp_path / "w"),  # as the pipeline gives the worker
+            "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+        },
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     out = r.stdout.splitlines()
     assert "earlier thread" not in out[0] and out[0].endswith("; no capabilities"), out

@@ -30,8 +30,11 @@ def test_capture_keeps_every_gemm_in_order():
     ref = load_spec(ROOT / "kernel_specs" / "cross_entropy_bwd").load_reference()
     h, w = torch.randn(8, 16), torch.randn(12, 16)
     pairs = capture_mm_operands(ref.bare_gemm, {"h": h, "w_vocab": w, "target": None, "lse": None, "dloss": None})
-    assert [(tuple(a.shape), tuple(b.shape)) for a, b in pairs] == [((8, 16), (16, 12)), ((8, 12), (12, 16)),
-                                                                    ((12, 8), (8, 16))]
+    assert [(tuple(a.shape), tuple(b.shape)) for a, b in pairs] == [
+        ((8, 16), (16, 12)),
+        ((8, 12), (12, 16)),
+        ((12, 8), (8, 16)),
+    ]
     # the intermediate operand is the logits the first GEMM produced
     assert torch.allclose(pairs[1][0], h @ w.T)
 
@@ -63,10 +66,10 @@ def test_capture_takes_linear_with_bias_and_3d_activations():
 
     x3, w, bias = torch.randn(2, 3, 4), torch.randn(5, 4), torch.randn(5)
     # F.linear with a bias dispatches addmm: its (A, B) are the GEMM's, the bias is not
-    (a, b), = capture_mm_operands(lambda *, x, w: F.linear(x, w, bias), {"x": x3.reshape(6, 4), "w": w})
+    ((a, b),) = capture_mm_operands(lambda *, x, w: F.linear(x, w, bias), {"x": x3.reshape(6, 4), "w": w})
     assert a.shape == (6, 4) and b.shape == (4, 5) and b.data_ptr() == w.data_ptr()
     # a 3-D activation folds into one 2-D mm over B*M rows
-    (a, b), = capture_mm_operands(lambda *, x, w: x @ w.T, {"x": x3, "w": w})
+    ((a, b),) = capture_mm_operands(lambda *, x, w: x @ w.T, {"x": x3, "w": w})
     assert a.shape == (6, 4) and b.shape == (4, 5)
 
 

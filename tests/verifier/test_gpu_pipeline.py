@@ -60,8 +60,10 @@ def _spec(name):
 
 
 def _explain(stages) -> str:
-    return "\n".join(f"{s.stage} {s.status}: {s.summary}\n" + "\n".join(f"   [{f.kind}] {f.message[:600]}" for f in s.findings)
-                     for s in stages)
+    return "\n".join(
+        f"{s.stage} {s.status}: {s.summary}\n" + "\n".join(f"   [{f.kind}] {f.message[:600]}" for f in s.findings)
+        for s in stages
+    )
 
 
 @pytest.mark.parametrize("path", _corpus("pass"), ids=lambda p: p.stem)
@@ -80,8 +82,12 @@ def test_good_corpus_candidate_is_gpu_verified(path, tmp_path):
     # the timed shape itself was checked (sampled elements): fresh inputs after timing, the
     # extra call after timing and the call kept from inside do_bench's loop
     checked = v.stage("gradients" if not loaded.spec.value_outputs else "correctness").metrics["bench_checks"]
-    assert set(checked) == {f"bench {first}", f"timed {first}", f"wall {first}",
-                            *(f"timed-loop {first} #{j}" for j in range(8))}
+    assert set(checked) == {
+        f"bench {first}",
+        f"timed {first}",
+        f"wall {first}",
+        *(f"timed-loop {first} #{j}" for j in range(8)),
+    }
     # the candidate worker ran confined wherever the kernel has Landlock (never silently)
     from coda_agent.verifier.confine.landlock import SandboxUnavailable, abi_version
 
@@ -179,8 +185,9 @@ def test_torch_fallback_counts_launches(tmp_path):
 def test_torch_side_stream_is_flagged_by_timing(tmp_path):
     loaded = _spec("swiglu_fwd")
     first = loaded.spec.shapes.benchmark[0].name
-    run = run_gpu_workers(loaded, _write(tmp_path, SIDE_STREAM), tmp_path / "w", bench=True, bench_shapes=[first],
-                          baselines=["bare_gemm"])
+    run = run_gpu_workers(
+        loaded, _write(tmp_path, SIDE_STREAM), tmp_path / "w", bench=True, bench_shapes=[first], baselines=["bare_gemm"]
+    )
     res = bench_stage(loaded, run)
     assert res.status == "fail", _explain([res])
     assert {f.kind for f in res.findings} & {"untimed-work", "speed-of-light"}, _explain([res])
@@ -208,8 +215,14 @@ def test_work_skipped_while_the_timer_runs_is_caught(tmp_path):
     # work; the extra call after timing starts on an idle stream and is correct
     loaded = _spec("swiglu_fwd")
     first = loaded.spec.shapes.benchmark[0].name
-    run = run_gpu_workers(loaded, _write(tmp_path, SKIPS_WHILE_QUEUED), tmp_path / "w", bench=True,
-                          bench_shapes=[first], baselines=["bare_gemm"])
+    run = run_gpu_workers(
+        loaded,
+        _write(tmp_path, SKIPS_WHILE_QUEUED),
+        tmp_path / "w",
+        bench=True,
+        bench_shapes=[first],
+        baselines=["bare_gemm"],
+    )
     res = next(s for s in gpu_stages(loaded, run) if s.stage == "correctness")
     assert res.status == "fail", _explain([res])
     cases = {f.case for f in res.findings if f.case}  # (the torch fallback's launch-count finding has none)

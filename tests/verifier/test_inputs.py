@@ -48,7 +48,7 @@ def test_shapes_dtypes_seeds_and_scales():
     assert list(a) == ["x", "w1"]
     assert a["x"].shape == (333, 320) and a["w1"].shape == (400, 320)
     assert a["x"].dtype == torch.bfloat16 and a["x"].is_contiguous()
-    assert float(a["w1"].float().std()) == pytest.approx(320 ** -0.5, rel=0.05)
+    assert float(a["w1"].float().std()) == pytest.approx(320**-0.5, rel=0.05)
     assert float(a["x"].float().std()) == pytest.approx(1.0, rel=0.05)
     b = make_inputs(loaded, dims, 1, "cpu")
     assert not torch.equal(a["x"], b["x"])
@@ -56,15 +56,34 @@ def test_shapes_dtypes_seeds_and_scales():
 
 
 def test_uniform_and_randint():
-    spec = KernelSpec.model_validate({
-        "name": "toy", "description": "a toy spec for input generation tests", "pattern": "forward",
-        "math": "out = x + idx", "entry": {"function": "toy", "inputs": [
-            {"name": "x", "shape": ["M", "N"], "dtype": "float32", "init": {"dist": "uniform", "low": -2, "high": "N/10"}},
-            {"name": "idx", "shape": ["M"], "dtype": "int64", "init": {"dist": "randint", "low": 0, "high": "N"}},
-        ], "outputs": [{"name": "out", "shape": ["M", "N"], "dtype": "float32"}]},
-        "shapes": {"correctness": [{"dims": {"M": 100, "N": 52}}]},
-        "bench": {"flops": "M*N"},
-    })
+    spec = KernelSpec.model_validate(
+        {
+            "name": "toy",
+            "description": "a toy spec for input generation tests",
+            "pattern": "forward",
+            "math": "out = x + idx",
+            "entry": {
+                "function": "toy",
+                "inputs": [
+                    {
+                        "name": "x",
+                        "shape": ["M", "N"],
+                        "dtype": "float32",
+                        "init": {"dist": "uniform", "low": -2, "high": "N/10"},
+                    },
+                    {
+                        "name": "idx",
+                        "shape": ["M"],
+                        "dtype": "int64",
+                        "init": {"dist": "randint", "low": 0, "high": "N"},
+                    },
+                ],
+                "outputs": [{"name": "out", "shape": ["M", "N"], "dtype": "float32"}],
+            },
+            "shapes": {"correctness": [{"dims": {"M": 100, "N": 52}}]},
+            "bench": {"flops": "M*N"},
+        }
+    )
     t = make_inputs(spec, {"M": 100, "N": 52}, 3, "cpu")
     assert float(t["x"].min()) >= -2 and float(t["x"].max()) <= 5.2
     assert t["idx"].dtype == torch.int64 and int(t["idx"].min()) >= 0 and int(t["idx"].max()) < 52
@@ -106,7 +125,7 @@ def test_swiglu_outputs_are_order_one(case):
 
 # --------------------------------------------------------------------------- derived inputs
 
-_DERIVED_TOML = '''
+_DERIVED_TOML = """
 name = "derived_demo"
 pattern = "backward"
 description = "a spec whose rstd input is what the forward saved, derived from h"
@@ -135,9 +154,9 @@ dtype = "bfloat16"
 correctness = [{ dims = { M = 5, N = 8 } }]
 [bench]
 flops = "M*N"
-'''
+"""
 
-_DERIVED_REF = '''
+_DERIVED_REF = """
 import torch
 def saved_rstd(*, h):
     return torch.rsqrt(h.float().pow(2).mean(-1) + 1e-6)
@@ -146,7 +165,7 @@ def table(*, h, rstd, dims):
 def reference(**kw): return {}
 def baseline(**kw): return {}
 def bare_gemm(**kw): return None
-'''
+"""
 
 
 def _write_spec(tmp_path, toml, ref=_DERIVED_REF, name="derived_demo"):
@@ -168,8 +187,10 @@ def test_derived_input_needs_the_loaded_spec_and_the_right_shape(tmp_path):
     loaded = load_spec(_write_spec(tmp_path, _DERIVED_TOML))
     with pytest.raises(ValueError, match="LoadedSpec"):
         make_inputs(loaded.spec, {"M": 5, "N": 8}, 0, "cpu")
-    bad = _DERIVED_REF.replace('return torch.rsqrt(h.float().pow(2).mean(-1) + 1e-6)', 'return h.float()')
-    loaded_bad = load_spec(_write_spec(tmp_path, _DERIVED_TOML.replace("derived_demo", "derived_bad"), bad, "derived_bad"))
+    bad = _DERIVED_REF.replace("return torch.rsqrt(h.float().pow(2).mean(-1) + 1e-6)", "return h.float()")
+    loaded_bad = load_spec(
+        _write_spec(tmp_path, _DERIVED_TOML.replace("derived_demo", "derived_bad"), bad, "derived_bad")
+    )
     with pytest.raises(ValueError, match=r"saved_rstd returned shape \(5, 8\).*\(5,\)"):
         make_inputs(loaded_bad, {"M": 5, "N": 8}, 0, "cpu")
 
@@ -180,8 +201,10 @@ def test_derived_input_spec_errors_name_the_field(tmp_path):
     no_fn = _DERIVED_TOML.replace('init = { dist = "derived", fn = "saved_rstd" }', 'init = { dist = "derived" }')
     with pytest.raises(SpecError, match=r"entry\.inputs\.1\.init.*'fn'"):
         load_spec(_write_spec(tmp_path, no_fn.replace("derived_demo", "d1"), name="d1"))
-    first = _DERIVED_TOML.replace('name = "h"\nshape = ["M", "N"]\ndtype = "bfloat16"',
-                                  'name = "h"\nshape = ["M", "N"]\ndtype = "bfloat16"\ninit = { dist = "derived", fn = "saved_rstd" }')
+    first = _DERIVED_TOML.replace(
+        'name = "h"\nshape = ["M", "N"]\ndtype = "bfloat16"',
+        'name = "h"\nshape = ["M", "N"]\ndtype = "bfloat16"\ninit = { dist = "derived", fn = "saved_rstd" }',
+    )
     with pytest.raises(SpecError, match="needs earlier inputs"):
         load_spec(_write_spec(tmp_path, first.replace("derived_demo", "d2"), name="d2"))
     missing = _DERIVED_REF.replace("def saved_rstd", "def other_name")

@@ -62,8 +62,14 @@ def test_merge_kept_folds_a_copied_back_folder(tmp_path):
     (src / "swiglu_fwd.json").write_text(_run(FWD, 1.5, 1.0, started="t9", shapes=TWO[1:], cand=h).to_json())
     (src / "swiglu_bwd.json").write_text("{not json")
     lines = merge_kept(tmp_path, src, main)
-    assert "swiglu_fwd: merged, 1 shape(s) from this verdict, 1 from the kept one (a shape in both: the later measurement)" in lines
-    assert "skipped swiglu_bwd.json: not a readable verdict, left out (1 problem(s); first: (file): Invalid JSON" in lines[0]
+    assert (
+        "swiglu_fwd: merged, 1 shape(s) from this verdict, 1 from the kept one (a shape in both: the later measurement)"
+        in lines
+    )
+    assert (
+        "skipped swiglu_bwd.json: not a readable verdict, left out (1 problem(s); first: (file): Invalid JSON"
+        in lines[0]
+    )
     shapes = Verdict.model_validate_json((main / "swiglu_fwd.json").read_text()).stage("bench").metrics["shapes"]
     assert shapes[TWO[0].name]["fused_ms"] == 1.0 and shapes[TWO[1].name]["fused_ms"] == 1.5
     with pytest.raises(ValueError, match="not a folder"):
@@ -118,8 +124,12 @@ def test_a_page_bench_did_not_write_is_never_overwritten_without_force(tmp_path)
 
 
 def test_a_single_later_run_replacing_a_median_is_named(tmp_path):
-    med = combine(FWD, [_run(FWD, f, 1.0, started=t, shapes=TWO[1:]) for f, t in ((1.2, "t1"), (1.1, "t2"), (1.3, "t3"))])
-    (tmp_path / "swiglu_fwd.json").write_text(merge_shapes(FWD, _run(FWD, 1.0, 1.0, started="t0", shapes=TWO), med).to_json())
+    med = combine(
+        FWD, [_run(FWD, f, 1.0, started=t, shapes=TWO[1:]) for f, t in ((1.2, "t1"), (1.1, "t2"), (1.3, "t3"))]
+    )
+    (tmp_path / "swiglu_fwd.json").write_text(
+        merge_shapes(FWD, _run(FWD, 1.0, 1.0, started="t0", shapes=TWO), med).to_json()
+    )
     out, line = keep_verdict(tmp_path, FWD, _run(FWD, 1.4, 1.0, started="t8", shapes=TWO[1:]))
     assert out.stage("bench").metrics["shapes"][TWO[1].name]["fused_ms"] == 1.4
     assert line.endswith(f"WARNING: a median over more runs gave way to a later one at {TWO[1].name} (3 runs -> 1)")

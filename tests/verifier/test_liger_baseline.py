@@ -22,13 +22,13 @@ SPECS = ROOT / "kernel_specs"
 WITH_LIGER_PY = sorted(d.name for d in SPECS.iterdir() if (d / LIGER_FILE).is_file())
 
 # A torch-only stand-in for swiglu_fwd's adapter: same signature, runs on the CPU.
-FAKE_LIGER = '''
+FAKE_LIGER = """
 import torch.nn.functional as F
 
 def liger(*, x, w1):
     pre = F.linear(x, w1)
     return {"postact": F.silu(pre[:, 0::2]) * pre[:, 1::2]}
-'''
+"""
 SMALL = {"M": 64, "K": 32, "I": 48}
 
 
@@ -62,6 +62,7 @@ def _worker(tmp_path: Path, spec_dir: Path, baselines: list[str]) -> RefWorker:
 
 
 # -- the reference worker ------------------------------------------------------------------
+
 
 def test_worker_resolves_liger_from_liger_py(tmp_path, liger_installed):
     d = _spec_copy(tmp_path, "swiglu_fwd", FAKE_LIGER)
@@ -128,6 +129,7 @@ def test_liger_py_is_not_hashed(tmp_path):
 
 # -- coda-agent bench ----------------------------------------------------------------------
 
+
 def _workspace(tmp_path: Path, names_with: list[str], names_without: list[str]) -> Path:
     for n in names_with:
         _spec_copy(tmp_path, n, FAKE_LIGER)
@@ -169,12 +171,22 @@ def test_bench_baselines_never_duplicate_liger(tmp_path):
 
 
 def test_results_page_shows_unavailable_liger_as_na():
-    row = lambda ms, flops: {"fused_ms": ms, "tflops": 700.0, "flops": flops,  # noqa: E731
-                             "baselines": {"bare_gemm": {"ms": ms * 1.1, "ratio": 1 / 1.1},
-                                           "liger": {"error": LIGER_MISSING},
-                                           "torch_compile": {"error": "boom"}}}
+    def row(ms, flops):
+        return {
+            "fused_ms": ms,
+            "tflops": 700.0,
+            "flops": flops,
+            "baselines": {
+                "bare_gemm": {"ms": ms * 1.1, "ratio": 1 / 1.1},
+                "liger": {"error": LIGER_MISSING},
+                "torch_compile": {"error": "boom"},
+            },
+        }
+
     metrics = {"shapes": {"a/M8192": row(0.5, 5e11), "b/M8192": row(2.0, 2e12)}}
-    stages = [StageResult(stage=s, status="pass", summary="ok") for s in ("static", "compile", "correctness", "gradients")]
+    stages = [
+        StageResult(stage=s, status="pass", summary="ok") for s in ("static", "compile", "correctness", "gradients")
+    ]
     stages.append(StageResult(stage="bench", status="pass", summary="ok", metrics=metrics))
     v = Verdict(spec="swiglu_fwd", spec_hash="h", candidate_hash="c", stages=stages)
     text = results_markdown({"swiglu_fwd": v}, "2026-12-01")
@@ -189,12 +201,17 @@ def test_plot_skips_errored_baselines(tmp_path):
     from coda_agent.verifier.library.bench import plot_speedups
 
     m = {"fused_ms": 1.0, "baselines": {"bare_gemm": {"ms": 1.1, "ratio": 0.9}, "liger": {"error": NO_LIGER}}}
-    v = Verdict(spec="x", spec_hash="h", candidate_hash="c",
-                stages=[StageResult(stage="bench", status="pass", summary="ok", metrics={"shapes": {"s": m}})])
+    v = Verdict(
+        spec="x",
+        spec_hash="h",
+        candidate_hash="c",
+        stages=[StageResult(stage="bench", status="pass", summary="ok", metrics={"shapes": {"s": m}})],
+    )
     assert plot_speedups({"x": v}, tmp_path / "p.png") and (tmp_path / "p.png").stat().st_size > 1000
 
 
 # -- the adapters ------------------------------------------------------------------------------
+
 
 def test_the_expected_adapters_exist():
     assert {"swiglu_fwd", "gemm_residual_partial_rms", "gemm_cross_entropy", "gemm_rope"} <= set(WITH_LIGER_PY)

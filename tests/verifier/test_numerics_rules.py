@@ -18,7 +18,7 @@ from coda_agent.verifier.stages.correctness import check_output
 from coda_agent.verifier.stages.numerics import RULE_ORDER, judge, row_scale, tolerance_check, ulp
 
 TOL = ToleranceSpec()
-U_BF16_SUB = 2.0 ** -133
+U_BF16_SUB = 2.0**-133
 """The subnormal spacing of bf16 (fp32's exponent range, 7 mantissa bits): 2**(-126 - 7)."""
 
 
@@ -35,6 +35,7 @@ def _failed(out, ref32, lowp, tol=TOL, dtype="bfloat16"):
 
 
 # --------------------------------------------------------------------------- one rule at a time
+
 
 def _nonfinite(kind: str):
     r = _ref()
@@ -53,7 +54,7 @@ def _max_abs(kind: str):
     lo = r.clone()  # the low-precision reference is exact: max-abs allows only the floor
     o = r.clone()
     # 1 bf16 ulp off at one element: inside the per-element bound (3 ulps + 2 ulps of the row)
-    o[0, 5] = r[0, 5] + (2.0 ** -7 if kind == "fail" else 5e-7)
+    o[0, 5] = r[0, 5] + (2.0**-7 if kind == "fail" else 5e-7)
     return o, r, lo, TOL
 
 
@@ -91,8 +92,13 @@ def _sign(kind: str):
     return o, r, lo, ToleranceSpec(floor=0.0)
 
 
-CASES = {"nonfinite": _nonfinite, "max_abs": _max_abs, "elementwise": _elementwise,
-         "quantiles": _quantiles, "sign": _sign}
+CASES = {
+    "nonfinite": _nonfinite,
+    "max_abs": _max_abs,
+    "elementwise": _elementwise,
+    "quantiles": _quantiles,
+    "sign": _sign,
+}
 
 
 def test_every_rule_has_its_cases():
@@ -121,17 +127,17 @@ def test_rule_numbers_of_the_failing_cases():
     assert res["rules"]["nonfinite"]["nonfinite_where_ref_finite"] == 0
     assert res["rules"]["nonfinite"]["ref_nonfinite"] == 3 and res["rules"]["nonfinite"]["first_index"] == [0, 3]
     _, res = _failed(*_max_abs("fail")[:3])
-    assert res["max_err"] == pytest.approx(2.0 ** -7, rel=1e-6) and res["allowed"] == pytest.approx(1e-6)
+    assert res["max_err"] == pytest.approx(2.0**-7, rel=1e-6) and res["allowed"] == pytest.approx(1e-6)
     _, res = _failed(*_elementwise("fail")[:3])
     el = res["rules"]["elementwise"]
     assert el["over"] == 1 and el["worst"]["index"] == [0, 5] and el["judged"] == 512
     assert el["worst"]["err"] == pytest.approx(0.2, rel=1e-5)
     # 3 ulps at the element + 2 bf16 ulps of the row scale (rms of values in [1, 2)) + floor
-    assert el["worst"]["bound"] == pytest.approx(5 * 2.0 ** -7 + 1e-6, rel=1e-6)
+    assert el["worst"]["bound"] == pytest.approx(5 * 2.0**-7 + 1e-6, rel=1e-6)
     _, res = _failed(*_quantiles("fail")[:3])
     q = res["rules"]["quantiles"]
     assert q["out"] == pytest.approx([0.02] * 3, rel=1e-4) and q["lowp"] == [0.0, 0.0, 0.0]
-    assert q["bound"] == pytest.approx([2.0 ** -7 + 1e-6] * 3)
+    assert q["bound"] == pytest.approx([2.0**-7 + 1e-6] * 3)
     o, r, lo, tol = _sign("fail")
     _, res = _failed(o, r, lo, tol)
     s = res["rules"]["sign"]
@@ -183,21 +189,26 @@ def test_zero_where_the_reference_is_tiny_in_a_row_of_order_one_values():
 def test_output_dtype_sets_the_element_ulps():
     r = _ref()
     o = r.clone()
-    o[0, 5] = r[0, 5] + 2.0 ** -7  # 1 bf16 ulp; 2**16 fp32 ulps
+    o[0, 5] = r[0, 5] + 2.0**-7  # 1 bf16 ulp; 2**16 fp32 ulps
     lo = r.clone()
     lo[1, 0] = r[1, 0] + 0.05  # max-abs allows 0.1
     assert _failed(o, r, lo, dtype="bfloat16")[0] == []
     # an fp32 output is still held to the low-precision (bf16) ulps of its row's scale
     assert _failed(o, r, lo, dtype="float32")[0] == []
-    o[0, 5] = r[0, 5] + 3 * 2.0 ** -7
+    o[0, 5] = r[0, 5] + 3 * 2.0**-7
     assert _failed(o, r, lo, dtype="bfloat16")[0] == []  # 3 + 2 bf16 ulps
     assert _failed(o, r, lo, dtype="float32")[0] == ["elementwise"]  # only the 2 row ulps
 
 
 # --------------------------------------------------------------------------- check_output messages
 
-MESSAGE_RULE = {"nonfinite": "non-finite", "max_abs": "max-abs", "elementwise": "per-element",
-                "quantiles": "error-quantiles", "sign": "sign"}
+MESSAGE_RULE = {
+    "nonfinite": "non-finite",
+    "max_abs": "max-abs",
+    "elementwise": "per-element",
+    "quantiles": "error-quantiles",
+    "sign": "sign",
+}
 
 
 @pytest.mark.parametrize("rule", RULE_ORDER)
@@ -221,15 +232,32 @@ def test_first_failing_rule_names_the_finding():
 
 # --------------------------------------------------------------------------- ulp
 
-@pytest.mark.parametrize("dtype,x,expected", [
-    ("bfloat16", 1.0, 2.0 ** -7), ("bfloat16", 1.99, 2.0 ** -7), ("bfloat16", 2.0, 2.0 ** -6),
-    ("bfloat16", -3.0, 2.0 ** -6), ("bfloat16", 0.75, 2.0 ** -8), ("bfloat16", 1e30, 2.0 ** (99 - 7)),
-    ("bfloat16", 2.0 ** -126, 2.0 ** -133), ("bfloat16", 1e-39, 2.0 ** -133), ("bfloat16", 0.0, 2.0 ** -133),
-    ("float16", 1.0, 2.0 ** -10), ("float16", 1000.0, 2.0 ** -1), ("float16", 65504.0, 32.0),
-    ("float16", 2.0 ** -14, 2.0 ** -24), ("float16", 3e-5, 2.0 ** -24), ("float16", 0.0, 2.0 ** -24),
-    ("float32", 1.0, 2.0 ** -23), ("float32", 3.0, 2.0 ** -22), ("float32", -1e-3, 2.0 ** -33),
-    ("float32", 1e-40, 2.0 ** -149), ("float32", 0.0, 2.0 ** -149),
-])
+
+@pytest.mark.parametrize(
+    "dtype,x,expected",
+    [
+        ("bfloat16", 1.0, 2.0**-7),
+        ("bfloat16", 1.99, 2.0**-7),
+        ("bfloat16", 2.0, 2.0**-6),
+        ("bfloat16", -3.0, 2.0**-6),
+        ("bfloat16", 0.75, 2.0**-8),
+        ("bfloat16", 1e30, 2.0 ** (99 - 7)),
+        ("bfloat16", 2.0**-126, 2.0**-133),
+        ("bfloat16", 1e-39, 2.0**-133),
+        ("bfloat16", 0.0, 2.0**-133),
+        ("float16", 1.0, 2.0**-10),
+        ("float16", 1000.0, 2.0**-1),
+        ("float16", 65504.0, 32.0),
+        ("float16", 2.0**-14, 2.0**-24),
+        ("float16", 3e-5, 2.0**-24),
+        ("float16", 0.0, 2.0**-24),
+        ("float32", 1.0, 2.0**-23),
+        ("float32", 3.0, 2.0**-22),
+        ("float32", -1e-3, 2.0**-33),
+        ("float32", 1e-40, 2.0**-149),
+        ("float32", 0.0, 2.0**-149),
+    ],
+)
 def test_ulp_values(dtype, x, expected):
     got = ulp(torch.tensor([x], dtype=torch.float64), dtype)
     assert got.dtype == torch.float64 and float(got[0]) == expected
@@ -249,6 +277,7 @@ def test_ulp_is_the_spacing_above_each_value(dtype):
 
 
 # --------------------------------------------------------------------------- row_scale
+
 
 def test_row_scale_ignores_up_to_ten_percent_outliers():
     row = torch.ones(1, 100, dtype=torch.float64)
@@ -280,6 +309,7 @@ def test_row_scale_is_the_rms_of_the_finite_values():
 
 # --------------------------------------------------------------------------- per-output tolerance
 
+
 def test_per_output_tolerance_override():
     tol = ToleranceSpec(ulps=3, outputs={"postact": {"ulps": 8, "quantile_factor": 4}})
     p = tol.for_output("postact")
@@ -289,7 +319,7 @@ def test_per_output_tolerance_override():
     # the override decides the outcome: 6 bf16 ulps off at one element
     r = _ref()
     o = r.clone()
-    o[0, 5] = r[0, 5] + 6 * 2.0 ** -7
+    o[0, 5] = r[0, 5] + 6 * 2.0**-7
     lo = r.clone()
     lo[1, 0] = r[1, 0] + 0.1
     assert tolerance_check(o, r, lo, tol.for_output("preact"), "bfloat16")["failed"] == ["elementwise"]

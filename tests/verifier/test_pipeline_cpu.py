@@ -90,14 +90,25 @@ def test_no_cuda_gpu_is_not_verified(tmp_path, monkeypatch):
     v = verify(FWD, cand)
     # swiglu_fwd declares no gradient outputs: its gradients stage says so, GPU or not
     assert [s.summary for s in v.stages[2:]] == [
-        "no CUDA GPU: not verified", "the spec declares no gradient outputs: nothing to check", "no CUDA GPU: not verified"]
+        "no CUDA GPU: not verified",
+        "the spec declares no gradient outputs: nothing to check",
+        "no CUDA GPU: not verified",
+    ]
     assert not v.cpu_only and not v.gpu_verified
     assert v.environment.gpu is None
 
 
 def test_static_failure_stops(tmp_path, monkeypatch):
-    monkeypatch.setattr(pipeline, "run_static", lambda loaded, cand: StageResult(
-        stage="static", status="fail", summary="banned import", findings=[Finding(kind="banned-import", message="os", line=1)]))
+    monkeypatch.setattr(
+        pipeline,
+        "run_static",
+        lambda loaded, cand: StageResult(
+            stage="static",
+            status="fail",
+            summary="banned import",
+            findings=[Finding(kind="banned-import", message="os", line=1)],
+        ),
+    )
     v = verify(FWD, _write(tmp_path, GOOD_FWD))
     assert [s.stage for s in v.stages] == ["static"] and v.failed_stage.stage == "static"
     d = json.loads(v.to_json(outcome=True))
@@ -124,8 +135,9 @@ def test_cpu_stages_many_runs_ahead_and_verify_reuses_them(tmp_path, monkeypatch
     a, b = _write(tmp_path, GOOD_FWD, "a.py"), _write(tmp_path, GOOD_FWD + "# BAD\n", "b.py")
     done = pipeline.cpu_stages_many([(FWD, a), (FWD, b), (FWD, a)], jobs=3)
     assert [[s.status for s in d.stages] for d in done] == [["pass", "pass"], ["fail"], ["pass", "pass"]]
-    assert sorted(calls) == sorted([("static", "a.py"), ("static", "b.py"), ("static", "a.py"),
-                                    ("compile", "a.py"), ("compile", "a.py")])
+    assert sorted(calls) == sorted(
+        [("static", "a.py"), ("static", "b.py"), ("static", "a.py"), ("compile", "a.py"), ("compile", "a.py")]
+    )
     calls.clear()
     v = verify(FWD, a, cpu_only=True, cpu_done=done[0])
     assert calls == [] and [s.summary for s in v.stages[:2]] == ["ok", "ok"] and v.passed
@@ -156,14 +168,24 @@ SMALL_BENCH = [{"name": "small", "dims": {"M": 256, "K": 128, "I": 128}}]
 
 
 def _cpu_verify(loaded, cand, tmp_path, bench=False, timeout_s=120):
-    return verify(loaded, cand, device="cpu", bench=bench, bench_shapes=SMALL_BENCH if bench else None,
-                  baselines=["torch_eager", "bare_gemm"], workdir=tmp_path / "work", timeout_s=timeout_s)
+    return verify(
+        loaded,
+        cand,
+        device="cpu",
+        bench=bench,
+        bench_shapes=SMALL_BENCH if bench else None,
+        baselines=["torch_eager", "bare_gemm"],
+        workdir=tmp_path / "work",
+        timeout_s=timeout_s,
+    )
 
 
 def test_cpu_device_good_fwd_passes_every_stage(tmp_path):
     v = _cpu_verify(FWD, _write(tmp_path, GOOD_FWD), tmp_path, bench=True)
     st = {s.stage: s for s in v.stages}
-    assert all(s.status in ("pass", "skip") for s in v.stages), [(s.stage, s.status, s.summary, s.findings) for s in v.stages]
+    assert all(s.status in ("pass", "skip") for s in v.stages), [
+        (s.stage, s.status, s.summary, s.findings) for s in v.stages
+    ]
     assert st["correctness"].status == "pass" and st["bench"].status == "pass"
     assert st["gradients"].status == "skip"
     assert v.cpu_only and not v.gpu_verified  # a CPU-device run is never a GPU verification
@@ -205,67 +227,105 @@ def _failed(v):
 
 
 BAD_FWD = {
-    "input-mutated": (GOOD_FWD + """
+    "input-mutated": (
+        GOOD_FWD
+        + """
 _orig = swiglu_fwd
 def swiglu_fwd(x, w1):
     out = _orig(x, w1)
     x.add_(1.0)
     return out
-""", None),
-    "output-aliases-input": (GOOD_FWD + """
+""",
+        None,
+    ),
+    "output-aliases-input": (
+        GOOD_FWD
+        + """
 _orig = swiglu_fwd
 def swiglu_fwd(x, w1):
     pre, post = _orig(x, w1)
     return pre, w1.view(-1)[: post.numel()].view(post.shape)
-""", None),
-    "output-not-plain-tensor": (GOOD_FWD + """
+""",
+        None,
+    ),
+    "output-not-plain-tensor": (
+        GOOD_FWD
+        + """
 class Lazy(torch.Tensor):
     pass
 _orig = swiglu_fwd
 def swiglu_fwd(x, w1):
     pre, post = _orig(x, w1)
     return pre, post.as_subclass(Lazy)
-""", None),
-    "output-dtype": (GOOD_FWD + """
+""",
+        None,
+    ),
+    "output-dtype": (
+        GOOD_FWD
+        + """
 def swiglu_fwd(x, w1):
     pre, post = _fwd(x, w1)
     return pre.to(torch.bfloat16), post
-""", None),
-    "output-count": (GOOD_FWD + """
+""",
+        None,
+    ),
+    "output-count": (
+        GOOD_FWD
+        + """
 _orig = swiglu_fwd
 def swiglu_fwd(x, w1):
     return _orig(x, w1)[0]
-""", None),
-    "nan-output": (GOOD_FWD + """
+""",
+        None,
+    ),
+    "nan-output": (
+        GOOD_FWD
+        + """
 _orig = swiglu_fwd
 def swiglu_fwd(x, w1):
     pre, post = _orig(x, w1)
     post[3, 5] = float("nan")
     return pre, post
-""", "row 3 col 5"),
-    "zero-output": (GOOD_FWD + """
+""",
+        "row 3 col 5",
+    ),
+    "zero-output": (
+        GOOD_FWD
+        + """
 _orig = swiglu_fwd
 def swiglu_fwd(x, w1):
     pre, post = _orig(x, w1)
     return pre, torch.zeros_like(post)
-""", "all zeros"),
-    "stale-memory": (GOOD_FWD + """
+""",
+        "all zeros",
+    ),
+    "stale-memory": (
+        GOOD_FWD
+        + """
 _orig = swiglu_fwd
 def swiglu_fwd(x, w1):
     pre, post = _orig(x, w1)
     post[128:].view(torch.int16).fill_(0x7FC1)
     return pre, post
-""", "only rows beyond the first tile (rows >= 128) wrong"),
-    "tolerance": (GOOD_FWD + """
+""",
+        "only rows beyond the first tile (rows >= 128) wrong",
+    ),
+    "tolerance": (
+        GOOD_FWD
+        + """
 _orig = swiglu_fwd
 def swiglu_fwd(x, w1):
     pre, post = _orig(x, w1)
     pre = pre.clone()
     pre[:, 0::2], pre[:, 1::2] = pre[:, 1::2].clone(), pre[:, 0::2].clone()
     return pre, post
-""", "adjacent column pairs swapped"),
+""",
+        "adjacent column pairs swapped",
+    ),
     # right after every trial before timing (the public cases and the secret coverage cases)
-    "drift-after-timing": (GOOD_FWD + """
+    "drift-after-timing": (
+        GOOD_FWD
+        + """
 _orig = swiglu_fwd
 _calls = [0]
 def swiglu_fwd(x, w1):
@@ -274,15 +334,26 @@ def swiglu_fwd(x, w1):
     if _calls[0] > %d:
         post = (post.float() * 1.05).to(torch.bfloat16)
     return pre, post
-""" % len([r for r in make_runs(FWD.spec, 1, "cpu") if not r.recheck]), "after timing, with a fresh seed"),
-    "harness-tampered": ("""
+"""
+        % len([r for r in make_runs(FWD.spec, 1, "cpu") if not r.recheck]),
+        "after timing, with a fresh seed",
+    ),
+    "harness-tampered": (
+        """
 import time
 time.perf_counter = lambda: 0.0
-""" + GOOD_FWD, "time.perf_counter"),
-    "crash": (GOOD_FWD + """
+"""
+        + GOOD_FWD,
+        "time.perf_counter",
+    ),
+    "crash": (
+        GOOD_FWD
+        + """
 def swiglu_fwd(x, w1):
     raise RuntimeError("kernel exploded")
-""", "kernel exploded"),
+""",
+        "kernel exploded",
+    ),
 }
 
 
@@ -298,13 +369,16 @@ def test_cpu_device_rejects(kind, tmp_path):
 
 
 def test_cpu_device_ragged_edge_diagnosis(tmp_path):
-    body = GOOD_FWD + """
+    body = (
+        GOOD_FWD
+        + """
 _orig = swiglu_fwd
 def swiglu_fwd(x, w1):
     pre, post = _orig(x, w1)
     post[256:] = 0
     return pre, post
 """
+    )
     v = _cpu_verify(FWD, _write(tmp_path, body), tmp_path)
     f = [f for f in v.stage("correctness").findings if f.kind == "tolerance"]
     # the public cases (the secret coverage cases, whose shapes vary per run, are judged too)
@@ -313,19 +387,25 @@ def swiglu_fwd(x, w1):
 
 
 def test_cpu_device_segfault_and_hang(tmp_path):
-    seg = GOOD_FWD + """
+    seg = (
+        GOOD_FWD
+        + """
 import ctypes
 def swiglu_fwd(x, w1):
     ctypes.string_at(0)
 """
+    )
     v = _cpu_verify(FWD, _write(tmp_path, seg, "seg.py"), tmp_path)
     f = v.stage("correctness").findings[0]
     assert f.kind == "crash" and "SIGSEGV" in f.message and "trial c0-aligned-s0" in f.message
-    hang = GOOD_FWD + """
+    hang = (
+        GOOD_FWD
+        + """
 import time
 def swiglu_fwd(x, w1):
     time.sleep(3600)
 """
+    )
     v = _cpu_verify(FWD, _write(tmp_path, hang, "hang.py"), tmp_path, timeout_s=15)
     f = v.stage("correctness").findings[0]
     assert f.kind == "hang" and "no result after 15 s" in f.message
@@ -342,30 +422,37 @@ def test_cpu_device_wrong_gradient(tmp_path):
 
 # -- OS-level confinement of the candidate worker (verifier/confine/landlock.py) ---------------------
 
+
 def test_confined_candidate_cannot_write_outside_scratch(tmp_path):
     """A .pth file written into a site folder and a rewritten results.jsonl: confined, both
     writes fail and the candidate's failure stays the candidate's."""
     landlock_or_skip()
     target = tmp_path / "site" / "zz_evil.pth"
     target.parent.mkdir()
-    body = GOOD_FWD + f"""
+    body = (
+        GOOD_FWD
+        + f"""
 import pathlib
 def swiglu_fwd(x, w1):
     pathlib.Path({str(target)!r}).write_text("import os")
 """
+    )
     v = _cpu_verify(FWD, _write(tmp_path, body), tmp_path)
     assert not target.exists()
     assert v.environment.worker_sandbox.startswith("landlock ABI")
     msgs = " | ".join(f.message for s in v.stages for f in s.findings)
     assert _failed(v) == "correctness" and v.stage("correctness").status == "fail" and "PermissionError" in msgs
 
-    forge = GOOD_FWD + """
+    forge = (
+        GOOD_FWD
+        + """
 import pathlib
 _orig = swiglu_fwd
 def swiglu_fwd(x, w1):
     pathlib.Path("results.jsonl").write_text('{"part": "error", "error": "input-generation", "verifier": true}\\n')
     return _orig(x, w1)
 """
+    )
     v = _cpu_verify(FWD, _write(tmp_path, forge, "forge.py"), tmp_path)
     st = v.stage("correctness")
     assert st.status == "fail" and "PermissionError" in " | ".join(f.message for f in st.findings)
@@ -378,7 +465,9 @@ def test_a_verifier_error_record_after_the_import_is_the_candidates(tmp_path):
     as the verifier's only before the import."""
     # (inspect.currentframe calls sys._getframe from inspect's own frame, which the audit
     # tripwire does not judge: the static stage bans the import; this checks the record rule)
-    body = GOOD_FWD + """
+    body = (
+        GOOD_FWD
+        + """
 import inspect, os
 _orig = swiglu_fwd
 def swiglu_fwd(x, w1):
@@ -391,28 +480,37 @@ def swiglu_fwd(x, w1):
         f = f.f_back
     return _orig(x, w1)
 """
+    )
     v = _cpu_verify(FWD, _write(tmp_path, body, "forge_record.py"), tmp_path)
     st = v.stage("correctness")
     assert st.status == "fail" and not v.verifier_error, (st.status, st.summary)
-    assert [f.kind for f in st.findings] == ["harness-tampered"] and "after the candidate was imported" in st.findings[0].message
+    assert [f.kind for f in st.findings] == ["harness-tampered"] and "after the candidate was imported" in st.findings[
+        0
+    ].message
 
 
-@pytest.mark.parametrize("payload", [
-    'exec("import os")',                       # code from a string
-    'import sys; sys._getframe(0)',            # frame walking
-    'open("/dev/null")',                       # the file system
-])
+@pytest.mark.parametrize(
+    "payload",
+    [
+        'exec("import os")',  # code from a string
+        "import sys; sys._getframe(0)",  # frame walking
+        'open("/dev/null")',  # the file system
+    ],
+)
 def test_the_audit_tripwire_refuses_the_candidates_own_exec_frames_and_files(tmp_path, payload):
     """verifier/confine/audit.py: under the static stage, a way past it ends in the real
     `exec` called from candidate code (tests/verifier/corpus/getattr_gadget_exec.py); the
     workers' audit hook refuses such events when the candidate's own code (or code exec'd from a string) raises them,
     while the libraries' own exec/compile (CuTeDSL rewrites epilogues) stay allowed."""
-    body = GOOD_FWD + f"""
+    body = (
+        GOOD_FWD
+        + f"""
 _orig = swiglu_fwd
 def swiglu_fwd(x, w1):
     {payload}
     return _orig(x, w1)
 """
+    )
     v = _cpu_verify(FWD, _write(tmp_path, body, "tripwire.py"), tmp_path)
     st = v.stage("correctness")
     msgs = " | ".join(f.message for f in st.findings)
@@ -424,13 +522,16 @@ def test_a_candidate_that_rebinds_the_workers_own_globals_is_named(tmp_path):
     `_perf_counter`/`_do_bench` there, beyond the torch and triton instruments; the worker's
     own globals and Worker's attributes are watched too, and the import record names what
     changed."""
-    body = GOOD_FWD + """
+    body = (
+        GOOD_FWD
+        + """
 import inspect
 _f = inspect.currentframe()
 while _f is not None and "freeze_own_state" not in _f.f_globals:
     _f = _f.f_back
 _f.f_globals["_perf_counter"] = lambda: 0.0
 """
+    )
     v = _cpu_verify(FWD, _write(tmp_path, body, "own_globals.py"), tmp_path)
     st = v.stage("correctness")
     msgs = " | ".join(f.message for f in st.findings)
@@ -440,12 +541,15 @@ _f.f_globals["_perf_counter"] = lambda: 0.0
 def test_an_import_from_candidate_code_after_its_module_ran_is_refused(tmp_path):
     """audit.seal(): the module's own top-level imports are the static stage's; a fresh
     module load from the candidate's code once it has run is refused."""
-    body = GOOD_FWD + """
+    body = (
+        GOOD_FWD
+        + """
 _orig = swiglu_fwd
 def swiglu_fwd(x, w1):
     import this  # a module no worker has loaded
     return _orig(x, w1)
 """
+    )
     v = _cpu_verify(FWD, _write(tmp_path, body, "late_import.py"), tmp_path)
     st = v.stage("correctness")
     msgs = " | ".join(f.message for f in st.findings)
@@ -456,7 +560,9 @@ def test_rewritten_trial_file_is_the_candidates_failure(tmp_path):
     """Saved trial tensors live in the writable scratch folder; their sha256 goes through the
     protected results file, so a candidate that rewrites an earlier trial's file fails."""
     landlock_or_skip()
-    body = GOOD_FWD + """
+    body = (
+        GOOD_FWD
+        + """
 import pathlib
 _orig = swiglu_fwd
 def swiglu_fwd(x, w1):
@@ -464,6 +570,7 @@ def swiglu_fwd(x, w1):
         p.write_bytes(b"forged")
     return _orig(x, w1)
 """
+    )
     v = _cpu_verify(FWD, _write(tmp_path, body), tmp_path)
     st = v.stage("correctness")
     assert st.status == "fail" and [f.kind for f in st.findings] == ["tampered-trial-file"], st
@@ -479,7 +586,9 @@ def test_kernel_wrong_only_at_the_benchmark_shape_is_caught(tmp_path):
     """A kernel that does 3/4 of K only at the (public) benchmark dims passes every
     correctness trial and is timed fast. Every benchmark shape gets a post-timing check on
     sampled output elements (runs.make_bench_checks)."""
-    body = GOOD_FWD + """
+    body = (
+        GOOD_FWD
+        + """
 _orig = swiglu_fwd
 def swiglu_fwd(x, w1):
     if x.shape[1] == 128:  # the benchmark shape's K (no correctness case has it)
@@ -487,6 +596,7 @@ def swiglu_fwd(x, w1):
         return _orig(x[:, :k], w1[:, :k])
     return _orig(x, w1)
 """
+    )
     v = _cpu_verify(FWD, _write(tmp_path, body), tmp_path, bench=True)
     st = v.stage("correctness")
     assert st.status == "fail", [(s.stage, s.status, s.summary) for s in v.stages]
@@ -508,7 +618,9 @@ def test_work_skipped_only_inside_the_timing_loop_is_caught(tmp_path):
     every call made outside the timer, the extra timed-rotation call included. The calls
     kept from inside the loop (protocol.timed_loop_check_run) catch it: the CPU timer makes
     5 calls, fewer than the 8 reservoir slots, so every one is checked."""
-    body = GOOD_FWD + """
+    body = (
+        GOOD_FWD
+        + """
 _orig = swiglu_fwd
 def swiglu_fwd(x, w1):
     if x.shape[1] == 128:                       # the benchmark shape
@@ -517,6 +629,7 @@ def swiglu_fwd(x, w1):
             return _orig(x[:, :96], w1[:, :96])
     return _orig(x, w1)
 """
+    )
     v = _cpu_verify(FWD, _write(tmp_path, body), tmp_path, bench=True)
     st = v.stage("correctness")
     assert st.status == "fail", [(s.stage, s.status, s.summary) for s in v.stages]
@@ -529,7 +642,9 @@ def test_work_skipped_only_on_the_wall_time_calls_is_caught(tmp_path):
     reject) lets a kernel skip work only on the 7 wall-time calls after timing. One of them,
     picked with the secret RNG, is checked (protocol.wall_check_run). At the CPU bench shape the calls are: 2 warm-up, the CPU
     timer's 5, then the 7 wall-time calls (8..14)."""
-    body = GOOD_FWD + """
+    body = (
+        GOOD_FWD
+        + """
 _orig = swiglu_fwd
 def swiglu_fwd(x, w1):
     if x.shape[1] == 128:                       # the benchmark shape
@@ -538,6 +653,7 @@ def swiglu_fwd(x, w1):
             return _orig(x[:, :96], w1[:, :96])
     return _orig(x, w1)
 """
+    )
     v = _cpu_verify(FWD, _write(tmp_path, body), tmp_path, bench=True)
     st = v.stage("correctness")
     assert st.status == "fail", [(s.stage, s.status, s.summary) for s in v.stages]
@@ -549,7 +665,9 @@ def test_kernel_cheating_only_on_inputs_it_marked_while_timed_is_caught(tmp_path
     """A kernel that marks each timed input set on first sight (here: reshapes it in place)
     and does less work on marked sets, i.e. only inside the timing loop: a fresh-seed check
     never sees a marked set. The extra call in the timed rotation does."""
-    body = GOOD_FWD + """
+    body = (
+        GOOD_FWD
+        + """
 _orig = swiglu_fwd
 def swiglu_fwd(x, w1):
     if x.ndim == 1:  # a set seen before: we are being timed
@@ -560,6 +678,7 @@ def swiglu_fwd(x, w1):
         torch.empty((x.numel(),), dtype=x.dtype, out=x)
     return out
 """
+    )
     v = _cpu_verify(FWD, _write(tmp_path, body), tmp_path, bench=True)
     st = v.stage("correctness")
     assert st.status == "fail", [(s.stage, s.status, s.summary) for s in v.stages]
@@ -570,7 +689,9 @@ def swiglu_fwd(x, w1):
 def test_write_into_a_timed_input_is_caught(tmp_path):
     """Writes into the caller's inputs only at the benchmark dims (where inputs are not
     saved) are seen by the timed sets' checksums."""
-    body = GOOD_FWD + """
+    body = (
+        GOOD_FWD
+        + """
 _orig = swiglu_fwd
 def swiglu_fwd(x, w1):
     out = _orig(x, w1)
@@ -578,10 +699,12 @@ def swiglu_fwd(x, w1):
         x[0, 0] = x[0, 0] + 1
     return out
 """
+    )
     v = _cpu_verify(FWD, _write(tmp_path, body), tmp_path, bench=True)
     st = v.stage("correctness")
-    assert st.status == "fail" and any(f.kind == "input-mutated" and f.case == "timed small" for f in st.findings), \
-        [(f.kind, f.case, f.message[:160]) for f in st.findings]
+    assert st.status == "fail" and any(f.kind == "input-mutated" and f.case == "timed small" for f in st.findings), [
+        (f.kind, f.case, f.message[:160]) for f in st.findings
+    ]
 
 
 def test_worker_logs_are_cut_to_their_tail(tmp_path):
@@ -628,7 +751,9 @@ def test_output_with_a_method_shadowing_instance_attribute_is_rejected(tmp_path)
     would make the worker's sampling copy the honest values while the timed work is 3/4 of
     K. The worker refuses outputs with instance attributes and copies through Tensor
     methods captured before candidate code ran."""
-    body = GOOD_FWD + """
+    body = (
+        GOOD_FWD
+        + """
 _orig = swiglu_fwd
 def swiglu_fwd(x, w1):
     if x.shape[1] != 128:
@@ -639,6 +764,7 @@ def swiglu_fwd(x, w1):
         c.detach = (lambda h=h: h)
     return cheap
 """
+    )
     v = _cpu_verify(FWD, _write(tmp_path, body), tmp_path, bench=True)
     st = v.stage("correctness")
     assert st.status == "fail", [(s.stage, s.status, s.summary) for s in v.stages]
@@ -651,7 +777,9 @@ def test_the_plan_and_its_secret_are_not_on_disk_while_the_candidate_runs(tmp_pa
     """A ./plan.json readable by the candidate (Landlock confines writes only) would let it
     replay the secret RNG and know which timed calls are kept. The plan reaches the
     candidate worker on its stdin; plan.json is written for the record after it ended."""
-    body = GOOD_FWD + """
+    body = (
+        GOOD_FWD
+        + """
 import os as _os
 _orig = swiglu_fwd
 def swiglu_fwd(x, w1):
@@ -660,6 +788,7 @@ def swiglu_fwd(x, w1):
         raise RuntimeError(f"plan readable at {found}")
     return _orig(x, w1)
 """
+    )
     v = _cpu_verify(FWD, _write(tmp_path, body), tmp_path, bench=True)
     assert v.passed, [(s.stage, s.status, s.summary) for s in v.stages]
     plans = list(tmp_path.rglob("cand/plan.json"))
@@ -669,7 +798,9 @@ def swiglu_fwd(x, w1):
 def test_output_whose_storage_was_freed_is_a_contract_violation(tmp_path):
     """An output whose storage was resized to 0 after the call is a named contract
     violation, not a crash of the worker's own gather."""
-    body = GOOD_FWD + """
+    body = (
+        GOOD_FWD
+        + """
 _orig = swiglu_fwd
 def swiglu_fwd(x, w1):
     pre, post = _orig(x, w1)
@@ -677,6 +808,7 @@ def swiglu_fwd(x, w1):
         post.untyped_storage().resize_(0)
     return pre, post
 """
+    )
     v = _cpu_verify(FWD, _write(tmp_path, body), tmp_path, bench=True)
     st = v.stage("correctness")
     assert st.status == "fail", [(s.stage, s.status, s.summary) for s in v.stages]
@@ -694,11 +826,14 @@ def test_bytecode_planted_beside_the_candidate_never_runs(tmp_path):
     import py_compile
     import sys
 
-    zeros = GOOD_FWD + """
+    zeros = (
+        GOOD_FWD
+        + """
 def swiglu_fwd(x, w1):
     pre, post = _fwd(x, w1)
     return (pre * 0).to(torch.bfloat16), (post * 0).to(torch.bfloat16)
 """
+    )
     cand = _write(tmp_path, zeros, "candidate.py")
     good = _write(tmp_path, GOOD_FWD, "good_src.py")
     pyc = tmp_path / "__pycache__" / f"candidate.{sys.implementation.cache_tag}.pyc"
@@ -711,36 +846,53 @@ def swiglu_fwd(x, w1):
     assert plan["candidate_sha256"] == v.candidate_hash and Path(plan["candidate"]).parent != tmp_path
 
 
-@pytest.mark.parametrize("correctness, bench, cpu_only, want", [
-    # (correctness stage, bench stage, verdict cpu_only) -> done as asked for (cpu_only, bench) of
-    # the call: (F,T) full verification, (F,F) --no-bench, (T,T) --cpu-only
-    ("pass", "pass", False, {(False, True): True, (False, False): True, (True, True): True}),
-    ("pass", "skip", False, {(False, True): False, (False, False): True, (True, True): True}),
-    ("skip", "skip", False, {(False, True): False, (False, False): False, (True, True): True}),
-    ("skip", "skip", True, {(False, True): False, (False, False): False, (True, True): True}),
-    ("fail", None, False, {(False, True): False, (False, False): False, (True, True): False}),
-])
+@pytest.mark.parametrize(
+    "correctness, bench, cpu_only, want",
+    [
+        # (correctness stage, bench stage, verdict cpu_only) -> done as asked for (cpu_only, bench) of
+        # the call: (F,T) full verification, (F,F) --no-bench, (T,T) --cpu-only
+        ("pass", "pass", False, {(False, True): True, (False, False): True, (True, True): True}),
+        ("pass", "skip", False, {(False, True): False, (False, False): True, (True, True): True}),
+        ("skip", "skip", False, {(False, True): False, (False, False): False, (True, True): True}),
+        ("skip", "skip", True, {(False, True): False, (False, False): False, (True, True): True}),
+        ("fail", None, False, {(False, True): False, (False, False): False, (True, True): False}),
+    ],
+)
 def test_done_as_asked(correctness, bench, cpu_only, want):
     """verify's exit status: --no-bench without a GPU (correctness skipped) is not done as
     asked (the CLI and pipeline CLI must not exit 0 there)."""
-    stages = [StageResult(stage="static", status="pass", summary="ok"),
-              StageResult(stage="correctness", status=correctness, summary="x")]
+    stages = [
+        StageResult(stage="static", status="pass", summary="ok"),
+        StageResult(stage="correctness", status=correctness, summary="x"),
+    ]
     if bench:
         stages.append(StageResult(stage="bench", status=bench, summary="y"))
     v = Verdict(spec="s", spec_hash="h", candidate_hash="c", stages=stages, cpu_only=cpu_only)
     got = {(c, b): v.done_as_asked(cpu_only=c, bench=b) for c, b in want}
     assert got == want
     assert v.gpu_correct == (correctness == "pass" and not cpu_only)
-    want_outcome = ("rejected" if correctness == "fail" else "cpu-checks-passed" if cpu_only or correctness == "skip"
-                    else "gpu-verified" if bench == "pass" else "gpu-correct")
+    want_outcome = (
+        "rejected"
+        if correctness == "fail"
+        else "cpu-checks-passed"
+        if cpu_only or correctness == "skip"
+        else "gpu-verified"
+        if bench == "pass"
+        else "gpu-correct"
+    )
     assert v.outcome == want_outcome
 
 
 def _pipeline_cli(tmp_path, monkeypatch, second: StageResult):
     """``pipeline.main`` over a stubbed verify returning static pass + ``second``: returns a
     callable ``(*flags) -> exit status`` and the verdict (to change between calls)."""
-    v = Verdict(spec="s", spec_hash="h", candidate_hash="c", cpu_only=False,
-                stages=[StageResult(stage="static", status="pass", summary="ok"), second])
+    v = Verdict(
+        spec="s",
+        spec_hash="h",
+        candidate_hash="c",
+        cpu_only=False,
+        stages=[StageResult(stage="static", status="pass", summary="ok"), second],
+    )
     monkeypatch.setattr(pipeline, "verify", lambda *a, **kw: v)
     cand = tmp_path / "k.py"
     cand.write_text("x = 1\n")
@@ -751,8 +903,9 @@ def _pipeline_cli(tmp_path, monkeypatch, second: StageResult):
 def test_pipeline_cli_no_bench_without_a_gpu_exits_1(tmp_path, monkeypatch):
     """python -m coda_agent.verifier.pipeline --no-bench had the bug the CLI had: exit 0
     though the correctness stage was skipped."""
-    run, _ = _pipeline_cli(tmp_path, monkeypatch,
-                           StageResult(stage="correctness", status="skip", summary="no CUDA GPU: not verified"))
+    run, _ = _pipeline_cli(
+        tmp_path, monkeypatch, StageResult(stage="correctness", status="skip", summary="no CUDA GPU: not verified")
+    )
     assert run("--no-bench") == 1
     assert run("--cpu-only") == 0
 
@@ -761,8 +914,9 @@ def test_pipeline_cli_verifier_error_exits_2(tmp_path, monkeypatch, capsys):
     """A verifier error (the machine failed, not the candidate) exits 2 from the pipeline
     CLI as from ``coda-agent verify`` (it exited 1 there, the candidate-failed status), and
     stderr names the stage."""
-    run, v = _pipeline_cli(tmp_path, monkeypatch,
-                           StageResult(stage="compile", status="error", summary="quack is not importable"))
+    run, v = _pipeline_cli(
+        tmp_path, monkeypatch, StageResult(stage="compile", status="error", summary="quack is not importable")
+    )
     assert run("--cpu-only") == 2
     err = capsys.readouterr().err
     assert "verifier error in the compile stage" in err and "quack is not importable" in err

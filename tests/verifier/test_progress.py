@@ -58,9 +58,12 @@ def test_steps_items_and_notes_reach_the_installed_reporter():
         progress.note("done")
     assert rec.events == [
         ("item", 2, 5, "swiglu_fwd"),
-        ("started", "static"), ("ended", "static", "done"),
-        ("started", "compile"), ("ended", "compile", "fail"),
-        ("started", "workers"), ("ended", "workers", "interrupted"),
+        ("started", "static"),
+        ("ended", "static", "done"),
+        ("started", "compile"),
+        ("ended", "compile", "fail"),
+        ("started", "workers"),
+        ("ended", "workers", "interrupted"),
         ("note", "done"),
     ]
 
@@ -97,8 +100,9 @@ def test_verify_reports_each_stage_with_its_outcome(tmp_path, monkeypatch):
     cand.write_text(textwrap.dedent(GOOD_FWD))
     rec = Recorder()
     with progress.reporting(rec):
-        v = verify(FWD, cand, device="cpu", bench=False, baselines=["torch_eager"], workdir=tmp_path / "w",
-                   timeout_s=120)
+        v = verify(
+            FWD, cand, device="cpu", bench=False, baselines=["torch_eager"], workdir=tmp_path / "w", timeout_s=120
+        )
     ended = {e[1]: e[2] for e in rec.events if e[0] == "ended"}
     assert ended["static"] == "pass" and ended["compile (sm_90a)"] == "pass"
     cand_step = next(k for k in ended if k.startswith("candidate worker"))
@@ -131,7 +135,11 @@ def test_cli_is_quiet_when_stderr_is_not_a_terminal_or_with_quiet():
     assert cli.build_parser().parse_args(["verify", "a", "b.py", "--quiet"]).quiet
     assert cli.build_parser().parse_args(["regress", "-q"]).quiet
     # a piped run of a command with steps prints no progress lines
-    out = subprocess.run([sys.executable, "-m", "coda_agent", "verify", "swiglu_fwd", "missing.py"],
-                         capture_output=True, text=True, cwd=ROOT)
+    out = subprocess.run(
+        [sys.executable, "-m", "coda_agent", "verify", "swiglu_fwd", "missing.py"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     assert out.returncode == 2 and "candidate file not found" in out.stderr
     assert "static:" not in out.stderr and "\x1b[" not in out.stderr

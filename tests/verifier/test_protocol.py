@@ -37,7 +37,9 @@ def test_recheck_rows_are_secret_per_verification():
         m = re.dims["M"]
         assert -(-case_m // 2) <= m <= 2 * case_m and re.case == f"ragged-all, M={m}"
         # only M changes; the other dims are the case's, the key does not reveal M
-        assert {k: v for k, v in re.dims.items() if k != "M"} == {k: v for k, v in FWD.spec.shapes.correctness[2].dims.items() if k != "M"}
+        assert {k: v for k, v in re.dims.items() if k != "M"} == {
+            k: v for k, v in FWD.spec.shapes.correctness[2].dims.items() if k != "M"
+        }
         assert re.key == "recheck-c2-ragged-all-s1000" and re.seed == 1000 + secret
         drawn[secret] = m
     # deterministic per secret (both workers read the same plan), spread over the range
@@ -56,7 +58,9 @@ def test_bench_shapes_override():
 
 
 def test_plan_roundtrip_and_hash():
-    p = Plan(spec_dir="/x", runs=make_runs(FWD.spec), bench_shapes=make_bench_shapes(FWD.spec), bench=True, candidate="/c.py")
+    p = Plan(
+        spec_dir="/x", runs=make_runs(FWD.spec), bench_shapes=make_bench_shapes(FWD.spec), bench=True, candidate="/c.py"
+    )
     q = Plan.from_json(p.to_json())
     assert q == p
     assert json.loads(p.to_json()) == json.loads(json.dumps(json.loads(p.to_json()), sort_keys=True))
@@ -81,9 +85,15 @@ def test_records_torn_line_and_last_begun(tmp_path):
 
 def test_free_block_sizes_from_snapshot():
     snap = [
-        {"device": 0, "segment_type": "small", "blocks": [
-            {"size": 524288, "state": "active_allocated"}, {"size": 1048576, "state": "inactive"},
-            {"size": 512, "state": "inactive"}]},
+        {
+            "device": 0,
+            "segment_type": "small",
+            "blocks": [
+                {"size": 524288, "state": "active_allocated"},
+                {"size": 1048576, "state": "inactive"},
+                {"size": 512, "state": "inactive"},
+            ],
+        },
         {"device": 0, "segment_type": "large", "blocks": [{"size": 20971520, "state": "inactive"}]},
         {"device": 1, "segment_type": "large", "blocks": [{"size": 999424, "state": "inactive"}]},
     ]
@@ -104,13 +114,16 @@ def _run_with(records, status="ok"):
     return GpuRun(workdir=Path("/nonexistent"), plan=plan, cand=cand)
 
 
-@pytest.mark.parametrize("rec,kind,err", [
-    ({"part": "launches", "count": 3, "kernels": ["gemm", "silu", "mul"]}, "too-many-launches", None),
-    ({"part": "launches", "count": 0, "kernels": []}, "no-launches", None),
-    ({"part": "launches", "count": 1, "kernels": ["gemm"]}, None, None),
-    ({"part": "launches", "count": None, "reason": "profiler self-test saw 0 kernels"}, None, "cannot count"),
-    ({"part": "launches", "count": None, "reason": "CPU device"}, None, None),
-])
+@pytest.mark.parametrize(
+    "rec,kind,err",
+    [
+        ({"part": "launches", "count": 3, "kernels": ["gemm", "silu", "mul"]}, "too-many-launches", None),
+        ({"part": "launches", "count": 0, "kernels": []}, "no-launches", None),
+        ({"part": "launches", "count": 1, "kernels": ["gemm"]}, None, None),
+        ({"part": "launches", "count": None, "reason": "profiler self-test saw 0 kernels"}, None, "cannot count"),
+        ({"part": "launches", "count": None, "reason": "CPU device"}, None, None),
+    ],
+)
 def test_launch_check(rec, kind, err):
     f = FindingSet()
     metrics = {}
@@ -120,7 +133,9 @@ def test_launch_check(rec, kind, err):
 
 
 def test_not_hopper_is_an_error_not_a_failure():
-    run = _run_with([{"part": "setup", "ok": False, "error": "not-hopper", "message": "this is an A100"}], status="exception")
+    run = _run_with(
+        [{"part": "setup", "ok": False, "error": "not-hopper", "message": "this is an A100"}], status="exception"
+    )
     res = correctness_stage(FWD, run)
     assert res.status == "error" and res.findings[0].kind == "not-hopper"
 
@@ -143,12 +158,15 @@ LOST = "cannot write results.jsonl: [Errno 28] No space left on device"
 FORGED = "line 9: a second 'bench' record for 'llama3-8b/M8192'"
 
 
-@pytest.mark.parametrize("field,value,problem,status,kind", [
-    # a full disk while copying the results pipe loses records: the verifier's error
-    ("records_lost", LOST, LOST, "error", "verifier-error"),
-    # records the worker's own code never writes: candidate code wrote into the pipe
-    ("record_anomalies", [FORGED], FORGED, "fail", "harness-tampered"),
-])
+@pytest.mark.parametrize(
+    "field,value,problem,status,kind",
+    [
+        # a full disk while copying the results pipe loses records: the verifier's error
+        ("records_lost", LOST, LOST, "error", "verifier-error"),
+        # records the worker's own code never writes: candidate code wrote into the pipe
+        ("record_anomalies", [FORGED], FORGED, "fail", "harness-tampered"),
+    ],
+)
 def test_worker_output_problems_decide_the_stage(field, value, problem, status, kind):
     run = _run_with([{"part": "setup", "ok": True, "sandbox": "landlock ABI 7"}])
     setattr(run.cand, field, value)
@@ -170,17 +188,27 @@ def test_strict_reading_names_what_the_worker_never_writes(tmp_path):
     assert [r["part"] for r in recs] == ["setup", "begin", "bench", "done"] and anomalies == []
     # a forged bench record, then a newline-less prefix that swallows the worker's
     # real record, then records after done; a 200k-deep nesting and an over-long line
-    f.write_text('{"part": "bench", "shape": "s", "event_ms": 0.0001}\n{"junk":"'
-                 '{"part": "bench", "shape": "s", "event_ms": 1.0}\n'
-                 '{"part": "bench", "shape": "s", "event_ms": 0.0002}\n'
-                 '{"part": "done"}\n{"part": "integrity", "tampered": []}\n'
-                 + "[" * 200_000 + "\n" + "x" * (MAX_RECORD_LINE + 1) + "\n" + '{"part": "end"}\n')
+    f.write_text(
+        '{"part": "bench", "shape": "s", "event_ms": 0.0001}\n{"junk":"'
+        '{"part": "bench", "shape": "s", "event_ms": 1.0}\n'
+        '{"part": "bench", "shape": "s", "event_ms": 0.0002}\n'
+        '{"part": "done"}\n{"part": "integrity", "tampered": []}\n'
+        + "[" * 200_000
+        + "\n"
+        + "x" * (MAX_RECORD_LINE + 1)
+        + "\n"
+        + '{"part": "end"}\n'
+    )
     recs, anomalies = read_records_checked(f)
     assert recs[0]["event_ms"] == 0.0001  # every record is returned, first first
-    assert anomalies == ["line 2: not a JSON object", "line 3: a second 'bench' record for 's'",
-                         "line 5: a 'integrity' record after 'done'", "line 6: not a JSON object",
-                         f"line 7: {MAX_RECORD_LINE + 1} bytes (over {MAX_RECORD_LINE})",
-                         "line 8: a 'end' record after 'done'"]
+    assert anomalies == [
+        "line 2: not a JSON object",
+        "line 3: a second 'bench' record for 's'",
+        "line 5: a 'integrity' record after 'done'",
+        "line 6: not a JSON object",
+        f"line 7: {MAX_RECORD_LINE + 1} bytes (over {MAX_RECORD_LINE})",
+        "line 8: a 'end' record after 'done'",
+    ]
     assert read_records_checked(tmp_path / "missing") == ([], [])
     # one launch count per correctness shape is legitimate (the reader must not refuse the
     # per-shape records); two for one shape are not
@@ -192,8 +220,12 @@ def test_environment_fields_come_from_the_trusted_worker_where_it_has_them():
     # the confined candidate worker may be refused nvidia-smi (no driver); the reference worker is not
     run = _run_with([{"part": "setup", "ok": True, "env": {"gpu": "NVIDIA H200", "driver": None, "quack": "0.6.5"}}])
     assert run.gpu_env == {"gpu": "NVIDIA H200", "driver": None, "quack": "0.6.5"}
-    run.ref = WorkerOutcome(status="ok", returncode=0, duration_s=1.0, records=[
-        {"part": "setup", "ok": True, "env": {"gpu": "NVIDIA H200", "driver": "580.159.04", "quack": None}}])
+    run.ref = WorkerOutcome(
+        status="ok",
+        returncode=0,
+        duration_s=1.0,
+        records=[{"part": "setup", "ok": True, "env": {"gpu": "NVIDIA H200", "driver": "580.159.04", "quack": None}}],
+    )
     assert run.gpu_env == {"gpu": "NVIDIA H200", "driver": "580.159.04", "quack": "0.6.5"}
 
 
@@ -232,11 +264,19 @@ def test_gpu_kernels_counts_kernels_by_exact_marker_names():
     quack_sync = "kernel_cutlass_kernel_quackepiloguefrontendGemmMod_probe_Sync_epi_8602ca0bea11f06c__none_s"
     quack_copy = "kernel_cutlass_kernel_quackepiloguefrontendGemmMod_Memcpy_epi_0000__none_s"
     names = [
-        quack_sync, quack_copy,
+        quack_sync,
+        quack_copy,
         "nvjet_sm90_tst_64x16_64x16_2x4_h_bz_NNT",
-        "Memcpy HtoD (Pinned -> Device)", "Memcpy DtoH (Device -> Pageable)", "Memcpy DtoD (Device -> Device)",
-        "Memset (Device)", "[memory]",
-        "Stream Sync", "Context Sync", "Event Sync", "Stream Wait Event", "Unknown",
+        "Memcpy HtoD (Pinned -> Device)",
+        "Memcpy DtoH (Device -> Pageable)",
+        "Memcpy DtoD (Device -> Device)",
+        "Memset (Device)",
+        "[memory]",
+        "Stream Sync",
+        "Context Sync",
+        "Event Sync",
+        "Stream Wait Event",
+        "Unknown",
     ]
     assert gpu_kernels(names) == [quack_sync, quack_copy, "nvjet_sm90_tst_64x16_64x16_2x4_h_bz_NNT"]
     assert gpu_kernels(["Stream Sync of mine"]) == ["Stream Sync of mine"]

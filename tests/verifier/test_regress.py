@@ -22,17 +22,36 @@ CORPUS = ROOT / "tests" / "verifier" / "corpus"
 
 
 def _bench(ratio_bare=1.01):
-    return {"gpu": "NVIDIA H200", "shapes": {"llama3-8b/M8192": {
-        "fused_ms": 1.0, "tflops": 600.0, "gbps": 900.0, "sol_ms": 0.6, "wall_ms": 1.1,
-        "baselines": {"bare_gemm": {"ms": 1.0 / ratio_bare, "ratio": ratio_bare},
-                      "torch_compile": {"ms": 1.3, "ratio": 1.0 / 1.3}}}}}
+    return {
+        "gpu": "NVIDIA H200",
+        "shapes": {
+            "llama3-8b/M8192": {
+                "fused_ms": 1.0,
+                "tflops": 600.0,
+                "gbps": 900.0,
+                "sol_ms": 0.6,
+                "wall_ms": 1.1,
+                "baselines": {
+                    "bare_gemm": {"ms": 1.0 / ratio_bare, "ratio": ratio_bare},
+                    "torch_compile": {"ms": 1.3, "ratio": 1.0 / 1.3},
+                },
+            }
+        },
+    }
 
 
 def _synthetic_verdict(loaded, cand: Path, bench_metrics) -> Verdict:
-    stages = [StageResult(stage=s, status="pass", summary="ok") for s in ("static", "compile", "correctness", "gradients")]
+    stages = [
+        StageResult(stage=s, status="pass", summary="ok") for s in ("static", "compile", "correctness", "gradients")
+    ]
     stages.append(StageResult(stage="bench", status="pass", summary="ok", metrics=bench_metrics))
-    return Verdict(spec=loaded.name, spec_hash=loaded.spec_hash, candidate_hash=sha256_file(cand), stages=stages,
-                   environment=Environment(gpu="NVIDIA H200", compute_capability="9.0", worker_sandbox="landlock ABI 7 (test)"))
+    return Verdict(
+        spec=loaded.name,
+        spec_hash=loaded.spec_hash,
+        candidate_hash=sha256_file(cand),
+        stages=stages,
+        environment=Environment(gpu="NVIDIA H200", compute_capability="9.0", worker_sandbox="landlock ABI 7 (test)"),
+    )
 
 
 @pytest.fixture
@@ -42,8 +61,7 @@ def workspace(tmp_path):
     loaded = load_spec(tmp_path / "kernel_specs" / "swiglu_fwd")
     cand = tmp_path / "candidate.py"
     shutil.copy(CORPUS / "good_swiglu_fwd.py", cand)
-    accept(loaded, cand, _synthetic_verdict(loaded, cand, _bench()), root=tmp_path,
-           provenance={"backend": "test"})
+    accept(loaded, cand, _synthetic_verdict(loaded, cand, _bench()), root=tmp_path, provenance={"backend": "test"})
     return tmp_path
 
 
@@ -137,9 +155,17 @@ def test_only_bare_gemm_gates_other_baselines_inform():
     """Numbers from the H200 (gemm_rmsnorm_rope, 1B/M8192): the fused kernel got faster
     (0.2053 -> 0.1773 ms), quack's library baseline much faster (0.3144 -> 0.2064 ms):
     fused/quack_library 0.653 -> 0.859, a 1.32x "change" that is the baseline's, not the kernel's."""
+
     def shape(fused, bare, quack):
-        return {"s/M8192": {"fused_ms": fused, "baselines": {
-            "bare_gemm": {"ms": bare, "ratio": fused / bare}, "quack_library": {"ms": quack, "ratio": fused / quack}}}}
+        return {
+            "s/M8192": {
+                "fused_ms": fused,
+                "baselines": {
+                    "bare_gemm": {"ms": bare, "ratio": fused / bare},
+                    "quack_library": {"ms": quack, "ratio": fused / quack},
+                },
+            }
+        }
 
     acc, now = shape(0.2053, 0.1489, 0.3144), shape(0.1773, 0.1459, 0.2064)
     every = compare_ratios(acc, now, 0.10)
@@ -157,11 +183,16 @@ def test_host_bound_shapes_do_not_gate():
     """Numbers from the H200 (gemm_rope, 1B/M8192, two live benches the same day): the same
     kernel timed 0.165 ms, then 0.40 ms with 0.48 ms of host time per call (host-bound),
     while the bare GEMM stayed at 0.145 ms: a 2.4x "regression" of Python, not of the kernel."""
+
     def shapes(fused_1b, host_1b, fused_8b):
-        return {"1b/M8192": {"fused_ms": fused_1b, "host_ms": host_1b,
-                             "baselines": {"bare_gemm": {"ratio": fused_1b / 0.145}}},
-                "8b/M8192": {"fused_ms": fused_8b, "host_ms": 0.2,
-                             "baselines": {"bare_gemm": {"ratio": fused_8b / 0.59}}}}
+        return {
+            "1b/M8192": {
+                "fused_ms": fused_1b,
+                "host_ms": host_1b,
+                "baselines": {"bare_gemm": {"ratio": fused_1b / 0.145}},
+            },
+            "8b/M8192": {"fused_ms": fused_8b, "host_ms": 0.2, "baselines": {"bare_gemm": {"ratio": fused_8b / 0.59}}},
+        }
 
     acc = shapes(0.165, 0.10, 0.597)
     now = compare_ratios(acc, shapes(0.40, 0.48, 0.63), 0.10, gate={"bare_gemm"})
@@ -207,12 +238,12 @@ def test_kernel_that_no_longer_compiles_is_caught(workspace):
     assert "no longer compiles for sm_90a" in row.message
 
 
-SLOW_EPILOGUE = '''
+SLOW_EPILOGUE = """
     # deliberately slower, numerically identical: a 48-deep chain of sigmoids added as 0 * t
     t = gate
     for _ in range(48):
         t = sigmoid(t + up)
-'''
+"""
 
 
 @pytest.mark.gpu
@@ -246,6 +277,7 @@ def test_kernel_made_slower_is_caught_on_gpu(tmp_path):
 
 # -- regress --verdicts: judge what `coda-agent bench` kept, without measuring again ------------
 
+
 def test_kept_bench_verdict_is_judged_without_measuring(workspace, tmp_path_factory):
     loaded = load_spec(workspace / "kernel_specs" / "swiglu_fwd")
     kernel = workspace / "generated_kernels" / "swiglu_fwd" / "kernel.py"
@@ -275,8 +307,9 @@ def test_kept_verdict_of_another_kernel_or_missing_fails(workspace, tmp_path_fac
     (vdir / "swiglu_fwd.json").write_text(_synthetic_verdict(loaded, other, _bench(1.01)).to_json())
     (row,) = regress(workspace, cpu_only=False, verdicts=vdir).rows
     assert row.status == "fail" and "hash differs" in row.message
-    damaged = json.loads(_synthetic_verdict(loaded, workspace / "generated_kernels" / "swiglu_fwd" / "kernel.py",
-                                            _bench(1.01)).to_json())
+    damaged = json.loads(
+        _synthetic_verdict(loaded, workspace / "generated_kernels" / "swiglu_fwd" / "kernel.py", _bench(1.01)).to_json()
+    )
     del damaged["stages"]  # a named failure, not read as "no GPU benchmark ran"
     (vdir / "swiglu_fwd.json").write_text(json.dumps(damaged))
     (row,) = regress(workspace, cpu_only=False, verdicts=vdir).rows

@@ -22,20 +22,35 @@ def _run(loaded, fused, bare, compiled=2.0, status="pass", started="t", cand="c"
     (default SHAPES; built with the verifier's own shape_metrics, as a real run's)."""
     measured = {}
     for bs in shapes or SHAPES:
-        m, _ = shape_metrics(loaded, bs.dims, fused, fused * 1.01, {"bare_gemm": {"ms": bare},
-                             "torch_compile": {"ms": compiled}, "liger": {"error": "no liger"}}, "NVIDIA H200",
-                             host_ms=0.05)
+        m, _ = shape_metrics(
+            loaded,
+            bs.dims,
+            fused,
+            fused * 1.01,
+            {"bare_gemm": {"ms": bare}, "torch_compile": {"ms": compiled}, "liger": {"error": "no liger"}},
+            "NVIDIA H200",
+            host_ms=0.05,
+        )
         measured[bs.name] = m
     bench = stage_from_shapes(loaded, measured, [], "NVIDIA H200", 1.0)
     stages = [StageResult(stage=s, status="pass", summary="ok") for s in ("static", "compile", "gradients")]
     stages.insert(2, StageResult(stage="correctness", status=status, summary=status))
-    return Verdict(spec=loaded.name, spec_hash=loaded.spec_hash, candidate_hash=cand, started_at=started,
-                   stages=[*stages, bench], environment=Environment(gpu="NVIDIA H200", compute_capability="9.0", driver=driver))
+    return Verdict(
+        spec=loaded.name,
+        spec_hash=loaded.spec_hash,
+        candidate_hash=cand,
+        started_at=started,
+        stages=[*stages, bench],
+        environment=Environment(gpu="NVIDIA H200", compute_capability="9.0", driver=driver),
+    )
 
 
 def test_medians_over_runs_and_paired_ratios_kept():
-    runs = [_run(FWD, 1.00, 1.00, started="t1"), _run(FWD, 1.10, 1.00, started="t2"),
-            _run(FWD, 1.02, 1.05, started="t3")]
+    runs = [
+        _run(FWD, 1.00, 1.00, started="t1"),
+        _run(FWD, 1.10, 1.00, started="t2"),
+        _run(FWD, 1.02, 1.05, started="t3"),
+    ]
     v = combine(FWD, runs)
     b = v.stage("bench")
     assert v.gpu_verified and b.metrics["repeats"] == 3 and b.summary.startswith("median of 3 runs: ")
@@ -49,8 +64,10 @@ def test_medians_over_runs_and_paired_ratios_kept():
     assert m["runs"]["ratios"]["bare_gemm"] == pytest.approx([1.00, 1.10, 1.02 / 1.05])
     assert b.metrics["rows"][0]["ratios"]["bare_gemm"] == pytest.approx(1.02)
     # the bar is judged on the medians: swiglu_fwd's bar is bare_gemm <= 1.03
-    assert m["bar"]["bare_gemm"]["met"] is True and runs[1].stage("bench").metrics["shapes"][SHAPES[0].name][
-        "bar"]["bare_gemm"]["met"] is False
+    assert (
+        m["bar"]["bare_gemm"]["met"] is True
+        and runs[1].stage("bench").metrics["shapes"][SHAPES[0].name]["bar"]["bare_gemm"]["met"] is False
+    )
     assert runs[0].stage("bench").metrics.get("repeats") is None  # the inputs are not changed
 
 
@@ -83,8 +100,10 @@ def test_bench_repeat_runs_round_robin_and_prints_the_spread(tmp_path):
     text = rep.markdown_path.read_text()
     assert "- median of 3 runs (started t1, t3, t5)" in text
     assert f"  - {SHAPES[0].name}: bare_gemm 1.000-1.100, torch_compile 0.500-0.550" in text
-    assert ("always come from one run, or are per-shape medians over the runs of one `bench --repeat` "
-            "(swiglu_bwd, swiglu_fwd: ") in text
+    assert (
+        "always come from one run, or are per-shape medians over the runs of one `bench --repeat` "
+        "(swiglu_bwd, swiglu_fwd: "
+    ) in text
     assert "more than one bench call" not in text
     # a later single run of one kernel lands on the same page: only the other stays a median
     fused = iter([1.05])
@@ -104,7 +123,9 @@ TWO = FWD.spec.shapes.benchmark[:2]  # llama3-1b/M8192, llama3-1b/M16384 (spec o
 def test_a_partial_bench_merges_into_the_kept_verdict_shape_by_shape():
     kept = _run(FWD, 1.00, 1.00, started="t0", shapes=TWO)
     kept.environment.worker_sandbox = "landlock (old)"
-    new = combine(FWD, [_run(FWD, f, 1.00, started=t, shapes=TWO[1:]) for f, t in ((1.2, "t1"), (1.1, "t2"), (1.3, "t3"))])
+    new = combine(
+        FWD, [_run(FWD, f, 1.00, started=t, shapes=TWO[1:]) for f, t in ((1.2, "t1"), (1.1, "t2"), (1.3, "t3"))]
+    )
     new.environment.worker_sandbox = "landlock + seccomp (new)"
     out = merge_shapes(FWD, kept, new)
     # each call's rows keep the confinement they were measured under, and the page says so
@@ -112,7 +133,8 @@ def test_a_partial_bench_merges_into_the_kept_verdict_shape_by_shape():
 
     assert _measured_line(out, out.stage("bench").metrics["shapes"]) == (
         f"Measured in 2 bench calls: t0 ({TWO[0].name}), candidate worker: landlock (old); "
-        f"t1 ({TWO[1].name}), candidate worker: landlock + seccomp (new).")
+        f"t1 ({TWO[1].name}), candidate worker: landlock + seccomp (new)."
+    )
     shapes = out.stage("bench").metrics["shapes"]
     assert list(shapes) == [bs.name for bs in TWO]  # spec order, both shapes
     # the shape the new call measured is its median; the other keeps the earlier run's numbers
@@ -127,19 +149,23 @@ def test_a_partial_bench_merges_into_the_kept_verdict_shape_by_shape():
     # folding the same two in the other order (an older copy merged into a newer folder)
     # gives the same table: the later measurement of a shape wins, never the incoming one
     back = merge_shapes(FWD, new, kept)
-    assert {s: m["fused_ms"] for s, m in back.stage("bench").metrics["shapes"].items()} == \
-        {s: m["fused_ms"] for s, m in shapes.items()}
+    assert {s: m["fused_ms"] for s, m in back.stage("bench").metrics["shapes"].items()} == {
+        s: m["fused_ms"] for s, m in shapes.items()
+    }
     assert back.started_at == "t1"
-
 
 
 def test_merging_never_mixes_candidates_versions_or_failures(tmp_path):
     kept = _run(FWD, 1.00, 1.00, started="t5", shapes=TWO)
-    cases = {"candidate_hash differs": _run(FWD, 1.1, 1.0, started="t6", shapes=TWO[1:], cand="other"),
-             "environment.driver differs (None kept, 999.0 new)": _run(FWD, 1.1, 1.0, started="t6", shapes=TWO[1:],
-                                                                       driver="999.0"),
-             "the new verdict failed its correctness stage (fail)": _run(FWD, 1.1, 1.0, started="t6", shapes=TWO[1:],
-                                                                            status="fail")}
+    cases = {
+        "candidate_hash differs": _run(FWD, 1.1, 1.0, started="t6", shapes=TWO[1:], cand="other"),
+        "environment.driver differs (None kept, 999.0 new)": _run(
+            FWD, 1.1, 1.0, started="t6", shapes=TWO[1:], driver="999.0"
+        ),
+        "the new verdict failed its correctness stage (fail)": _run(
+            FWD, 1.1, 1.0, started="t6", shapes=TWO[1:], status="fail"
+        ),
+    }
     for why, new in cases.items():
         assert why_not_mergeable(kept, new) == why
         with pytest.raises(ValueError, match="cannot merge swiglu_fwd"):
@@ -147,13 +173,18 @@ def test_merging_never_mixes_candidates_versions_or_failures(tmp_path):
         # kept as a file: a newer one replaces the kept verdict (news) and says what it dropped
         (tmp_path / "swiglu_fwd.json").write_text(kept.to_json())
         out, line = keep_verdict(tmp_path, FWD, new)
-        assert out is new and line == (f"swiglu_fwd: replaced the kept verdict of t5, the two cannot be merged: {why}; "
-                                       f"its shapes not measured again are dropped: {TWO[0].name}")
+        assert out is new and line == (
+            f"swiglu_fwd: replaced the kept verdict of t5, the two cannot be merged: {why}; "
+            f"its shapes not measured again are dropped: {TWO[0].name}"
+        )
         # an older one is left out: the kept file does not change
         old = new.model_copy(update={"started_at": "t1"})
         (tmp_path / "swiglu_fwd.json").write_text(kept.to_json())
         out, line = keep_verdict(tmp_path, FWD, old)
-        assert out is None and line == f"swiglu_fwd: left out, the two cannot be merged: {why}; the kept verdict (t5) is newer"
+        assert (
+            out is None
+            and line == f"swiglu_fwd: left out, the two cannot be merged: {why}; the kept verdict (t5) is newer"
+        )
         assert Verdict.model_validate_json((tmp_path / "swiglu_fwd.json").read_text()).started_at == "t5"
         # offline folding (--merge-from) never replaces, newer or not
         out, line = keep_verdict(tmp_path, FWD, new, replace=False)

@@ -20,8 +20,15 @@ def _env():
 
 def _run(name, tmp_path, *extra, timeout=60):
     results = tmp_path / "results.jsonl"
-    return run_worker(f"sandbox_fixtures.{name}", [str(results), *extra], timeout, cwd=HERE, env=_env(),
-                      results=results, log_dir=tmp_path / "logs")
+    return run_worker(
+        f"sandbox_fixtures.{name}",
+        [str(results), *extra],
+        timeout,
+        cwd=HERE,
+        env=_env(),
+        results=results,
+        log_dir=tmp_path / "logs",
+    )
 
 
 def test_ok_reads_records_not_stdout(tmp_path):
@@ -187,8 +194,16 @@ def test_an_escaped_writer_costs_one_grace_period_and_is_reported(tmp_path, monk
 
 def test_confined_worker_records_go_through_a_pipe(tmp_path):
     results = tmp_path / "results.jsonl"
-    out = run_worker("sandbox_fixtures.piped", [], 60, cwd=HERE, env=_env(), results=results,
-                     log_dir=tmp_path / "logs", confine=[tmp_path / "scratch"])
+    out = run_worker(
+        "sandbox_fixtures.piped",
+        [],
+        60,
+        cwd=HERE,
+        env=_env(),
+        results=results,
+        log_dir=tmp_path / "logs",
+        confine=[tmp_path / "scratch"],
+    )
     assert out.ok, out.message()
     assert [r["part"] for r in out.records] == ["begin", "attack", "done"]
     assert out.records[1]["truncate"] is False
@@ -202,8 +217,16 @@ def test_a_results_file_the_parent_cannot_write_is_the_verifiers_problem(tmp_pat
     # (that would read as the candidate's crash); the outcome says what the verifier lost
     results = tmp_path / "results.jsonl"
     results.mkdir()  # not writable as a file
-    out = run_worker("sandbox_fixtures.piped", [], 60, cwd=HERE, env=_env(), results=results,
-                     log_dir=tmp_path / "logs", confine=[tmp_path / "scratch"])
+    out = run_worker(
+        "sandbox_fixtures.piped",
+        [],
+        60,
+        cwd=HERE,
+        env=_env(),
+        results=results,
+        log_dir=tmp_path / "logs",
+        confine=[tmp_path / "scratch"],
+    )
     assert out.ok and out.records == []
     assert len(out.output_problems) == 1 and out.output_problems[0].startswith("cannot open results.jsonl")
     assert out.records_lost == out.output_problems[0]

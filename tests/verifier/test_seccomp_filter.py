@@ -17,8 +17,10 @@ from coda_agent.verifier.confine.seccomp import (
     program,
 )
 
-x86_64_linux = pytest.mark.skipif(platform.system() != "Linux" or platform.machine() != "x86_64",
-                                  reason="the filter lists x86_64 syscall numbers only")
+x86_64_linux = pytest.mark.skipif(
+    platform.system() != "Linux" or platform.machine() != "x86_64",
+    reason="the filter lists x86_64 syscall numbers only",
+)
 
 
 def _run_bpf(rows, nr, arch=AUDIT_ARCH_X86_64, args=(0, 0, 0, 0, 0, 0)):
@@ -139,14 +141,14 @@ def test_installed_filter_denies_sockets_and_metadata_changes_on_every_thread(tm
             except PermissionError:
                 print(what, "denied")
         libc = ctypes.CDLL(None, use_errno=True)
-        fd = os.open({str(tmp_path / 'h.bin')!r}, os.O_RDWR | os.O_CREAT)
+        fd = os.open({str(tmp_path / "h.bin")!r}, os.O_RDWR | os.O_CREAT)
         print("unshare user", "denied" if libc.unshare(0x10000000) != 0 else "allowed",
               "fallocate keep-size", "denied" if libc.fallocate(fd, 1, 0, 1 << 20) != 0 else "allowed")
         os.posix_fallocate(fd, 0, 4096); t = threading.Thread(target=print, args=("new thread ok",)); t.start(); t.join()
         import subprocess; print("child", subprocess.run(["true"]).returncode)
         os.setpriority(os.PRIO_PROCESS, 0, 1); print("renice self ok")
         a, b = socket.socketpair(); a.send(b"ok"); print("socketpair", b.recv(2).decode())
-        open({str(tmp_path / 'g.txt')!r}, "w").write("still writes"); print("write ok")
+        open({str(tmp_path / "g.txt")!r}, "w").write("still writes"); print("write ok")
         caps = [ln.split()[1] for ln in open("/proc/self/status") if ln.startswith(("CapEff", "CapBnd"))]
         print("caps", *caps)
     """)
@@ -168,8 +170,8 @@ def test_switch_off_and_worker_description(tmp_path):
         import os
         os.environ["CODA_SECCOMP"] = "off"
         from coda_agent.verifier.confine.landlock import confine_worker
-        print(confine_worker([{str(tmp_path / 'w')!r}]))
-        os.chmod({str(tmp_path / 'w')!r}, 0o700); print("chmod allowed")
+        print(confine_worker([{str(tmp_path / "w")!r}]))
+        os.chmod({str(tmp_path / "w")!r}, 0o700); print("chmod allowed")
     """)
     assert out[0].endswith("; seccomp off (CODA_SECCOMP=off)") and out[1] == "chmod allowed"
 
@@ -181,7 +183,7 @@ def test_confined_worker_cannot_read_the_parents_environment(tmp_path):
     out = _child(f"""
         import os
         from coda_agent.verifier.confine.landlock import confine_worker
-        print(confine_worker([{str(tmp_path / 'w')!r}]))
+        print(confine_worker([{str(tmp_path / "w")!r}]))
         try:
             open(f"/proc/{{os.getppid()}}/environ", "rb").read(); print("environ read")
         except PermissionError:

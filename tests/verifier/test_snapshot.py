@@ -35,8 +35,10 @@ def test_the_import_system_runs_a_planted_pyc_which_is_why_workers_do_not_use_it
     the planted bytecode. load_module runs the source's bytes."""
     (tmp_path / "candidate.py").write_text(HONEST)
     _plant_unchecked_pyc(tmp_path, "candidate.py", PLANTED)
-    code = ("import importlib.util as u; s = u.spec_from_file_location('c', 'candidate.py'); "
-            "m = u.module_from_spec(s); s.loader.exec_module(m); print(m.entry(1))")
+    code = (
+        "import importlib.util as u; s = u.spec_from_file_location('c', 'candidate.py'); "
+        "m = u.module_from_spec(s); s.loader.exec_module(m); print(m.entry(1))"
+    )
     r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=True)
     assert r.stdout.strip() == "2"  # the planted bytecode ran
     mod = load_module(tmp_path / "candidate.py", "coda_snapshot_test", None)

@@ -20,9 +20,14 @@ def stub_static_compile(monkeypatch) -> None:
     import coda_agent.verifier.pipeline as pipeline
     from coda_agent.verifier.verdict import StageResult
 
-    monkeypatch.setattr(pipeline, "run_static", lambda loaded, cand: StageResult(stage="static", status="pass", summary="stub"))
-    monkeypatch.setattr(pipeline, "run_compile",
-                        lambda loaded, cand, timeout_s=300: StageResult(stage="compile", status="pass", summary="stub"))
+    monkeypatch.setattr(
+        pipeline, "run_static", lambda loaded, cand: StageResult(stage="static", status="pass", summary="stub")
+    )
+    monkeypatch.setattr(
+        pipeline,
+        "run_compile",
+        lambda loaded, cand, timeout_s=300: StageResult(stage="compile", status="pass", summary="stub"),
+    )
 
 
 def landlock_or_skip() -> int:

@@ -64,10 +64,20 @@ from .worker import FAULT_FILE, STARTED_FILE, clip_lines, lines_from_stack_dump,
 
 __all__ = ["compile_cpu", "compile_stage", "select_cases", "strip_ansi", "FAIL_KINDS"]
 
-FAIL_KINDS = frozenset({
-    "timeout", "worker-crash", "import-error", "entry-missing", "compile-error", "no-kernel",
-    "output-count", "output-type", "output-shape", "output-dtype",
-})
+FAIL_KINDS = frozenset(
+    {
+        "timeout",
+        "worker-crash",
+        "import-error",
+        "entry-missing",
+        "compile-error",
+        "no-kernel",
+        "output-count",
+        "output-type",
+        "output-shape",
+        "output-dtype",
+    }
+)
 """Finding kinds that fail the stage (others are notes)."""
 
 ERROR_KINDS = frozenset({"verifier-error", "environment"})
@@ -81,7 +91,11 @@ ArgSpec = tuple[str, tuple[int, ...], str]
 
 
 def _run_worker(
-    candidate: Path, entry: str, calls: list[dict[str, Any]], timeout_s: float, cache_dir: Path | None,
+    candidate: Path,
+    entry: str,
+    calls: list[dict[str, Any]],
+    timeout_s: float,
+    cache_dir: Path | None,
     sha256: str | None = None,
 ) -> dict[str, Any]:
     """Run the worker on ``calls``; return its result plus ``rc``, ``timed_out``, ``stderr``,
@@ -118,7 +132,10 @@ def _run_worker(
         out = run_worker(
             "coda_agent.verifier.compile.worker",
             ["--request", str(req_path), "--result", str(res_path), "--dump-after", f"{dump_after:.2f}"],
-            timeout_s, cwd=tmp, env=env, log_dir=tmp,
+            timeout_s,
+            cwd=tmp,
+            env=env,
+            log_dir=tmp,
         )
         timed_out = out.status == "timeout"
         rc, wall = out.returncode, out.duration_s
@@ -178,35 +195,58 @@ def _interpret(
     if res["timed_out"]:
         lines = lines_from_stack_dump(res.get("fault", ""), str(candidate))
         where = f" (it was running candidate line {lines[0]} when the time ran out)" if lines else ""
-        findings.append(Finding(
-            kind="timeout", line=lines[0] if lines else None,
-            message=f"the candidate did not finish within {timeout_s:.0f} s{where}; the worker was killed. "
-            "An infinite loop or a wait that never ends?",
-        ))
+        findings.append(
+            Finding(
+                kind="timeout",
+                line=lines[0] if lines else None,
+                message=f"the candidate did not finish within {timeout_s:.0f} s{where}; the worker was killed. "
+                "An infinite loop or a wait that never ends?",
+            )
+        )
     elif not res.get("phase") and res["rc"] != 0:
         lines = lines_from_stack_dump(res.get("fault", ""), str(candidate))
         how = _signal_name(res["rc"]) if res["rc"] < 0 else f"exit code {res['rc']}"
         tail = clip_lines("\n".join(res.get("stderr", "").strip().splitlines()[-15:]), 15)
-        findings.append(Finding(
-            kind="worker-crash", line=lines[0] if lines else None,
-            message=f"the compile worker died ({how}) while running the candidate"
-            + (f" at candidate line {lines[0]}" if lines else "") + (f"\n{tail}" if tail else ""),
-        ))
+        findings.append(
+            Finding(
+                kind="worker-crash",
+                line=lines[0] if lines else None,
+                message=f"the compile worker died ({how}) while running the candidate"
+                + (f" at candidate line {lines[0]}" if lines else "")
+                + (f"\n{tail}" if tail else ""),
+            )
+        )
     elif not res.get("phase") and res.get("started"):
         # it exited cleanly (os._exit, SystemExit in a thread, ...) after the candidate's code
         # began to run and before a result was written: the candidate's doing, not ours
-        findings.append(Finding(
-            kind="worker-crash",
-            message="the compile worker exited without a result while running the candidate's code "
-            "(does the module exit or kill its own process?)",
-        ))
+        findings.append(
+            Finding(
+                kind="worker-crash",
+                message="the compile worker exited without a result while running the candidate's code "
+                "(does the module exit or kill its own process?)",
+            )
+        )
     elif not res.get("phase"):
-        findings.append(Finding(kind="verifier-error", message="the compile worker exited without writing a result\n" + clip_lines(res.get("stderr", ""), 15)))
+        findings.append(
+            Finding(
+                kind="verifier-error",
+                message="the compile worker exited without writing a result\n" + clip_lines(res.get("stderr", ""), 15),
+            )
+        )
     elif res["phase"] == "setup":
-        findings.append(Finding(kind="environment", message="quack/cutlass could not be set up for the CPU compile:\n" + (err or {}).get("message", "")))
+        findings.append(
+            Finding(
+                kind="environment",
+                message="quack/cutlass could not be set up for the CPU compile:\n" + (err or {}).get("message", ""),
+            )
+        )
     elif res["phase"] == "import":
         assert err is not None  # the worker records why it stopped in this phase
-        findings.append(Finding(kind="import-error", line=err.get("line"), message="importing the candidate failed: " + err["message"]))
+        findings.append(
+            Finding(
+                kind="import-error", line=err.get("line"), message="importing the candidate failed: " + err["message"]
+            )
+        )
     elif res["phase"] == "entry":
         assert err is not None  # the worker records why it stopped in this phase
         findings.append(Finding(kind="entry-missing", message=err["message"]))
@@ -220,11 +260,14 @@ def _interpret(
 
     if res.get("phase") == "done":
         if res.get("variants_compiled", 0) == 0:
-            findings.append(Finding(
-                kind="no-kernel", line=ret_line,
-                message=f"`{entry}` returned without building any quack kernel: the fused op must run "
-                "through a @gemm_epilogue mod (mod(A, B, C, out=..., tuned=False) or mod.gemm(...))",
-            ))
+            findings.append(
+                Finding(
+                    kind="no-kernel",
+                    line=ret_line,
+                    message=f"`{entry}` returned without building any quack kernel: the fused op must run "
+                    "through a @gemm_epilogue mod (mod(A, B, C, out=..., tuned=False) or mod.gemm(...))",
+                )
+            )
         if expected is not None:
             for call in calls:
                 findings += _check_outputs(call, expected.get(call.get("case", ""), []), ret_line)
@@ -255,46 +298,87 @@ def _interpret(
     else:
         first = next(f for f in findings if f.kind in FAIL_KINDS | ERROR_KINDS)
         summary = f"{first.kind}: {first.message.splitlines()[0][:160]}"
-    return StageResult(stage="compile", status=status, summary=summary, findings=findings, metrics=metrics, duration_s=float(res["wall_s"]))
+    return StageResult(
+        stage="compile",
+        status=status,
+        summary=summary,
+        findings=findings,
+        metrics=metrics,
+        duration_s=float(res["wall_s"]),
+    )
 
 
-def _check_outputs(call: dict[str, Any], expected: list[tuple[str, tuple[int, ...], str]], line: int | None) -> list[Finding]:
+def _check_outputs(
+    call: dict[str, Any], expected: list[tuple[str, tuple[int, ...], str]], line: int | None
+) -> list[Finding]:
     out: list[Finding] = []
     case = call.get("case") or None
     desc = call.get("outputs") or {"container": "single", "items": []}
     items = desc["items"]
     names = [e[0] for e in expected]
     if desc["container"] == "dict":
-        out.append(Finding(
-            kind="output-type", line=line, case=case,
-            message=f"the entry returned a dict; return the outputs as a tuple ({', '.join(names)}) in the spec's order",
-        ))
+        out.append(
+            Finding(
+                kind="output-type",
+                line=line,
+                case=case,
+                message=f"the entry returned a dict; return the outputs as a tuple ({', '.join(names)}) in the spec's order",
+            )
+        )
         return out
     if len(items) != len(expected):
         got = "one value" if desc["container"] == "single" else f"{len(items)} values"
-        out.append(Finding(
-            kind="output-count", line=line, case=case,
-            message=f"the entry returned {got}; the spec has {len(expected)} output(s): ({', '.join(names)})",
-        ))
+        out.append(
+            Finding(
+                kind="output-count",
+                line=line,
+                case=case,
+                message=f"the entry returned {got}; the spec has {len(expected)} output(s): ({', '.join(names)})",
+            )
+        )
         return out
     for (name, shape, dtype), item in zip(expected, items, strict=False):
         if not item.get("is_tensor"):
-            out.append(Finding(kind="output-type", line=line, case=case, output=name,
-                               message=f"output `{name}` is a {item['type']}, not a torch.Tensor"))
+            out.append(
+                Finding(
+                    kind="output-type",
+                    line=line,
+                    case=case,
+                    output=name,
+                    message=f"output `{name}` is a {item['type']}, not a torch.Tensor",
+                )
+            )
             continue
         if not item.get("exact_tensor"):
-            out.append(Finding(kind="output-type", line=line, case=case, output=name,
-                               message=f"output `{name}` is a {item['type']} (a tensor subclass); return a plain torch.Tensor"))
+            out.append(
+                Finding(
+                    kind="output-type",
+                    line=line,
+                    case=case,
+                    output=name,
+                    message=f"output `{name}` is a {item['type']} (a tensor subclass); return a plain torch.Tensor",
+                )
+            )
         if tuple(item["shape"]) != tuple(shape):
-            out.append(Finding(
-                kind="output-shape", line=line, case=case, output=name,
-                message=f"output `{name}` has shape {tuple(item['shape'])} for case `{case}`; the spec says {tuple(shape)}",
-            ))
+            out.append(
+                Finding(
+                    kind="output-shape",
+                    line=line,
+                    case=case,
+                    output=name,
+                    message=f"output `{name}` has shape {tuple(item['shape'])} for case `{case}`; the spec says {tuple(shape)}",
+                )
+            )
         if item["dtype"] != dtype:
-            out.append(Finding(
-                kind="output-dtype", line=line, case=case, output=name,
-                message=f"output `{name}` has dtype {item['dtype']}; the spec says {dtype} (outputs must keep the spec's precision)",
-            ))
+            out.append(
+                Finding(
+                    kind="output-dtype",
+                    line=line,
+                    case=case,
+                    output=name,
+                    message=f"output `{name}` has dtype {item['dtype']}; the spec says {dtype} (outputs must keep the spec's precision)",
+                )
+            )
     return out
 
 
@@ -349,8 +433,14 @@ def select_cases(spec: KernelSpec) -> list[ShapeCase]:
     return chosen
 
 
-def compile_stage(loaded: LoadedSpec, candidate: Path, timeout_s: float = 300, *, cache_dir: Path | None = None,
-                  sha256: str | None = None) -> StageResult:
+def compile_stage(
+    loaded: LoadedSpec,
+    candidate: Path,
+    timeout_s: float = 300,
+    *,
+    cache_dir: Path | None = None,
+    sha256: str | None = None,
+) -> StageResult:
     """The pipeline's compile stage: compile on the spec's first and a ragged shape case and
     check that the returned outputs have the spec's count, types, shapes and dtypes.
 
@@ -375,17 +465,35 @@ def compile_stage(loaded: LoadedSpec, candidate: Path, timeout_s: float = 300, *
     for i, case in enumerate(select_cases(spec)):
         dims = spec.dims_of(case)
         name = case.name or f"case{i}"
-        calls.append({"case": name, "args": [[t.name, list(spec.shape_of(t, dims)), t.dtype] for t in spec.entry.inputs],
-                      "kwargs": spec.constants_of(dims)})
+        calls.append(
+            {
+                "case": name,
+                "args": [[t.name, list(spec.shape_of(t, dims)), t.dtype] for t in spec.entry.inputs],
+                "kwargs": spec.constants_of(dims),
+            }
+        )
         expected[name] = [(o.name, spec.shape_of(o, dims), o.dtype) for o in spec.entry.outputs]
-    return _run_and_interpret(Path(candidate).resolve(), spec.entry.function, calls, timeout_s, cache_dir, expected, sha256)
+    return _run_and_interpret(
+        Path(candidate).resolve(), spec.entry.function, calls, timeout_s, cache_dir, expected, sha256
+    )
 
 
-def _run_and_interpret(candidate: Path, entry: str, calls: list[dict[str, Any]], timeout_s: float,
-                       cache_dir: Path | None, expected: dict | None, sha256: str | None = None) -> StageResult:
+def _run_and_interpret(
+    candidate: Path,
+    entry: str,
+    calls: list[dict[str, Any]],
+    timeout_s: float,
+    cache_dir: Path | None,
+    expected: dict | None,
+    sha256: str | None = None,
+) -> StageResult:
     if not candidate.is_file():
-        return StageResult(stage="compile", status="error", summary=f"no candidate file at {candidate}",
-                           findings=[Finding(kind="verifier-error", message=f"no candidate file at {candidate}")])
+        return StageResult(
+            stage="compile",
+            status="error",
+            summary=f"no candidate file at {candidate}",
+            findings=[Finding(kind="verifier-error", message=f"no candidate file at {candidate}")],
+        )
     res = _run_worker(candidate, entry, calls, timeout_s, cache_dir, sha256)
     mode = "private" if cache_dir is None else f"shared:{cache_dir}"
     return _interpret(res, candidate, entry, timeout_s, expected, mode)

@@ -146,7 +146,10 @@ def summarize_exception(exc: BaseException, candidate: str) -> dict[str, Any]:
         line = exc.lineno
     elif frames:
         line = frames[-1]["line"]
-    if any(s in message for s in ("Torch not compiled with CUDA", "Found no NVIDIA driver", "No CUDA GPUs are available", "CUDA driver")):
+    if any(
+        s in message
+        for s in ("Torch not compiled with CUDA", "Found no NVIDIA driver", "No CUDA GPUs are available", "CUDA driver")
+    ):
         message += "\n" + CUDA_HINT
     message = message.replace(os.path.realpath(candidate), os.path.basename(candidate))
     message = message.replace(candidate, os.path.basename(candidate))
@@ -282,7 +285,13 @@ def run_request(req: dict[str, Any]) -> dict[str, Any]:
 
         _install_patches(counters)
     except Exception as e:  # the environment, not the candidate
-        out["error"] = {"type": type(e).__name__, "message": clip_lines(strip_ansi(traceback.format_exc())), "line": None, "frames": [], "dsl": False}
+        out["error"] = {
+            "type": type(e).__name__,
+            "message": clip_lines(strip_ansi(traceback.format_exc())),
+            "line": None,
+            "frames": [],
+            "dsl": False,
+        }
         return out
     out["setup_s"] = time.perf_counter() - t0
 
@@ -312,7 +321,13 @@ def run_request(req: dict[str, Any]) -> dict[str, Any]:
     entry = getattr(module, req["entry"], None)
     if not callable(entry):
         out["phase"] = "entry"
-        out["error"] = {"type": "AttributeError", "message": f"the candidate defines no callable `{req['entry']}`", "line": None, "frames": [], "dsl": False}
+        out["error"] = {
+            "type": "AttributeError",
+            "message": f"the candidate defines no callable `{req['entry']}`",
+            "line": None,
+            "frames": [],
+            "dsl": False,
+        }
         return _finish(out, counters)
 
     out["phase"] = "call"
@@ -320,8 +335,10 @@ def run_request(req: dict[str, Any]) -> dict[str, Any]:
         # Float inputs are left uninitialized (only shapes/dtypes matter to compile); integer
         # inputs (class indices, positions) are zeros, a valid value for any index range, so
         # host-side indexing in the candidate does not fail on garbage before the GPU stages.
-        inputs = {name: (torch.zeros if dtype.startswith("int") else torch.empty)(tuple(shape), dtype=getattr(torch, dtype))
-                  for name, shape, dtype in call["args"]}
+        inputs = {
+            name: (torch.zeros if dtype.startswith("int") else torch.empty)(tuple(shape), dtype=getattr(torch, dtype))
+            for name, shape, dtype in call["args"]
+        }
         tc = time.perf_counter()
         rec: dict[str, Any] = {"case": call.get("case", ""), "variants_before": counters.variants}
         try:

@@ -41,18 +41,54 @@ from __future__ import annotations
 import sys
 import threading
 
-GUARDED_EVENTS = frozenset({
-    "exec", "compile", "open", "code.__new__", "function.__new__", "object.__getattr__",
-    "object.__setattr__", "object.__delattr__", "builtins.id", "builtins.input", "marshal.loads",
-    "marshal.load", "pickle.find_class", "sys._getframe", "sys._getframemodulename",
-    "sys._current_frames", "sys._current_exceptions", "sys.settrace", "sys.setprofile",
-    "sys.addaudithook", "sys.excepthook", "sys.unraisablehook", "gc.get_objects",
-    "gc.get_referrers", "gc.get_referents", "cpython.run_command", "cpython.run_file",
-})
+GUARDED_EVENTS = frozenset(
+    {
+        "exec",
+        "compile",
+        "open",
+        "code.__new__",
+        "function.__new__",
+        "object.__getattr__",
+        "object.__setattr__",
+        "object.__delattr__",
+        "builtins.id",
+        "builtins.input",
+        "marshal.loads",
+        "marshal.load",
+        "pickle.find_class",
+        "sys._getframe",
+        "sys._getframemodulename",
+        "sys._current_frames",
+        "sys._current_exceptions",
+        "sys.settrace",
+        "sys.setprofile",
+        "sys.addaudithook",
+        "sys.excepthook",
+        "sys.unraisablehook",
+        "gc.get_objects",
+        "gc.get_referrers",
+        "gc.get_referents",
+        "cpython.run_command",
+        "cpython.run_file",
+    }
+)
 """Audit events refused when candidate code raises them directly."""
 
-GUARDED_PREFIXES = ("os.", "subprocess.", "ctypes.", "socket.", "shutil.", "_posixsubprocess.",
-                    "mmap.", "resource.", "signal.", "fcntl.", "importlib.", "urllib.", "http.")
+GUARDED_PREFIXES = (
+    "os.",
+    "subprocess.",
+    "ctypes.",
+    "socket.",
+    "shutil.",
+    "_posixsubprocess.",
+    "mmap.",
+    "resource.",
+    "signal.",
+    "fcntl.",
+    "importlib.",
+    "urllib.",
+    "http.",
+)
 """Families of audit events refused the same way (process, file system, network, memory)."""
 
 
@@ -82,8 +118,11 @@ def install(candidate_file: str) -> None:
     candidate is imported; raises :class:`CandidateAuditError` in the offending call."""
 
     def hook(event: str, args: tuple) -> None:
-        if event not in GUARDED_EVENTS and not event.startswith(GUARDED_PREFIXES) and not (
-                event == "import" and _sealed.is_set()):
+        if (
+            event not in GUARDED_EVENTS
+            and not event.startswith(GUARDED_PREFIXES)
+            and not (event == "import" and _sealed.is_set())
+        ):
             return
         if getattr(_state, "busy", False):
             return
@@ -94,8 +133,10 @@ def install(candidate_file: str) -> None:
         finally:
             _state.busy = False
         if _untrusted(filename, candidate_file):
-            raise CandidateAuditError(f"candidate code raised the audit event {event!r} (at {filename}:"
-                                      f"{frame.f_lineno}): candidates may not run code, walk frames or "
-                                      "touch the OS")
+            raise CandidateAuditError(
+                f"candidate code raised the audit event {event!r} (at {filename}:"
+                f"{frame.f_lineno}): candidates may not run code, walk frames or "
+                "touch the OS"
+            )
 
     sys.addaudithook(hook)

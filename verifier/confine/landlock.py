@@ -55,8 +55,18 @@ REMOVE_DIR, REMOVE_FILE = 1 << 4, 1 << 5
 MAKE_CHAR, MAKE_DIR, MAKE_REG, MAKE_SOCK, MAKE_FIFO, MAKE_BLOCK, MAKE_SYM = (1 << i for i in range(6, 13))
 REFER = 1 << 13  # ABI 2
 TRUNCATE = 1 << 14  # ABI 3
-WRITE_RIGHTS_V1 = (WRITE_FILE | REMOVE_DIR | REMOVE_FILE | MAKE_CHAR | MAKE_DIR | MAKE_REG | MAKE_SOCK
-                   | MAKE_FIFO | MAKE_BLOCK | MAKE_SYM)
+WRITE_RIGHTS_V1 = (
+    WRITE_FILE
+    | REMOVE_DIR
+    | REMOVE_FILE
+    | MAKE_CHAR
+    | MAKE_DIR
+    | MAKE_REG
+    | MAKE_SOCK
+    | MAKE_FIFO
+    | MAKE_BLOCK
+    | MAKE_SYM
+)
 NET_BIND_TCP, NET_CONNECT_TCP = 1 << 0, 1 << 1  # ABI 4
 SCOPE_ABSTRACT_UNIX_SOCKET, SCOPE_SIGNAL = 1 << 0, 1 << 1  # ABI 6
 
@@ -77,8 +87,11 @@ class SandboxUnavailable(RuntimeError):
 
 
 class _RulesetAttr(ctypes.Structure):
-    _fields_ = [("handled_access_fs", ctypes.c_uint64), ("handled_access_net", ctypes.c_uint64),
-                ("scoped", ctypes.c_uint64)]
+    _fields_ = [
+        ("handled_access_fs", ctypes.c_uint64),
+        ("handled_access_net", ctypes.c_uint64),
+        ("scoped", ctypes.c_uint64),
+    ]
 
 
 class _PathBeneathAttr(ctypes.Structure):
@@ -150,10 +163,19 @@ def restrict_writes(writable: list[str | Path]) -> str:
             pfd = os.open(str(folder), os.O_PATH | os.O_CLOEXEC | (os.O_DIRECTORY if is_dir else 0))
             try:
                 # a file rule may only carry the rights that apply to files
-                rule = _PathBeneathAttr(allowed_access=rights if is_dir else rights & (WRITE_FILE | TRUNCATE),
-                                        parent_fd=pfd)
-                if libc.syscall(SYS_ADD_RULE, ctypes.c_int(fd), ctypes.c_int(RULE_PATH_BENEATH),
-                                ctypes.byref(rule), ctypes.c_uint32(0)) < 0:
+                rule = _PathBeneathAttr(
+                    allowed_access=rights if is_dir else rights & (WRITE_FILE | TRUNCATE), parent_fd=pfd
+                )
+                if (
+                    libc.syscall(
+                        SYS_ADD_RULE,
+                        ctypes.c_int(fd),
+                        ctypes.c_int(RULE_PATH_BENEATH),
+                        ctypes.byref(rule),
+                        ctypes.c_uint32(0),
+                    )
+                    < 0
+                ):
                     err = ctypes.get_errno()
                     raise SandboxUnavailable(f"landlock_add_rule({folder}) failed: {os.strerror(err)}")
             finally:

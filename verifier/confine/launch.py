@@ -49,12 +49,21 @@ def main(argv: list[str] | None = None) -> None:
     ``--results-fd`` that is not a pipe (nothing was confined then)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     cut = argv.index("--") if "--" in argv else len(argv)
-    own, args = argv[:cut], argv[cut + 1:]
+    own, args = argv[:cut], argv[cut + 1 :]
     ap = argparse.ArgumentParser(description="run a worker module, confined from its first instruction")
-    ap.add_argument("--write", action="append", default=[], metavar="DIR",
-                    help="a folder that stays writable (repeatable; created when missing)")
-    ap.add_argument("--results-fd", type=int, metavar="FD",
-                    help="inherited write end of the parent's results pipe (sandbox.run_worker)")
+    ap.add_argument(
+        "--write",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="a folder that stays writable (repeatable; created when missing)",
+    )
+    ap.add_argument(
+        "--results-fd",
+        type=int,
+        metavar="FD",
+        help="inherited write end of the parent's results pipe (sandbox.run_worker)",
+    )
     ap.add_argument("module", help="the worker module to run as __main__ (its arguments follow --)")
     a = ap.parse_args(own)
     if a.results_fd is not None:

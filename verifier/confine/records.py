@@ -111,6 +111,6 @@ def last_begun(records: list[dict[str, Any]]) -> str | None:
         return None
     last = begun[-1]
     idx = records.index(last)
-    if any(r.get("part") not in ("begin",) for r in records[idx + 1:]):
+    if any(r.get("part") not in ("begin",) for r in records[idx + 1 :]):
         return None
     return str(last.get("what"))

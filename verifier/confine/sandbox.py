@@ -128,9 +128,30 @@ LAUNCHER = "coda_agent.verifier.confine.launch"
 """The module that confines a worker before it runs (``run_worker(confine=...)``)."""
 
 ENV_KEEP = (
-    "PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_", "TZ", "TMPDIR", "PYTHON", "VIRTUAL_ENV",
-    "CONDA", "LD_LIBRARY_PATH", "CUDA_", "CUTE_DSL_", "QUACK_", "TRITON_", "NVIDIA_", "TORCH",
-    "OMP_", "MKL_", "CC", "CXX", "CODA_FS_SANDBOX", "CODA_SECCOMP",
+    "PATH",
+    "HOME",
+    "USER",
+    "LOGNAME",
+    "LANG",
+    "LC_",
+    "TZ",
+    "TMPDIR",
+    "PYTHON",
+    "VIRTUAL_ENV",
+    "CONDA",
+    "LD_LIBRARY_PATH",
+    "CUDA_",
+    "CUTE_DSL_",
+    "QUACK_",
+    "TRITON_",
+    "NVIDIA_",
+    "TORCH",
+    "OMP_",
+    "MKL_",
+    "CC",
+    "CXX",
+    "CODA_FS_SANDBOX",
+    "CODA_SECCOMP",
 )
 """Environment variables (exact names or prefixes) a worker gets; everything else (API
 keys, tokens, CI secrets) stays in the trusted parent."""
@@ -232,7 +253,7 @@ class _Drain(threading.Thread):
                     cut += len(chunk)
                     if self.tail:
                         ring += chunk
-                        del ring[:max(0, len(ring) - self.tail)]
+                        del ring[: max(0, len(ring) - self.tail)]
             if cut > len(ring):
                 self._write(f, b"\n[... %d bytes cut by the verifier ...]\n" % (cut - len(ring)))
             self._write(f, bytes(ring))
@@ -486,8 +507,12 @@ def run_worker(
             tmp.cleanup()
     problems = [d.error for d in drains if d.error]
     lost = next((d.error for d in drains if d.error and results is not None and d.path == Path(results)), None)
-    problems += [f"{d.path.name} still held open by an escaped process after {DRAIN_GRACE_S:.0f} s "
-                 "(what it held was read so far)" for d in drains if d.is_alive()]
+    problems += [
+        f"{d.path.name} still held open by an escaped process after {DRAIN_GRACE_S:.0f} s "
+        "(what it held was read so far)"
+        for d in drains
+        if d.is_alive()
+    ]
     assert proc is not None  # started in the try above, which raises otherwise
     rc = None if timed_out else proc.returncode
     status, sig = classify(rc, stderr, timed_out)

@@ -71,25 +71,58 @@ EPERM, ENOSYS, EOPNOTSUPP = 1, 38, 95
 
 DENIED_X86_64 = {
     "socket": 41,
-    "chmod": 90, "fchmod": 91, "chown": 92, "fchown": 93, "lchown": 94,
-    "utime": 132, "utimes": 235, "futimesat": 261, "utimensat": 280,
-    "fchownat": 260, "fchmodat": 268, "fchmodat2": 452,
-    "setxattr": 188, "lsetxattr": 189, "fsetxattr": 190,
-    "removexattr": 197, "lremovexattr": 198, "fremovexattr": 199,
-    "setxattrat": 463, "removexattrat": 466, "file_setattr": 469,
-    "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427,
+    "chmod": 90,
+    "fchmod": 91,
+    "chown": 92,
+    "fchown": 93,
+    "lchown": 94,
+    "utime": 132,
+    "utimes": 235,
+    "futimesat": 261,
+    "utimensat": 280,
+    "fchownat": 260,
+    "fchmodat": 268,
+    "fchmodat2": 452,
+    "setxattr": 188,
+    "lsetxattr": 189,
+    "fsetxattr": 190,
+    "removexattr": 197,
+    "lremovexattr": 198,
+    "fremovexattr": 199,
+    "setxattrat": 463,
+    "removexattrat": 466,
+    "file_setattr": 469,
+    "io_uring_setup": 425,
+    "io_uring_enter": 426,
+    "io_uring_register": 427,
     # a child in a new session/group escapes the parent's process-group kill and outlives
     # the worker (still alive after run_worker returned)
-    "setsid": 112, "setpgid": 109,
+    "setsid": 112,
+    "setpgid": 109,
     # System V IPC objects and kernel keys outlive the process: state across verifications;
     # the operations too, since objects that already exist are found in /proc/sysvipc
     # (a uid-0 worker can attach, overwrite and remove a root-owned 0600 segment)
-    "shmget": 29, "semget": 64, "msgget": 68, "add_key": 248, "request_key": 249, "keyctl": 250,
-    "shmat": 30, "shmctl": 31, "semop": 65, "semctl": 66, "msgsnd": 69, "msgrcv": 70, "msgctl": 71,
+    "shmget": 29,
+    "semget": 64,
+    "msgget": 68,
+    "add_key": 248,
+    "request_key": 249,
+    "keyctl": 250,
+    "shmat": 30,
+    "shmctl": 31,
+    "semop": 65,
+    "semctl": 66,
+    "msgsnd": 69,
+    "msgrcv": 70,
+    "msgctl": 71,
     "semtimedop": 220,
     # POSIX message queues: kernel objects that outlive the process, reached without a path
     # walk (so without Landlock) and open to a uid-0 worker without any capability
-    "mq_open": 240, "mq_unlink": 241, "mq_timedsend": 242, "mq_timedreceive": 243, "mq_notify": 244,
+    "mq_open": 240,
+    "mq_unlink": 241,
+    "mq_timedsend": 242,
+    "mq_timedreceive": 243,
+    "mq_notify": 244,
     "mq_getsetattr": 245,
     # joining another process's namespaces
     "setns": 308,
@@ -102,8 +135,11 @@ DENIED_X86_64 = {
 SELF_ONLY_X86_64 = {
     # name: (nr, argument indexes that must be 0 = "this process/thread")
     "setpriority": (141, (0, 1)),  # which == PRIO_PROCESS and who == 0 (PRIO_USER 0 = every process of the uid)
-    "sched_setparam": (142, (0,)), "sched_setscheduler": (144, (0,)), "sched_setaffinity": (203, (0,)),
-    "sched_setattr": (314, (0,)), "prlimit64": (302, (0,)),
+    "sched_setparam": (142, (0,)),
+    "sched_setscheduler": (144, (0,)),
+    "sched_setaffinity": (203, (0,)),
+    "sched_setattr": (314, (0,)),
+    "prlimit64": (302, (0,)),
 }
 """Calls allowed on the worker itself only: aimed at the parent (``getppid()``) they slow
 the trusted reference worker started next (nice 19, SCHED_IDLE, one CPU, tiny rlimits)."""
@@ -115,7 +151,8 @@ FLAG_DENIED_X86_64 = {
     # unshare + its own uid_map, which the /proc/<pid> allowance lets it write);
     # CLONE_PARENT makes the child the *verifier's*: zombies it never reaps (a pid
     # exhaustion for the whole host at ~3000/s)
-    "unshare": (272, 0, CLONE_NEWUSER, EPERM), "clone": (56, 0, CLONE_NEWUSER | CLONE_PARENT, EPERM),
+    "unshare": (272, 0, CLONE_NEWUSER, EPERM),
+    "clone": (56, 0, CLONE_NEWUSER | CLONE_PARENT, EPERM),
     # fallocate with a mode (KEEP_SIZE, PUNCH_HOLE, ...): allocates blocks that st_size and the
     # file-size rlimit do not see (3 GiB behind a 16-byte file, outside any budget)
     "fallocate": (285, 1, 0xFFFFFFFF, EOPNOTSUPP),
@@ -187,6 +224,7 @@ class _Asm:
     def assemble(self) -> list[tuple[int, int, int, int]]:
         out = []
         for i, (code, jt, jf, k) in enumerate(self.rows):
+
             def rel(lbl: str | None) -> int:
                 if lbl is None:
                     return 0
@@ -194,6 +232,7 @@ class _Asm:
                 if not 0 <= off < 256:
                     raise ValueError(f"BPF jump to {lbl} out of range ({off})")
                 return off
+
             out.append((code, rel(jt), rel(jf), k))
         return out
 
@@ -298,12 +337,18 @@ def install(drop_caps: bool = True) -> str:
     rows = program()
     arr = (_SockFilter * len(rows))(*[_SockFilter(*r) for r in rows])
     prog = _SockFprog(len(rows), ctypes.cast(arr, ctypes.POINTER(_SockFilter)))
-    res = _libc().syscall(ctypes.c_long(SYS_SECCOMP_X86_64), ctypes.c_ulong(SECCOMP_SET_MODE_FILTER),
-                       ctypes.c_ulong(SECCOMP_FILTER_FLAG_TSYNC), ctypes.byref(prog))
+    res = _libc().syscall(
+        ctypes.c_long(SYS_SECCOMP_X86_64),
+        ctypes.c_ulong(SECCOMP_SET_MODE_FILTER),
+        ctypes.c_ulong(SECCOMP_FILTER_FLAG_TSYNC),
+        ctypes.byref(prog),
+    )
     if res != 0:
         err = ctypes.get_errno()
         why = f"thread {res} could not be synchronized" if res > 0 else os.strerror(err)
         return f"seccomp unavailable: {why}; {caps}"
-    return (f"seccomp: sockets, file-metadata changes, io_uring, new sessions, SysV IPC/keys, message "
-            f"queues, user namespaces, fallocate modes and scheduling of other processes denied "
-            f"(all threads); {caps}")
+    return (
+        f"seccomp: sockets, file-metadata changes, io_uring, new sessions, SysV IPC/keys, message "
+        f"queues, user namespaces, fallocate modes and scheduling of other processes denied "
+        f"(all threads); {caps}"
+    )

@@ -97,8 +97,14 @@ def _log_uniform(rng: random.Random, low: int, high: int) -> int:
     return min(high, max(low, int(math.exp(rng.uniform(math.log(low), math.log(high + 1))))))
 
 
-def _pick(rng: random.Random, rule: dict[str, Any], *, low: int | None = None, high: int | None = None,
-          ragged: bool | None = None) -> int:
+def _pick(
+    rng: random.Random,
+    rule: dict[str, Any],
+    *,
+    low: int | None = None,
+    high: int | None = None,
+    ragged: bool | None = None,
+) -> int:
     """One value under ``rule`` within its range (and ``[low, high]`` when given), a multiple
     of its ``multiple_of``: aligned (a multiple of :data:`ALIGNED_TO`) or ragged (no multiple
     of :data:`RAGGED_TO`); the other kind where the range holds none of the one asked for."""
@@ -135,7 +141,9 @@ def _legal(spec: Any, dims: dict[str, int]) -> bool:
     return True
 
 
-def _nudge(spec: Any, dims: dict[str, int], rules: dict[str, dict[str, Any]], rng: random.Random) -> dict[str, int] | None:
+def _nudge(
+    spec: Any, dims: dict[str, int], rules: dict[str, dict[str, Any]], rng: random.Random
+) -> dict[str, int] | None:
     """``dims`` made legal by moving free dims up by their multiple (at most 16 steps each,
     in a random order), or None."""
     if _legal(spec, dims):
@@ -160,8 +168,9 @@ def _tensor_bytes(spec: Any, dims: dict[str, int]) -> int:
     return tensor_bytes(spec, dims)
 
 
-def draw_shape(spec: Any, rng: random.Random, rules: dict[str, dict[str, Any]], budget: int,
-               m_range: tuple[int, int] | None = None) -> dict[str, int]:
+def draw_shape(
+    spec: Any, rng: random.Random, rules: dict[str, dict[str, Any]], budget: int, m_range: tuple[int, int] | None = None
+) -> dict[str, int]:
     """A legal shape within ``budget`` tensor bytes. M is drawn first (within ``m_range``
     when given) and kept; the other free dims are drawn over their ranges, and when the
     shape is over budget they are drawn again with their upper bounds halved, so M keeps
@@ -252,6 +261,14 @@ def coverage_runs(spec: Any, secret: int, device: str = "cuda") -> list[Run]:
         cases.append((draw, draw_shape(spec, rng, rules, budget), 0))
     runs = []
     for j, (draw, dims, sample) in enumerate(cases):
-        runs.append(Run(key=f"{KEY_PREFIX}{j}", case=_label(j, draw, dims), dims=dims, seed=SEED_BASE + secret + j,
-                        draw=draw, sample=sample))
+        runs.append(
+            Run(
+                key=f"{KEY_PREFIX}{j}",
+                case=_label(j, draw, dims),
+                dims=dims,
+                seed=SEED_BASE + secret + j,
+                draw=draw,
+                sample=sample,
+            )
+        )
     return runs

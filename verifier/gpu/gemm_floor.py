@@ -62,7 +62,9 @@ class _MMCapture(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def capture_mm_operands(bare_gemm: Callable[..., Any], inputs: dict[str, Any]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def capture_mm_operands(
+    bare_gemm: Callable[..., Any], inputs: dict[str, Any]
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Run ``bare_gemm(**inputs)`` once and return the ``(A, B)`` operand pairs of its
     ``aten.mm``/``aten.addmm`` calls, in call order (A: (M, K), B: (K, N), the dtypes and
     strides the call saw). Raises ``ValueError`` when it issues none, or any batched or
@@ -70,8 +72,10 @@ def capture_mm_operands(bare_gemm: Callable[..., Any], inputs: dict[str, Any]) -
     with torch.no_grad(), _MMCapture() as cap:
         bare_gemm(**inputs)
     if cap.unsupported:
-        raise ValueError(f"bare_gemm issued {', '.join(sorted(set(cap.unsupported)))}: quack's 2-D GEMM "
-                         "cannot stand in for it (no quack_gemm floor for this spec)")
+        raise ValueError(
+            f"bare_gemm issued {', '.join(sorted(set(cap.unsupported)))}: quack's 2-D GEMM "
+            "cannot stand in for it (no quack_gemm floor for this spec)"
+        )
     if not cap.pairs:
         raise ValueError("bare_gemm issued no aten.mm call: no operands for quack's GEMM")
     return cap.pairs

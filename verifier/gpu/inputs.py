@@ -106,8 +106,10 @@ def make_inputs(
         dtype = getattr(torch, t.dtype)
         if t.init.dist == "derived":
             if not isinstance(spec, LoadedSpec):
-                raise ValueError(f"input {t.name!r} is derived (reference.{t.init.fn}): "
-                                 "make_inputs needs the LoadedSpec, not the bare KernelSpec")
+                raise ValueError(
+                    f"input {t.name!r} is derived (reference.{t.init.fn}): "
+                    "make_inputs needs the LoadedSpec, not the bare KernelSpec"
+                )
             ref = ref or spec.load_reference()
             assert t.init.fn is not None  # InitSpec: a dist='derived' input names its fn
             fn = getattr(ref, t.init.fn)
@@ -115,8 +117,10 @@ def make_inputs(
             with torch.no_grad():
                 x = fn(**out, **extra)
             if tuple(x.shape) != tuple(shape):
-                raise ValueError(f"reference.{t.init.fn} returned shape {tuple(x.shape)} for "
-                                 f"input {t.name!r}, the spec declares {tuple(shape)}")
+                raise ValueError(
+                    f"reference.{t.init.fn} returned shape {tuple(x.shape)} for "
+                    f"input {t.name!r}, the spec declares {tuple(shape)}"
+                )
             out[t.name] = x.to(device=dev, dtype=dtype).contiguous()
             continue
         gen = torch.Generator(device=dev)
@@ -152,8 +156,15 @@ def _row_choice(s: KernelSpec, dims: dict[str, int], seed: int, draw: str) -> to
     return torch.randperm(m, generator=g)[:k].sort().values
 
 
-def _vary(s: KernelSpec, t: Any, x: torch.Tensor, draw: str, dims: dict[str, int],
-          gen: torch.Generator, rows: torch.Tensor | None) -> torch.Tensor:
+def _vary(
+    s: KernelSpec,
+    t: Any,
+    x: torch.Tensor,
+    draw: str,
+    dims: dict[str, int],
+    gen: torch.Generator,
+    rows: torch.Tensor | None,
+) -> torch.Tensor:
     """Input ``t``'s spec draw ``x`` (fp32) changed as ``draw`` says (:data:`DRAWS`)."""
     init = t.init
     if draw == "heavy":
@@ -162,8 +173,10 @@ def _vary(s: KernelSpec, t: Any, x: torch.Tensor, draw: str, dims: dict[str, int
         std = float(eval_expr(init.std, dims))
         z = torch.randn(x.shape, generator=gen, device=x.device, dtype=torch.float32)
         # a sum of tensors is a tensor (never sum()'s start value 0)
-        chi2 = cast(torch.Tensor, sum(torch.randn(x.shape, generator=gen, device=x.device, dtype=torch.float32) ** 2
-                                      for _ in range(3)))
+        chi2 = cast(
+            torch.Tensor,
+            sum(torch.randn(x.shape, generator=gen, device=x.device, dtype=torch.float32) ** 2 for _ in range(3)),
+        )
         # Student-t(3) has variance 3: divide by sqrt(3) for the declared std
         return z / torch.sqrt(chi2 / 3).clamp_min(1e-12) / 3**0.5 * std + float(init.mean)
     if draw == "saturate":

@@ -26,9 +26,23 @@ _Tensor = torch.Tensor
 # (``o.detach = lambda: ...``: methods are non-data descriptors, so the instance wins) and
 # a class-level patch may be undone before the end-of-run integrity check. Attributes such
 # as shape/dtype/device are data descriptors: safe.
-_T = {m: getattr(torch.Tensor, m) for m in ("detach", "reshape", "index_select", "to", "numel", "is_contiguous",
-                                            "stride", "untyped_storage", "view", "element_size", "sum",
-                                            "storage_offset")}
+_T = {
+    m: getattr(torch.Tensor, m)
+    for m in (
+        "detach",
+        "reshape",
+        "index_select",
+        "to",
+        "numel",
+        "is_contiguous",
+        "stride",
+        "untyped_storage",
+        "view",
+        "element_size",
+        "sum",
+        "storage_offset",
+    )
+}
 _S_data_ptr, _S_nbytes = torch.UntypedStorage.data_ptr, torch.UntypedStorage.nbytes
 _set_sync_debug_mode = torch._C._cuda_set_sync_debug_mode if hasattr(torch._C, "_cuda_set_sync_debug_mode") else None
 _Event = torch.cuda.Event

@@ -58,50 +58,99 @@ def spans_overlap(a: tuple[int, int], b: tuple[int, int]) -> bool:
     return a[1] > a[0] and b[1] > b[0] and a[0] < b[1] and b[0] < a[1]
 
 
-def check_output(spec: KernelSpec, spec_o: OutputSpec, o: Any, dims: dict[str, int], device: torch.device,
-                 in_spans: dict, out_spans: dict) -> list[dict[str, Any]]:
+def check_output(
+    spec: KernelSpec,
+    spec_o: OutputSpec,
+    o: Any,
+    dims: dict[str, int],
+    device: torch.device,
+    in_spans: dict,
+    out_spans: dict,
+) -> list[dict[str, Any]]:
     """Violations of the output contract for one returned value ``o`` (output ``spec_o`` at
     ``dims``): see the module docstring. ``in_spans``: the inputs' storage spans;
     ``out_spans``: the earlier outputs' (this one's is added)."""
     name = spec_o.name
     if type(o) is not _Tensor:
         t = type(o)
-        return [dict(kind="output-not-plain-tensor", output=name,
-                     message=f"{name}: returned a {t.__module__}.{t.__qualname__}, expected exactly torch.Tensor "
-                             "(no subclasses, wrappers or lazy objects)")]
+        return [
+            dict(
+                kind="output-not-plain-tensor",
+                output=name,
+                message=f"{name}: returned a {t.__module__}.{t.__qualname__}, expected exactly torch.Tensor "
+                "(no subclasses, wrappers or lazy objects)",
+            )
+        ]
     attrs = instance_attrs(o)
     if attrs:
-        return [dict(kind="output-not-plain-tensor", output=name,
-                     message=f"{name}: carries instance attribute(s) {', '.join(sorted(attrs))[:200]}, which could "
-                             "shadow tensor methods; return a plain tensor")]
+        return [
+            dict(
+                kind="output-not-plain-tensor",
+                output=name,
+                message=f"{name}: carries instance attribute(s) {', '.join(sorted(attrs))[:200]}, which could "
+                "shadow tensor methods; return a plain tensor",
+            )
+        ]
     if o.layout != torch.strided:
-        return [dict(kind="output-not-plain-tensor", output=name, message=f"{name}: layout {o.layout}, expected a dense strided tensor")]
+        return [
+            dict(
+                kind="output-not-plain-tensor",
+                output=name,
+                message=f"{name}: layout {o.layout}, expected a dense strided tensor",
+            )
+        ]
     if o.device.type != device.type:
-        return [dict(kind="output-not-plain-tensor", output=name,
-                     message=f"{name}: lives on {o.device}, expected the GPU ({device})")]
+        return [
+            dict(
+                kind="output-not-plain-tensor",
+                output=name,
+                message=f"{name}: lives on {o.device}, expected the GPU ({device})",
+            )
+        ]
     v: list[dict[str, Any]] = []
     want_shape = spec.shape_of(spec_o, dims)
     want_dtype = getattr(torch, spec_o.dtype)
     if tuple(o.shape) != want_shape:
-        v.append(dict(kind="output-shape", output=name,
-                      message=f"{name}: shape {tuple(o.shape)}, expected {want_shape} ({spec_o.shape} at {dims})"))
+        v.append(
+            dict(
+                kind="output-shape",
+                output=name,
+                message=f"{name}: shape {tuple(o.shape)}, expected {want_shape} ({spec_o.shape} at {dims})",
+            )
+        )
     if o.dtype != want_dtype:
         v.append(dict(kind="output-dtype", output=name, message=f"{name}: dtype {o.dtype}, expected {want_dtype}"))
     if not _T["is_contiguous"](o):
-        v.append(dict(kind="output-shape", output=name,
-                      message=f"{name}: not contiguous (strides {tuple(_T['stride'](o))}); return a dense row-major tensor"))
+        v.append(
+            dict(
+                kind="output-shape",
+                output=name,
+                message=f"{name}: not contiguous (strides {tuple(_T['stride'](o))}); return a dense row-major tensor",
+            )
+        )
     span = storage_span(o)
     if not storage_holds(o, span):
-        return v + [dict(kind="output-not-plain-tensor", output=name,
-                         message=f"{name}: its storage holds {span[1] - span[0]} bytes, fewer than its shape "
-                                 "needs (a resized or freed storage): return a tensor that owns its data")]
+        return v + [
+            dict(
+                kind="output-not-plain-tensor",
+                output=name,
+                message=f"{name}: its storage holds {span[1] - span[0]} bytes, fewer than its shape "
+                "needs (a resized or freed storage): return a tensor that owns its data",
+            )
+        ]
     for k, s in in_spans.items():
         if spans_overlap(span, s):
-            v.append(dict(kind="output-aliases-input", output=name,
-                          message=f"{name}: shares storage with input {k!r}; outputs must be freshly allocated"))
+            v.append(
+                dict(
+                    kind="output-aliases-input",
+                    output=name,
+                    message=f"{name}: shares storage with input {k!r}; outputs must be freshly allocated",
+                )
+            )
     for k, s in out_spans.items():
         if spans_overlap(span, s):
-            v.append(dict(kind="output-aliases-output", output=name,
-                          message=f"{name}: shares storage with output {k!r}"))
+            v.append(
+                dict(kind="output-aliases-output", output=name, message=f"{name}: shares storage with output {k!r}")
+            )
     out_spans[name] = span
     return v

@@ -161,8 +161,14 @@ def timed_check_run(shape: BenchShape, set_index: int, secret: int) -> Run:
     in the same rotation of input sets (indistinguishable from the timed calls) and keeps
     sampled outputs; this is the run the reference worker and the parent judge it by (a
     candidate that marks its timed inputs and does less work on marked sets fails it)."""
-    return Run(key=f"timed-{_slug(shape.name)}", case=f"timed {shape.name}", dims=dict(shape.dims),
-               seed=BENCH_SEED_BASE + secret + set_index, recheck=True, sample=BENCH_CHECK_SAMPLE)
+    return Run(
+        key=f"timed-{_slug(shape.name)}",
+        case=f"timed {shape.name}",
+        dims=dict(shape.dims),
+        seed=BENCH_SEED_BASE + secret + set_index,
+        recheck=True,
+        sample=BENCH_CHECK_SAMPLE,
+    )
 
 
 def timed_loop_check_run(shape: BenchShape, set_index: int, secret: int, slot: int = 0) -> Run:
@@ -173,9 +179,14 @@ def timed_loop_check_run(shape: BenchShape, set_index: int, secret: int, slot: i
     elements of each kept call's outputs in stream order right after it, before any later
     call's work (threat 15 of docs/threat-model.md). Same inputs and seed as the
     ``set_index`` set of the timed rotation; compared on the sampled elements."""
-    return Run(key=f"timedloop{slot}-{_slug(shape.name)}", case=f"timed-loop {shape.name} #{slot}",
-               dims=dict(shape.dims), seed=BENCH_SEED_BASE + secret + set_index, recheck=True,
-               sample=TIMED_LOOP_SAMPLE)
+    return Run(
+        key=f"timedloop{slot}-{_slug(shape.name)}",
+        case=f"timed-loop {shape.name} #{slot}",
+        dims=dict(shape.dims),
+        seed=BENCH_SEED_BASE + secret + set_index,
+        recheck=True,
+        sample=TIMED_LOOP_SAMPLE,
+    )
 
 
 def wall_check_run(shape: BenchShape, set_index: int, secret: int) -> Run:
@@ -183,8 +194,14 @@ def wall_check_run(shape: BenchShape, set_index: int, secret: int) -> Run:
     ``wall_ms``/``host_ms``), picked with the secret RNG: a call counter kept in stale freed
     memory could otherwise skip work only on those unchecked calls.
     Same inputs, seed and sample as the timed-loop checks of set ``set_index``."""
-    return Run(key=f"wall-{_slug(shape.name)}", case=f"wall {shape.name}", dims=dict(shape.dims),
-               seed=BENCH_SEED_BASE + secret + set_index, recheck=True, sample=TIMED_LOOP_SAMPLE)
+    return Run(
+        key=f"wall-{_slug(shape.name)}",
+        case=f"wall {shape.name}",
+        dims=dict(shape.dims),
+        seed=BENCH_SEED_BASE + secret + set_index,
+        recheck=True,
+        sample=TIMED_LOOP_SAMPLE,
+    )
 
 
 SYNC_MARKERS = frozenset({"Unknown", "Event Sync", "Stream Wait Event", "Stream Sync", "Context Sync"})
@@ -238,4 +255,3 @@ def sample_index(numel: int, n: int, seed: int, position: int):
         return torch.arange(numel)
     g = torch.Generator().manual_seed(seed * 1009 + position)
     return torch.randint(0, numel, (n,), generator=g)
-

@@ -63,6 +63,7 @@ class GpuRun:
         """Seconds each worker spent on the trials ``keys`` (from each trial's ``begin`` record
         to its ``trial``/``recheck`` record, the workers' ``t`` stamps): the cost of a set
         of cases, e.g. the secret coverage cases. A worker without stamps counts 0."""
+
         def spent(records: list[dict[str, Any]], prefix: tuple[str, ...]) -> float:
             start: dict[str, float] = {}
             total = 0.0
@@ -74,12 +75,15 @@ class GpuRun:
                     what = str(r.get("what", ""))
                     for p in prefix:
                         if what.startswith(p):
-                            start[what[len(p):]] = float(t)
+                            start[what[len(p) :]] = float(t)
                 elif r.get("part") in ("trial", "recheck") and r.get("key") in keys and r.get("key") in start:
                     total += float(t) - start[str(r.get("key"))]
             return total
-        return {"candidate": spent(self.cand.records, ("trial ", "recheck ")),
-                "reference": spent(self.ref.records if self.ref else [], ("reference ",))}
+
+        return {
+            "candidate": spent(self.cand.records, ("trial ", "recheck ")),
+            "reference": spent(self.ref.records if self.ref else [], ("reference ",)),
+        }
 
     def cand_trial(self, key: str) -> dict[str, Any] | None:
         """The candidate's ``trial``/``recheck`` record for ``key``."""

@@ -55,8 +55,9 @@ def make_runs(spec: Any, secret: int = 0, device: str = "cuda") -> list[Run]:
     for i, case in enumerate(spec.shapes.correctness):
         name = case.name or f"case{i}"
         for seed in spec.shapes.seeds:
-            runs.append(Run(key=f"c{i}-{_slug(name)}-s{seed}", case=name, dims=dict(case.dims),
-                            seed=secret_seed(seed, secret)))
+            runs.append(
+                Run(key=f"c{i}-{_slug(name)}-s{seed}", case=name, dims=dict(case.dims), seed=secret_seed(seed, secret))
+            )
     if secret:
         runs += coverage_runs(spec, secret, device)
     cases = list(enumerate(spec.shapes.correctness))
@@ -77,8 +78,17 @@ def make_bench_checks(spec: Any, shapes: list[BenchShape], secret: int = 0) -> l
     """One post-timing check per benchmark shape (exactly the timed dims, a fresh seed),
     compared on :data:`BENCH_CHECK_SAMPLE` sampled elements per output."""
     seed = spec.shapes.seeds[0] + BENCH_CHECK_SEED_OFFSET
-    return [Run(key=f"bench-{_slug(b.name)}-s{seed}", case=f"bench {b.name}", dims=dict(b.dims), seed=seed + secret,
-                recheck=True, sample=BENCH_CHECK_SAMPLE) for b in shapes]
+    return [
+        Run(
+            key=f"bench-{_slug(b.name)}-s{seed}",
+            case=f"bench {b.name}",
+            dims=dict(b.dims),
+            seed=seed + secret,
+            recheck=True,
+            sample=BENCH_CHECK_SAMPLE,
+        )
+        for b in shapes
+    ]
 
 
 def make_bench_shapes(spec: Any, override: list[Any] | None = None) -> list[BenchShape]:
@@ -97,7 +107,9 @@ def make_bench_shapes(spec: Any, override: list[Any] | None = None) -> list[Benc
                 raise ValueError(f"unknown benchmark shape {item!r} (spec has {sorted(known)})")
             out.append(BenchShape(name=item, dims=dict(known[item].dims)))
         elif isinstance(item, dict):
-            out.append(BenchShape(name=str(item.get("name", "custom")), dims={k: int(v) for k, v in item["dims"].items()}))
+            out.append(
+                BenchShape(name=str(item.get("name", "custom")), dims={k: int(v) for k, v in item["dims"].items()})
+            )
         else:
             out.append(BenchShape(name=item.name or "custom", dims=dict(item.dims)))
     return out

@@ -66,8 +66,13 @@ def bench_shape(worker: Any, name: str, dims: dict[str, int]) -> dict[str, Any]:
     shape = BenchShape(name=name, dims=dims)
     slots = TIMED_LOOP_SLOTS
     loop_runs = [[timed_loop_check_run(shape, k, worker.plan.secret, j) for k in range(n)] for j in range(slots)]
-    loop_idx = [[sample_index(math.prod(worker.spec.shape_of(o, dims)), r.sample, r.seed, pos).to(worker.device)
-                 for pos, o in enumerate(worker.spec.entry.outputs)] for r in loop_runs[0]]  # same seed per set
+    loop_idx = [
+        [
+            sample_index(math.prod(worker.spec.shape_of(o, dims)), r.sample, r.seed, pos).to(worker.device)
+            for pos, o in enumerate(worker.spec.entry.outputs)
+        ]
+        for r in loop_runs[0]
+    ]  # same seed per set
     pick = random.Random(f"{worker.plan.secret}/timed-loop/{name}")
     timing = {"on": False, "calls": 0}
     kept: list[dict[str, Any] | None] = [None] * slots
@@ -80,8 +85,11 @@ def bench_shape(worker: Any, name: str, dims: dict[str, int]) -> dict[str, Any]:
             i = timing["calls"] = timing["calls"] + 1
             j = reservoir_slot(i, slots, pick)
             if j is not None:
-                kept[j] = dict(check=worker.gather_timed(loop_runs[j][k], res, set_inputs[k], loop_idx[k]),
-                               timed_set=k, timed_call=i)
+                kept[j] = dict(
+                    check=worker.gather_timed(loop_runs[j][k], res, set_inputs[k], loop_idx[k]),
+                    timed_set=k,
+                    timed_call=i,
+                )
         return res
 
     for _ in range(2):
@@ -93,8 +101,10 @@ def bench_shape(worker: Any, name: str, dims: dict[str, int]) -> dict[str, Any]:
     worker.sync()
     for slot in kept:
         if slot is not None:
-            worker.record("recheck", **worker.save_gathered(slot["check"], timed_set=slot["timed_set"],
-                                                        timed_call=slot["timed_call"]))
+            worker.record(
+                "recheck",
+                **worker.save_gathered(slot["check"], timed_set=slot["timed_set"], timed_call=slot["timed_call"]),
+            )
     wall, host = [], []
     # one wall-time call, picked with the secret RNG, is checked too (protocol.wall_check_run)
     wall_pick, wall_kept = pick.randrange(BENCH_WALL_REPS), None
@@ -107,8 +117,12 @@ def bench_shape(worker: Any, name: str, dims: dict[str, int]) -> dict[str, Any]:
         worker.sync()
         wall.append((_perf_counter() - t0) * 1e3)
         if w == wall_pick:  # gathered after the measurement, outside the timed span
-            wall_kept = dict(check=worker.gather_timed(wall_check_run(shape, k, worker.plan.secret), res,
-                                                     set_inputs[k], loop_idx[k]), timed_set=k)
+            wall_kept = dict(
+                check=worker.gather_timed(
+                    wall_check_run(shape, k, worker.plan.secret), res, set_inputs[k], loop_idx[k]
+                ),
+                timed_set=k,
+            )
         del res
     if wall_kept is not None:
         worker.record("recheck", **worker.save_gathered(wall_kept["check"], timed_set=wall_kept["timed_set"]))
@@ -122,8 +136,11 @@ def bench_shape(worker: Any, name: str, dims: dict[str, int]) -> dict[str, Any]:
         try:
             counted = worker.count_launches(call)  # synchronizes inside
             # every name of a call within budget: the bench stage counts the GEMMs among them
-            launches = dict(launches=counted.count, launch_kernels=counted.kernels[:LAUNCH_NAMES_KEPT],
-                            workspace_bytes=counted.workspace)
+            launches = dict(
+                launches=counted.count,
+                launch_kernels=counted.kernels[:LAUNCH_NAMES_KEPT],
+                workspace_bytes=counted.workspace,
+            )
         except Exception as e:  # noqa: BLE001 -- see above; reported by the bench stage
             launches = dict(launch_count_error=f"{type(e).__name__}: {e}"[:300])
     # One more call in the same rotation, indistinguishable from the timed ones: its
@@ -134,12 +151,21 @@ def bench_shape(worker: Any, name: str, dims: dict[str, int]) -> dict[str, Any]:
     res, workspace = worker.measured_call(call)
     check = timed_check_run(BenchShape(name=name, dims=dims), k, worker.plan.secret)
     fields = worker.save_result(check, res, set_inputs[k], {}, timed_set=k, workspace_bytes=workspace)
-    changed = [i for i, (a, b) in enumerate(zip(sums_before, worker.set_checksums(set_inputs), strict=False)) if not torch.equal(a, b)]
+    changed = [
+        i
+        for i, (a, b) in enumerate(zip(sums_before, worker.set_checksums(set_inputs), strict=False))
+        if not torch.equal(a, b)
+    ]
     if changed:
-        fields["violations"] = [*fields["violations"], dict(
-            kind="input-mutated", output=None,
-            message=f"timed input set(s) {changed} at {name} changed during timing (checksums before/after): "
-                    "inputs are read-only")]
+        fields["violations"] = [
+            *fields["violations"],
+            dict(
+                kind="input-mutated",
+                output=None,
+                message=f"timed input set(s) {changed} at {name} changed during timing (checksums before/after): "
+                "inputs are read-only",
+            ),
+        ]
     worker.record("recheck", **fields)
     del res
     sets.clear()  # the closure `call` holds the lists: empty them to free the inputs
@@ -147,7 +173,18 @@ def bench_shape(worker: Any, name: str, dims: dict[str, int]) -> dict[str, Any]:
     gc.collect()
     if worker.cuda:
         torch.cuda.empty_cache()
-    return dict(shape=name, dims=dims, event_ms=event_ms, wall_ms=statistics.median(wall),
-                host_ms=statistics.median(host), guard_host_ms=worker.guard_host_ms(), wall_samples_ms=wall,
-                timer="do_bench" if worker.cuda else "cpu-loop", timer_calls=timing["calls"],
-                n_sets=n, set_bytes=set_bytes, calls=counter[0], **launches)
+    return dict(
+        shape=name,
+        dims=dims,
+        event_ms=event_ms,
+        wall_ms=statistics.median(wall),
+        host_ms=statistics.median(host),
+        guard_host_ms=worker.guard_host_ms(),
+        wall_samples_ms=wall,
+        timer="do_bench" if worker.cuda else "cpu-loop",
+        timer_calls=timing["calls"],
+        n_sets=n,
+        set_bytes=set_bytes,
+        calls=counter[0],
+        **launches,
+    )

@@ -145,6 +145,8 @@ class InputGenerationError(RuntimeError):
     candidate (its import may have exhausted device memory or changed torch), so that no
     candidate can buy a verifier error; the pre-import draw of every correctness case makes
     a spec bug surface before the import."""
+
+
 BALLAST_MAX = 47
 """Most small objects (1-256 bytes each) in one guarded call's secret-random ballast."""
 
@@ -168,8 +170,10 @@ def tampered() -> list[str]:
             out.append(k)
     for k, (holder, name, value, items) in _OWN.items():
         now = holder.get(name, _MISSING)
-        if now is not value or (items is not None and (len(now) != len(items) or any(
-                now.get(i, _MISSING) is not v for i, v in items.items()))):
+        if now is not value or (
+            items is not None
+            and (len(now) != len(items) or any(now.get(i, _MISSING) is not v for i, v in items.items()))
+        ):
             out.append(k)
     return out
 
@@ -182,7 +186,10 @@ def freeze_own_state() -> None:
     """Record the globals of this module and of the worker-side modules whose code it runs
     (:data:`HARNESS_MODULES`: functions, classes, the captured instruments and their dicts)
     and ``Worker``'s class attributes, for :func:`tampered`. Called before the import."""
-    for label, g in (("worker_candidate", globals()), *((m.__name__.rsplit(".", 1)[-1], vars(m)) for m in HARNESS_MODULES)):
+    for label, g in (
+        ("worker_candidate", globals()),
+        *((m.__name__.rsplit(".", 1)[-1], vars(m)) for m in HARNESS_MODULES),
+    ):
         for name, value in list(g.items()):
             if not name.startswith("__") and name not in ("_OWN", "_MISSING"):
                 _OWN[f"{label}.{name}"] = (g, name, value, dict(value) if type(value) is dict else None)
@@ -200,8 +207,11 @@ class Worker:
         self.scratch = folder / SCRATCH_DIR
         (self.scratch / "trials").mkdir(parents=True, exist_ok=True)
         fd = landlock.LAUNCH_RESULTS_FD  # the parent's results pipe (confine/launch.py)
-        self._out = (open(folder / RESULTS_FILE, "a", encoding="utf-8") if fd is None  # noqa: SIM115
-                     else os.fdopen(fd, "w", encoding="utf-8"))  # lives as long as the worker
+        self._out = (
+            open(folder / RESULTS_FILE, "a", encoding="utf-8")
+            if fd is None  # noqa: SIM115
+            else os.fdopen(fd, "w", encoding="utf-8")
+        )  # lives as long as the worker
         self._fsync = stat.S_ISREG(os.fstat(self._out.fileno()).st_mode)  # a pipe needs none
         self.plan = Plan.from_json(plan_text if plan_text is not None else (folder / PLAN_FILE).read_text())
         self.results = folder / RESULTS_FILE
@@ -214,8 +224,9 @@ class Worker:
         self.imported = False  # candidate code has run in this process
         self.profiler_ok = False  # the launch-counting profiler passed its self-test here
         # trusted reference.py, imported once before any candidate code (derived inputs)
-        self.ref = self.loaded.load_reference() if any(
-            t.init.dist == "derived" for t in self.spec.entry.inputs) else None
+        self.ref = (
+            self.loaded.load_reference() if any(t.init.dist == "derived" for t in self.spec.entry.inputs) else None
+        )
 
     # -- plumbing -----------------------------------------------------------------
     def record(self, part: str, **fields: Any) -> None:
@@ -243,8 +254,10 @@ class Worker:
         cap = torch.cuda.get_device_capability(self.device)
         if cap != (9, 0):
             name = torch.cuda.get_device_name(self.device)
-            return (f"the verifier needs a Hopper GPU (sm_90); this is {name} (sm_{cap[0]}{cap[1]}). "
-                    "quack @gemm_epilogue kernels are compiled for sm_90a.")
+            return (
+                f"the verifier needs a Hopper GPU (sm_90); this is {name} (sm_{cap[0]}{cap[1]}). "
+                "quack @gemm_epilogue kernels are compiled for sm_90a."
+            )
         return None
 
     def profiler_selftest(self) -> int:
@@ -259,8 +272,15 @@ class Worker:
         write into a timed input (an epilogue mod's ``out=`` aimed at an input) changes them."""
         ints = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
         T = _T
-        return [torch.stack([T["sum"](T["view"](T["reshape"](T["detach"](t), -1), ints[T["element_size"](t)]),
-                                      dtype=torch.int64) for t in d.values()]) for d in sets]
+        return [
+            torch.stack(
+                [
+                    T["sum"](T["view"](T["reshape"](T["detach"](t), -1), ints[T["element_size"](t)]), dtype=torch.int64)
+                    for t in d.values()
+                ]
+            )
+            for d in sets
+        ]
 
     def no_host_sync(self, fn: Callable[..., Any], *args: Any) -> Any:
         """``fn(*args)`` with torch's sync debug mode at "error": a device-to-host read in
@@ -272,7 +292,7 @@ class Worker:
         # addresses would tell timed calls from checked ones). The guard's own
         # host cost is what a call pays for it: measured per shape (guard_host_ms).
         raw = self._rng.randbytes(BALLAST_MAX + 1)  # fresh per call, one C-level draw
-        ballast = [bytearray(b + 1) for b in raw[1:2 + raw[0] % BALLAST_MAX]]
+        ballast = [bytearray(b + 1) for b in raw[1 : 2 + raw[0] % BALLAST_MAX]]
         if self.cuda:
             assert _set_sync_debug_mode is not None  # CUDA builds of torch have the binding
             _set_sync_debug_mode(2)  # "error" (the C binding: CUDA is initialized by now)
@@ -376,11 +396,13 @@ class Worker:
         else:
             (res, workspace), launches = self.measured_call(call), None
         call_s = _perf_counter() - t0
-        return self.save_result(run, res, inputs, before, call_s=call_s, poisoned_bytes=poisoned,
-                                workspace_bytes=workspace), launches
+        return self.save_result(
+            run, res, inputs, before, call_s=call_s, poisoned_bytes=poisoned, workspace_bytes=workspace
+        ), launches
 
-    def check_result(self, run: Run, res: Any, inputs: dict[str, torch.Tensor]
-                     ) -> tuple[list[tuple[int, Any, Any, list[dict[str, Any]]]], list[dict[str, Any]]]:
+    def check_result(
+        self, run: Run, res: Any, inputs: dict[str, torch.Tensor]
+    ) -> tuple[list[tuple[int, Any, Any, list[dict[str, Any]]]], list[dict[str, Any]]]:
         """The output contract of one call's result, checked on metadata only (host side,
         no sync): ``([(position, output spec, returned value, its violations)], every
         violation)``, the count mismatch included."""
@@ -388,11 +410,14 @@ class Worker:
         violations: list[dict[str, Any]] = []
         expected = self.spec.entry.outputs
         if len(outs) != len(expected):
-            violations.append(dict(
-                kind="output-count", output=None,
-                message=f"returned {len(outs)} value(s); expected {len(expected)} "
-                        f"({', '.join(o.name for o in expected)}) as a tuple in that order",
-            ))
+            violations.append(
+                dict(
+                    kind="output-count",
+                    output=None,
+                    message=f"returned {len(outs)} value(s); expected {len(expected)} "
+                    f"({', '.join(o.name for o in expected)}) as a tuple in that order",
+                )
+            )
         spans = {k: storage_span(v) for k, v in inputs.items()}
         out_spans: dict[str, tuple[int, int]] = {}
         per = []
@@ -402,8 +427,9 @@ class Worker:
             per.append((pos, spec_o, o, v))
         return per, violations
 
-    def save_result(self, run: Run, res: Any, inputs: dict[str, torch.Tensor], before: dict[str, torch.Tensor],
-                    **extra: Any) -> dict[str, Any]:
+    def save_result(
+        self, run: Run, res: Any, inputs: dict[str, torch.Tensor], before: dict[str, torch.Tensor], **extra: Any
+    ) -> dict[str, Any]:
         """Check the output contract of one call's result, save the outputs (sampled for
         ``run.sample``) and the inputs before/after, and return the record fields."""
         per, violations = self.check_result(run, res, inputs)
@@ -424,9 +450,16 @@ class Worker:
         del res, per, inputs
         return self._write_trial(run, saved, before, after, violations, mutated, **extra)
 
-    def _write_trial(self, run: Run, saved: dict[str, torch.Tensor | None], before: dict[str, torch.Tensor],
-                     after: dict[str, torch.Tensor], violations: list[dict[str, Any]], mutated: list[str],
-                     **extra: Any) -> dict[str, Any]:
+    def _write_trial(
+        self,
+        run: Run,
+        saved: dict[str, torch.Tensor | None],
+        before: dict[str, torch.Tensor],
+        after: dict[str, torch.Tensor],
+        violations: list[dict[str, Any]],
+        mutated: list[str],
+        **extra: Any,
+    ) -> dict[str, Any]:
         """Save one trial's (CPU) outputs and inputs to ``trials/<key>.pt``; the record fields."""
         fname = f"{SCRATCH_DIR}/trials/{run.key}.pt"
         buf = io.BytesIO()
@@ -435,11 +468,20 @@ class Worker:
         (self.dir / fname).write_bytes(data)
         # the sha256 goes through the protected results file: a saved file changed later
         # (by candidate code still running in this process) no longer matches it
-        return dict(key=run.key, file=fname, sha256=hashlib.sha256(data).hexdigest(), bytes=len(data), violations=violations,
-                    inputs_mutated=mutated, ok=True, **extra)
+        return dict(
+            key=run.key,
+            file=fname,
+            sha256=hashlib.sha256(data).hexdigest(),
+            bytes=len(data),
+            violations=violations,
+            inputs_mutated=mutated,
+            ok=True,
+            **extra,
+        )
 
-    def gather_timed(self, run: Run, res: Any, inputs: dict[str, torch.Tensor],
-                     idx: list[torch.Tensor]) -> dict[str, Any]:
+    def gather_timed(
+        self, run: Run, res: Any, inputs: dict[str, torch.Tensor], idx: list[torch.Tensor]
+    ) -> dict[str, Any]:
         """A kept timed call (:func:`~coda_agent.verifier.gpu.protocol.timed_loop_check_run`):
         :meth:`check_result`, and each valid output's sampled elements gathered on the
         device, in stream order right after the call (``idx[pos]``: the run's sample
@@ -521,26 +563,48 @@ class Worker:
         # candidate's. No candidate code has run yet, so a failing self-test is the
         # environment's fault.
         selftests = (
-            ("profiler-broken", "the launch-counting profiler fails",
-             lambda: self.profiler_selftest() if self.cuda else None),
-            ("timer-broken", "the benchmark timer fails",
-             lambda: self.time_event_ms(self.instrument_probe()) if self.cuda and self.plan.bench else None),
-            ("dsl-broken", "quack's identity_epi GEMM does not compile/run",
-             lambda: self.dsl_selftest() if self.cuda else None),
+            (
+                "profiler-broken",
+                "the launch-counting profiler fails",
+                lambda: self.profiler_selftest() if self.cuda else None,
+            ),
+            (
+                "timer-broken",
+                "the benchmark timer fails",
+                lambda: self.time_event_ms(self.instrument_probe()) if self.cuda and self.plan.bench else None,
+            ),
+            (
+                "dsl-broken",
+                "quack's identity_epi GEMM does not compile/run",
+                lambda: self.dsl_selftest() if self.cuda else None,
+            ),
         )
         got = {}
         for error, what, test in selftests:
             try:
                 got[error] = test()
             except Exception as e:  # noqa: BLE001 -- see above
-                self.record("setup", ok=False, error=error, sandbox=sandbox,
-                            message=f"{what} in the confined worker: {type(e).__name__}: {e}")
+                self.record(
+                    "setup",
+                    ok=False,
+                    error=error,
+                    sandbox=sandbox,
+                    message=f"{what} in the confined worker: {type(e).__name__}: {e}",
+                )
                 return EXIT_REFUSED
         selftest, timer_ms, dsl_s = got["profiler-broken"], got["timer-broken"], got["dsl-broken"]
         self.profiler_ok = bool(self.cuda and selftest)
-        self.record("setup", ok=True, device=str(self.device), env=env, profiler_selftest=selftest,
-                    plan_sha256=self.plan.sha256(), sandbox=sandbox, timer_selftest_ms=timer_ms,
-                    dsl_selftest_s=dsl_s)
+        self.record(
+            "setup",
+            ok=True,
+            device=str(self.device),
+            env=env,
+            profiler_selftest=selftest,
+            plan_sha256=self.plan.sha256(),
+            sandbox=sandbox,
+            timer_selftest_ms=timer_ms,
+            dsl_selftest_s=dsl_s,
+        )
 
         # Every correctness/recheck case's inputs once before any candidate code runs: a spec
         # or verifier problem in drawing them shows up here, not charged to the candidate.
@@ -565,8 +629,15 @@ class Worker:
             self.record("trial", **fields)
             if launches is not None:
                 counted.add(run.case)
-                self.record("launches", count=launches.count, kernels=launches.kernels, selftest=selftest,
-                            key=run.key, case=run.case, workspace_bytes=launches.workspace)
+                self.record(
+                    "launches",
+                    count=launches.count,
+                    kernels=launches.kernels,
+                    selftest=selftest,
+                    key=run.key,
+                    case=run.case,
+                    workspace_bytes=launches.workspace,
+                )
         if not self.profiler_ok:
             why = "CPU device" if not self.cuda else f"profiler self-test saw {selftest} kernels for one known kernel"
             self.record("launches", count=None, kernels=[], selftest=selftest, reason=why)
@@ -588,9 +659,12 @@ class Worker:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="coda-agent candidate worker (untrusted side)")
     ap.add_argument("--dir", required=True, type=Path, help="worker folder (holding plan.json unless --plan-stdin)")
-    ap.add_argument("--plan-stdin", action="store_true",
-                    help="read the plan from stdin (the pipeline's way: the plan holds the secret, and files "
-                         "stay readable to a confined worker)")
+    ap.add_argument(
+        "--plan-stdin",
+        action="store_true",
+        help="read the plan from stdin (the pipeline's way: the plan holds the secret, and files "
+        "stay readable to a confined worker)",
+    )
     a = ap.parse_args(argv)
     try:
         w = Worker(a.dir, sys.stdin.read() if a.plan_stdin else None)
@@ -602,8 +676,12 @@ def main(argv: list[str] | None = None) -> int:
     except InputGenerationError:
         tb = traceback.format_exc()
         after = w.imported
-        why = ("input generation failed after the candidate was imported (the same generator "
-               "worked before it: e.g. the candidate's import used up device memory)\n" if after else "")
+        why = (
+            "input generation failed after the candidate was imported (the same generator "
+            "worked before it: e.g. the candidate's import used up device memory)\n"
+            if after
+            else ""
+        )
         try:
             w.record("error", error="input-generation", verifier=not after, message=why + tb[-6000:])
         except Exception:  # noqa: BLE001

@@ -66,7 +66,9 @@ def _exact_fp32() -> None:
         pass
 
 
-def autograd_gradient(ref: Any, g: GradientSpec, inputs: dict[str, torch.Tensor], consts: dict[str, int]) -> torch.Tensor:
+def autograd_gradient(
+    ref: Any, g: GradientSpec, inputs: dict[str, torch.Tensor], consts: dict[str, int]
+) -> torch.Tensor:
     """d ref.<g.of>(inputs \\ upstream) / d inputs[g.wrt], contracted with inputs[g.upstream]."""
     args = {k: v.detach() for k, v in inputs.items() if k != g.upstream}
     wrt = args[g.wrt].clone().requires_grad_(True)
@@ -78,8 +80,9 @@ def autograd_gradient(ref: Any, g: GradientSpec, inputs: dict[str, torch.Tensor]
     return grad.detach()
 
 
-def reference_outputs(spec: Any, ref: Any, inputs: dict[str, torch.Tensor], dims: dict[str, int]
-                      ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+def reference_outputs(
+    spec: Any, ref: Any, inputs: dict[str, torch.Tensor], dims: dict[str, int]
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """``(ref32, ref_lowp)`` for every output of ``spec`` (CPU tensors): ``ref.reference`` (and
     the autograd of each gradient output's forward) on the fp32-upcast ``inputs`` (kept
     fp32) and on the low-precision ``inputs`` as they are. Call with TF32 off."""
@@ -209,8 +212,10 @@ class RefWorker:
     def bench_shape(self, name: str, dims: dict[str, int], fns: dict[str, Any]) -> dict[str, Any]:
         n = rotation_count(tensor_bytes(self.spec, dims, "inputs"))
         consts = self.spec.constants_of(dims)
-        sets = [{**make_inputs(self.loaded, dims, BENCH_SEED_BASE + self.plan.secret + k, self.device, self.ref), **consts}
-                for k in range(n)]
+        sets = [
+            {**make_inputs(self.loaded, dims, BENCH_SEED_BASE + self.plan.secret + k, self.device, self.ref), **consts}
+            for k in range(n)
+        ]
         self.sync()
         out: dict[str, dict[str, Any]] = {}
         for b, f in fns.items():
@@ -229,8 +234,11 @@ class RefWorker:
                 t0 = time.perf_counter()
                 with torch.no_grad():
                     # quack_gemm: bare_gemm's operands captured per set, before timing
-                    per_set += (f.prepare(sets) if isinstance(f, gemm_floor.Floor)
-                                else [functools.partial(f, **s) for s in sets])
+                    per_set += (
+                        f.prepare(sets)
+                        if isinstance(f, gemm_floor.Floor)
+                        else [functools.partial(f, **s) for s in sets]
+                    )
                     call()
                     call()
                     self.sync()
@@ -251,8 +259,13 @@ class RefWorker:
         from .environment import collect_environment
 
         _exact_fp32()
-        self.record("setup", ok=True, device=str(self.device), plan_sha256=self.plan.sha256(),
-                    env=collect_environment(probe_gpu=self.cuda).model_dump())
+        self.record(
+            "setup",
+            ok=True,
+            device=str(self.device),
+            plan_sha256=self.plan.sha256(),
+            env=collect_environment(probe_gpu=self.cuda).model_dump(),
+        )
         for run in self.plan.runs:
             self.record("begin", what=f"reference {run.key}")
             self.record("trial", **self.references(run))

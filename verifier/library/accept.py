@@ -91,7 +91,9 @@ def unconfined_workers(verdict: Verdict) -> list[str]:
     return out
 
 
-def build_manifest(loaded: LoadedSpec, kernel_bytes: bytes, verdict: Verdict, provenance: dict[str, Any], accepted_at: str) -> dict[str, Any]:
+def build_manifest(
+    loaded: LoadedSpec, kernel_bytes: bytes, verdict: Verdict, provenance: dict[str, Any], accepted_at: str
+) -> dict[str, Any]:
     """The manifest.json content (a JSON-safe dict)."""
     vd = verdict.model_dump(mode="json")
     spec = loaded.spec
@@ -108,7 +110,10 @@ def build_manifest(loaded: LoadedSpec, kernel_bytes: bytes, verdict: Verdict, pr
         "kernel_sha256": sha256_bytes(kernel_bytes),
         "provenance": provenance,
         "environment": vd["environment"],
-        "stages": {s["stage"]: {k: s[k] for k in ("status", "summary", "metrics", "duration_s", "findings")} for s in vd["stages"]},
+        "stages": {
+            s["stage"]: {k: s[k] for k in ("status", "summary", "metrics", "duration_s", "findings")}
+            for s in vd["stages"]
+        },
         "verdict": {k: vd[k] for k in ("started_at", "wall_s", "cpu_only", "candidate_hash")},
         "gpu_verified": verdict.gpu_verified,
         "accepted_at": accepted_at,
@@ -153,38 +158,70 @@ def render_report(manifest: dict[str, Any]) -> str:
         worst = (stages.get(stage, {}).get("metrics") or {}).get("worst") or {}
         if not worst:
             continue
-        lines += ["", f"## {title}: max |out - ref32| vs allowed (worst trial per output)", "",
-                  "| output | max error | allowed | ratio | trial |", "|---|---|---|---|---|"]
+        lines += [
+            "",
+            f"## {title}: max |out - ref32| vs allowed (worst trial per output)",
+            "",
+            "| output | max error | allowed | ratio | trial |",
+            "|---|---|---|---|---|",
+        ]
         for out, m in sorted(worst.items()):
-            lines.append(f"| {out} | {_f(m.get('max_err'))} | {_f(m.get('allowed'))} | {_f(m.get('ratio'), '.2f')} | {m.get('trial')} |")
+            lines.append(
+                f"| {out} | {_f(m.get('max_err'))} | {_f(m.get('allowed'))} | {_f(m.get('ratio'), '.2f')} | {m.get('trial')} |"
+            )
     c = stages.get("correctness", {}).get("metrics") or {}
     if c.get("launches") is not None:
-        gemms = (f"; GEMMs {c['gemm_launches']} (max {c.get('max_gemm_launches')})"
-                 if c.get("gemm_launches") is not None else "")
-        lines += ["", f"Kernel launches per call: {c['launches']} (max {c.get('max_launches')}{gemms}): "
-                      f"{', '.join(c.get('kernels', []))}"]
+        gemms = (
+            f"; GEMMs {c['gemm_launches']} (max {c.get('max_gemm_launches')})"
+            if c.get("gemm_launches") is not None
+            else ""
+        )
+        lines += [
+            "",
+            f"Kernel launches per call: {c['launches']} (max {c.get('max_launches')}{gemms}): "
+            f"{', '.join(c.get('kernels', []))}",
+        ]
     b = stages.get("bench", {}).get("metrics") or {}
     shapes = b.get("shapes") or {}
     if shapes:
         names = sorted({n for m in shapes.values() for n in m.get("baselines", {})})
-        head = "| shape | fused ms | TFLOP/s | GB/s | speed of light ms | " + " | ".join(f"{n} ms | fused/{n}" for n in names) + " |"
-        lines += ["", f"## Benchmark on {b.get('gpu')} (median ms; ratio = fused / baseline, < 1 is faster)", "", head,
-                  "|" + "---|" * (5 + 2 * len(names))]
+        head = (
+            "| shape | fused ms | TFLOP/s | GB/s | speed of light ms | "
+            + " | ".join(f"{n} ms | fused/{n}" for n in names)
+            + " |"
+        )
+        lines += [
+            "",
+            f"## Benchmark on {b.get('gpu')} (median ms; ratio = fused / baseline, < 1 is faster)",
+            "",
+            head,
+            "|" + "---|" * (5 + 2 * len(names)),
+        ]
         # smallest problem first (JSON manifests keep keys sorted, not in spec order)
         shapes = dict(sorted(shapes.items(), key=lambda kv: (kv[1].get("flops") or 0, kv[0])))
         for shape, m in shapes.items():
-            cells = [shape, _f(m.get("fused_ms"), ".4f"), _f(m.get("tflops"), ".0f"), _f(m.get("gbps"), ".0f"), _f(m.get("sol_ms"), ".4f")]
+            cells = [
+                shape,
+                _f(m.get("fused_ms"), ".4f"),
+                _f(m.get("tflops"), ".0f"),
+                _f(m.get("gbps"), ".0f"),
+                _f(m.get("sol_ms"), ".4f"),
+            ]
             for n in names:
                 r = m.get("baselines", {}).get(n, {})
-                cells += [_f(r.get("ms"), ".4f") if "ms" in r else "error", _f(r.get("ratio"), ".3f") if "ratio" in r else "-"]
+                cells += [
+                    _f(r.get("ms"), ".4f") if "ms" in r else "error",
+                    _f(r.get("ratio"), ".3f") if "ratio" in r else "-",
+                ]
             lines.append("| " + " | ".join(cells) + " |")
         for n, v in sorted((b.get("bar") or {}).items()):
-            missed = [sh for sh, m in shapes.items()
-                      if (m.get("bar", {}).get(n) or {}).get("met") is False]
+            missed = [sh for sh, m in shapes.items() if (m.get("bar", {}).get(n) or {}).get("met") is False]
             verdict = {True: "met", False: "MISSED"}.get(v.get("met"), "not measured")
             tail = f" (missed at {', '.join(missed)})" if missed else ""
-            lines.append(f"\nBar fused/{n} <= {v.get('limit')}: {verdict}; met at {v.get('met_shapes')} of "
-                         f"{v.get('shapes')} shapes{tail}.")
+            lines.append(
+                f"\nBar fused/{n} <= {v.get('limit')}: {verdict}; met at {v.get('met_shapes')} of "
+                f"{v.get('shapes')} shapes{tail}."
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -201,8 +238,10 @@ def read_manifest(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(Path(path).read_text())
     except (OSError, ValueError) as e:
-        raise ManifestError(f"{path}: unreadable manifest ({type(e).__name__}: {e}); restore it "
-                            "(git checkout) or re-verify the kernel with --accept --force") from None
+        raise ManifestError(
+            f"{path}: unreadable manifest ({type(e).__name__}: {e}); restore it "
+            "(git checkout) or re-verify the kernel with --accept --force"
+        ) from None
     if not isinstance(data, dict):
         raise ManifestError(f"{path}: a manifest must be a JSON object, got {type(data).__name__}")
     return data
@@ -212,15 +251,26 @@ def verdict_from_manifest(manifest: dict[str, Any]) -> Verdict:
     """Rebuild the Verdict an accepted kernel was accepted with (from its manifest.json)."""
     # the manifest's keys are sorted (alphabetical); a Verdict's stages are in pipeline order
     order = {name: i for i, name in enumerate(STAGES)}
-    stages = [{"stage": name, **{k: v for k, v in st.items() if k in ("status", "summary", "metrics", "duration_s", "findings")}}
-              for name, st in sorted(manifest.get("stages", {}).items(), key=lambda kv: order.get(kv[0], len(order)))]
+    stages = [
+        {
+            "stage": name,
+            **{k: v for k, v in st.items() if k in ("status", "summary", "metrics", "duration_s", "findings")},
+        }
+        for name, st in sorted(manifest.get("stages", {}).items(), key=lambda kv: order.get(kv[0], len(order)))
+    ]
     v = manifest.get("verdict", {})
-    return Verdict.model_validate({
-        "spec": manifest["spec"], "spec_hash": manifest["spec_hash"],
-        "candidate_hash": v.get("candidate_hash", manifest.get("kernel_sha256", "")),
-        "stages": stages, "environment": manifest.get("environment", {}),
-        "cpu_only": v.get("cpu_only", False), "started_at": v.get("started_at", ""), "wall_s": v.get("wall_s", 0.0),
-    })
+    return Verdict.model_validate(
+        {
+            "spec": manifest["spec"],
+            "spec_hash": manifest["spec_hash"],
+            "candidate_hash": v.get("candidate_hash", manifest.get("kernel_sha256", "")),
+            "stages": stages,
+            "environment": manifest.get("environment", {}),
+            "cpu_only": v.get("cpu_only", False),
+            "started_at": v.get("started_at", ""),
+            "wall_s": v.get("wall_s", 0.0),
+        }
+    )
 
 
 def accepted_names(root: Path, names: list[str] | None = None) -> list[str]:
@@ -248,8 +298,10 @@ def outside_library(root: Path, loaded: LoadedSpec) -> str | None:
     home = Path(root) / "kernel_specs" / loaded.name
     if home.is_dir() and Path(loaded.directory).resolve() == home.resolve():
         return None
-    return (f"{loaded.directory} is not this workspace's kernel_specs/{loaded.name}/ ({home}): only the library's "
-            "own specs can accept a kernel into generated_kernels/")
+    return (
+        f"{loaded.directory} is not this workspace's kernel_specs/{loaded.name}/ ({home}): only the library's "
+        "own specs can accept a kernel into generated_kernels/"
+    )
 
 
 def accept(
@@ -272,7 +324,9 @@ def accept(
     """
     candidate = Path(candidate)
     if not verdict.gpu_verified:
-        raise AcceptError(f"refusing to accept {candidate}: the verdict is not GPU-verified: {_why_not_verified(verdict)}")
+        raise AcceptError(
+            f"refusing to accept {candidate}: the verdict is not GPU-verified: {_why_not_verified(verdict)}"
+        )
     loose = unconfined_workers(verdict)
     if loose and not allow_unconfined:
         raise AcceptError(
@@ -290,7 +344,9 @@ def accept(
         raise AcceptError(outside)
     data = candidate.read_bytes()
     if sha256_bytes(data) != verdict.candidate_hash:
-        raise AcceptError(f"{candidate} changed since it was verified (sha256 differs from the verdict's): verify again")
+        raise AcceptError(
+            f"{candidate} changed since it was verified (sha256 differs from the verdict's): verify again"
+        )
     base = Path(root) / KERNELS_DIR
     base.mkdir(parents=True, exist_ok=True)
     dest = base / loaded.name
@@ -331,8 +387,9 @@ def accept(
     return dest
 
 
-def reverified_provenance(old_manifest: dict[str, Any], data: bytes, provenance: dict[str, Any],
-                          accepted_at: str) -> dict[str, Any]:
+def reverified_provenance(
+    old_manifest: dict[str, Any], data: bytes, provenance: dict[str, Any], accepted_at: str
+) -> dict[str, Any]:
     """The provenance of a re-acceptance. Re-verifying the *same bytes* (a spec changed,
     the verifier learned a check: ``verify K generated_kernels/K/kernel.py --accept
     --force``) does not change who wrote the kernel, so the old provenance (the model, its
@@ -344,8 +401,12 @@ def reverified_provenance(old_manifest: dict[str, Any], data: bytes, provenance:
     kept = dict(old_manifest.get("provenance") or {})
     if not kept:
         return provenance
-    entry = {"at": accepted_at, "previous_accepted_at": old_manifest.get("accepted_at"),
-             "previous_spec_hash": old_manifest.get("spec_hash"), **provenance}
+    entry = {
+        "at": accepted_at,
+        "previous_accepted_at": old_manifest.get("accepted_at"),
+        "previous_spec_hash": old_manifest.get("spec_hash"),
+        **provenance,
+    }
     kept["reverified"] = [*kept.get("reverified", []), entry]
     return kept
 
@@ -359,7 +420,9 @@ def _carry_history(dest: Path, tmp: Path, old_manifest: dict[str, Any]) -> None:
     when = old_manifest.get("accepted_at")
     if not when:
         mt = max((p.stat().st_mtime for p in dest.iterdir()), default=0.0)
-        when = _dt.datetime.fromtimestamp(mt, _dt.timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+        when = (
+            _dt.datetime.fromtimestamp(mt, _dt.timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+        )
     stamp = _stamp(str(when))
     target, i = hist / stamp, 1
     while target.exists():
@@ -401,11 +464,17 @@ def _keep_accepted_bytes(dest: Path, target: Path, old_manifest: dict[str, Any])
         _write(kernel, recovered)
         how = "kernel.py here is the accepted version, restored from git HEAD (sha256 checked)."
     else:
-        how = ("The accepted version was not found (not in git HEAD either): recover it from version control "
-               f"by its sha256, e.g. `git log -p -- generated_kernels/{dest.name}/kernel.py`.")
-    _write(target / HISTORY_NOTE, (
-        f"# {dest.name}: kernel.py was edited or removed after acceptance\n\n"
-        f"The manifest here names kernel sha256 `{want}`; the folder {found}. {how}\n").encode())
+        how = (
+            "The accepted version was not found (not in git HEAD either): recover it from version control "
+            f"by its sha256, e.g. `git log -p -- generated_kernels/{dest.name}/kernel.py`."
+        )
+    _write(
+        target / HISTORY_NOTE,
+        (
+            f"# {dest.name}: kernel.py was edited or removed after acceptance\n\n"
+            f"The manifest here names kernel sha256 `{want}`; the folder {found}. {how}\n"
+        ).encode(),
+    )
 
 
 def _git_head_bytes(path: Path) -> bytes | None:
@@ -413,8 +482,9 @@ def _git_head_bytes(path: Path) -> bytes | None:
     import subprocess
 
     try:
-        out = subprocess.run(["git", "-C", str(path.parent), "show", f"HEAD:./{path.name}"],
-                             capture_output=True, timeout=20, check=False)
+        out = subprocess.run(
+            ["git", "-C", str(path.parent), "show", f"HEAD:./{path.name}"], capture_output=True, timeout=20, check=False
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout if out.returncode == 0 else None

@@ -86,13 +86,15 @@ def _cell(r: dict[str, Any]) -> str:
 
 def _sol_notes(shapes: dict[str, Any]) -> list[str]:
     """One line: what the sol_bound column is, and each shape's memory floor."""
-    floors = [(shape, m["baselines"][SOL].get("floor_ms")) for shape, m in _ordered(shapes)
-              if SOL in m.get("baselines", {})]
+    floors = [
+        (shape, m["baselines"][SOL].get("floor_ms")) for shape, m in _ordered(shapes) if SOL in m.get("baselines", {})
+    ]
     if not floors:
         return []
     shown = ", ".join(f"{shape} {f:.4f} ms" if f else f"{shape} unknown" for shape, f in floors)
-    return [f"- {SOL} = max(bare_gemm ms, memory floor); the floor (bytes the kernel moves / peak DRAM bandwidth): "
-            f"{shown}."]
+    return [
+        f"- {SOL} = max(bare_gemm ms, memory floor); the floor (bytes the kernel moves / peak DRAM bandwidth): {shown}."
+    ]
 
 
 def _baseline_notes(shapes: dict[str, Any], bases: list[str]) -> list[str]:
@@ -112,14 +114,18 @@ def _host_notes(shapes: dict[str, Any], hb: list[str]) -> list[str]:
     """Host-bound shapes, and the verifier guard's own per-call host cost."""
     notes = []
     if hb:
-        notes.append(f"- host-bound (host ms >= {HOST_BOUND:g} x fused ms): {', '.join(hb)}. There the fused "
-                     "time measures Python and launch latency as much as the GPU, and varies with the host "
-                     "from run to run; the baselines are timed in another process, without the verifier's "
-                     "per-call guard. `regress` does not gate on host-bound shapes.")
+        notes.append(
+            f"- host-bound (host ms >= {HOST_BOUND:g} x fused ms): {', '.join(hb)}. There the fused "
+            "time measures Python and launch latency as much as the GPU, and varies with the host "
+            "from run to run; the baselines are timed in another process, without the verifier's "
+            "per-call guard. `regress` does not gate on host-bound shapes."
+        )
     guards = [m["guard_host_ms"] for m in shapes.values() if m.get("guard_host_ms")]
     if guards:
-        notes.append(f"- the verifier's per-call guard (sync-debug mode, heap ballast) adds "
-                     f"{1e3 * sorted(guards)[len(guards) // 2]:.0f} us of host time to each timed fused call.")
+        notes.append(
+            f"- the verifier's per-call guard (sync-debug mode, heap ballast) adds "
+            f"{1e3 * sorted(guards)[len(guards) // 2]:.0f} us of host time to each timed fused call."
+        )
     return notes
 
 
@@ -143,9 +149,11 @@ def _repeat_notes(shapes: dict[str, Any]) -> list[str]:
     out = []
     for started, names in groups.items():
         which = "" if len(groups) == 1 and len(names) == len(shapes) else f" at {', '.join(names)}"
-        out.append(f"- median of {len(started)} runs{which} (started {', '.join(started)}); the table's times "
-                   "are medians over the runs and its ratios are computed from them. Per-run fused/baseline "
-                   "ratio range:")
+        out.append(
+            f"- median of {len(started)} runs{which} (started {', '.join(started)}); the table's times "
+            "are medians over the runs and its ratios are computed from them. Per-run fused/baseline "
+            "ratio range:"
+        )
         for shape in names:
             r = shapes[shape]["runs"]
             spans = [f"{b} {min(v):.3f}-{max(v):.3f}" for b in SPREAD_BASELINES if (v := r.get("ratios", {}).get(b))]
@@ -165,13 +173,20 @@ def _measured_line(v: Verdict, shapes: dict[str, Any]) -> str:
         calls.setdefault(t, []).append(shape)
         boxes.setdefault(t, m.get("worker_sandbox") or v.environment.worker_sandbox or "confinement not recorded")
     if len(calls) <= 1:
-        return (f"Measured {v.started_at or 'at an unrecorded time'}; candidate worker: "
-                f"{v.environment.worker_sandbox or 'confinement not recorded'}.")
+        return (
+            f"Measured {v.started_at or 'at an unrecorded time'}; candidate worker: "
+            f"{v.environment.worker_sandbox or 'confinement not recorded'}."
+        )
     same = len(set(boxes.values())) == 1
-    parts = [f"{t} ({', '.join(names)})" + ("" if same else f", candidate worker: {boxes[t]}")
-             for t, names in sorted(calls.items())]
-    return f"Measured in {len(calls)} bench calls: " + "; ".join(parts) + (
-        f"; candidate worker: {next(iter(boxes.values()))}." if same else ".")
+    parts = [
+        f"{t} ({', '.join(names)})" + ("" if same else f", candidate worker: {boxes[t]}")
+        for t, names in sorted(calls.items())
+    ]
+    return (
+        f"Measured in {len(calls)} bench calls: "
+        + "; ".join(parts)
+        + (f"; candidate worker: {next(iter(boxes.values()))}." if same else ".")
+    )
 
 
 def bench_baselines(loaded: LoadedSpec) -> list[str]:
@@ -195,25 +210,33 @@ def results_markdown(verdicts: dict[str, Verdict], date: str, spec_shapes: dict[
     stacks: dict[str, list[str]] = {}
     for name, v in verdicts.items():
         e = v.environment
-        stacks.setdefault(f"GPU: {e.gpu} (sm {e.compute_capability}), driver {e.driver}, CUDA {e.cuda}; "
-                          f"torch {e.torch}, nvidia-cutlass-dsl {e.cutlass_dsl}, quack-kernels {e.quack}", []).append(name)
+        stacks.setdefault(
+            f"GPU: {e.gpu} (sm {e.compute_capability}), driver {e.driver}, CUDA {e.cuda}; "
+            f"torch {e.torch}, nvidia-cutlass-dsl {e.cutlass_dsl}, quack-kernels {e.quack}",
+            [],
+        ).append(name)
     if len(stacks) == 1:
         lines += [f"{next(iter(stacks))}.", ""]
     elif stacks:
         lines += ["The kernels were measured on different GPUs or software versions:", ""]
         lines += [f"- {stack}: {', '.join(names)}" for stack, names in stacks.items()] + [""]
-    lines += ["Median ms (triton.testing.do_bench, L2 flushed, inputs rotated); \"host ms\": host time until one",
-              "fused call returned (its launches enqueued, the verifier's per-call guard included). It can exceed",
-              "the fused time: do_bench's L2 flush before each call keeps the GPU busy while the host starts the",
-              "call, so only the host time past the flush shows in the timed window. Every baseline measured in the",
-              "same run as the fused kernel. ratio = fused / baseline (< 1: fused is faster); \"error\": the",
-              "baseline failed, \"n/a\": no such baseline here (e.g. no Liger equivalent, or liger-kernel not",
-              "installed). Baselines are compared by time only: their outputs are not checked.", ""]
+    lines += [
+        'Median ms (triton.testing.do_bench, L2 flushed, inputs rotated); "host ms": host time until one',
+        "fused call returned (its launches enqueued, the verifier's per-call guard included). It can exceed",
+        "the fused time: do_bench's L2 flush before each call keeps the GPU busy while the host starts the",
+        "call, so only the host time past the flush shows in the timed window. Every baseline measured in the",
+        'same run as the fused kernel. ratio = fused / baseline (< 1: fused is faster); "error": the',
+        'baseline failed, "n/a": no such baseline here (e.g. no Liger equivalent, or liger-kernel not',
+        "installed). Baselines are compared by time only: their outputs are not checked.",
+        "",
+    ]
     lines += targets_table(verdicts, spec_shapes)
     for name, v in verdicts.items():
         b = v.stage("bench")
         shapes = page_shapes(v)
-        lines.append(f"## {name}: {'verified' if v.gpu_verified else 'NOT verified: ' + (v.failed_stage.summary if v.failed_stage else 'no GPU')}")
+        lines.append(
+            f"## {name}: {'verified' if v.gpu_verified else 'NOT verified: ' + (v.failed_stage.summary if v.failed_stage else 'no GPU')}"
+        )
         if not shapes:
             lines.append("")
             continue
@@ -287,8 +310,11 @@ def page_shapes(v: Verdict) -> dict[str, Any]:
 
 
 def _worst(shapes: dict[str, Any], base: str) -> tuple[float, str] | None:
-    got = [(m["baselines"][base]["ratio"], s) for s, m in shapes.items()
-           if m.get("baselines", {}).get(base, {}).get("ratio")]
+    got = [
+        (m["baselines"][base]["ratio"], s)
+        for s, m in shapes.items()
+        if m.get("baselines", {}).get(base, {}).get("ratio")
+    ]
     return max(got) if got else None
 
 
@@ -332,8 +358,11 @@ def _missed(shapes: dict[str, Any], bwd: bool) -> list[str] | None:
 
 
 def _lowest_8b_speedup(shapes: dict[str, Any]) -> tuple[float, str] | None:
-    sp = [(1 / m["baselines"]["torch_compile"]["ratio"], s) for s, m in shapes.items()
-          if "8b" in s and m.get("baselines", {}).get("torch_compile", {}).get("ratio")]
+    sp = [
+        (1 / m["baselines"]["torch_compile"]["ratio"], s)
+        for s, m in shapes.items()
+        if "8b" in s and m.get("baselines", {}).get("torch_compile", {}).get("ratio")
+    ]
     return min(sp) if sp else None
 
 
@@ -384,43 +413,57 @@ def targets_table(verdicts: dict[str, Verdict], spec_shapes: dict[str, list[str]
             met, part, cross = f"NOT verified ({bad.stage}): numbers not judged", "", []
         cells.append(met + part + (f" (borderline: runs straddle {'; '.join(cross)})" if cross else ""))
         device_bound = {s: m for s, m in shapes.items() if not host_bound(m)}
-        cells.append("no host-bound shape" if len(device_bound) == len(shapes)
-                     else _met_cell(_missed(device_bound, bwd)) if device_bound else "all host-bound")
+        cells.append(
+            "no host-bound shape"
+            if len(device_bound) == len(shapes)
+            else _met_cell(_missed(device_bound, bwd))
+            if device_bound
+            else "all host-bound"
+        )
         rows.append("| " + " | ".join(cells) + " |")
     if not rows:
         return []
-    return ["## Targets", "",
-            f"The catalogue's targets: forward kernels within {TARGETS['bare_gemm'] - 1:.0%} of the bare GEMM "
-            f"(fused/bare_gemm <= {TARGETS['bare_gemm']:g}), no kernel more than "
-            f"{TARGETS['quack_library'] - 1:.0%} slower than quack's library equivalent "
-            f"(fused/quack_library <= {TARGETS['quack_library']:g}), and every kernel within "
-            f"{TARGETS['speed_of_light'] - 1:.0%} of its speed-of-light bound at every shape that is not host-bound "
-            f"(fused/{SOL} <= {TARGETS['speed_of_light']:g}; {SOL} = max(bare GEMM ms, the kernel's memory floor), "
-            "the floor = the bytes the kernel must move / the GPU's peak DRAM bandwidth). Each cell is the "
-            "worst shape (for backward kernels the bare-GEMM column is informative: the fused kernel "
-            "also does the epilogue's memory traffic; the speedup over torch.compile is informative for "
-            "every kernel). The per-spec bars under each kernel are the specs' "
-            "own, reported and not enforced. A cell marked host-bound comes from a shape where one call's host "
-            f"time is at least {HOST_BOUND:g}x its device time (see the kernel's notes): that number measures the "
-            "host as much as the kernel.", "",
-            "`quack_gemm` (informative, not a target) is quack's own GEMM with the identity epilogue "
-            "(default config) on the bare GEMM's operands: fused/quack_gemm is what the epilogue costs on "
-            "the quack mainloop every kernel is built on, and quack_gemm/bare_gemm is how that mainloop "
-            "compares with cuBLAS at the shape. A fused/bare_gemm miss whose quack_gemm/bare_gemm is as "
-            "large is the mainloop's, not the epilogue's.", "",
-            f"| kernel | direction | worst fused/bare_gemm | worst fused/quack_library | worst fused/{SOL} "
-            "(not host-bound) | lowest speedup vs torch.compile at 8B "
-            "| worst fused/quack_gemm | quack_gemm/bare_gemm at the worst fused/bare_gemm shape | targets met "
-            "| targets met without host-bound shapes |",
-            "|---|---|---|---|---|---|---|---|---|---|", *rows, "",
-            "\"targets met\" judges every shape and names the targets missed; the last column judges again "
-            "without the host-bound shapes (informative: at those shapes a call's host time, mostly Python and "
-            "launches, is as large as its GPU time, so the number depends on the host as much as on the kernel). "
-            "For kernels measured with `bench --repeat`, \"borderline\" names each shape and baseline whose "
-            "per-run ratios fall on both sides of a target. Values are rounded to 3 decimals away from "
-            "the target (ratios up, speedups down).", "",
-            "Plot (same folder, `.png`): speedup = baseline ms / fused ms per shape, > 1 means the fused "
-            "kernel is faster (the inverse of the tables' ratio).", ""]
+    return [
+        "## Targets",
+        "",
+        f"The catalogue's targets: forward kernels within {TARGETS['bare_gemm'] - 1:.0%} of the bare GEMM "
+        f"(fused/bare_gemm <= {TARGETS['bare_gemm']:g}), no kernel more than "
+        f"{TARGETS['quack_library'] - 1:.0%} slower than quack's library equivalent "
+        f"(fused/quack_library <= {TARGETS['quack_library']:g}), and every kernel within "
+        f"{TARGETS['speed_of_light'] - 1:.0%} of its speed-of-light bound at every shape that is not host-bound "
+        f"(fused/{SOL} <= {TARGETS['speed_of_light']:g}; {SOL} = max(bare GEMM ms, the kernel's memory floor), "
+        "the floor = the bytes the kernel must move / the GPU's peak DRAM bandwidth). Each cell is the "
+        "worst shape (for backward kernels the bare-GEMM column is informative: the fused kernel "
+        "also does the epilogue's memory traffic; the speedup over torch.compile is informative for "
+        "every kernel). The per-spec bars under each kernel are the specs' "
+        "own, reported and not enforced. A cell marked host-bound comes from a shape where one call's host "
+        f"time is at least {HOST_BOUND:g}x its device time (see the kernel's notes): that number measures the "
+        "host as much as the kernel.",
+        "",
+        "`quack_gemm` (informative, not a target) is quack's own GEMM with the identity epilogue "
+        "(default config) on the bare GEMM's operands: fused/quack_gemm is what the epilogue costs on "
+        "the quack mainloop every kernel is built on, and quack_gemm/bare_gemm is how that mainloop "
+        "compares with cuBLAS at the shape. A fused/bare_gemm miss whose quack_gemm/bare_gemm is as "
+        "large is the mainloop's, not the epilogue's.",
+        "",
+        f"| kernel | direction | worst fused/bare_gemm | worst fused/quack_library | worst fused/{SOL} "
+        "(not host-bound) | lowest speedup vs torch.compile at 8B "
+        "| worst fused/quack_gemm | quack_gemm/bare_gemm at the worst fused/bare_gemm shape | targets met "
+        "| targets met without host-bound shapes |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+        *rows,
+        "",
+        '"targets met" judges every shape and names the targets missed; the last column judges again '
+        "without the host-bound shapes (informative: at those shapes a call's host time, mostly Python and "
+        "launches, is as large as its GPU time, so the number depends on the host as much as on the kernel). "
+        'For kernels measured with `bench --repeat`, "borderline" names each shape and baseline whose '
+        "per-run ratios fall on both sides of a target. Values are rounded to 3 decimals away from "
+        "the target (ratios up, speedups down).",
+        "",
+        "Plot (same folder, `.png`): speedup = baseline ms / fused ms per shape, > 1 means the fused "
+        "kernel is faster (the inverse of the tables' ratio).",
+        "",
+    ]
 
 
 def _bar_lines(bar: dict[str, Any] | None) -> list[str]:
@@ -449,8 +492,11 @@ def plot_speedups(verdicts: dict[str, Verdict], path: Path) -> bool:
         return False
     panels: list[tuple[str, list[tuple[str, dict[str, float]]]]] = []
     for name, v in verdicts.items():
-        rows = [(shape, {n: r["ms"] / m["fused_ms"] for n, r in m.get("baselines", {}).items() if r.get("ms")})
-                for shape, m in _ordered(shapes_of(v)) if m.get("fused_ms")]
+        rows = [
+            (shape, {n: r["ms"] / m["fused_ms"] for n, r in m.get("baselines", {}).items() if r.get("ms")})
+            for shape, m in _ordered(shapes_of(v))
+            if m.get("fused_ms")
+        ]
         if rows:
             panels.append((name, rows))
     if not panels:
@@ -470,14 +516,21 @@ def plot_speedups(verdicts: dict[str, Verdict], path: Path) -> bool:
         ax.set_xticklabels([s.replace("llama3-", "") for s, _ in rows], rotation=30, ha="right", fontsize=7)
         ax.set_title(name, fontsize=9)
         ax.tick_params(axis="y", labelsize=7)
-    for ax in list(axes.flat)[len(panels):]:
+    for ax in list(axes.flat)[len(panels) :]:
         ax.axis("off")
     for ax in axes[:, 0]:
         ax.set_ylabel("baseline ms / fused ms", fontsize=8)
     handles = [plt.Rectangle((0, 0), 1, 1, color=colors[n]) for n in bases]
     fig.suptitle("fused kernel speedup over each baseline (> 1: fused is faster)", fontsize=10, y=0.995)
-    fig.legend(handles, bases, loc="upper center", bbox_to_anchor=(0.5, 0.985 - 0.01 * nrows), ncol=len(bases),
-               fontsize=8, frameon=False)
+    fig.legend(
+        handles,
+        bases,
+        loc="upper center",
+        bbox_to_anchor=(0.5, 0.985 - 0.01 * nrows),
+        ncol=len(bases),
+        fontsize=8,
+        frameon=False,
+    )
     fig.tight_layout(rect=(0, 0, 1, 0.95 - 0.005 * nrows))
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
@@ -485,8 +538,16 @@ def plot_speedups(verdicts: dict[str, Verdict], path: Path) -> bool:
     return True
 
 
-def _write_results(rep: BenchReport, out_dir: Path, date: str, note: str = "", suffix: str = "",
-                   stem: str | None = None, spec_shapes: dict[str, list[str]] | None = None, mark: str = "") -> None:
+def _write_results(
+    rep: BenchReport,
+    out_dir: Path,
+    date: str,
+    note: str = "",
+    suffix: str = "",
+    stem: str | None = None,
+    spec_shapes: dict[str, list[str]] | None = None,
+    mark: str = "",
+) -> None:
     """Write ``<out_dir>/<stem>.md`` (+ ``.png``); ``stem`` defaults to ``<date>-<gpu><suffix>``;
     ``mark`` is appended as the page's last line."""
     env = next(iter(rep.verdicts.values())).environment
@@ -515,14 +576,25 @@ def default_jobs() -> int:
     return max(1, min(8, (os.cpu_count() or 2) // 2))
 
 
-MANIFESTS_PAGE_MARK = ("<!-- written by coda-agent bench --all --from-manifests from the accepted kernels' "
-                       "manifests; rewritten by it, so edits here are lost -->")
+MANIFESTS_PAGE_MARK = (
+    "<!-- written by coda-agent bench --all --from-manifests from the accepted kernels' "
+    "manifests; rewritten by it, so edits here are lost -->"
+)
 """Last line of the page ``bench --from-manifests`` writes (see :func:`bench_kernels`)."""
 
 
-def bench_kernels(root: Path, names: list[str] | None, *, out_dir: Path | None = None, verify_fn=None,
-                  bench_shapes: list[Any] | None = None, from_manifests: bool = False,
-                  jobs: int | None = None, repeat: int = 1, force: bool = False) -> BenchReport:
+def bench_kernels(
+    root: Path,
+    names: list[str] | None,
+    *,
+    out_dir: Path | None = None,
+    verify_fn=None,
+    bench_shapes: list[Any] | None = None,
+    from_manifests: bool = False,
+    jobs: int | None = None,
+    repeat: int = 1,
+    force: bool = False,
+) -> BenchReport:
     """Benchmark the accepted kernels ``names`` (all when None). Raises ValueError for unknown names.
 
     Static and compile run first for every kernel (``jobs`` compiles at once, default
@@ -558,15 +630,19 @@ def bench_kernels(root: Path, names: list[str] | None, *, out_dir: Path | None =
             man = read_manifest(root / "generated_kernels" / n / "manifest.json")
             rep.verdicts[n] = verdict_from_manifest(man)
             dates.add(str(man.get("accepted_at", ""))[:10])
-        note = ("Numbers recorded by each kernel's acceptance run (manifest.json), not re-measured: "
-                "within a kernel, the fused kernel and its baselines come from the same run.")
+        note = (
+            "Numbers recorded by each kernel's acceptance run (manifest.json), not re-measured: "
+            "within a kernel, the fused kernel and its baselines come from the same run."
+        )
         date = max(dates) or _dt.date.today().isoformat()
         gpu = next(iter(rep.verdicts.values())).environment.gpu if rep.verdicts else None
         target = Path(out_dir) / f"{date}-{slug(gpu or 'cpu')}-manifests.md"
         if target.is_file() and not force and MANIFESTS_PAGE_MARK not in target.read_text(errors="replace"):
-            raise ValueError(f"{target}: exists and was not written by `coda-agent bench --from-manifests` (no "
-                             "marker line at its end, e.g. a hand-written record); nothing was changed. Move it, or "
-                             "pass --force to replace it")
+            raise ValueError(
+                f"{target}: exists and was not written by `coda-agent bench --from-manifests` (no "
+                "marker line at its end, e.g. a hand-written record); nothing was changed. Move it, or "
+                "pass --force to replace it"
+            )
         _write_results(rep, out_dir, date, note, suffix="-manifests", mark=MANIFESTS_PAGE_MARK)
         return rep
     items = [(load_spec(root / "kernel_specs" / n), root / "generated_kernels" / n / "kernel.py") for n in names]
@@ -584,8 +660,14 @@ def bench_kernels(root: Path, names: list[str] | None, *, out_dir: Path | None =
         for i, (loaded, kernel) in enumerate(items):
             progress.item(r * len(items) + i + 1, repeat * len(items), loaded.name)
             runs.setdefault(loaded.name, []).append(
-                verify_fn(loaded, kernel, bench_shapes=bench_shapes, baselines=bench_baselines(loaded),
-                          **extra.get(loaded.name, {})))
+                verify_fn(
+                    loaded,
+                    kernel,
+                    bench_shapes=bench_shapes,
+                    baselines=bench_baselines(loaded),
+                    **extra.get(loaded.name, {}),
+                )
+            )
     for loaded, _ in items:
         v = combine(loaded, runs[loaded.name])
         rep.verdicts[loaded.name] = v
@@ -601,8 +683,9 @@ def bench_kernels(root: Path, names: list[str] | None, *, out_dir: Path | None =
     return rep
 
 
-def page_from_kept(root: Path, vdir: Path, rep: BenchReport | None = None, out_dir: Path | None = None,
-                   force: bool = False) -> BenchReport:
+def page_from_kept(
+    root: Path, vdir: Path, rep: BenchReport | None = None, out_dir: Path | None = None, force: bool = False
+) -> BenchReport:
     """(Re)write the page ``<vdir name>.md`` (+ ``.png``) in ``out_dir`` (default: beside
     ``vdir``) from the verdicts kept in ``vdir``.
 
@@ -621,12 +704,23 @@ def page_from_kept(root: Path, vdir: Path, rep: BenchReport | None = None, out_d
         rep.page_verdicts = page
         repeated = sorted(n for n, v in page.items() if _run_count(v) > 1)
         merged = sorted(n for n, v in page.items() if len({m.get("measured_at") for m in shapes_of(v).values()}) > 1)
-        note = (f"Collected from the verdicts kept in `{vdir.name}/` ({len(page)} kernel(s)). Within a shape, the "
-                "fused kernel and its baselines always come from one run" +
-                (f", or are per-shape medians over the runs of one `bench --repeat` ({', '.join(repeated)}: "
-                 "the count and each run's ratio range are in the kernel's notes)" if repeated else "") + "." +
-                (f" Kernels whose rows come from more than one bench call (each kernel's \"Measured\" line "
-                 f"says which): {', '.join(merged)}." if merged else ""))
+        note = (
+            f"Collected from the verdicts kept in `{vdir.name}/` ({len(page)} kernel(s)). Within a shape, the "
+            "fused kernel and its baselines always come from one run"
+            + (
+                f", or are per-shape medians over the runs of one `bench --repeat` ({', '.join(repeated)}: "
+                "the count and each run's ratio range are in the kernel's notes)"
+                if repeated
+                else ""
+            )
+            + "."
+            + (
+                f' Kernels whose rows come from more than one bench call (each kernel\'s "Measured" line '
+                f"says which): {', '.join(merged)}."
+                if merged
+                else ""
+            )
+        )
         if notes:
             note += "\n\n" + "\n".join(notes)
         out = BenchReport(verdicts=page)
@@ -634,8 +728,15 @@ def page_from_kept(root: Path, vdir: Path, rep: BenchReport | None = None, out_d
         target = check_page(vdir, out_dir, force)
         spec_shapes = {n: [bs.name for bs in load_spec(root / "kernel_specs" / n).spec.shapes.benchmark] for n in page}
         date = vdir.name[:10] if re.fullmatch(r"\d{4}-\d{2}-\d{2}", vdir.name[:10]) else vdir.name
-        _write_results(out, target.parent, date, note, stem=vdir.name, spec_shapes=spec_shapes,
-                       mark=PAGE_MARK.format(folder=vdir.name))
+        _write_results(
+            out,
+            target.parent,
+            date,
+            note,
+            stem=vdir.name,
+            spec_shapes=spec_shapes,
+            mark=PAGE_MARK.format(folder=vdir.name),
+        )
         rep.markdown_path, rep.plot_path = out.markdown_path, out.plot_path
     rep.notes += [n.removeprefix("- ") for n in notes]
     return rep

@@ -53,8 +53,11 @@ def catalogue(root: Path) -> list[CatalogueRow]:
         if not (d / "spec.toml").exists():
             if d.is_dir() and not d.name.startswith((".", "_")):
                 others = sorted(p.name for p in d.iterdir())[:4]
-                rows.append(CatalogueRow(d.name, "no-spec-file",
-                                         detail=f"holds {', '.join(others)}" if others else "empty folder"))
+                rows.append(
+                    CatalogueRow(
+                        d.name, "no-spec-file", detail=f"holds {', '.join(others)}" if others else "empty folder"
+                    )
+                )
             continue
         specs.add(d.name)
         try:
@@ -70,8 +73,9 @@ def catalogue(root: Path) -> list[CatalogueRow]:
         try:
             man = read_manifest(man_path)
         except ManifestError as e:
-            rows.append(CatalogueRow(ls.name, "unreadable-manifest", ls.spec.pattern, ls.spec.entry.function,
-                                     detail=str(e)))
+            rows.append(
+                CatalogueRow(ls.name, "unreadable-manifest", ls.spec.pattern, ls.spec.entry.function, detail=str(e))
+            )
             continue
         env = man.get("environment", {})
         edits = []
@@ -79,9 +83,17 @@ def catalogue(root: Path) -> list[CatalogueRow]:
             edits.append("spec")
         if not (kdir / "kernel.py").is_file() or sha256_file(kdir / "kernel.py") != man.get("kernel_sha256"):
             edits.append("kernel.py")
-        rows.append(CatalogueRow(ls.name, "accepted", ls.spec.pattern, ls.spec.entry.function,
-                                 accepted_at=str(man.get("accepted_at", "?"))[:10], gpu=env.get("gpu") or "no",
-                                 changed=edits))
+        rows.append(
+            CatalogueRow(
+                ls.name,
+                "accepted",
+                ls.spec.pattern,
+                ls.spec.entry.function,
+                accepted_at=str(man.get("accepted_at", "?"))[:10],
+                gpu=env.get("gpu") or "no",
+                changed=edits,
+            )
+        )
     for kdir in sorted((root / "generated_kernels").glob("*/manifest.json")):
         if kdir.parent.name not in specs:  # accepted, but its spec is gone: never hidden
             rows.append(CatalogueRow(kdir.parent.name, "spec-missing"))

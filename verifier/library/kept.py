@@ -57,16 +57,19 @@ def day_verdicts(root: Path, vdir: Path) -> tuple[dict[str, Verdict], list[str]]
             notes.append(f"- {f.name}: not a readable verdict, left out ({_first_problem(e)})")
             continue
         if v.spec != f.stem:
-            notes.append(f"- {f.name}: holds a verdict of {v.spec!r}, not {f.stem!r}; left out (a kept verdict "
-                         "is <kernel>.json)")
+            notes.append(
+                f"- {f.name}: holds a verdict of {v.spec!r}, not {f.stem!r}; left out (a kept verdict is <kernel>.json)"
+            )
             continue
         if not v.stages:  # a damaged file would read as "NOT verified: no GPU"
             notes.append(f"- {f.name}: records no stages (missing or empty 'stages'); left out")
             continue
         kernel = root / "generated_kernels" / f.stem / "kernel.py"
         if not kernel.is_file() or sha256_file(kernel) != v.candidate_hash:
-            notes.append(f"- {f.stem}: measured for a kernel that is no longer the accepted one; left out "
-                         f"(run `coda-agent bench {f.stem}` again)")
+            notes.append(
+                f"- {f.stem}: measured for a kernel that is no longer the accepted one; left out "
+                f"(run `coda-agent bench {f.stem}` again)"
+            )
             continue
         out[f.stem] = v
     return out, notes
@@ -102,21 +105,34 @@ def keep_verdict(vdir: Path, loaded: LoadedSpec, v: Verdict, replace: bool = Tru
         out = merge_shapes(loaded, kept, v)
         atomic_write_text(path, out.to_json())
         ours, before = shapes_of(v), shapes_of(kept)
-        mine = [s for s, m in shapes_of(out).items() if s in ours and m.get("measured_at") == ours[s].get("measured_at")]
-        fewer = [f"{s} ({runs_of(before[s])} runs -> {runs_of(ours[s])})" for s in mine
-                 if s in before and runs_of(before[s]) > runs_of(ours[s])]
-        return out, (f"{loaded.name}: merged, {len(mine)} shape(s) from this verdict, "
-                     f"{len(shapes_of(out)) - len(mine)} from the kept one (a shape in both: the later measurement)"
-                     + (f"; WARNING: a median over more runs gave way to a later one at {', '.join(fewer)}"
-                        if fewer else ""))
+        mine = [
+            s for s, m in shapes_of(out).items() if s in ours and m.get("measured_at") == ours[s].get("measured_at")
+        ]
+        fewer = [
+            f"{s} ({runs_of(before[s])} runs -> {runs_of(ours[s])})"
+            for s in mine
+            if s in before and runs_of(before[s]) > runs_of(ours[s])
+        ]
+        return out, (
+            f"{loaded.name}: merged, {len(mine)} shape(s) from this verdict, "
+            f"{len(shapes_of(out)) - len(mine)} from the kept one (a shape in both: the later measurement)"
+            + (f"; WARNING: a median over more runs gave way to a later one at {', '.join(fewer)}" if fewer else "")
+        )
     dropped = sorted(set(shapes_of(kept)) - set(shapes_of(v)))
     if v.started_at < kept.started_at or not replace:
-        return None, (f"{loaded.name}: left out, the two cannot be merged: {why}"
-                      + (f"; the kept verdict ({kept.started_at}) is newer" if v.started_at < kept.started_at
-                         else "; only a live bench replaces a kept verdict"))
+        return None, (
+            f"{loaded.name}: left out, the two cannot be merged: {why}"
+            + (
+                f"; the kept verdict ({kept.started_at}) is newer"
+                if v.started_at < kept.started_at
+                else "; only a live bench replaces a kept verdict"
+            )
+        )
     atomic_write_text(path, v.to_json())
-    return v, (f"{loaded.name}: replaced the kept verdict of {kept.started_at}, the two cannot be merged: {why}"
-               + (f"; its shapes not measured again are dropped: {', '.join(dropped)}" if dropped else ""))
+    return v, (
+        f"{loaded.name}: replaced the kept verdict of {kept.started_at}, the two cannot be merged: {why}"
+        + (f"; its shapes not measured again are dropped: {', '.join(dropped)}" if dropped else "")
+    )
 
 
 def _first_problem(e: Exception) -> str:
@@ -148,13 +164,16 @@ def merge_kept(root: Path, src: Path, vdir: Path) -> list[str]:
     if src.resolve() == vdir.resolve():
         raise ValueError(f"--merge-from {src}: the same folder as --from-verdicts; nothing to merge")
     if not any(src.glob("*.json")):
-        raise ValueError(f"--merge-from {src}: no verdict files (*.json) in it; expected a folder a bench kept, "
-                         "<results>/<date>-<gpu>/")
+        raise ValueError(
+            f"--merge-from {src}: no verdict files (*.json) in it; expected a folder a bench kept, "
+            "<results>/<date>-<gpu>/"
+        )
     found, notes = day_verdicts(root, src)
     lines = [f"skipped {n.removeprefix('- ')}" for n in notes]
     if not found:
-        raise ValueError(f"--merge-from {src}: nothing to merge, every verdict file was skipped:\n  "
-                         + "\n  ".join(lines))
+        raise ValueError(
+            f"--merge-from {src}: nothing to merge, every verdict file was skipped:\n  " + "\n  ".join(lines)
+        )
     for name, v in found.items():
         lines.append(keep_verdict(vdir, load_spec(root / "kernel_specs" / name), v, replace=False)[1])
     return lines
@@ -168,9 +187,11 @@ def check_page(vdir: Path, out_dir: Path | None = None, force: bool = False) -> 
     vdir = Path(vdir)
     target = (Path(out_dir) if out_dir else vdir.parent) / f"{vdir.name}.md"
     if target.is_file() and not force and PAGE_MARK.format(folder=vdir.name) not in target.read_text():
-        raise ValueError(f"{target}: exists and was not written by `coda-agent bench` from {vdir.name}/ "
-                         "(no marker line at its end, e.g. a hand-written record); nothing was changed. Move it, "
-                         "or pass --force to replace it")
+        raise ValueError(
+            f"{target}: exists and was not written by `coda-agent bench` from {vdir.name}/ "
+            "(no marker line at its end, e.g. a hand-written record); nothing was changed. Move it, "
+            "or pass --force to replace it"
+        )
     return target
 
 

@@ -77,8 +77,11 @@ class RegressReport(BaseModel):
     tolerance: float
     rows: list[RegressRow] = Field(default_factory=list)
     environment: dict[str, Any] = Field(default_factory=dict, description="the machine that ran regress")
-    source: str = Field(default="measured by this run", description="where the GPU numbers come from: this run, "
-                        "or the folder of verdicts kept by `coda-agent bench` (--verdicts)")
+    source: str = Field(
+        default="measured by this run",
+        description="where the GPU numbers come from: this run, "
+        "or the folder of verdicts kept by `coda-agent bench` (--verdicts)",
+    )
     measured_on: list[str] = Field(default_factory=list, description="GPU(s) of the kept verdicts (--verdicts)")
 
     @property
@@ -95,8 +98,13 @@ GATING_BASELINE = "bare_gemm"
 """The baseline whose fused/baseline ratio gates a regression (module docstring, item 4)."""
 
 
-def compare_ratios(accepted_shapes: dict[str, Any], now_shapes: dict[str, Any], tolerance: float,
-                   pair_tolerance: float | None = None, gate: set[str] | None = None) -> dict[str, Any]:
+def compare_ratios(
+    accepted_shapes: dict[str, Any],
+    now_shapes: dict[str, Any],
+    tolerance: float,
+    pair_tolerance: float | None = None,
+    gate: set[str] | None = None,
+) -> dict[str, Any]:
     """Compare fused/baseline ratios between acceptance and now.
 
     Both arguments are bench-stage ``metrics["shapes"]``: ``{shape: {"baselines":
@@ -133,14 +141,25 @@ def compare_ratios(accepted_shapes: dict[str, Any], now_shapes: dict[str, Any], 
             if ra and rn:
                 pairs[f"{shape}/{b}"] = [ra, rn, rn / ra]
     # a host-bound shape (at acceptance or now) times Python and launch gaps, not the kernel
-    hb = sorted(sh for sh in accepted_shapes if sh in now_shapes
-                and (host_bound(accepted_shapes[sh]) or host_bound(now_shapes[sh])))
+    hb = sorted(
+        sh
+        for sh in accepted_shapes
+        if sh in now_shapes and (host_bound(accepted_shapes[sh]) or host_bound(now_shapes[sh]))
+    )
     gates = (lambda b: True) if gate is None else (lambda b: b in gate)
     gated = {k: v for k, v in pairs.items() if gates(k.rsplit("/", 1)[1]) and k.rsplit("/", 1)[0] not in hb}
     info = {k: v for k, v in pairs.items() if k not in gated}
     if not gated:
-        return {"worst": None, "worst_at": "", "regressed": [], "pairs": pairs, "geomean": {},
-                "info_worst": None, "info_worst_at": "", "host_bound": hb}
+        return {
+            "worst": None,
+            "worst_at": "",
+            "regressed": [],
+            "pairs": pairs,
+            "geomean": {},
+            "info_worst": None,
+            "info_worst_at": "",
+            "host_bound": hb,
+        }
     by_base: dict[str, list[float]] = {}
     for k, v in pairs.items():
         shape, b = k.rsplit("/", 1)
@@ -151,8 +170,16 @@ def compare_ratios(accepted_shapes: dict[str, Any], now_shapes: dict[str, Any], 
     info_at, (_, _, info_worst) = max(info.items(), key=lambda kv: kv[1][2]) if info else ("", (0, 0, None))
     regressed = sorted(f"geomean/{b}" for b, g in geomean.items() if gates(b) and g > 1 + tolerance)
     regressed += sorted(k for k, v in gated.items() if v[2] > 1 + pair_tol)
-    return {"worst": worst, "worst_at": worst_at, "regressed": regressed, "pairs": pairs, "geomean": geomean,
-            "info_worst": info_worst, "info_worst_at": info_at, "host_bound": hb}
+    return {
+        "worst": worst,
+        "worst_at": worst_at,
+        "regressed": regressed,
+        "pairs": pairs,
+        "geomean": geomean,
+        "info_worst": info_worst,
+        "info_worst_at": info_at,
+        "host_bound": hb,
+    }
 
 
 def _cpu_stage_row(name: str, stages: list) -> RegressRow | None:
@@ -177,27 +204,50 @@ def _kept_verdict(vdir: Path, name: str, spec_hash: str, kernel_hash: str):
     if not f.exists():
         # fail-closed (every accepted kernel is judged), but say what it means: a folder
         # that measured some kernels only is not a "(FileNotFoundError)" for the others
-        return RegressRow(kernel=name, status="fail", stage="bench",
-                          message=f"not measured in {vdir} (no {f.name}): run coda-agent bench {name}, or "
-                          "name only the kernels that folder holds")
+        return RegressRow(
+            kernel=name,
+            status="fail",
+            stage="bench",
+            message=f"not measured in {vdir} (no {f.name}): run coda-agent bench {name}, or "
+            "name only the kernels that folder holds",
+        )
     try:
         v = Verdict.model_validate_json(f.read_text())
     except (OSError, ValueError) as e:
-        return RegressRow(kernel=name, status="fail", stage="bench",
-                          message=f"no usable benchmark verdict {f} ({type(e).__name__}); run coda-agent bench {name}")
+        return RegressRow(
+            kernel=name,
+            status="fail",
+            stage="bench",
+            message=f"no usable benchmark verdict {f} ({type(e).__name__}); run coda-agent bench {name}",
+        )
     if not v.stages:
-        return RegressRow(kernel=name, status="fail", stage="bench",
-                          message=f"{f} records no stages (missing or empty 'stages'): not a verdict coda-agent "
-                          f"bench kept; run coda-agent bench {name}")
+        return RegressRow(
+            kernel=name,
+            status="fail",
+            stage="bench",
+            message=f"{f} records no stages (missing or empty 'stages'): not a verdict coda-agent "
+            f"bench kept; run coda-agent bench {name}",
+        )
     if v.candidate_hash != kernel_hash or v.spec_hash != spec_hash:
-        return RegressRow(kernel=name, status="fail", stage="bench",
-                          message=f"{f} was measured for another kernel.py or spec (hash differs); "
-                          f"run coda-agent bench {name} again")
+        return RegressRow(
+            kernel=name,
+            status="fail",
+            stage="bench",
+            message=f"{f} was measured for another kernel.py or spec (hash differs); run coda-agent bench {name} again",
+        )
     return v
 
 
-def regress_one(root: Path, name: str, *, cpu_only: bool, tolerance: float, verify_fn=None,
-                bench_shapes: list[str] | None = None, verdicts: Path | None = None) -> RegressRow:
+def regress_one(
+    root: Path,
+    name: str,
+    *,
+    cpu_only: bool,
+    tolerance: float,
+    verify_fn=None,
+    bench_shapes: list[str] | None = None,
+    verdicts: Path | None = None,
+) -> RegressRow:
     """Run the regression ladder for one accepted kernel (see module docstring).
 
     ``verdicts``: a folder of verdicts kept by ``coda-agent bench``
@@ -213,13 +263,19 @@ def regress_one(root: Path, name: str, *, cpu_only: bool, tolerance: float, veri
         return RegressRow(kernel=name, status="fail", stage="integrity", message="kernel.py missing")
     if man.get("gpu_verified") is not True:
         # accept() refuses such a verdict; a manifest saying so was written by something else
-        return RegressRow(kernel=name, status="fail", stage="integrity",
-                          message="the manifest does not record a GPU verification (gpu_verified is not true); "
-                          f"verify it on a GPU (coda-agent verify {name} generated_kernels/{name}/kernel.py --accept --force)")
+        return RegressRow(
+            kernel=name,
+            status="fail",
+            stage="integrity",
+            message="the manifest does not record a GPU verification (gpu_verified is not true); "
+            f"verify it on a GPU (coda-agent verify {name} generated_kernels/{name}/kernel.py --accept --force)",
+        )
     got = sha256_file(kernel)
     if got != man.get("kernel_sha256"):
         return RegressRow(
-            kernel=name, status="fail", stage="integrity",
+            kernel=name,
+            status="fail",
+            stage="integrity",
             message=f"kernel.py was modified after verification: sha256 {got[:12]} != manifest "
             f"{str(man.get('kernel_sha256'))[:12]}; re-verify it (coda-agent verify {name} "
             f"generated_kernels/{name}/kernel.py --accept --force)",
@@ -233,7 +289,9 @@ def regress_one(root: Path, name: str, *, cpu_only: bool, tolerance: float, veri
         fields = diff_fields(man.get("spec_raw") or {}, loaded.raw) if man.get("spec_raw") else []
         what = ", ".join(fields) if fields else "reference.py (or fields not recorded)"
         return RegressRow(
-            kernel=name, status="needs-reverify", stage="spec",
+            kernel=name,
+            status="needs-reverify",
+            stage="spec",
             message=f"spec {spec_name} changed since acceptance (changed: {what}); needs re-verification",
         )
 
@@ -255,58 +313,95 @@ def regress_one(root: Path, name: str, *, cpu_only: bool, tolerance: float, veri
     if row is not None:
         return row
     if cpu_only:
-        return RegressRow(kernel=name, status="pass", stage="compile",
-                          message="integrity, spec, static, sm_90a compile ok (CPU-only: numerics and speed not run)")
+        return RegressRow(
+            kernel=name,
+            status="pass",
+            stage="compile",
+            message="integrity, spec, static, sm_90a compile ok (CPU-only: numerics and speed not run)",
+        )
 
     failed = verdict.failed_stage
     if failed is not None:
-        return RegressRow(kernel=name, status="fail", stage=failed.stage,
-                          message=f"{failed.status}: {failed.summary}")
+        return RegressRow(kernel=name, status="fail", stage=failed.stage, message=f"{failed.status}: {failed.summary}")
     bench = verdict.stage("bench")
     if bench is None or bench.status != "pass":
-        return RegressRow(kernel=name, status="fail", stage="bench",
-                          message="no GPU benchmark ran (needs a Hopper GPU; use --cpu-only elsewhere)")
+        return RegressRow(
+            kernel=name,
+            status="fail",
+            stage="bench",
+            message="no GPU benchmark ran (needs a Hopper GPU; use --cpu-only elsewhere)",
+        )
     acc_shapes = (man.get("stages", {}).get("bench", {}).get("metrics") or {}).get("shapes") or {}
     timed = {b for m in acc_shapes.values() for b in m.get("baselines", {})}
     gate = {GATING_BASELINE} if GATING_BASELINE in timed else None
     cmp = compare_ratios(acc_shapes, bench.metrics.get("shapes") or {}, tolerance, gate=gate)
     info = ""
     if cmp["info_worst"] is not None:
-        info = (f" (not gating: other baselines' or host-bound shapes' ratios moved at most "
-                f"{cmp['info_worst']:.2f}x, at {cmp['info_worst_at']})")
+        info = (
+            f" (not gating: other baselines' or host-bound shapes' ratios moved at most "
+            f"{cmp['info_worst']:.2f}x, at {cmp['info_worst_at']})"
+        )
     if cmp["host_bound"]:
         info += f"; shapes host-bound at acceptance or now, not gated: {', '.join(cmp['host_bound'])}"
     if cmp["worst"] is None:
         if cmp["pairs"] and cmp["host_bound"]:
-            return RegressRow(kernel=name, status="pass", stage="bench", ratios=cmp["pairs"],
-                              message="correct; every comparable shape is host-bound, so speed is not judged" + info)
-        return RegressRow(kernel=name, status="fail", stage="bench",
-                          message="no comparable (shape, baseline) ratio between acceptance and now" + info)
+            return RegressRow(
+                kernel=name,
+                status="pass",
+                stage="bench",
+                ratios=cmp["pairs"],
+                message="correct; every comparable shape is host-bound, so speed is not judged" + info,
+            )
+        return RegressRow(
+            kernel=name,
+            status="fail",
+            stage="bench",
+            message="no comparable (shape, baseline) ratio between acceptance and now" + info,
+        )
     if cmp["regressed"]:
         k = cmp["regressed"][0]
         if k.startswith("geomean/"):
             b = k.split("/", 1)[1]
-            detail = (f"fused/{b} is {cmp['geomean'][b]:.2f}x its accepted value "
-                      f"(geometric mean over {sum(1 for p in cmp['pairs'] if p.endswith('/' + b))} shapes)")
+            detail = (
+                f"fused/{b} is {cmp['geomean'][b]:.2f}x its accepted value "
+                f"(geometric mean over {sum(1 for p in cmp['pairs'] if p.endswith('/' + b))} shapes)"
+            )
         else:
             a, n, c = cmp["pairs"][k]
             detail = f"{k}: fused/baseline {a:.3f} at acceptance -> {n:.3f} now ({c:.2f}x)"
         return RegressRow(
-            kernel=name, status="fail", stage="bench", worst_ratio_change=cmp["worst"], worst_at=cmp["worst_at"],
+            kernel=name,
+            status="fail",
+            stage="bench",
+            worst_ratio_change=cmp["worst"],
+            worst_at=cmp["worst_at"],
             ratios=cmp["pairs"],
             message=f"slower relative to its baselines (tolerance {tolerance:.0%} on the geometric mean, "
             f"{2 * tolerance:.0%} per shape): {detail}{info}",
         )
     g = verdict.stage("gradients")
     grads = "gradients ok" if g is not None and g.status == "pass" else "no gradient outputs to check"
-    return RegressRow(kernel=name, status="pass", stage="bench", worst_ratio_change=cmp["worst"],
-                      worst_at=cmp["worst_at"], ratios=cmp["pairs"],
-                      message=f"correct, {grads}, perf ratios within tolerance{info}")
+    return RegressRow(
+        kernel=name,
+        status="pass",
+        stage="bench",
+        worst_ratio_change=cmp["worst"],
+        worst_at=cmp["worst_at"],
+        ratios=cmp["pairs"],
+        message=f"correct, {grads}, perf ratios within tolerance{info}",
+    )
 
 
-def regress(root: Path, kernels: list[str] | None = None, *, cpu_only: bool = False,
-            tolerance: float = 0.10, verify_fn=None, bench_shapes: list[str] | None = None,
-            verdicts: Path | None = None) -> RegressReport:
+def regress(
+    root: Path,
+    kernels: list[str] | None = None,
+    *,
+    cpu_only: bool = False,
+    tolerance: float = 0.10,
+    verify_fn=None,
+    bench_shapes: list[str] | None = None,
+    verdicts: Path | None = None,
+) -> RegressReport:
     """Regress every accepted kernel (or ``kernels``). Raises ValueError for unknown names.
 
     ``bench_shapes`` restricts the GPU benchmark to these spec shape names (ratios are
@@ -317,8 +412,9 @@ def regress(root: Path, kernels: list[str] | None = None, *, cpu_only: bool = Fa
         raise ValueError(f"--verdicts {verdicts}: not a folder (expected benchmarks/results/<date>-<gpu>/)")
     from ..gpu.environment import collect_environment
 
-    rep = RegressReport(cpu_only=cpu_only, tolerance=tolerance,
-                        environment=collect_environment().model_dump(mode="json"))
+    rep = RegressReport(
+        cpu_only=cpu_only, tolerance=tolerance, environment=collect_environment().model_dump(mode="json")
+    )
     if verdicts is not None and not cpu_only:
         from ..verdict import Verdict
 
@@ -334,12 +430,18 @@ def regress(root: Path, kernels: list[str] | None = None, *, cpu_only: bool = Fa
 
     def one(i: int) -> RegressRow:
         progress.item(i + 1, len(names), names[i])
-        return regress_one(root, names[i], cpu_only=cpu_only, tolerance=tolerance, verify_fn=verify_fn,
-                           bench_shapes=bench_shapes, verdicts=verdicts)
+        return regress_one(
+            root,
+            names[i],
+            cpu_only=cpu_only,
+            tolerance=tolerance,
+            verify_fn=verify_fn,
+            bench_shapes=bench_shapes,
+            verdicts=verdicts,
+        )
 
     # Rationale: CPU-only rows are independent sm_90a compiles (each its own process), so they
     # run side by side; GPU rows run one at a time (timings never overlap).
     jobs = min(8, os.cpu_count() or 1) if cpu_only else 1
     rep.rows.extend(in_parallel(one, len(names), jobs))
     return rep
-

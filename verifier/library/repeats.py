@@ -67,21 +67,28 @@ def combine(loaded: LoadedSpec, runs: list[Verdict]) -> Verdict:
         for b in first.get("baselines", {}):
             times = [m["baselines"][b]["ms"] for m in ms if "ms" in m.get("baselines", {}).get(b, {})]
             bases[b] = {"ms": statistics.median(times)} if times else dict(first["baselines"][b])
-        m, problems = shape_metrics(loaded, first["dims"], med["fused_ms"], med["wall_ms"], bases, gpu,
-                                    host_ms=med["host_ms"])
+        m, problems = shape_metrics(
+            loaded, first["dims"], med["fused_ms"], med["wall_ms"], bases, gpu, host_ms=med["host_ms"]
+        )
         guards = [float(x["guard_host_ms"]) for x in ms if x.get("guard_host_ms") is not None]
-        m.update(n_sets=first.get("n_sets"), guard_host_ms=statistics.median(guards) if guards else None,
-                 wall_samples_ms=first.get("wall_samples_ms"))
+        m.update(
+            n_sets=first.get("n_sets"),
+            guard_host_ms=statistics.median(guards) if guards else None,
+            wall_samples_ms=first.get("wall_samples_ms"),
+        )
         m["measured_at"] = runs[0].started_at
         m["runs"] = {
             "started_at": [v.started_at for v, r in zip(runs, per_run, strict=False) if name in r],
             "fused_ms": [x["fused_ms"] for x in ms],
-            "ratios": {b: [x["baselines"][b]["ratio"] for x in ms if "ratio" in x.get("baselines", {}).get(b, {})]
-                       for b in first.get("baselines", {})},
+            "ratios": {
+                b: [x["baselines"][b]["ratio"] for x in ms if "ratio" in x.get("baselines", {}).get(b, {})]
+                for b in first.get("baselines", {})
+            },
         }
         shapes[name] = m
-        findings += [Finding(kind=k, message=f"[{name}] {msg} (medians of {len(ms)} runs)", case=name)
-                     for k, msg in problems]
+        findings += [
+            Finding(kind=k, message=f"[{name}] {msg} (medians of {len(ms)} runs)", case=name) for k, msg in problems
+        ]
     stage = stage_from_shapes(loaded, shapes, findings, gpu, sum(_bench(v).duration_s for v in runs))
     stage.metrics["repeats"] = len(runs)
     stage.summary = f"median of {len(runs)} runs: {stage.summary}"
@@ -130,8 +137,11 @@ def why_not_mergeable(kept: Verdict, new: Verdict) -> str | None:
     for label, v in (("kept", kept), ("new", new)):
         if not v.gpu_verified:
             bad = v.failed_stage
-            return (f"the {label} verdict failed its {bad.stage} stage ({bad.summary})" if bad is not None
-                    else f"the {label} verdict is not GPU-verified")
+            return (
+                f"the {label} verdict failed its {bad.stage} stage ({bad.summary})"
+                if bad is not None
+                else f"the {label} verdict is not GPU-verified"
+            )
     for field in ("spec", "spec_hash", "candidate_hash"):
         if getattr(kept, field) != getattr(new, field):
             return f"{field} differs"
@@ -157,17 +167,24 @@ def merge_shapes(loaded: LoadedSpec, kept: Verdict, new: Verdict) -> Verdict:
     old_shapes, new_shapes = shapes_of(kept), shapes_of(new)
     order = [bs.name for bs in loaded.spec.shapes.benchmark]
     names = sorted({*old_shapes, *new_shapes}, key=lambda s: (order.index(s) if s in order else len(order), s))
-    picked = {s: "new" if s not in old_shapes or (s in new_shapes and new_shapes[s]["measured_at"]
-                                                   >= old_shapes[s]["measured_at"]) else "kept" for s in names}
+    picked = {
+        s: "new"
+        if s not in old_shapes or (s in new_shapes and new_shapes[s]["measured_at"] >= old_shapes[s]["measured_at"])
+        else "kept"
+        for s in names
+    }
     if all(side == "new" for side in picked.values()):
         return new
     old_b, new_b = _bench(kept), _bench(new)
     shapes = {s: (new_shapes if picked[s] == "new" else old_shapes)[s] for s in names}
-    findings = [*(f for f in new_b.findings if picked.get(f.case or "") != "kept"),
-                *(f for f in old_b.findings if picked.get(f.case or "") == "kept")]
+    findings = [
+        *(f for f in new_b.findings if picked.get(f.case or "") != "kept"),
+        *(f for f in old_b.findings if picked.get(f.case or "") == "kept"),
+    ]
     base = new if new.started_at >= kept.started_at else kept
-    stage = stage_from_shapes(loaded, shapes, findings, _bench(base).metrics.get("gpu"),
-                              new_b.duration_s + old_b.duration_s)
+    stage = stage_from_shapes(
+        loaded, shapes, findings, _bench(base).metrics.get("gpu"), new_b.duration_s + old_b.duration_s
+    )
     repeats = max(new_b.metrics.get("repeats") or 1, old_b.metrics.get("repeats") or 1)
     if repeats > 1:
         stage.metrics["repeats"] = repeats

@@ -29,7 +29,9 @@ def _git_head_version(root: Path, rel: str) -> str | None:
     try:
         out = subprocess.run(
             ["git", "-C", str(root), "show", f"HEAD:{rel}"],
-            capture_output=True, text=True, timeout=10,
+            capture_output=True,
+            text=True,
+            timeout=10,
         )
     except (OSError, subprocess.TimeoutExpired):
         return None
@@ -78,8 +80,10 @@ def review_text(root: Path, loaded: LoadedSpec) -> str:
         f"{env.get('driver')}, CUDA {env.get('cuda')}, torch {env.get('torch')}, cutlass-dsl "
         f"{env.get('cutlass_dsl')}, quack {env.get('quack')}; accepted {man.get('accepted_at')}"
     )
-    lines.append(f"- candidate confinement during verification: {env.get('worker_sandbox') or 'not recorded'}"
-                 + (" (ACCEPTED UNCONFINED, --allow-unconfined)" if man.get("accepted_unconfined") else ""))
+    lines.append(
+        f"- candidate confinement during verification: {env.get('worker_sandbox') or 'not recorded'}"
+        + (" (ACCEPTED UNCONFINED, --allow-unconfined)" if man.get("accepted_unconfined") else "")
+    )
     lines.append("")
 
     # 2. provenance

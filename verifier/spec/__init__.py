@@ -45,7 +45,6 @@ Errors: :func:`load_spec` raises :class:`SpecError` whose message names the file
 the field path and what was expected.
 """
 
-
 from .expressions import MAX_EXPONENT, MAX_EXPR_CHARS, MAX_INT_BITS, eval_expr, expr_names
 from .loading import (
     LIGER_FILE,

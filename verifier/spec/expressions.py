@@ -35,7 +35,7 @@ def eval_expr(expr: str | int | float, dims: dict[str, int]) -> float | int:
             raise ValueError(f"in expression {expr!r}: a complex value ({x})")
         if isinstance(x, int) and x.bit_length() > MAX_INT_BITS:
             raise ValueError(f"in expression {expr!r}: an intermediate value is wider than {MAX_INT_BITS} bits")
-        if isinstance(x, float) and abs(x) > 2.0 ** MAX_INT_BITS:
+        if isinstance(x, float) and abs(x) > 2.0**MAX_INT_BITS:
             raise ValueError(f"in expression {expr!r}: an intermediate value beyond 2**{MAX_INT_BITS}")
         return x
 
@@ -55,8 +55,12 @@ def eval_expr(expr: str | int | float, dims: dict[str, int]) -> float | int:
             if isinstance(node.op, (ast.Div, ast.FloorDiv, ast.Mod)) and b == 0:
                 raise ValueError(f"in expression {expr!r}: division by zero")
             ops = {
-                ast.Add: lambda: a + b, ast.Sub: lambda: a - b, ast.Mult: lambda: a * b,
-                ast.Div: lambda: a / b, ast.FloorDiv: lambda: a // b, ast.Mod: lambda: a % b,
+                ast.Add: lambda: a + b,
+                ast.Sub: lambda: a - b,
+                ast.Mult: lambda: a * b,
+                ast.Div: lambda: a / b,
+                ast.FloorDiv: lambda: a // b,
+                ast.Mod: lambda: a % b,
                 ast.Pow: lambda: a**b,
             }
             if type(node.op) in ops:
@@ -72,8 +76,11 @@ def eval_expr(expr: str | int | float, dims: dict[str, int]) -> float | int:
             args = [ev(a) for a in node.args]
             lo, hi = _ARITY[node.func.id]
             if not lo <= len(args) <= hi:
-                raise ValueError(f"in expression {expr!r}: {node.func.id}() takes "
-                                 + (f"{lo} argument" if lo == hi else f"at least {lo} arguments") + f", got {len(args)}")
+                raise ValueError(
+                    f"in expression {expr!r}: {node.func.id}() takes "
+                    + (f"{lo} argument" if lo == hi else f"at least {lo} arguments")
+                    + f", got {len(args)}"
+                )
             return bounded(_ALLOWED_FUNCS[node.func.id](*args))
         raise ValueError(f"unsupported construct {ast.dump(node)[:60]} in expression {expr!r}")
 
@@ -85,8 +92,7 @@ def expr_names(expr: str | int | float) -> set[str]:
     if isinstance(expr, (int, float)):
         return set()
     return {
-        n.id for n in ast.walk(ast.parse(expr, mode="eval"))
-        if isinstance(n, ast.Name) and n.id not in _ALLOWED_FUNCS
+        n.id for n in ast.walk(ast.parse(expr, mode="eval")) if isinstance(n, ast.Name) and n.id not in _ALLOWED_FUNCS
     }
 
 
@@ -102,17 +108,33 @@ def _check_expr(v: str | int | float) -> str | int | float:
             raise ValueError(f"expression too deeply nested: {v[:60]!r}...") from None
         for node in ast.walk(tree):
             if isinstance(node, ast.Constant) and (type(node.value) not in (int, float)):
-                raise ValueError(f"in expression {v!r}: {ast.unparse(node)} is not a number "
-                                 "(only numbers and dim names)")
+                raise ValueError(
+                    f"in expression {v!r}: {ast.unparse(node)} is not a number (only numbers and dim names)"
+                )
             ok = (
-                ast.Expression, ast.Constant, ast.Name, ast.BinOp, ast.UnaryOp, ast.Call,
-                ast.Add, ast.Sub, ast.Mult, ast.Div, ast.FloorDiv, ast.Mod, ast.Pow, ast.USub,
+                ast.Expression,
+                ast.Constant,
+                ast.Name,
+                ast.BinOp,
+                ast.UnaryOp,
+                ast.Call,
+                ast.Add,
+                ast.Sub,
+                ast.Mult,
+                ast.Div,
+                ast.FloorDiv,
+                ast.Mod,
+                ast.Pow,
+                ast.USub,
                 ast.Load,
             )
             if not isinstance(node, ok):
                 raise ValueError(f"unsupported construct in expression {v!r}")
-            if isinstance(node, ast.Call) and not (isinstance(node.func, ast.Name) and node.func.id in _ALLOWED_FUNCS
-                                                   and not node.keywords):
-                raise ValueError(f"in expression {v!r}: only {', '.join(sorted(_ALLOWED_FUNCS))}(...) may be "
-                                 f"called, got {ast.unparse(node.func)}(...)")
+            if isinstance(node, ast.Call) and not (
+                isinstance(node.func, ast.Name) and node.func.id in _ALLOWED_FUNCS and not node.keywords
+            ):
+                raise ValueError(
+                    f"in expression {v!r}: only {', '.join(sorted(_ALLOWED_FUNCS))}(...) may be "
+                    f"called, got {ast.unparse(node.func)}(...)"
+                )
     return v

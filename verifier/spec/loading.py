@@ -118,6 +118,8 @@ def spec_hash(directory: Path) -> str:
         h.update(fname.encode() + b"\0")
         h.update(p.read_bytes() if p.exists() else b"<missing>")
     return h.hexdigest()
+
+
 REQUIRED_REFERENCE_FUNCS = ("reference", "baseline", "bare_gemm")
 
 
@@ -144,9 +146,7 @@ def load_spec(path: str | Path) -> LoadedSpec:
     except ValidationError as e:
         raise SpecError(_format_validation_error(toml_path, e)) from None
     if spec.name != directory.name:
-        raise SpecError(
-            f"{toml_path}: field 'name': expected the folder name {directory.name!r}, got {spec.name!r}"
-        )
+        raise SpecError(f"{toml_path}: field 'name': expected the folder name {directory.name!r}, got {spec.name!r}")
     ref = directory / REFERENCE_FILE
     if not ref.is_file():
         raise SpecError(f"{ref}: missing (every spec needs a PyTorch reference module)")
@@ -169,8 +169,10 @@ def load_spec(path: str | Path) -> LoadedSpec:
         if isinstance(fn, ast.FunctionDef) and fn.name in (*REQUIRED_REFERENCE_FUNCS, "quack_library"):
             problem = _keyword_call_problem(fn, call_names)
             if problem:
-                raise SpecError(f"{ref}:{fn.lineno}: {fn.name}() is called with the spec's inputs and constants "
-                                f"as keywords ({', '.join(call_names)}): {problem}")
+                raise SpecError(
+                    f"{ref}:{fn.lineno}: {fn.name}() is called with the spec's inputs and constants "
+                    f"as keywords ({', '.join(call_names)}): {problem}"
+                )
     return LoadedSpec(spec=spec, directory=directory, spec_hash=spec_hash(directory), raw=raw)
 
 
@@ -184,7 +186,8 @@ def _keyword_call_problem(fn: ast.FunctionDef, names: list[str]) -> str | None:
     unknown = [n for n in names if n not in params] if a.kwarg is None else []
     n_defaults = len(a.defaults)
     required = [x.arg for x in a.args[: len(a.args) - n_defaults]] + [
-        x.arg for x, d in zip(a.kwonlyargs, a.kw_defaults, strict=False) if d is None]
+        x.arg for x, d in zip(a.kwonlyargs, a.kw_defaults, strict=False) if d is None
+    ]
     unbound = [n for n in required if n not in names]
     if unknown:
         return f"it has no parameter {unknown[0]!r} (parameters: {', '.join(params) or 'none'})"

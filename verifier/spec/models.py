@@ -44,6 +44,7 @@ DEFAULT_QUANTILE_FACTOR = 2.0
 
 # --------------------------------------------------------------------------- models
 
+
 class _Strict(BaseModel):
     # no inf/nan anywhere: `tolerance.floor = inf` would make every comparison pass
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
@@ -68,16 +69,20 @@ class InitSpec(_Strict):
     std: str | float = 1.0
     low: str | float = -1.0
     high: str | float = 1.0
-    fn: str | None = Field(default=None, pattern=r"^[a-z_][a-z0-9_]*$",
-                           description="dist='derived': the reference.py function computing it")
+    fn: str | None = Field(
+        default=None,
+        pattern=r"^[a-z_][a-z0-9_]*$",
+        description="dist='derived': the reference.py function computing it",
+    )
 
     _v = field_validator("std", "low", "high")(lambda cls, v: _check_expr(v))
 
     @model_validator(mode="after")
     def _fn_iff_derived(self) -> "InitSpec":
         if (self.dist == "derived") != (self.fn is not None):
-            raise ValueError("'fn' names the reference.py function of a dist='derived' input, "
-                             "and only such an input has one")
+            raise ValueError(
+                "'fn' names the reference.py function of a dist='derived' input, and only such an input has one"
+            )
         return self
 
 
@@ -166,8 +171,10 @@ class EntrySpec(_Strict):
     @model_validator(mode="after")
     def _gemms_within_launches(self) -> "EntrySpec":
         if self.max_gemm_launches > self.max_launches:
-            raise ValueError(f"max_gemm_launches = {self.max_gemm_launches} exceeds max_launches = "
-                             f"{self.max_launches}: every GEMM launch is a launch")
+            raise ValueError(
+                f"max_gemm_launches = {self.max_gemm_launches} exceeds max_launches = "
+                f"{self.max_launches}: every GEMM launch is a launch"
+            )
         return self
 
 
@@ -300,12 +307,13 @@ class ShapesSpec(_Strict):
             raise ValueError(f"seeds: must be distinct, got {self.seeds}")
         names = [c.name for c in self.benchmark]
         if any(not n for n in names) or len(set(names)) != len(names):
-            raise ValueError(f"benchmark: every shape needs a distinct, non-empty name (result rows and checks "
-                             f"are keyed by it), got {names}")
+            raise ValueError(
+                f"benchmark: every shape needs a distinct, non-empty name (result rows and checks "
+                f"are keyed by it), got {names}"
+            )
         if not any(any(x % 128 for x in c.dims.values()) for c in self.correctness):
             raise ValueError(
-                "correctness shapes need at least one case whose dims are not all multiples "
-                "of 128 (ragged tiles)"
+                "correctness shapes need at least one case whose dims are not all multiples of 128 (ragged tiles)"
             )
         return self
 
@@ -329,8 +337,10 @@ class BenchSpec(_Strict):
     def _bars_are_measured(self) -> "BenchSpec":
         unmeasured = sorted(set(self.bar) - set(self.baselines))
         if unmeasured:
-            raise ValueError(f"bar: {unmeasured} not in baselines {list(self.baselines)} "
-                             "(a bar on a baseline that is not measured is never judged)")
+            raise ValueError(
+                f"bar: {unmeasured} not in baselines {list(self.baselines)} "
+                "(a bar on a baseline that is not measured is never judged)"
+            )
         return self
 
     @field_validator("bar")
@@ -374,19 +384,28 @@ class KernelSpec(_Strict):
                 )
         seen: set[str] = set()
         outputs = {t.name for t in self.entry.outputs}
-        bad = [c for c in self.entry.constants
-               if not c.isidentifier() or keyword.iskeyword(c) or c == "dims" or c == self.entry.function]
+        bad = [
+            c
+            for c in self.entry.constants
+            if not c.isidentifier() or keyword.iskeyword(c) or c == "dims" or c == self.entry.function
+        ]
         clash = (set(self.entry.constants) & (inputs | outputs)) | set(bad)
         if clash or len(set(self.entry.constants)) != len(self.entry.constants):
-            raise ValueError(f"entry.constants: must be distinct Python identifiers (not keywords, 'dims', "
-                             f"the entry's name or a tensor name), got "
-                             f"{self.entry.constants} (clashing: {sorted(clash)})")
+            raise ValueError(
+                f"entry.constants: must be distinct Python identifiers (not keywords, 'dims', "
+                f"the entry's name or a tensor name), got "
+                f"{self.entry.constants} (clashing: {sorted(clash)})"
+            )
         if "dims" in inputs:
-            raise ValueError("entry.inputs: 'dims' is reserved (derived-input functions receive the shape binding under that name)")
+            raise ValueError(
+                "entry.inputs: 'dims' is reserved (derived-input functions receive the shape binding under that name)"
+            )
         for t in self.entry.inputs:
             if t.init.dist == "derived" and not seen:
-                raise ValueError(f"entry.inputs[{t.name}].init: a derived input needs earlier "
-                                 "inputs to derive from (declare it after them)")
+                raise ValueError(
+                    f"entry.inputs[{t.name}].init: a derived input needs earlier "
+                    "inputs to derive from (declare it after them)"
+                )
             seen.add(t.name)
         users: dict[str, list[str]] = {}  # dim -> where it is used
         for kind, tensors in (("inputs", self.entry.inputs), ("outputs", self.entry.outputs)):
@@ -420,8 +439,11 @@ class KernelSpec(_Strict):
                     # the post-timing recheck redraws M in [ceil(M/2), 2M] (gpu/runs.py: recheck_rows)
                     m = c.dims[RECHECK_ROW_DIM]
                     for redrawn in (-(-m // 2), 2 * m):
-                        self._check_values(f"{at} at the recheck's {RECHECK_ROW_DIM} = {redrawn}",
-                                           {**c.dims, RECHECK_ROW_DIM: redrawn}, bench=False)
+                        self._check_values(
+                            f"{at} at the recheck's {RECHECK_ROW_DIM} = {redrawn}",
+                            {**c.dims, RECHECK_ROW_DIM: redrawn},
+                            bench=False,
+                        )
         return self
 
     def _check_coverage(self, inputs: set[str], outputs: set[str], dims: set[str]) -> None:
@@ -449,6 +471,7 @@ class KernelSpec(_Strict):
         zeros kernel); the workspace budget a finite number of bytes in [0, twice the
         declared tensors + the floor]; the benchmark's FLOPs finite and > 0. Raises
         ``ValueError`` naming the field, so a bad expression fails at load, not mid-run."""
+
         def value(field: str, expr: str | int | float) -> float:
             try:
                 v = eval_expr(expr, dims)
@@ -465,36 +488,46 @@ class KernelSpec(_Strict):
                 for j, s in enumerate(t.shape):
                     v = value(f"entry.{kind}[{t.name}].shape[{j}]", s)
                     if v <= 0 or v != int(v):
-                        raise ValueError(f"{where}: entry.{kind}[{t.name}].shape[{j}] = {s!r} is {v}; "
-                                         "a dim must be a positive integer")
+                        raise ValueError(
+                            f"{where}: entry.{kind}[{t.name}].shape[{j}] = {s!r} is {v}; "
+                            "a dim must be a positive integer"
+                        )
                     dims_t.append(int(v))
                 shapes.append((kind, t, dims_t))
         tensor_bytes = sum(_DTYPE_BYTES[t.dtype] * math.prod(d) for _, t, d in shapes)
         for kind, t, d in shapes:  # after every dim is known positive: the more basic error first
             row = _DTYPE_BYTES[t.dtype] * d[-1] if d else 0
             if len(d) >= 2 and row % 16:
-                    # TMA needs 16-byte row strides; the CPU compile cannot see it, the GPU
-                    # launch fails, and that would read as the candidate's fault
-                    raise ValueError(f"{where}: entry.{kind}[{t.name}]: rows of {row} bytes (last dim "
-                                     f"{t.shape[-1]!r} x {_DTYPE_BYTES[t.dtype]}); a GEMM operand or output "
-                                     "row must be a multiple of 16 bytes (8 bf16 / 4 fp32 elements)")
+                # TMA needs 16-byte row strides; the CPU compile cannot see it, the GPU
+                # launch fails, and that would read as the candidate's fault
+                raise ValueError(
+                    f"{where}: entry.{kind}[{t.name}]: rows of {row} bytes (last dim "
+                    f"{t.shape[-1]!r} x {_DTYPE_BYTES[t.dtype]}); a GEMM operand or output "
+                    "row must be a multiple of 16 bytes (8 bf16 / 4 fp32 elements)"
+                )
         for t in self.entry.inputs:
             init, f = t.init, f"entry.inputs[{t.name}].init"
             if init.dist == "normal" and not value(f"{f}.std", init.std) > 0:
-                raise ValueError(f"{where}: {f}.std = {init.std!r} must be > 0 (constant inputs make a constant reference)")
+                raise ValueError(
+                    f"{where}: {f}.std = {init.std!r} must be > 0 (constant inputs make a constant reference)"
+                )
             if init.dist in ("uniform", "randint"):
                 lo, hi = value(f"{f}.low", init.low), value(f"{f}.high", init.high)
                 if not (hi > lo if init.dist == "uniform" else int(hi) - int(lo) >= 2):  # inputs.py: int(), [low, high)
-                    raise ValueError(f"{where}: {f}: low = {init.low!r} and high = {init.high!r} draw "
-                                     + ("no range" if init.dist == "uniform" else "fewer than two integers")
-                                     + " (constant inputs make a constant reference)")
+                    raise ValueError(
+                        f"{where}: {f}: low = {init.low!r} and high = {init.high!r} draw "
+                        + ("no range" if init.dist == "uniform" else "fewer than two integers")
+                        + " (constant inputs make a constant reference)"
+                    )
         if self.entry.max_workspace is not None:
             ws = value("entry.max_workspace", self.entry.max_workspace)
             cap = 2 * tensor_bytes + WORKSPACE_FLOOR
             if not 0 <= ws <= cap:
-                raise ValueError(f"{where}: entry.max_workspace = {self.entry.max_workspace!r} is {ws:.6g} bytes; "
-                                 f"expected 0 to {cap} (twice the declared tensors' bytes plus the "
-                                 f"{WORKSPACE_FLOOR >> 20} MiB floor)")
+                raise ValueError(
+                    f"{where}: entry.max_workspace = {self.entry.max_workspace!r} is {ws:.6g} bytes; "
+                    f"expected 0 to {cap} (twice the declared tensors' bytes plus the "
+                    f"{WORKSPACE_FLOOR >> 20} MiB floor)"
+                )
         if bench and not value("bench.flops", self.bench.flops) > 0:
             raise ValueError(f"{where}: bench.flops = {self.bench.flops!r} must be positive")
 
@@ -523,11 +556,16 @@ class KernelSpec(_Strict):
         floor covers the library's fixed scratch at the small correctness shapes."""
         if self.entry.max_workspace is not None:
             return int(eval_expr(self.entry.max_workspace, dims)), f"entry.max_workspace = {self.entry.max_workspace}"
-        sizes = {t.name: _DTYPE_BYTES[t.dtype] * math.prod(self.shape_of(t, dims))
-                 for t in (*self.entry.inputs, *self.entry.outputs)}
+        sizes = {
+            t.name: _DTYPE_BYTES[t.dtype] * math.prod(self.shape_of(t, dims))
+            for t in (*self.entry.inputs, *self.entry.outputs)
+        }
         big = max(sizes, key=sizes.__getitem__)
         budget = max(WORKSPACE_FLOOR, sizes[big] // 2)
-        return budget, f"half the largest declared tensor ({big}, {sizes[big]} bytes), at least {WORKSPACE_FLOOR >> 20} MiB"
+        return (
+            budget,
+            f"half the largest declared tensor ({big}, {sizes[big]} bytes), at least {WORKSPACE_FLOOR >> 20} MiB",
+        )
 
     def constants_of(self, dims: dict[str, int]) -> dict[str, int]:
         """The entry's keyword-only int arguments under ``dims`` (``{}`` for most specs)."""
@@ -558,4 +596,3 @@ class KernelSpec(_Strict):
             args += ", *, " + ", ".join(f"{c}: int" for c in self.entry.constants)
         outs = ", ".join(t.name for t in self.entry.outputs)
         return f"def {self.entry.function}({args}) -> ({outs})"
-

@@ -109,12 +109,23 @@ def speed_of_light_ms(flops: float, nbytes: float, gpu: str | None) -> dict[str,
     """
     pf, pb = peaks_for(gpu)
     c, m = flops / pf * 1e3, nbytes / pb * 1e3
-    return {"sol_ms": max(c, m), "compute_ms": c, "memory_ms": m, "bound": "compute" if c >= m else "memory",
-            "peak_flops": pf, "peak_bw": pb}
+    return {
+        "sol_ms": max(c, m),
+        "compute_ms": c,
+        "memory_ms": m,
+        "bound": "compute" if c >= m else "memory",
+        "peak_flops": pf,
+        "peak_bw": pb,
+    }
 
 
-def untimed_work(event_ms: float, wall_ms: float, host_ms: float = 0.0, ratio: float = UNTIMED_RATIO,
-                 slack_ms: float = UNTIMED_SLACK_MS) -> bool:
+def untimed_work(
+    event_ms: float,
+    wall_ms: float,
+    host_ms: float = 0.0,
+    ratio: float = UNTIMED_RATIO,
+    slack_ms: float = UNTIMED_SLACK_MS,
+) -> bool:
     """True when the device-event time is implausibly small against the device part of the
     synchronized wall time (``wall_ms - host_ms``: what the closing synchronize waited for)."""
     return event_ms < ratio * max(0.0, wall_ms - host_ms) - slack_ms
@@ -172,31 +183,52 @@ def shape_metrics(
     sol = speed_of_light_ms(flops, nbytes, gpu)
     tflops, gbps = throughput(flops, nbytes, event_ms)
     m: dict[str, Any] = {
-        "dims": dict(dims), "fused_ms": event_ms, "wall_ms": wall_ms, "host_ms": host_ms, "flops": flops, "bytes": nbytes,
-        "tflops": tflops, "gbps": gbps, "sol_ms": sol["sol_ms"], "sol_bound": sol["bound"],
+        "dims": dict(dims),
+        "fused_ms": event_ms,
+        "wall_ms": wall_ms,
+        "host_ms": host_ms,
+        "flops": flops,
+        "bytes": nbytes,
+        "tflops": tflops,
+        "gbps": gbps,
+        "sol_ms": sol["sol_ms"],
+        "sol_bound": sol["bound"],
         "sol_fraction": sol["sol_ms"] / event_ms if event_ms > 0 else math.inf,
-        "baselines": {}, "bar": {},
+        "baselines": {},
+        "bar": {},
     }
     problems: list[tuple[str, str]] = []
     if event_ms < sol["sol_ms"]:
-        problems.append(("speed-of-light",
-                         f"fused time {event_ms:.4g} ms is below the speed of light {sol['sol_ms']:.4g} ms "
-                         f"({sol['bound']}-bound: {flops:.3g} FLOP at {sol['peak_flops']:.3g} FLOP/s, "
-                         f"{nbytes:.3g} B at {sol['peak_bw']:.3g} B/s): faster than speed of light: investigate "
-                         "(skipped work, cached results, or work outside the timer)"))
+        problems.append(
+            (
+                "speed-of-light",
+                f"fused time {event_ms:.4g} ms is below the speed of light {sol['sol_ms']:.4g} ms "
+                f"({sol['bound']}-bound: {flops:.3g} FLOP at {sol['peak_flops']:.3g} FLOP/s, "
+                f"{nbytes:.3g} B at {sol['peak_bw']:.3g} B/s): faster than speed of light: investigate "
+                "(skipped work, cached results, or work outside the timer)",
+            )
+        )
     if untimed_work(event_ms, wall_ms, host_ms):
-        problems.append(("untimed-work",
-                         f"device-event time {event_ms:.4g} ms is far below the device part of the host wall time "
-                         f"({wall_ms:.4g} ms wall - {host_ms:.4g} ms until the call returned; flagged below "
-                         f"{UNTIMED_RATIO} x that - {UNTIMED_SLACK_MS} ms): work outside the timed stream "
-                         "(side stream, thread or deferred work)"))
+        problems.append(
+            (
+                "untimed-work",
+                f"device-event time {event_ms:.4g} ms is far below the device part of the host wall time "
+                f"({wall_ms:.4g} ms wall - {host_ms:.4g} ms until the call returned; flagged below "
+                f"{UNTIMED_RATIO} x that - {UNTIMED_SLACK_MS} ms): work outside the timed stream "
+                "(side stream, thread or deferred work)",
+            )
+        )
     if timer_calls is not None:
         m["timer_calls"] = timer_calls
         if short_timer(event_ms, timer_calls):
-            problems.append(("short-timer",
-                             f"do_bench made {timer_calls} calls for a {event_ms:.4g} ms call, fewer than "
-                             f"{TIMER_MIN_FRACTION:g} x the {do_bench_calls(event_ms + TIMER_MARGIN_MS)} its rule gives "
-                             "even with a generous estimate: its estimate calls were much slower than the timed ones"))
+            problems.append(
+                (
+                    "short-timer",
+                    f"do_bench made {timer_calls} calls for a {event_ms:.4g} ms call, fewer than "
+                    f"{TIMER_MIN_FRACTION:g} x the {do_bench_calls(event_ms + TIMER_MARGIN_MS)} its rule gives "
+                    "even with a generous estimate: its estimate calls were much slower than the timed ones",
+                )
+            )
     for b, r in baselines.items():
         if "ms" in r and r["ms"]:
             bt, _ = throughput(flops, nbytes, r["ms"])
@@ -216,8 +248,14 @@ def shape_metrics(
     return m, problems
 
 
-FAILING = ("speed-of-light", "untimed-work", "short-timer", "timed-check-missing", "launches-at-bench-shape",
-           "workspace-at-bench-shape")
+FAILING = (
+    "speed-of-light",
+    "untimed-work",
+    "short-timer",
+    "timed-check-missing",
+    "launches-at-bench-shape",
+    "workspace-at-bench-shape",
+)
 
 HOST_BOUND = 0.8
 """A shape is host-bound when one fused call's host time (until it returned) is at least
@@ -240,7 +278,9 @@ def bench_stage(loaded: LoadedSpec, run: GpuRun, gpu: str | None = None) -> Stag
     """
     t0 = time.monotonic()
     if not run.plan.bench:
-        return StageResult(stage="bench", status="skip", summary="benchmark not run (--no-bench): not verified for speed")
+        return StageResult(
+            stage="bench", status="skip", summary="benchmark not run (--no-bench): not verified for speed"
+        )
     if not run.plan.bench_shapes:
         return StageResult(stage="bench", status="skip", summary="the spec has no benchmark shapes")
     gpu = gpu or run.gpu_env.get("gpu")
@@ -259,9 +299,16 @@ def bench_stage(loaded: LoadedSpec, run: GpuRun, gpu: str | None = None) -> Stag
         baselines = dict((ref.get(bs.name) or {}).get("baselines") or {})
         if not baselines and run.ref is not None and not run.ref.finished:
             baselines = {"reference": {"error": run.ref.message()[:500]}}
-        m, problems = shape_metrics(loaded, bs.dims, float(c["event_ms"]), float(c["wall_ms"]), baselines, gpu,
-                                    host_ms=float(c.get("host_ms") or 0.0),
-                                    timer_calls=c.get("timer_calls") if c.get("timer") == "do_bench" else None)
+        m, problems = shape_metrics(
+            loaded,
+            bs.dims,
+            float(c["event_ms"]),
+            float(c["wall_ms"]),
+            baselines,
+            gpu,
+            host_ms=float(c.get("host_ms") or 0.0),
+            timer_calls=c.get("timer_calls") if c.get("timer") == "do_bench" else None,
+        )
         m["n_sets"] = c.get("n_sets")
         # host ms the verifier's per-call guard adds to every timed fused call (not to baselines)
         m["guard_host_ms"] = c.get("guard_host_ms")
@@ -271,17 +318,29 @@ def bench_stage(loaded: LoadedSpec, run: GpuRun, gpu: str | None = None) -> Stag
             findings.append(Finding(kind=kind, message=f"[{bs.name}] {msg}", case=bs.name))
         launches = c.get("launches")
         if c.get("launch_count_error"):
-            findings.append(Finding(kind="launches-at-bench-shape", case=bs.name, message=(
-                f"[{bs.name}] the launches of one call could not be counted: {c['launch_count_error']}")))
+            findings.append(
+                Finding(
+                    kind="launches-at-bench-shape",
+                    case=bs.name,
+                    message=(f"[{bs.name}] the launches of one call could not be counted: {c['launch_count_error']}"),
+                )
+            )
         if isinstance(launches, int):
             m["launches"] = launches
             limit = loaded.spec.entry.max_launches
             if launches == 0 or launches > limit:
                 names = ", ".join(str(k) for k in (c.get("launch_kernels") or [])[:8])
-                findings.append(Finding(kind="launches-at-bench-shape", case=bs.name, message=(
-                    f"[{bs.name}] one call launched {launches} GPU kernel(s), expected 1 to {limit} (the spec's "
-                    f"max_launches, also enforced at every correctness shape){': ' + names if names else ''}; "
-                    "the measured time would not be the fused kernel's")))
+                findings.append(
+                    Finding(
+                        kind="launches-at-bench-shape",
+                        case=bs.name,
+                        message=(
+                            f"[{bs.name}] one call launched {launches} GPU kernel(s), expected 1 to {limit} (the spec's "
+                            f"max_launches, also enforced at every correctness shape){': ' + names if names else ''}; "
+                            "the measured time would not be the fused kernel's"
+                        ),
+                    )
+                )
             names = [str(k) for k in (c.get("launch_kernels") or [])]
             if c.get("launch_kernels") is not None:
                 m["gemm_launches"] = gemm_launches(names)
@@ -313,8 +372,9 @@ def _missing_timed_checks(run: GpuRun, bs: BenchShape, rec: dict[str, Any]) -> s
     want = min(TIMED_LOOP_SLOTS, calls) if isinstance(calls, int) and calls >= 0 else TIMED_LOOP_SLOTS
     why = []
     if loop < want:
-        why.append(f"{loop} of the {want} timed calls that had to be kept for checking were recorded "
-                   f"(timer calls: {calls})")
+        why.append(
+            f"{loop} of the {want} timed calls that had to be kept for checking were recorded (timer calls: {calls})"
+        )
     if timed_check_run(bs, 0, 0).key not in kept:
         why.append("the extra call after timing was not recorded for checking")
     if wall_check_run(bs, 0, 0).key not in kept:
@@ -322,20 +382,33 @@ def _missing_timed_checks(run: GpuRun, bs: BenchShape, rec: dict[str, Any]) -> s
     return "; ".join(why) + ": the timing cannot be trusted" if why else None
 
 
-def stage_from_shapes(loaded: LoadedSpec, shapes: dict[str, Any], findings: list[Finding], gpu: str | None,
-                      duration_s: float = 0.0) -> StageResult:
+def stage_from_shapes(
+    loaded: LoadedSpec, shapes: dict[str, Any], findings: list[Finding], gpu: str | None, duration_s: float = 0.0
+) -> StageResult:
     """The ``bench`` StageResult from per-shape metrics (:func:`shape_metrics` records) and
     the findings raised while building them: bar summary, geometric means, the flat rows,
     pass/fail (a failing kind or a worker crash fails the stage) and the summary line."""
     pf, pb = peaks_for(gpu)
-    metrics: dict[str, Any] = {"gpu": gpu, "peak_flops": pf, "peak_bw": pb, "shapes": shapes,
-                               "bar": _bar_summary(loaded, shapes), "geomean_ratio": _geomeans(shapes),
-                               "rows": _rows(shapes)}
+    metrics: dict[str, Any] = {
+        "gpu": gpu,
+        "peak_flops": pf,
+        "peak_bw": pb,
+        "shapes": shapes,
+        "bar": _bar_summary(loaded, shapes),
+        "geomean_ratio": _geomeans(shapes),
+        "rows": _rows(shapes),
+    }
     failing = [f for f in findings if f.kind in FAILING or f.kind in ("crash", "hang", "cuda-error")]
     status = "fail" if failing else "pass"
     summary = _summary(shapes, metrics, failing)
-    return StageResult(stage="bench", status=status, summary=summary, findings=findings,
-                       metrics=jsonable(metrics), duration_s=duration_s)
+    return StageResult(
+        stage="bench",
+        status=status,
+        summary=summary,
+        findings=findings,
+        metrics=jsonable(metrics),
+        duration_s=duration_s,
+    )
 
 
 def _rows(shapes: dict[str, Any]) -> list[dict[str, Any]]:
@@ -343,10 +416,18 @@ def _rows(shapes: dict[str, Any]) -> list[dict[str, Any]]:
     rows = []
     for name, m in shapes.items():
         ok = {b: r for b, r in m["baselines"].items() if "ms" in r}
-        rows.append({"shape": name, "fused_ms": m["fused_ms"], "wall_ms": m["wall_ms"], "tflops": m["tflops"],
-                     "gbps": m["gbps"], "sol_ms": m["sol_ms"],
-                     "baselines_ms": {b: r["ms"] for b, r in ok.items()},
-                     "ratios": {b: r["ratio"] for b, r in ok.items()}})
+        rows.append(
+            {
+                "shape": name,
+                "fused_ms": m["fused_ms"],
+                "wall_ms": m["wall_ms"],
+                "tflops": m["tflops"],
+                "gbps": m["gbps"],
+                "sol_ms": m["sol_ms"],
+                "baselines_ms": {b: r["ms"] for b, r in ok.items()},
+                "ratios": {b: r["ratio"] for b, r in ok.items()},
+            }
+        )
     return rows
 
 
@@ -377,7 +458,11 @@ def _summary(shapes: dict[str, Any], metrics: dict[str, Any], failing: list[Find
     bars = metrics["bar"]
     if bars:
         state = {True: "met", False: "missed", None: "not measured"}
-        parts.append("bar " + ", ".join(
-            f"{b}<={v['limit']:g}: {state[v['met']]} (met at {v['met_shapes']} of {v['shapes']} shapes)"
-            for b, v in sorted(bars.items())))
+        parts.append(
+            "bar "
+            + ", ".join(
+                f"{b}<={v['limit']:g}: {state[v['met']]} (met at {v['met_shapes']} of {v['shapes']} shapes)"
+                for b, v in sorted(bars.items())
+            )
+        )
     return "; ".join(parts)

@@ -85,8 +85,11 @@ def check_output(
     metrics["poisoned"] = n_poison
     if n_poison:
         where = describe_error(out, ref32, allowed=res["allowed"])
-        return ("stale-memory", f"{name} [{label}]: {n_poison} of {out.numel()} elements still hold the NaN "
-                f"poison the verifier filled free GPU memory with: the kernel never wrote them; {where}"), metrics
+        return (
+            "stale-memory",
+            f"{name} [{label}]: {n_poison} of {out.numel()} elements still hold the NaN "
+            f"poison the verifier filled free GPU memory with: the kernel never wrote them; {where}",
+        ), metrics
     bad = output_sanity(out, ref32)
     if bad:
         return (bad[0], f"{name} [{label}]: {bad[1]}"), metrics
@@ -100,30 +103,44 @@ def rule_message(res: dict[str, Any], tol: ToleranceSpec, out: Any, ref32: Any) 
     of ``out`` against ``ref32``) says: the rule, where, and by how much, with the error diagnosis."""
     diag = lambda allowed: describe_error(out, ref32, allowed=allowed)  # noqa: E731
     if res["rule"] == "abs":
-        return f"max|out - ref32| = {res['max_err']:.3g} > allowed {res['allowed']:.3g} (absolute); {diag(res['allowed'])}"
+        return (
+            f"max|out - ref32| = {res['max_err']:.3g} > allowed {res['allowed']:.3g} (absolute); {diag(res['allowed'])}"
+        )
     rule = res["failed"][0]
     r = res["rules"][rule]
     if rule == "nonfinite":
-        return (f"rule non-finite: {r['finite_where_ref_not']} element(s) finite where the reference is NaN/Inf "
-                f"(first at {r.get('first_index')}); NaN/Inf inputs must propagate to the same elements as in the reference")
+        return (
+            f"rule non-finite: {r['finite_where_ref_not']} element(s) finite where the reference is NaN/Inf "
+            f"(first at {r.get('first_index')}); NaN/Inf inputs must propagate to the same elements as in the reference"
+        )
     if rule == "max_abs":
-        return (f"rule max-abs: max|out - ref32| = {res['max_err']:.3g} > allowed {res['allowed']:.3g} = {tol.factor:g} x "
-                f"low-precision reference error {res['lowp_err']:.3g} + {tol.floor:g}; {diag(res['allowed'])}")
+        return (
+            f"rule max-abs: max|out - ref32| = {res['max_err']:.3g} > allowed {res['allowed']:.3g} = {tol.factor:g} x "
+            f"low-precision reference error {res['lowp_err']:.3g} + {tol.floor:g}; {diag(res['allowed'])}"
+        )
     if rule == "elementwise":
         w = r["worst"]
-        return (f"rule per-element: {r['over']} of {r['judged']} elements exceed their bound ({tol.ulps:g} ulps of "
-                f"their own value + {tol.factor:g} x the low-precision reference's error there + {tol.floor_ulps:g} "
-                f"low-precision ulps of their row's scale); worst at {w['index']}: got {w['got']:.6g}, expected "
-                f"{w['expected']:.6g}, |err| {w['err']:.3g} = {r['ratio']:.3g} x its bound {w['bound']:.3g}. Small "
-                f"elements count too: compute every element in fp32 and round once")
+        return (
+            f"rule per-element: {r['over']} of {r['judged']} elements exceed their bound ({tol.ulps:g} ulps of "
+            f"their own value + {tol.factor:g} x the low-precision reference's error there + {tol.floor_ulps:g} "
+            f"low-precision ulps of their row's scale); worst at {w['index']}: got {w['got']:.6g}, expected "
+            f"{w['expected']:.6g}, |err| {w['err']:.3g} = {r['ratio']:.3g} x its bound {w['bound']:.3g}. Small "
+            f"elements count too: compute every element in fp32 and round once"
+        )
     if rule == "quantiles":
-        parts = ", ".join(f"p{int(q * 100)} {a:.3g} (allowed {b:.3g})" for q, a, b in zip(r["q"], r["out"], r["bound"], strict=False))
-        return (f"rule error-quantiles: |out - ref32| percentiles {parts}, at most {tol.quantile_factor:g} x the "
-                f"low-precision reference's (p50/p90/p99 {', '.join(f'{x:.3g}' for x in r['lowp'])}) + one "
-                f"low-precision ulp of the tensor's scale; the bulk of the elements is less precise than PyTorch's "
-                f"own low-precision result ({r['ratio']:.3g} x the bound)")
-    return (f"rule sign: {r['wrong']} of {r['judged']} elements well above rounding have a zero or flipped sign "
-            f"(first at {r.get('first_index')}: got {r.get('got', 0):.6g}, expected {r.get('expected', 0):.6g})")
+        parts = ", ".join(
+            f"p{int(q * 100)} {a:.3g} (allowed {b:.3g})" for q, a, b in zip(r["q"], r["out"], r["bound"], strict=False)
+        )
+        return (
+            f"rule error-quantiles: |out - ref32| percentiles {parts}, at most {tol.quantile_factor:g} x the "
+            f"low-precision reference's (p50/p90/p99 {', '.join(f'{x:.3g}' for x in r['lowp'])}) + one "
+            f"low-precision ulp of the tensor's scale; the bulk of the elements is less precise than PyTorch's "
+            f"own low-precision result ({r['ratio']:.3g} x the bound)"
+        )
+    return (
+        f"rule sign: {r['wrong']} of {r['judged']} elements well above rounding have a zero or flipped sign "
+        f"(first at {r.get('first_index')}: got {r.get('got', 0):.6g}, expected {r.get('expected', 0):.6g})"
+    )
 
 
 def check_outputs(
@@ -166,12 +183,24 @@ def check_outputs(
                 # nothing to compare and no violation saying why: never a silent pass
                 # (no run passes with "0 output(s)" compared)
                 got = "nothing saved" if out is None else f"shape {tuple(out.shape)}"
-                findings.add("output-missing", f"[{label}] {o.name}: {got}, expected "
-                             f"{tuple(ref['ref32'][o.name].shape)} to compare with the reference",
-                             output=o.name, case=t.case)
+                findings.add(
+                    "output-missing",
+                    f"[{label}] {o.name}: {got}, expected "
+                    f"{tuple(ref['ref32'][o.name].shape)} to compare with the reference",
+                    output=o.name,
+                    case=t.case,
+                )
                 continue
-            bad, m = check_output(o.name, out, ref["ref32"][o.name], ref["ref_lowp"].get(o.name),
-                                  tol.for_output(o.name), label, o.dtype, loaded.spec.low_precision)
+            bad, m = check_output(
+                o.name,
+                out,
+                ref["ref32"][o.name],
+                ref["ref_lowp"].get(o.name),
+                tol.for_output(o.name),
+                label,
+                o.dtype,
+                loaded.spec.low_precision,
+            )
             per[o.name] = m
             if bad and o.name not in already_bad:
                 kind, msg = bad
@@ -200,8 +229,12 @@ def _contract_checks(loaded: LoadedSpec, run: GpuRun, f: FindingSet, trials: lis
         if rec is None:
             continue
         for v in rec.get("violations", []):
-            f.add(v.get("kind", "output-contract"), f"[{t.case}, seed {t.seed}] {v.get('message')}",
-                  output=v.get("output"), case=t.case)
+            f.add(
+                v.get("kind", "output-contract"),
+                f"[{t.case}, seed {t.seed}] {v.get('message')}",
+                output=v.get("output"),
+                case=t.case,
+            )
         if run.ref_trial(t.key) is None:
             why = run.ref.message() if run.ref is not None else "it did not run"
             return f"the reference worker produced no trial {t.key} (verifier problem): {why}"
@@ -213,13 +246,19 @@ def _contract_checks(loaded: LoadedSpec, run: GpuRun, f: FindingSet, trials: lis
         for name, ref_in in ref["inputs"].items():
             before, after = cand["inputs_before"].get(name), cand["inputs_after"].get(name)
             if before is None or not bitwise_equal(before, ref_in):
-                return (f"input {name!r} of trial {t.key} differs between the two workers before the call: "
-                        "input generation is not deterministic (verifier bug)")
+                return (
+                    f"input {name!r} of trial {t.key} differs between the two workers before the call: "
+                    "input generation is not deterministic (verifier bug)"
+                )
             if after is None or not bitwise_equal(after, ref_in):
                 n = int((after != ref_in).sum()) if after is not None and after.shape == ref_in.shape else -1
-                f.add("input-mutated", f"input {name!r} [{t.case}, seed {t.seed}] was modified by the call "
-                      f"({n if n >= 0 else 'all'} of {ref_in.numel()} elements changed); inputs are read-only",
-                      output=name, case=t.case)
+                f.add(
+                    "input-mutated",
+                    f"input {name!r} [{t.case}, seed {t.seed}] was modified by the call "
+                    f"({n if n >= 0 else 'all'} of {ref_in.numel()} elements changed); inputs are read-only",
+                    output=name,
+                    case=t.case,
+                )
     return None
 
 
@@ -232,8 +271,13 @@ def _launch_check(loaded: LoadedSpec, run: GpuRun, f: FindingSet, metrics: dict[
         return None
     limit, gemm_limit = loaded.spec.entry.max_launches, loaded.spec.entry.max_gemm_launches
     first = recs[0]
-    metrics.update(launches=first.get("count"), max_launches=limit, kernels=first.get("kernels", []),
-                   gemm_launches=gemm_launches(first.get("kernels") or []), max_gemm_launches=gemm_limit)
+    metrics.update(
+        launches=first.get("count"),
+        max_launches=limit,
+        kernels=first.get("kernels", []),
+        gemm_launches=gemm_launches(first.get("kernels") or []),
+        max_gemm_launches=gemm_limit,
+    )
     if first.get("count") is None:
         if str(first.get("reason", "")).startswith("CPU"):
             return None
@@ -242,12 +286,20 @@ def _launch_check(loaded: LoadedSpec, run: GpuRun, f: FindingSet, metrics: dict[
     for r in recs:
         count, at = r.get("count"), f" at {r['case']}" if r.get("case") else ""
         if count == 0:
-            f.add("no-launches", f"the profiler saw no GPU kernel in one call of the entry point{at}: outputs "
-                  "were not computed on the GPU by this call (cached or computed elsewhere)", case=r.get("case"))
+            f.add(
+                "no-launches",
+                f"the profiler saw no GPU kernel in one call of the entry point{at}: outputs "
+                "were not computed on the GPU by this call (cached or computed elsewhere)",
+                case=r.get("case"),
+            )
         elif isinstance(count, int) and count > limit:
             names = ", ".join(r.get("kernels", [])[:8])
-            f.add("too-many-launches", f"one call{at} launched {count} GPU kernels, at most {limit} allowed "
-                  f"(a fused op is one kernel); kernels: {names}", case=r.get("case"))
+            f.add(
+                "too-many-launches",
+                f"one call{at} launched {count} GPU kernels, at most {limit} allowed "
+                f"(a fused op is one kernel); kernels: {names}",
+                case=r.get("case"),
+            )
         unnamed, over = gemm_problems(loaded, count, r.get("kernels") or [], at)
         if unnamed:
             return f"cannot count GEMM launches: {unnamed} (verifier bug)"
@@ -256,8 +308,9 @@ def _launch_check(loaded: LoadedSpec, run: GpuRun, f: FindingSet, metrics: dict[
     return None
 
 
-def gemm_problems(loaded: LoadedSpec, count: Any, names: list[str], where: str,
-                  kept: int | None = None) -> tuple[str | None, str | None]:
+def gemm_problems(
+    loaded: LoadedSpec, count: Any, names: list[str], where: str, kept: int | None = None
+) -> tuple[str | None, str | None]:
     """``(unnamed, over)`` for one counted call: why the GEMMs among its launches cannot be
     counted (its record names fewer than ``count`` kernels, or than ``kept`` when the record
     keeps only that many), and why they exceed ``entry.max_gemm_launches``; None each when
@@ -265,12 +318,24 @@ def gemm_problems(loaded: LoadedSpec, count: Any, names: list[str], where: str,
     stage and the bench stage (``launches-at-bench-shape``)."""
     limit = loaded.spec.entry.max_gemm_launches
     need = count if kept is None or not isinstance(count, int) else min(count, kept)
-    unnamed = (f"the launch record of one call{where} names {len(names)} of its {count} kernels: the GEMMs among "
-               "them cannot be counted") if isinstance(need, int) and len(names) < need else None
+    unnamed = (
+        (
+            f"the launch record of one call{where} names {len(names)} of its {count} kernels: the GEMMs among "
+            "them cannot be counted"
+        )
+        if isinstance(need, int) and len(names) < need
+        else None
+    )
     gemms = gemm_launches(names)
-    over = (f"one call{where} launched {gemms} GEMM kernels, at most {limit} allowed (entry.max_gemm_launches, "
+    over = (
+        (
+            f"one call{where} launched {gemms} GEMM kernels, at most {limit} allowed (entry.max_gemm_launches, "
             "judged at every correctness and benchmark shape): the epilogue must do its work on the GEMM's own "
-            "output tile, not in a second pass over a stored result") if gemms > limit else None
+            "output tile, not in a second pass over a stored result"
+        )
+        if gemms > limit
+        else None
+    )
     return unnamed, over
 
 
@@ -303,9 +368,11 @@ def workspace_problem(loaded: LoadedSpec, dims: dict[str, int], workspace: int, 
     budget, rule = loaded.spec.workspace_budget(dims)
     if workspace <= budget:
         return None
-    return (f"{where} held {workspace / 2**20:.1f} MiB of device memory beyond its inputs and outputs, over the "
-            f"budget of {budget / 2**20:.1f} MiB ({rule}): a fused op keeps per-tile partials, not a "
-            "GEMM-sized intermediate (such as the logits or an (M, N) activation) in global memory")
+    return (
+        f"{where} held {workspace / 2**20:.1f} MiB of device memory beyond its inputs and outputs, over the "
+        f"budget of {budget / 2**20:.1f} MiB ({rule}): a fused op keeps per-tile partials, not a "
+        "GEMM-sized intermediate (such as the logits or an (M, N) activation) in global memory"
+    )
 
 
 def store_recheck(metrics: dict[str, Any], t: Run, by_trial: dict[str, Any]) -> None:
@@ -320,33 +387,76 @@ def store_recheck(metrics: dict[str, Any], t: Run, by_trial: dict[str, Any]) -> 
 def _prologue(run: GpuRun, stage: Stage) -> StageResult | None:
     """Worker-level outcomes that decide the stage before any tensor is compared."""
     if run.cand.records_lost:  # the parent failed to keep the records (a full disk): nothing can be judged
-        return StageResult(stage=stage, status="error", summary="the verifier lost the candidate worker's records",
-                           findings=[Finding(kind="verifier-error", message=run.cand.records_lost)])
+        return StageResult(
+            stage=stage,
+            status="error",
+            summary="the verifier lost the candidate worker's records",
+            findings=[Finding(kind="verifier-error", message=run.cand.records_lost)],
+        )
     if run.cand.record_anomalies:  # only code in the worker's process writes its records
-        return StageResult(stage=stage, status="fail", summary="records the worker did not write",
-                           findings=[Finding(kind="harness-tampered", message=(
-                               "the candidate worker's results hold records its own code does not write "
-                               "(candidate code wrote into the results pipe): " + "; ".join(run.cand.record_anomalies[:5])))])
+        return StageResult(
+            stage=stage,
+            status="fail",
+            summary="records the worker did not write",
+            findings=[
+                Finding(
+                    kind="harness-tampered",
+                    message=(
+                        "the candidate worker's results hold records its own code does not write "
+                        "(candidate code wrote into the results pipe): " + "; ".join(run.cand.record_anomalies[:5])
+                    ),
+                )
+            ],
+        )
     setup = run.setup
     if setup is not None and not setup.get("ok") and setup.get("error") == "not-hopper":
-        return StageResult(stage=stage, status="error", summary="not a Hopper GPU: not verified",
-                           findings=[Finding(kind="not-hopper", message=str(setup.get("message")))])
+        return StageResult(
+            stage=stage,
+            status="error",
+            summary="not a Hopper GPU: not verified",
+            findings=[Finding(kind="not-hopper", message=str(setup.get("message")))],
+        )
     if setup is None or not setup.get("ok"):
-        found = (Finding(kind=str(setup.get("error")), message=f"{setup.get('message')} (worker sandbox: {setup.get('sandbox')})")
-                 if setup is not None and setup.get("message") else failure_finding(run.cand))
-        return StageResult(stage=stage, status="error", summary="candidate worker failed during setup (verifier problem)",
-                           findings=[found])
+        found = (
+            Finding(
+                kind=str(setup.get("error")), message=f"{setup.get('message')} (worker sandbox: {setup.get('sandbox')})"
+            )
+            if setup is not None and setup.get("message")
+            else failure_finding(run.cand)
+        )
+        return StageResult(
+            stage=stage,
+            status="error",
+            summary="candidate worker failed during setup (verifier problem)",
+            findings=[found],
+        )
     if run.scratch_bytes > SCRATCH_BUDGET:
-        return StageResult(stage=stage, status="fail", summary="the candidate filled its scratch folder",
-                           findings=[Finding(kind="scratch-over-budget",
-                                             message=f"the candidate worker left {run.scratch_bytes / 2**30:.1f} GiB in its "
-                                             f"scratch folder (budget {SCRATCH_BUDGET / 2**30:.0f} GiB): candidate code wrote files")])
+        return StageResult(
+            stage=stage,
+            status="fail",
+            summary="the candidate filled its scratch folder",
+            findings=[
+                Finding(
+                    kind="scratch-over-budget",
+                    message=f"the candidate worker left {run.scratch_bytes / 2**30:.1f} GiB in its "
+                    f"scratch folder (budget {SCRATCH_BUDGET / 2**30:.0f} GiB): candidate code wrote files",
+                )
+            ],
+        )
     tampered = run.tampered_trial_files()
     if tampered:
-        return StageResult(stage=stage, status="fail", summary="saved trial files were changed after the worker wrote them",
-                           findings=[Finding(kind="tampered-trial-file",
-                                             message=f"the saved tensors of trial(s) {', '.join(tampered)} no longer match the "
-                                             "sha256 the worker recorded: candidate code rewrote them")])
+        return StageResult(
+            stage=stage,
+            status="fail",
+            summary="saved trial files were changed after the worker wrote them",
+            findings=[
+                Finding(
+                    kind="tampered-trial-file",
+                    message=f"the saved tensors of trial(s) {', '.join(tampered)} no longer match the "
+                    "sha256 the worker recorded: candidate code rewrote them",
+                )
+            ],
+        )
     # Inputs are drawn once for every case before the candidate is imported; only a failure
     # there is the verifier's (a later one is charged to the candidate by the worker).
     errs = run.cand_part("error")
@@ -355,21 +465,46 @@ def _prologue(run: GpuRun, stage: Stage) -> StageResult | None:
             # the worker marks an error as the verifier's only before it imports the candidate;
             # after that, such a record is the candidate's own (a forged one would stall the
             # loop, which never charges a verifier error to the attempt)
-            return StageResult(stage=stage, status="fail", summary="the candidate forged a verifier-error record",
-                               findings=[Finding(kind="harness-tampered", message="a record claiming a verifier "
-                                                 "problem came after the candidate was imported: only the worker's "
-                                                 "input draw, before the import, can fail as the verifier's")])
+            return StageResult(
+                stage=stage,
+                status="fail",
+                summary="the candidate forged a verifier-error record",
+                findings=[
+                    Finding(
+                        kind="harness-tampered",
+                        message="a record claiming a verifier "
+                        "problem came after the candidate was imported: only the worker's "
+                        "input draw, before the import, can fail as the verifier's",
+                    )
+                ],
+            )
         msg = f"the candidate worker could not draw the inputs (verifier/spec problem): {str(errs[-1].get('message', ''))[-1500:]}"
-        return StageResult(stage=stage, status="error", summary="input generation failed (verifier problem)",
-                           findings=[Finding(kind="verifier-error", message=msg)])
+        return StageResult(
+            stage=stage,
+            status="error",
+            summary="input generation failed (verifier problem)",
+            findings=[Finding(kind="verifier-error", message=msg)],
+        )
     imp = run.cand_part("import")
     if not imp:
-        return StageResult(stage=stage, status="fail", summary="the candidate failed to import on the GPU",
-                           findings=[failure_finding(run.cand)])
+        return StageResult(
+            stage=stage,
+            status="fail",
+            summary="the candidate failed to import on the GPU",
+            findings=[failure_finding(run.cand)],
+        )
     if imp[-1].get("tampered"):
-        return StageResult(stage=stage, status="fail", summary="the candidate replaced the verifier's instruments",
-                           findings=[Finding(kind="harness-tampered",
-                                             message=f"importing the candidate replaced: {', '.join(imp[-1]['tampered'])}")])
+        return StageResult(
+            stage=stage,
+            status="fail",
+            summary="the candidate replaced the verifier's instruments",
+            findings=[
+                Finding(
+                    kind="harness-tampered",
+                    message=f"importing the candidate replaced: {', '.join(imp[-1]['tampered'])}",
+                )
+            ],
+        )
     return None
 
 
@@ -380,8 +515,10 @@ def correctness_stage(loaded: LoadedSpec, run: GpuRun) -> StageResult:
     if pre is not None:
         pre.duration_s = time.monotonic() - t0
         return pre
-    for who, recs, want in (("candidate", run.cand_part("setup"), run.cand_plan_sha256 or run.plan.sha256()),
-                            ("reference", run.ref_part("setup"), run.plan.sha256())):
+    for who, recs, want in (
+        ("candidate", run.cand_part("setup"), run.cand_plan_sha256 or run.plan.sha256()),
+        ("reference", run.ref_part("setup"), run.plan.sha256()),
+    ):
         if recs and recs[-1].get("plan_sha256") not in (None, want):
             msg = f"the {who} worker ran a different plan than the parent wrote (plan hash mismatch)"
             return stage_result("correctness", "error", msg, [Finding(kind="verifier-error", message=msg)], {}, t0)
@@ -394,14 +531,20 @@ def correctness_stage(loaded: LoadedSpec, run: GpuRun) -> StageResult:
         f.add(*_outcome_kind_msg(run, f"trial {missing.case}, seed {missing.seed}"), case=missing.case)
     err = _contract_checks(loaded, run, f, done)
     if err:
-        return stage_result("correctness", "error", err, f.items + [Finding(kind="verifier-error", message=err)], metrics, t0)
+        return stage_result(
+            "correctness", "error", err, f.items + [Finding(kind="verifier-error", message=err)], metrics, t0
+        )
     by_trial, err = check_outputs(loaded, run, loaded.spec.value_outputs, done, f)
     if err:
-        return stage_result("correctness", "error", err, f.items + [Finding(kind="verifier-error", message=err)], metrics, t0)
+        return stage_result(
+            "correctness", "error", err, f.items + [Finding(kind="verifier-error", message=err)], metrics, t0
+        )
     metrics["trials"] = by_trial
     metrics["worst"] = worst(by_trial)
-    metrics["cases"] = [{"key": t.key, "case": t.case, "dims": t.dims, "draw": t.draw, "seed": t.seed,
-                         "sampled": t.sample} for t in trials]
+    metrics["cases"] = [
+        {"key": t.key, "case": t.case, "dims": t.dims, "draw": t.draw, "seed": t.seed, "sampled": t.sample}
+        for t in trials
+    ]
     secret = {t.key for t in trials if t.key.startswith(COVERAGE_KEY_PREFIX)}
     if secret:
         metrics["coverage_s"] = run.trial_seconds(secret)
@@ -436,9 +579,11 @@ def correctness_stage(loaded: LoadedSpec, run: GpuRun) -> StageResult:
         w = metrics["worst"]
         if w:
             n_secret = sum(1 for t in done if t.key.startswith(COVERAGE_KEY_PREFIX))
-            summary = (f"{len(done)} trials ({n_secret} secret coverage cases) x {len(w)} output(s) within every "
-                       f"numerics rule; worst {max(w.items(), key=lambda kv: kv[1]['ratio'])[0]} at "
-                       f"{max(m['ratio'] for m in w.values()):.2f} of its bound")
+            summary = (
+                f"{len(done)} trials ({n_secret} secret coverage cases) x {len(w)} output(s) within every "
+                f"numerics rule; worst {max(w.items(), key=lambda kv: kv[1]['ratio'])[0]} at "
+                f"{max(m['ratio'] for m in w.values()):.2f} of its bound"
+            )
         else:  # every output is a gradient: compared by the gradients stage
             summary = f"{len(done)} trials: outputs well-formed (all are gradients, compared in the gradients stage)"
         if metrics.get("launches") is not None:
@@ -456,6 +601,14 @@ def _outcome_kind_msg(run: GpuRun, what: str) -> tuple[str, str]:
     return fd.kind, f"{what}: {fd.message}"
 
 
-def stage_result(stage: Stage, status: Status, summary: str, findings: list[Finding], metrics: dict[str, Any], t0: float) -> StageResult:
-    return StageResult(stage=stage, status=status, summary=summary, findings=findings,
-                       metrics=jsonable(metrics), duration_s=time.monotonic() - t0)
+def stage_result(
+    stage: Stage, status: Status, summary: str, findings: list[Finding], metrics: dict[str, Any], t0: float
+) -> StageResult:
+    return StageResult(
+        stage=stage,
+        status=status,
+        summary=summary,
+        findings=findings,
+        metrics=jsonable(metrics),
+        duration_s=time.monotonic() - t0,
+    )

@@ -27,15 +27,19 @@ def gradients_stage(loaded: LoadedSpec, run: GpuRun) -> StageResult:
     t0 = time.monotonic()
     outputs = loaded.spec.gradient_outputs
     if not outputs:
-        return StageResult(stage="gradients", status="skip",
-                           summary="the spec declares no gradient outputs: nothing to check")
+        return StageResult(
+            stage="gradients", status="skip", summary="the spec declares no gradient outputs: nothing to check"
+        )
     f = FindingSet()
     trials = [t for t in run.plan.correctness_runs if run.cand_trial(t.key) is not None]
     by_trial, err = check_outputs(loaded, run, outputs, trials, f)
     if err:
         return stage_result("gradients", "error", err, f.items + [Finding(kind="verifier-error", message=err)], {}, t0)
-    metrics = {"trials": by_trial, "worst": worst(by_trial),
-               "gradient_of": {o.name: o.gradient.model_dump() for o in outputs if o.gradient}}
+    metrics = {
+        "trials": by_trial,
+        "worst": worst(by_trial),
+        "gradient_of": {o.name: o.gradient.model_dump() for o in outputs if o.gradient},
+    }
     for t in run.plan.recheck_runs:
         if run.cand_trial(t.key) is None:
             continue
@@ -47,6 +51,7 @@ def gradients_stage(loaded: LoadedSpec, run: GpuRun) -> StageResult:
         summary = f"{len(f.items)} problem(s): {', '.join(sorted({x.kind for x in f.items}))}"
         return stage_result("gradients", "fail", summary, f.items, metrics, t0)
     w = metrics["worst"]
-    summary = (f"{len(trials)} trials x {len(outputs)} gradient output(s) match torch.autograd"
-               + (f"; worst at {max(m['ratio'] for m in w.values()):.2f} of allowed" if w else ""))
+    summary = f"{len(trials)} trials x {len(outputs)} gradient output(s) match torch.autograd" + (
+        f"; worst at {max(m['ratio'] for m in w.values()):.2f} of allowed" if w else ""
+    )
     return stage_result("gradients", "pass", summary, f.items, metrics, t0)

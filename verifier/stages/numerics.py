@@ -97,7 +97,9 @@ def coda_check(
     shape mismatch.
     """
     if out.shape != ref32.shape or ref_lowp.shape != ref32.shape:
-        raise ValueError(f"shape mismatch: out {tuple(out.shape)}, ref32 {tuple(ref32.shape)}, ref_lowp {tuple(ref_lowp.shape)}")
+        raise ValueError(
+            f"shape mismatch: out {tuple(out.shape)}, ref32 {tuple(ref32.shape)}, ref_lowp {tuple(ref_lowp.shape)}"
+        )
     o, r, lo = _f64(out), _f64(ref32), _f64(ref_lowp)
     err = _abs_err(o, r)
     lowp_finite = torch.isfinite(lo)
@@ -124,15 +126,24 @@ def abs_check(out: torch.Tensor, ref32: torch.Tensor, floor: float) -> dict[str,
     err = _abs_err(o, r)
     res = _summary(o, r, err)
     res.update(
-        rule="abs", lowp_err=None, allowed=floor, ok=bool(res["max_err"] <= floor),
+        rule="abs",
+        lowp_err=None,
+        allowed=floor,
+        ok=bool(res["max_err"] <= floor),
         ratio=res["max_err"] / floor if floor > 0 else (0.0 if res["max_err"] == 0 else math.inf),
         lowp_nonfinite=0,
     )
     return res
 
 
-def tolerance_check(out: torch.Tensor, ref32: torch.Tensor, ref_lowp: torch.Tensor | None, tol: Any,
-                    dtype: str | None = None, lowp_dtype: str = "bfloat16") -> dict[str, Any]:
+def tolerance_check(
+    out: torch.Tensor,
+    ref32: torch.Tensor,
+    ref_lowp: torch.Tensor | None,
+    tol: Any,
+    dtype: str | None = None,
+    lowp_dtype: str = "bfloat16",
+) -> dict[str, Any]:
     """Every rule of a :class:`~coda_agent.verifier.spec.ToleranceSpec` for one output.
 
     ``rule="abs"`` (or no ``ref_lowp``): :func:`abs_check`. Else :func:`judge` with the
@@ -205,8 +216,9 @@ def row_scale(r: torch.Tensor) -> torch.Tensor:
     return (clipped.pow(2).sum(1, keepdim=True) / n.clamp_min(1)).sqrt()
 
 
-def judge(out: torch.Tensor, ref32: torch.Tensor, ref_lowp: torch.Tensor, tol: Any, dtype: str,
-          lowp_dtype: str = "bfloat16") -> dict[str, Any]:
+def judge(
+    out: torch.Tensor, ref32: torch.Tensor, ref_lowp: torch.Tensor, tol: Any, dtype: str, lowp_dtype: str = "bfloat16"
+) -> dict[str, Any]:
     """Judge one output by every rule of the module doc.
 
     ``out`` (candidate, any float dtype), ``ref32``, ``ref_lowp``: same shape (ValueError
@@ -218,7 +230,9 @@ def judge(out: torch.Tensor, ref32: torch.Tensor, ref_lowp: torch.Tensor, tol: A
     "sign"}`` each with ``ok`` and ``ratio`` (statistic / bound; > 1 fails) and the numbers
     behind it, and ``failed`` (failing rules in :data:`RULE_ORDER`)."""
     if out.shape != ref32.shape or ref_lowp.shape != ref32.shape:
-        raise ValueError(f"shape mismatch: out {tuple(out.shape)}, ref32 {tuple(ref32.shape)}, ref_lowp {tuple(ref_lowp.shape)}")
+        raise ValueError(
+            f"shape mismatch: out {tuple(out.shape)}, ref32 {tuple(ref32.shape)}, ref_lowp {tuple(ref_lowp.shape)}"
+        )
     shape = out.shape
     r2 = _f64(ref32).reshape(-1, shape[-1]) if len(shape) >= 2 else _f64(ref32).reshape(1, -1)
     o2, l2 = _f64(out).reshape(r2.shape), _f64(ref_lowp).reshape(r2.shape)
@@ -235,10 +249,14 @@ def judge(out: torch.Tensor, ref32: torch.Tensor, ref_lowp: torch.Tensor, tol: A
     res = _summary(o2.reshape(shape), r2.reshape(shape), e.reshape(shape), o_fin=o_fin)
     # non-finite: out non-finite exactly where ref32 is
     missing = int((~fin & o_fin).sum())  # finite where the reference is not
-    extra = int((fin & ~o_fin).sum())    # non-finite where the reference is finite
-    nonfinite: dict[str, Any] = {"ok": not (missing or extra), "ratio": math.inf if (missing or extra) else 0.0,
-                                 "finite_where_ref_not": missing, "nonfinite_where_ref_finite": extra,
-                                 "ref_nonfinite": int((~fin).sum())}
+    extra = int((fin & ~o_fin).sum())  # non-finite where the reference is finite
+    nonfinite: dict[str, Any] = {
+        "ok": not (missing or extra),
+        "ratio": math.inf if (missing or extra) else 0.0,
+        "finite_where_ref_not": missing,
+        "nonfinite_where_ref_finite": extra,
+        "ref_nonfinite": int((~fin).sum()),
+    }
     if missing or extra:
         nonfinite["first_index"] = _index(int((fin ^ o_fin).reshape(-1).nonzero()[0]), shape)
     el = on_finite((l2 - r2).abs())
@@ -253,8 +271,15 @@ def judge(out: torch.Tensor, ref32: torch.Tensor, ref_lowp: torch.Tensor, tol: A
     max_err = float(ef.max()) if ef.numel() else 0.0
     allowed = tol.factor * lowp_err + tol.floor
     res.update(max_err=max_err, lowp_err=lowp_err, allowed=allowed, lowp_nonfinite=int((fin & ~lowp_ok).sum()))
-    rules: dict[str, dict[str, Any]] = {"nonfinite": nonfinite, "max_abs": {
-        "ok": max_err <= allowed, "ratio": _ratio(max_err, allowed), "max_err": max_err, "allowed": allowed}}
+    rules: dict[str, dict[str, Any]] = {
+        "nonfinite": nonfinite,
+        "max_abs": {
+            "ok": max_err <= allowed,
+            "ratio": _ratio(max_err, allowed),
+            "max_err": max_err,
+            "allowed": allowed,
+        },
+    }
     # per element
     u_row = ulp(row_scale(r2), lowp_dtype)
     base = tol.factor * el + tol.floor_ulps * u_row + tol.floor
@@ -263,30 +288,60 @@ def judge(out: torch.Tensor, ref32: torch.Tensor, ref_lowp: torch.Tensor, tol: A
     k = int(ratios.reshape(-1).argmax()) if ratios.numel() else 0
     n_over = int((ratios > 1).sum())
     flat = lambda t: float(t.reshape(-1)[k])  # noqa: E731
-    rules["elementwise"] = {"ok": n_over == 0, "ratio": flat(ratios) if ratios.numel() else 0.0, "over": n_over,
-                            "judged": int(fin.sum()), "ulps": tol.ulps, "floor_ulps": tol.floor_ulps,
-                            "worst": {"index": _index(k, shape), "got": flat(o2), "expected": flat(r2),
-                                      "err": flat(e), "bound": flat(bound)} if ratios.numel() else None}
+    rules["elementwise"] = {
+        "ok": n_over == 0,
+        "ratio": flat(ratios) if ratios.numel() else 0.0,
+        "over": n_over,
+        "judged": int(fin.sum()),
+        "ulps": tol.ulps,
+        "floor_ulps": tol.floor_ulps,
+        "worst": {
+            "index": _index(k, shape),
+            "got": flat(o2),
+            "expected": flat(r2),
+            "err": flat(e),
+            "bound": flat(bound),
+        }
+        if ratios.numel()
+        else None,
+    }
     # quantiles
     u_all = float(ulp(row_scale(r2.reshape(-1)), lowp_dtype).reshape(-1)[0]) if r2.numel() else 0.0
     qo, ql = _quantiles(ef), _quantiles(elf)
     qb = [tol.quantile_factor * q + u_all + tol.floor for q in ql]
     qr = [_ratio(a, b) for a, b in zip(qo, qb, strict=False)]
-    rules["quantiles"] = {"ok": all(x <= 1 for x in qr), "ratio": max(qr), "q": list(QUANTILES),
-                          "out": qo, "lowp": ql, "bound": qb}
+    rules["quantiles"] = {
+        "ok": all(x <= 1 for x in qr),
+        "ratio": max(qr),
+        "q": list(QUANTILES),
+        "out": qo,
+        "lowp": ql,
+        "bound": qb,
+    }
     # sign
     judged = fin & (r2.abs() > SIGN_MARGIN * base)
     wrong = judged & ~(o2 * r2 > 0)
     n_wrong = int(wrong.sum())
-    rules["sign"] = {"ok": n_wrong == 0, "ratio": math.inf if n_wrong else 0.0, "wrong": n_wrong,
-                     "judged": int(judged.sum())}
+    rules["sign"] = {
+        "ok": n_wrong == 0,
+        "ratio": math.inf if n_wrong else 0.0,
+        "wrong": n_wrong,
+        "judged": int(judged.sum()),
+    }
     if n_wrong:
         j = int(wrong.reshape(-1).nonzero()[0])
-        rules["sign"].update(first_index=_index(j, shape), got=float(o2.reshape(-1)[j]), expected=float(r2.reshape(-1)[j]))
+        rules["sign"].update(
+            first_index=_index(j, shape), got=float(o2.reshape(-1)[j]), expected=float(r2.reshape(-1)[j])
+        )
     failed = [name for name in RULE_ORDER if not rules[name]["ok"]]
     finite = [rules[n]["ratio"] for n in ("max_abs", "elementwise", "quantiles")]
-    res.update(rule="coda", rules=rules, failed=failed, ok=not failed,
-               ratio=max(finite) if not (missing or extra or n_wrong) else math.inf)
+    res.update(
+        rule="coda",
+        rules=rules,
+        failed=failed,
+        ok=not failed,
+        ratio=max(finite) if not (missing or extra or n_wrong) else math.inf,
+    )
     return res
 
 
@@ -354,7 +409,10 @@ def output_sanity(out: torch.Tensor, ref: torch.Tensor | None = None) -> tuple[s
             n_nan = int(torch.isnan(o).sum())
             r, c = _first_rc(bad)
             what = "NaN" if n_nan else "inf"
-            return "nan-output", f"{what} present ({int(bad.sum())} of {o.numel()} non-finite, first at row {r} col {c})"
+            return (
+                "nan-output",
+                f"{what} present ({int(bad.sum())} of {o.numel()} non-finite, first at row {r} col {c})",
+            )
     flat = o.reshape(-1)
     if bool((flat == 0).all()):
         if ref is None or not bool((ref.reshape(-1) == 0).all()):
@@ -400,15 +458,21 @@ def _whole_tensor_pattern(o: torch.Tensor, r: torch.Tensor, thr: float) -> str |
     if C >= 2 and C % 2 == 0:
         ev, od = r[:, 0::2], r[:, 1::2]
         if _close(o[:, 0::2], od, thr) and _close(o[:, 1::2], ev, thr):
-            return ("adjacent column pairs swapped (gate/up interleaving reversed: column 2j holds "
-                    "what column 2j+1 should and vice versa)")
+            return (
+                "adjacent column pairs swapped (gate/up interleaving reversed: column 2j holds "
+                "what column 2j+1 should and vice versa)"
+            )
         if _close(o, torch.cat([ev, od], dim=1), thr):
-            return ("columns laid out as halves [even columns | odd columns] where interleaved "
-                    "columns were expected (gate/up blocked instead of interleaved)")
+            return (
+                "columns laid out as halves [even columns | odd columns] where interleaved "
+                "columns were expected (gate/up blocked instead of interleaved)"
+            )
         h = C // 2
         if _close(o[:, 0::2], r[:, :h], thr) and _close(o[:, 1::2], r[:, h:], thr):
-            return ("columns interleaved where halves [first half | second half] were expected "
-                    "(gate/up interleaved instead of blocked)")
+            return (
+                "columns interleaved where halves [first half | second half] were expected "
+                "(gate/up interleaved instead of blocked)"
+            )
     if R == C and R > 1 and _close(o, r.T, thr):
         return "output is the transpose of the expected tensor"
     return None
@@ -498,11 +562,17 @@ def _location(wrong: torch.Tensor, tile: tuple[int, int]) -> str:
     if edge_desc and not bool((wrong & ~edge).any()):
         fr = full_r if R % tm and R > tm else R
         fc = full_c if C % tn and C > tn else C
-        need = [d for d in edge_desc if (d.startswith("rows") and bool(wrong[fr:, :fc].any()))
-                or (d.startswith("cols") and bool(wrong[:fr, fc:].any()))]
+        need = [
+            d
+            for d in edge_desc
+            if (d.startswith("rows") and bool(wrong[fr:, :fc].any()))
+            or (d.startswith("cols") and bool(wrong[:fr, fc:].any()))
+        ]
         joined = " or ".join(need) if need else " and ".join(edge_desc)  # nothing needed alone: the corner
-        return (f"only the ragged edge ({joined}) wrong: the tensor is {R}x{C}, "
-                f"not a multiple of the {tm}x{tn} tile; {tiles}")
+        return (
+            f"only the ragged edge ({joined}) wrong: the tensor is {R}x{C}, "
+            f"not a multiple of the {tm}x{tn} tile; {tiles}"
+        )
     if Rt * Ct > 1 and not bool(tw[0, 0]):
         if r0 >= tm and R > tm:
             return f"only rows beyond the first tile (rows >= {tm}) wrong; {tiles}"

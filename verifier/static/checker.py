@@ -40,8 +40,13 @@ NODE_RULES: dict[type[ast.AST], tuple[NodeRule, ...]] = {
     ast.arg: (rules_module.string_annotations,),
     ast.Constant: (rules_values.string_constant,),
     ast.Name: (rules_values.check_name, rules_values.check_value_use),
-    ast.Attribute: (rules_values.check_attribute, rules_values.check_value_attribute, rules_values.check_value_use,
-                    rules_values.method_references, rules_state.attribute_write),
+    ast.Attribute: (
+        rules_values.check_attribute,
+        rules_values.check_value_attribute,
+        rules_values.check_value_use,
+        rules_values.method_references,
+        rules_state.attribute_write,
+    ),
     ast.Compare: (rules_values.identity_compare,),
     ast.JoinedStr: (rules_values.formatting,),
     ast.Set: (rules_values.formatting,),
@@ -49,8 +54,12 @@ NODE_RULES: dict[type[ast.AST], tuple[NodeRule, ...]] = {
     ast.BinOp: (rules_calls.matmul_operator, rules_values.formatting),
     ast.AugAssign: (rules_calls.matmul_operator, rules_state.augmented_assignment),
     ast.Subscript: (rules_state.subscript_store,),
-    ast.Call: (rules_calls.library_call_arguments, rules_calls.check_call, rules_state.container_mutation,
-               rules_values.str_format),
+    ast.Call: (
+        rules_calls.library_call_arguments,
+        rules_calls.check_call,
+        rules_state.container_mutation,
+        rules_values.str_format,
+    ),
 }
 """Node type -> the rules judging every node of that type (each rule checks its own conditions)."""
 
@@ -115,8 +124,12 @@ def check_static(spec: KernelSpec, source: str, filename: str = "candidate.py") 
 
     def rejected(finding: Finding) -> StageResult:
         return StageResult(
-            stage="static", status="fail", summary="1 violation(s)", findings=[finding],
-            metrics={"violations": 1, "epilogues": []}, duration_s=time.perf_counter() - t0,
+            stage="static",
+            status="fail",
+            summary="1 violation(s)",
+            findings=[finding],
+            metrics={"violations": 1, "epilogues": []},
+            duration_s=time.perf_counter() - t0,
         )
 
     try:
@@ -133,8 +146,13 @@ def check_static(spec: KernelSpec, source: str, filename: str = "candidate.py") 
         # a chain of ~3000 `+` terms, unary minus signs or attribute accesses parses into a
         # tree deeper than the parser's (or the checker's) recursion limit: the candidate's
         # fault, not a verifier error
-        return rejected(Finding(kind="syntax-error", message=f"{filename}: the module is nested too deeply to "
-                                f"parse and check ({type(e).__name__}); split long expressions into statements"))
+        return rejected(
+            Finding(
+                kind="syntax-error",
+                message=f"{filename}: the module is nested too deeply to "
+                f"parse and check ({type(e).__name__}); split long expressions into statements",
+            )
+        )
     findings = _dedupe_sort(facts.findings)
     n = len(findings)
     return StageResult(

@@ -99,7 +99,8 @@ def root_name(node: ast.AST | None) -> str | None:
 def is_alias_expr(node: ast.AST) -> bool:
     """Expressions that may evaluate to (part of) the object they start from."""
     return isinstance(node, (ast.Name, ast.Subscript, ast.Attribute)) or (
-        isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
         and node.func.attr in ("get", "setdefault", "values", "items", "keys")
     )
 
@@ -162,7 +163,6 @@ class Epilogue:
     literal: bool = True
 
 
-
 class ModuleFacts:
     """What the rules know about one parsed module (see the module docstring)."""
 
@@ -176,8 +176,9 @@ class ModuleFacts:
             for child in ast.iter_child_nodes(node):
                 self.parents[child] = node
         self.epilogue_names = {n.name for n in tree.body if isinstance(n, ast.FunctionDef) and n.decorator_list}
-        self.local_defs = {n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
-                           } - self.epilogue_names  # the candidate's own functions, at any depth
+        self.local_defs = {
+            n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+        } - self.epilogue_names  # the candidate's own functions, at any depth
         self.aliases: dict[str, str] = {}  # local name -> dotted module/object path
         self.alias_targets: dict[str, ast.Name] = {}  # assignment aliases -> the one Name that binds each
         self._import_table()
@@ -238,10 +239,15 @@ class ModuleFacts:
                 counts[name] = counts.get(name, 0) + 1
         for _ in range(2):  # constants made of earlier constants (BLOCK = 2 * TILE)
             self.numeric_constants |= {
-                node.targets[0].id for node in self.tree.body
-                if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
-                and counts.get(node.targets[0].id) == 1 and self.numeric_evident(node.value)
-                and not any(isinstance(x, (ast.Attribute, ast.Call, ast.Subscript)) for x in ast.walk(node.value))}
+                node.targets[0].id
+                for node in self.tree.body
+                if isinstance(node, ast.Assign)
+                and len(node.targets) == 1
+                and isinstance(node.targets[0], ast.Name)
+                and counts.get(node.targets[0].id) == 1
+                and self.numeric_evident(node.value)
+                and not any(isinstance(x, (ast.Attribute, ast.Call, ast.Subscript)) for x in ast.walk(node.value))
+            }
 
     def _module_names(self) -> None:
         """``module_defs`` (module-level functions) and ``module_data`` (names module-level
@@ -277,12 +283,19 @@ class ModuleFacts:
         while up is not None:
             if isinstance(up, ast.arg) and up.annotation is child:
                 return True
-            if isinstance(up, (ast.FunctionDef, ast.AsyncFunctionDef)) and (up.returns is child or child in up.decorator_list):
+            if isinstance(up, (ast.FunctionDef, ast.AsyncFunctionDef)) and (
+                up.returns is child or child in up.decorator_list
+            ):
                 return True
             if isinstance(up, ast.AnnAssign) and up.annotation is child:
                 return True
-            if (isinstance(up, ast.Call) and isinstance(up.func, ast.Name) and up.func.id in ("isinstance", "issubclass")
-                    and len(up.args) == 2 and up.args[1] is child):
+            if (
+                isinstance(up, ast.Call)
+                and isinstance(up.func, ast.Name)
+                and up.func.id in ("isinstance", "issubclass")
+                and len(up.args) == 2
+                and up.args[1] is child
+            ):
                 return True
             if isinstance(up, (ast.Tuple, ast.Subscript, ast.BinOp)):  # Optional[torch.Tensor], (A, B), A | B
                 child, up = up, self.parents.get(up)
@@ -303,7 +316,9 @@ class ModuleFacts:
         child, up = node, self.parents.get(node)
         while isinstance(up, ast.Tuple):
             child, up = up, self.parents.get(up)
-        if isinstance(up, ast.JoinedStr) or (isinstance(up, ast.BinOp) and isinstance(up.op, ast.Mod) and up.left is child):
+        if isinstance(up, ast.JoinedStr) or (
+            isinstance(up, ast.BinOp) and isinstance(up.op, ast.Mod) and up.left is child
+        ):
             return True  # f-strings and %-formatting of a literal have their own finding
         if isinstance(up, ast.Expr):
             return isinstance(child, ast.Constant)  # a docstring or a bare string statement
@@ -336,8 +351,9 @@ class ModuleFacts:
         stmt = self.parents.get(node)
         while stmt is not None and not isinstance(stmt, ast.stmt):
             stmt = self.parents.get(stmt)
-        return isinstance(stmt, ast.Raise) or (isinstance(stmt, ast.Assert) and stmt.msg is not None
-                                               and any(n is node for n in ast.walk(stmt.msg)))
+        return isinstance(stmt, ast.Raise) or (
+            isinstance(stmt, ast.Assert) and stmt.msg is not None and any(n is node for n in ast.walk(stmt.msg))
+        )
 
     def is_library_call(self, call: ast.Call) -> bool:
         """A call of an import-rooted cutlass/quack/torch callable, or of an epilogue mod,
@@ -361,15 +377,22 @@ class ModuleFacts:
         if isinstance(e, ast.Name):
             return e.id in self.numeric_constants
         if isinstance(e, ast.Attribute):
-            return e.attr in surface.config_fields() or e.attr in ("ndim", "itemsize", "nbytes") or (
-                (self.qualname(e) or "").split(".")[0] == "math")
+            return (
+                e.attr in surface.config_fields()
+                or e.attr in ("ndim", "itemsize", "nbytes")
+                or ((self.qualname(e) or "").split(".")[0] == "math")
+            )
         if isinstance(e, ast.Subscript):
-            return isinstance(e.value, ast.Attribute) and e.value.attr == "shape" or (
-                isinstance(e.value, ast.Call) and self.numeric_evident(e.value))
+            return (
+                isinstance(e.value, ast.Attribute)
+                and e.value.attr == "shape"
+                or (isinstance(e.value, ast.Call) and self.numeric_evident(e.value))
+            )
         if isinstance(e, ast.Call):
             f = e.func
             return (isinstance(f, ast.Attribute) and f.attr in ("size", "stride", "numel", "dim", "element_size")) or (
-                isinstance(f, ast.Name) and f.id == "len")
+                isinstance(f, ast.Name) and f.id == "len"
+            )
         return False
 
     def is_module_level_target(self, node: ast.Name) -> bool:
@@ -377,8 +400,18 @@ class ModuleFacts:
         epilogue checks as ``name-redefined`` already)."""
         p, top = self.parents.get(node), set(map(id, self.tree.body))
         while p is not None and id(p) not in top:
-            if isinstance(p, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ListComp, ast.SetComp,
-                              ast.DictComp, ast.GeneratorExp)):
+            if isinstance(
+                p,
+                (
+                    ast.FunctionDef,
+                    ast.AsyncFunctionDef,
+                    ast.Lambda,
+                    ast.ListComp,
+                    ast.SetComp,
+                    ast.DictComp,
+                    ast.GeneratorExp,
+                ),
+            ):
                 return False
             p = self.parents.get(p)
         return p is not None

@@ -28,32 +28,58 @@ def bindings(m: ModuleFacts) -> None:
     imported = {name for n in m.tree.body if isinstance(n, (ast.Import, ast.ImportFrom)) for name in binds(n)}
     for node in ast.walk(m.tree):
         if isinstance(node, (ast.Import, ast.ImportFrom)) and id(node) not in top:
-            m.add("banned-import", node, "imports belong at module level: an import inside a function "
-                     "rebinds the name for the whole module's checks")
+            m.add(
+                "banned-import",
+                node,
+                "imports belong at module level: an import inside a function "
+                "rebinds the name for the whole module's checks",
+            )
         # module-level defs too: `def isinstance(a, b)` rebinds a trusted name
         for name in binds(node):
             if name in BANNED_BUILTINS:
-                m.add("banned-call", node, f"`{name}` is a builtin candidates may not use; binding that name "
-                         "(import alias, assignment, parameter, def) is not allowed either")
+                m.add(
+                    "banned-call",
+                    node,
+                    f"`{name}` is a builtin candidates may not use; binding that name "
+                    "(import alias, assignment, parameter, def) is not allowed either",
+                )
             elif name in BUILTIN_NAMES:
                 # the checker trusts builtins by name (isinstance() in _not_a_value, next,
                 # dict ...): a parameter named `isinstance` would hand library callables
                 # around as values (tests/verifier/corpus/builtin_param_alias.py)
-                m.add("banned-call", node, f"`{name}` is the name of a Python builtin: do not rebind it "
-                         "(the checks read it as the builtin); choose another name")
+                m.add(
+                    "banned-call",
+                    node,
+                    f"`{name}` is the name of a Python builtin: do not rebind it "
+                    "(the checks read it as the builtin); choose another name",
+                )
             elif name in imported and not isinstance(node, (ast.Import, ast.ImportFrom)):
-                m.add("name-redefined", node, f"`{name}` names a module-level import: no other binding "
-                         "of it, in any scope (the checks would read it as the import)")
+                m.add(
+                    "name-redefined",
+                    node,
+                    f"`{name}` names a module-level import: no other binding "
+                    "of it, in any scope (the checks would read it as the import)",
+                )
             elif name in m.alias_targets and node is not m.alias_targets[name]:
                 # `DT = torch.float32` makes DT an alias; `DT = Scalar(...)` after it, or a
                 # parameter named DT, would hold any value, and DT.to_params would go unjudged
                 # as torch.float32.to_params (tests/verifier/corpus/alias_rebinding_gadget.py)
-                m.add("name-redefined", node, f"`{name}` is an alias of `{m.aliases[name]}` (bound at "
-                         f"line {m.alias_targets[name].lineno}): no other binding of it, in any scope")
-            elif name in protected and (id(node) not in top or isinstance(node, ast.arg)) and not (
-                    isinstance(node, ast.Name) and m.is_module_level_target(node)):
-                m.add("name-redefined", node, f"`{name}` names the entry or an epilogue: no other binding "
-                         "of it, in any scope")
+                m.add(
+                    "name-redefined",
+                    node,
+                    f"`{name}` is an alias of `{m.aliases[name]}` (bound at "
+                    f"line {m.alias_targets[name].lineno}): no other binding of it, in any scope",
+                )
+            elif (
+                name in protected
+                and (id(node) not in top or isinstance(node, ast.arg))
+                and not (isinstance(node, ast.Name) and m.is_module_level_target(node))
+            ):
+                m.add(
+                    "name-redefined",
+                    node,
+                    f"`{name}` names the entry or an epilogue: no other binding of it, in any scope",
+                )
 
 
 def reserved_names(m: ModuleFacts) -> None:
@@ -65,9 +91,13 @@ def reserved_names(m: ModuleFacts) -> None:
     layer. Every def is checked: the name is the only thing that reaches the kernel's."""
     for node in ast.walk(m.tree):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and RESERVED_NAME_RE.search(node.name):
-            m.add("reserved-name", node, f"`def {node.name}`: names containing sync/memcpy/memset/memory "
-                     "(any case) are reserved: kernels are named after epilogue fns and the launch count "
-                     "skips profiler events named like that")
+            m.add(
+                "reserved-name",
+                node,
+                f"`def {node.name}`: names containing sync/memcpy/memset/memory "
+                "(any case) are reserved: kernels are named after epilogue fns and the launch count "
+                "skips profiler events named like that",
+            )
         # operand, output and op names may reach the kernel's name too: parameters, and
         # the strings of the decorator's declarations
         names = []
@@ -75,10 +105,15 @@ def reserved_names(m: ModuleFacts) -> None:
             names.append((node.arg, node))
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             for dec in node.decorator_list:
-                names += [(c.value, c) for c in ast.walk(dec)
-                          if isinstance(c, ast.Constant) and isinstance(c.value, str)]
+                names += [
+                    (c.value, c) for c in ast.walk(dec) if isinstance(c, ast.Constant) and isinstance(c.value, str)
+                ]
         for name, where in names:
             if RESERVED_NAME_RE.search(name):
-                m.add("reserved-name", where, f"`{name}`: operand, output and parameter names containing "
-                         "sync/memcpy/memset/memory (any case) are reserved (they can reach a kernel's name, "
-                         "which the launch count reads)")
+                m.add(
+                    "reserved-name",
+                    where,
+                    f"`{name}`: operand, output and parameter names containing "
+                    "sync/memcpy/memset/memory (any case) are reserved (they can reach a kernel's name, "
+                    "which the launch count reads)",
+                )

@@ -25,19 +25,32 @@ def epilogue_contract(m: ModuleFacts) -> None:
             if isinstance(dec, ast.Call) and m.is_gemm_epilogue(dec.func):
                 decorator_calls.add(id(dec))
                 if node not in m.tree.body:
-                    m.add("epilogue-decorator", node, f"@gemm_epilogue fn `{node.name}` must be defined at module level (no factories)")
+                    m.add(
+                        "epilogue-decorator",
+                        node,
+                        f"@gemm_epilogue fn `{node.name}` must be defined at module level (no factories)",
+                    )
                 m.epilogues.append(read_declarations(m, node, dec))
             elif m.is_gemm_epilogue(dec):
-                m.add("epilogue-decorator", dec, "write `@gemm_epilogue(...)` with parentheses (it is a decorator factory)")
+                m.add(
+                    "epilogue-decorator",
+                    dec,
+                    "write `@gemm_epilogue(...)` with parentheses (it is a decorator factory)",
+                )
     for node in ast.walk(m.tree):
         if isinstance(node, ast.Call) and m.is_gemm_epilogue(node.func) and id(node) not in decorator_calls:
             m.add(
-                "epilogue-decorator", node,
+                "epilogue-decorator",
+                node,
                 "apply gemm_epilogue(...) as a decorator on a module-level def, so its return "
                 "keys can be checked against its declarations",
             )
     if not m.epilogues:
-        m.add("no-epilogue", None, "no @gemm_epilogue(...) function is defined: the fused op must be written as a quack epilogue")
+        m.add(
+            "no-epilogue",
+            None,
+            "no @gemm_epilogue(...) function is defined: the fused op must be written as a quack epilogue",
+        )
     for ep in m.epilogues:
         check_epilogue_fn(m, ep)
 
@@ -51,7 +64,11 @@ def read_declarations(m: ModuleFacts, fn: ast.FunctionDef, dec: ast.Call) -> Epi
     if dec.args:
         kw.setdefault("outputs", dec.args[0])
         if len(dec.args) > 1:
-            m.add("non-literal-declaration", dec, "pass @gemm_epilogue arguments beyond outputs by keyword (outputs=, reduces=, mode=, ...)")
+            m.add(
+                "non-literal-declaration",
+                dec,
+                "pass @gemm_epilogue arguments beyond outputs by keyword (outputs=, reduces=, mode=, ...)",
+            )
     if "outputs" in kw:
         names = names_from_sequence(m, kw["outputs"], "outputs")
         if names is None:
@@ -70,19 +87,31 @@ def read_declarations(m: ModuleFacts, fn: ast.FunctionDef, dec: ast.Call) -> Epi
         if isinstance(mode, ast.Constant) and isinstance(mode.value, str) and mode.value not in EPILOGUE_MODES:
             m.add("unknown-epilogue-mode", mode, f"mode= must be one of {list(EPILOGUE_MODES)}, got `{snippet(mode)}`")
         elif not (isinstance(mode, ast.Constant) and (mode.value is None or mode.value in EPILOGUE_MODES)):
-            m.add("non-literal-declaration", mode, f"mode= must be one of {list(EPILOGUE_MODES)} written as a string literal, got `{snippet(mode)}`")
+            m.add(
+                "non-literal-declaration",
+                mode,
+                f"mode= must be one of {list(EPILOGUE_MODES)} written as a string literal, got `{snippet(mode)}`",
+            )
     return ep
 
 
 def names_from_sequence(m: ModuleFacts, node: ast.AST, what: str) -> list[str] | None:
     if not isinstance(node, (ast.Tuple, ast.List)):
-        m.add("non-literal-declaration", node, f"{what}= must be a literal tuple/list of names (or TileStore(\"name\", ...)), got `{snippet(node)}`")
+        m.add(
+            "non-literal-declaration",
+            node,
+            f'{what}= must be a literal tuple/list of names (or TileStore("name", ...)), got `{snippet(node)}`',
+        )
         return None
     out: list[str] = []
     for e in node.elts:
         name = literal_name(e)
         if name is None:
-            m.add("non-literal-declaration", e, f"{what}= entries must be string literals or TileStore(\"name\", ...), got `{snippet(e)}`")
+            m.add(
+                "non-literal-declaration",
+                e,
+                f'{what}= entries must be string literals or TileStore("name", ...), got `{snippet(e)}`',
+            )
             return None
         out.append(name)
     return out
@@ -90,7 +119,11 @@ def names_from_sequence(m: ModuleFacts, node: ast.AST, what: str) -> list[str] |
 
 def names_from_dict(m: ModuleFacts, node: ast.AST, what: str) -> list[str] | None:
     if not isinstance(node, ast.Dict):
-        m.add("non-literal-declaration", node, f"{what}= must be a literal dict {{\"name\": Op(\"name\", ...)}}, got `{snippet(node)}`")
+        m.add(
+            "non-literal-declaration",
+            node,
+            f'{what}= must be a literal dict {{"name": Op("name", ...)}}, got `{snippet(node)}`',
+        )
         return None
     out: list[str] = []
     for k, v in zip(node.keys, node.values, strict=False):
@@ -100,7 +133,8 @@ def names_from_dict(m: ModuleFacts, node: ast.AST, what: str) -> list[str] | Non
         op_name = literal_name(v)
         if op_name is not None and op_name != k.value:
             m.add(
-                "declared-name-mismatch", v,
+                "declared-name-mismatch",
+                v,
                 f"{what}={{{k.value!r}: ...}} names its op {op_name!r}; quack requires the key and the op name to match",
             )
         out.append(k.value)
@@ -112,19 +146,32 @@ def check_epilogue_fn(m: ModuleFacts, ep: Epilogue) -> None:
     a = fn.args
     params = [p.arg for p in [*a.posonlyargs, *a.args]]
     if not params or params[0] != "acc":
-        m.add("epilogue-signature", fn, f"epilogue fn `{fn.name}` must take `acc` as its first parameter (got {params or 'none'})")
+        m.add(
+            "epilogue-signature",
+            fn,
+            f"epilogue fn `{fn.name}` must take `acc` as its first parameter (got {params or 'none'})",
+        )
     if a.vararg or a.kwarg or a.kwonlyargs:
-        m.add("epilogue-signature", fn, f"epilogue fn `{fn.name}`: operands are named parameters only (no *args, **kwargs or keyword-only)")
+        m.add(
+            "epilogue-signature",
+            fn,
+            f"epilogue fn `{fn.name}`: operands are named parameters only (no *args, **kwargs or keyword-only)",
+        )
     returns = [n for n in own_nodes(fn) if isinstance(n, ast.Return)]
     if not returns:
-        m.add("epilogue-return", fn, f"epilogue fn `{fn.name}` never returns: it must return a dict literal such as {{\"D\": ...}}")
+        m.add(
+            "epilogue-return",
+            fn,
+            f'epilogue fn `{fn.name}` never returns: it must return a dict literal such as {{"D": ...}}',
+        )
         return
     declared = list(dict.fromkeys([*ep.outputs, *ep.sinks]))
     allowed = {"D", *declared}
     for r in returns:
         if not isinstance(r.value, ast.Dict):
             m.add(
-                "epilogue-return", r,
+                "epilogue-return",
+                r,
                 f"epilogue fn `{fn.name}` must return a dict literal with string keys (got `{snippet(r.value) if r.value else 'None'}`)",
             )
             continue
@@ -133,11 +180,19 @@ def check_epilogue_fn(m: ModuleFacts, ep: Epilogue) -> None:
         ok = True
         for k in r.value.keys:
             if not (isinstance(k, ast.Constant) and isinstance(k.value, str)):
-                m.add("epilogue-return", k or r, f"epilogue fn `{fn.name}`: returned dict keys must be string literals (no ** or computed keys)")
+                m.add(
+                    "epilogue-return",
+                    k or r,
+                    f"epilogue fn `{fn.name}`: returned dict keys must be string literals (no ** or computed keys)",
+                )
                 ok = False
                 continue
             if k.value in keys:
-                m.add("duplicate-return-key", k, f"key {k.value!r} appears twice in the returned dict; the first value is silently dropped")
+                m.add(
+                    "duplicate-return-key",
+                    k,
+                    f"key {k.value!r} appears twice in the returned dict; the first value is silently dropped",
+                )
             keys.append(k.value)
             key_nodes.append(k)
         if not ep.literal:
@@ -147,8 +202,9 @@ def check_epilogue_fn(m: ModuleFacts, ep: Epilogue) -> None:
                 close = difflib.get_close_matches(k, sorted(allowed), n=1)
                 hint = f" Did you mean {close[0]!r}?" if close else ""
                 m.add(
-                    "unknown-return-key", knode,
-                    f"epilogue fn `{fn.name}` returns key {k!r}, which is neither \"D\" nor a declared "
+                    "unknown-return-key",
+                    knode,
+                    f'epilogue fn `{fn.name}` returns key {k!r}, which is neither "D" nor a declared '
                     f"output/reduce ({sorted(declared) or 'none declared'}). quack silently ignores unknown "
                     f"keys and stores the raw accumulator instead.{hint}",
                 )
@@ -156,7 +212,8 @@ def check_epilogue_fn(m: ModuleFacts, ep: Epilogue) -> None:
             for d in declared:
                 if d not in keys:
                     m.add(
-                        "missing-declared-key", r,
+                        "missing-declared-key",
+                        r,
                         f"epilogue fn `{fn.name}` declares {d!r} but this return does not produce it; quack "
                         f"fails with a bare KeyError({d!r}) while tracing. Return {{..., {d!r}: <value>}} or drop the declaration.",
                     )
@@ -167,15 +224,22 @@ def entry_point(m: ModuleFacts) -> None:
     inputs = [t.name for t in m.spec.entry.inputs]
     defs = [n for n in m.tree.body if isinstance(n, ast.FunctionDef) and n.name == want]
     rebinds = [
-        n for n in m.tree.body
+        n
+        for n in m.tree.body
         if isinstance(n, (ast.Assign, ast.AnnAssign, ast.AugAssign, ast.Import, ast.ImportFrom))
         and want in bound_names(n)
     ]
     if not defs:
-        m.add("entry-missing", None, f"no module-level `def {want}({', '.join(inputs)})`: the entry point the spec names is missing")
+        m.add(
+            "entry-missing",
+            None,
+            f"no module-level `def {want}({', '.join(inputs)})`: the entry point the spec names is missing",
+        )
         return
     for extra in defs[1:] + rebinds:
-        m.add("name-redefined", extra, f"`{want}` is bound more than once at module level; define the entry exactly once")
+        m.add(
+            "name-redefined", extra, f"`{want}` is bound more than once at module level; define the entry exactly once"
+        )
     fn = defs[0]
     a = fn.args
     got = [p.arg for p in [*a.posonlyargs, *a.args]]
@@ -186,10 +250,15 @@ def entry_point(m: ModuleFacts) -> None:
         problems.append("no *args/**kwargs")
     kwonly = [k.arg for k in a.kwonlyargs]
     if sorted(kwonly) != sorted(m.spec.entry.constants):
-        problems.append(f"keyword-only parameters {kwonly} must be exactly the spec constants "
-                        f"{list(m.spec.entry.constants)}")
+        problems.append(
+            f"keyword-only parameters {kwonly} must be exactly the spec constants {list(m.spec.entry.constants)}"
+        )
     if problems:
-        m.add("entry-signature", fn, f"entry `def {want}(...)`: " + "; ".join(problems) + f" (expected `{m.spec.signature()}`)")
+        m.add(
+            "entry-signature",
+            fn,
+            f"entry `def {want}(...)`: " + "; ".join(problems) + f" (expected `{m.spec.signature()}`)",
+        )
     entry_uses_epilogue(m, fn)
     names = {ep.fn.name for ep in m.epilogues}
     counts: dict[str, int] = {}
@@ -198,7 +267,11 @@ def entry_point(m: ModuleFacts) -> None:
             counts[b] = counts.get(b, 0) + 1
     for name in sorted(names):
         if counts.get(name, 0) > 1:
-            m.add("name-redefined", None, f"epilogue `{name}` is bound more than once at module level; the last binding wins")
+            m.add(
+                "name-redefined",
+                None,
+                f"epilogue `{name}` is bound more than once at module level; the last binding wins",
+            )
 
 
 def entry_uses_epilogue(m: ModuleFacts, entry: ast.FunctionDef) -> None:
@@ -222,6 +295,10 @@ def entry_uses_epilogue(m: ModuleFacts, entry: ast.FunctionDef) -> None:
             q = m.qualname(node) if isinstance(node, (ast.Name, ast.Attribute)) else None
             if q and q.startswith("quack.epilogue.") and q.endswith("_epi"):
                 return
-    m.add("no-epilogue-call", entry, f"the entry `{entry.name}` never uses an epilogue: neither it nor a "
-             "function it calls names a @gemm_epilogue fn of this module (or a quack library epilogue); "
-             "the fused op must run through the epilogue")
+    m.add(
+        "no-epilogue-call",
+        entry,
+        f"the entry `{entry.name}` never uses an epilogue: neither it nor a "
+        "function it calls names a @gemm_epilogue fn of this module (or a quack library epilogue); "
+        "the fused op must run through the epilogue",
+    )

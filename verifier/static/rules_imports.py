@@ -49,11 +49,18 @@ def imports(m: ModuleFacts) -> None:
             mod = node.module or ""
             for a in node.names:
                 if a.name == "*":
-                    m.add("banned-import", node, f"`from {mod} import *` hides which names are used; import them by name")
+                    m.add(
+                        "banned-import", node, f"`from {mod} import *` hides which names are used; import them by name"
+                    )
                     continue
                 full = f"{mod}.{a.name}"
                 if a.name in REEXPORTED_MODULES or a.name in REFLECTIVE_ATTRS:
-                    m.add("banned-import", node, f"`from {mod} import {a.name}` reaches `{a.name}` through an allowed package; " + import_msg(a.name))
+                    m.add(
+                        "banned-import",
+                        node,
+                        f"`from {mod} import {a.name}` reaches `{a.name}` through an allowed package; "
+                        + import_msg(a.name),
+                    )
                 # `from quack import activation` imports a module; `from torch import empty`
                 # imports an attribute (checked like `torch.empty` wherever it is used).
                 if import_allowed(mod) or import_allowed(full):
@@ -67,17 +74,30 @@ def imports(m: ModuleFacts) -> None:
 
 def check_qualified(m: ModuleFacts, node: ast.AST, q: str) -> None:
     parts = q.split(".")
-    if parts[0] == "typing" and len(parts) > 1 and parts[1] in surface.STD_WHITELIST["typing"] \
-            and not isinstance(node, (ast.Import, ast.ImportFrom)) and not m.not_a_value(node):
+    if (
+        parts[0] == "typing"
+        and len(parts) > 1
+        and parts[1] in surface.STD_WHITELIST["typing"]
+        and not isinstance(node, (ast.Import, ast.ImportFrom))
+        and not m.not_a_value(node)
+    ):
         # typing.Optional[s] with a run-time string s is a ForwardRef that library code
         # evaluates with get_type_hints (quack's Scalar(..., dtype=...) builds such a type;
         # tests/verifier/test_static.py::test_metaclasses_typing_values_and_callbacks_are_refused);
         # typing names belong in annotations
-        m.add("banned-attribute", node, f"`{q}` is used as a value (`{snippet(m.parents.get(node) or node)[:60]}`): "
-                 "typing names may appear only in annotations")
+        m.add(
+            "banned-attribute",
+            node,
+            f"`{q}` is used as a value (`{snippet(m.parents.get(node) or node)[:60]}`): "
+            "typing names may appear only in annotations",
+        )
         return
     if any(STREAM_RE.search(p) for p in parts[1:]) and parts[0] in ("torch", "cutlass", "quack"):
-        m.add("stream-or-sync", node, f"`{q}`: streams, events, synchronization and CUDA graphs are not allowed in candidate code")
+        m.add(
+            "stream-or-sync",
+            node,
+            f"`{q}`: streams, events, synchronization and CUDA graphs are not allowed in candidate code",
+        )
         return
     root = parts[0]
     if root == "torch" and len(parts) >= 2:
@@ -91,7 +111,11 @@ def check_qualified(m: ModuleFacts, node: ast.AST, q: str) -> None:
         elif x in TORCH_MATH:
             m.add("torch-math", node, torch_math_msg(q, m.spec))
         elif x in TORCH_RUNTIME:
-            m.add("banned-attribute", node, f"`{q}`: the torch runtime, RNG, dispatcher and global settings are off limits to candidate code")
+            m.add(
+                "banned-attribute",
+                node,
+                f"`{q}`: the torch runtime, RNG, dispatcher and global settings are off limits to candidate code",
+            )
         elif x in TORCH_ALLOWED:
             rest = [p for p in parts[2:] if p in VALUE_MATH_METHODS or p in CAST_METHODS]
             odd = [p for p in parts[2:] if p not in VALUE_ATTRIBUTES and p not in JUDGED_ELSEWHERE]
@@ -101,14 +125,19 @@ def check_qualified(m: ModuleFacts, node: ast.AST, q: str) -> None:
                 # torch.<x> is a dtype, class or function, never a module: what lies below it
                 # is a value's attribute (`torch.float32.to_params` hides the getattr gadget
                 # behind an alias: tests/verifier/corpus/alias_rebinding_gadget.py)
-                m.add("value-attribute", node, f"`{q}`: `.{odd[0]}` is not an attribute candidates may use "
-                         f"on `torch.{x}` (allowed on values: {', '.join(sorted(VALUE_ATTRIBUTES))})")
+                m.add(
+                    "value-attribute",
+                    node,
+                    f"`{q}`: `.{odd[0]}` is not an attribute candidates may use "
+                    f"on `torch.{x}` (allowed on values: {', '.join(sorted(VALUE_ATTRIBUTES))})",
+                )
         else:
             m.add("torch-api", node, torch_api_msg(q, m.spec))
     elif root == "operator" and len(parts) >= 2 and parts[1] in OPERATOR_BANNED:
         kind = OPERATOR_BANNED[parts[1]]
         msg = (
-            torch_math_msg(q, m.spec) if kind == "torch-math"
+            torch_math_msg(q, m.spec)
+            if kind == "torch-math"
             else f"`{q}` reaches objects by string or mutates them; not allowed in candidate code"
         )
         m.add(kind, node, msg)
@@ -131,13 +160,18 @@ def check_surface(m: ModuleFacts, node: ast.AST, q: str) -> None:
     if isinstance(node, (ast.Import, ast.ImportFrom)):
         return
     parent = m.parents.get(node)
-    if (isinstance(parent, ast.Assign) and node is parent.value and all(isinstance(t, ast.Name) for t in parent.targets)
-            and parent in m.tree.body):
+    if (
+        isinstance(parent, ast.Assign)
+        and node is parent.value
+        and all(isinstance(t, ast.Name) for t in parent.targets)
+        and parent in m.tree.body
+    ):
         # `cute = cutlass.cute` at module level: an alias, resolved through m.aliases.
         # Inside a function it would not be (aliases are module-level only), so
         # `cu = cutlass.cute; cu.make_ptr(...)` would go unjudged.
         return
     m.add(
-        "banned-attribute", node,
+        "banned-attribute",
+        node,
         f"the module `{msg}` may only be used as `{q}.<name>` (not passed around or stored as a value)",
     )

@@ -25,7 +25,8 @@ def module_statements(m: ModuleFacts) -> None:
             continue  # docstring / string note
         if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call):
             m.add(
-                "module-level-call", node,
+                "module-level-call",
+                node,
                 f"module-level call `{snippet(node.value)}`: module level may hold only imports, "
                 "defs, assignments and a docstring (no code runs at import time)",
             )
@@ -37,7 +38,8 @@ def module_statements(m: ModuleFacts) -> None:
         what = type(node).__name__.lower()
         extra = " (remove the __main__/test block)" if isinstance(node, ast.If) else ""
         m.add(
-            "module-level-statement", node,
+            "module-level-statement",
+            node,
             f"module-level `{what}` statement: module level may hold only imports, defs, "
             f"assignments and a docstring{extra}",
         )
@@ -57,9 +59,12 @@ def import_time_calls(m: ModuleFacts) -> None:
             names = [n for t in store_targets(node) for n in names_in_target(t)]
             for sub in ast.walk(node.value):
                 if isinstance(sub, (ast.List, ast.Dict, ast.Set)) and names != ["__all__"]:
-                    m.add("module-level-container", sub,
-                             f"`{snippet(sub)}` at module level is mutable state shared by every call; "
-                             "use a tuple or build it inside the entry")
+                    m.add(
+                        "module-level-container",
+                        sub,
+                        f"`{snippet(sub)}` at module level is mutable state shared by every call; "
+                        "use a tuple or build it inside the entry",
+                    )
         if isinstance(node, ast.AnnAssign):
             exprs.append((node.annotation, "annotation"))
     for node in ast.walk(m.tree):
@@ -77,37 +82,50 @@ def import_time_calls(m: ModuleFacts) -> None:
             for dec in node.decorator_list:
                 target = dec.func if isinstance(dec, ast.Call) else dec
                 if not m.is_gemm_epilogue(target):
-                    m.add("import-time-call", dec,
-                             f"decorator `{snippet(dec)}`: only quack's @gemm_epilogue(...) may decorate a "
-                             "function (a decorator is code that runs at import time)")
+                    m.add(
+                        "import-time-call",
+                        dec,
+                        f"decorator `{snippet(dec)}`: only quack's @gemm_epilogue(...) may decorate a "
+                        "function (a decorator is code that runs at import time)",
+                    )
                 elif isinstance(dec, ast.Call):
                     exprs += [(x, "decorator argument") for x in [*dec.args, *(k.value for k in dec.keywords)]]
     for e, where in exprs:
         if where == "annotation":
             for sub in ast.walk(e):
                 if isinstance(sub, ast.Name) and (sub.id in m.module_data or sub.id in m.module_defs):
-                    m.add("string-annotation", sub,
-                             f"annotation `{snippet(e)}` names `{sub.id}`, a value of this module: annotations may "
-                             "only name types (library code may evaluate them: typing.get_type_hints)")
+                    m.add(
+                        "string-annotation",
+                        sub,
+                        f"annotation `{snippet(e)}` names `{sub.id}`, a value of this module: annotations may "
+                        "only name types (library code may evaluate them: typing.get_type_hints)",
+                    )
         for sub in ast.walk(e):
             if isinstance(sub, (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp, ast.NamedExpr, ast.Lambda)):
-                m.add("import-time-call", sub, f"`{snippet(sub)}` in a {where}: comprehensions, lambdas and `:=` "
-                         "are code; write the value out")
+                m.add(
+                    "import-time-call",
+                    sub,
+                    f"`{snippet(sub)}` in a {where}: comprehensions, lambdas and `:=` are code; write the value out",
+                )
             if not isinstance(sub, ast.Call):
                 continue
             q = m.qualname(sub.func) or ""
             if where in ("default argument", "annotation") or q.split(".")[0] not in IMPORT_TIME_CALL_ROOTS:
                 m.add(
-                    "import-time-call", sub,
+                    "import-time-call",
+                    sub,
                     f"`{snippet(sub)}` runs at import time ({where}): only cutlass/quack/math constructors "
                     "may be called there (GemmConfig(...), ColVecLoad(...)); allocate and compute in the entry, per call",
                 )
                 continue
             for arg in [*sub.args, *(k.value for k in sub.keywords)]:
                 if isinstance(arg, ast.Name) and arg.id in m.module_defs:
-                    m.add("import-time-call", sub,
-                             f"`{snippet(sub)}` passes your function `{arg.id}` to a library call at import time "
-                             "(the library could run it there)")
+                    m.add(
+                        "import-time-call",
+                        sub,
+                        f"`{snippet(sub)}` passes your function `{arg.id}` to a library call at import time "
+                        "(the library could run it there)",
+                    )
 
 
 def try_except(m: ModuleFacts, node: ast.AST) -> None:
@@ -115,7 +133,9 @@ def try_except(m: ModuleFacts, node: ast.AST) -> None:
 
 
 def with_statement(m: ModuleFacts, node: ast.AST) -> None:
-    m.add("with-statement", node, "`with` blocks are not allowed (no contexts, streams or grad modes in candidate code)")
+    m.add(
+        "with-statement", node, "`with` blocks are not allowed (no contexts, streams or grad modes in candidate code)"
+    )
 
 
 def class_definition(m: ModuleFacts, node: ast.ClassDef) -> None:
@@ -123,7 +143,11 @@ def class_definition(m: ModuleFacts, node: ast.ClassDef) -> None:
 
 
 def global_nonlocal(m: ModuleFacts, node: ast.Global | ast.Nonlocal) -> None:
-    m.add("global-nonlocal", node, f"`{type(node).__name__.lower()} {', '.join(node.names)}` is not allowed: no state may live across calls")
+    m.add(
+        "global-nonlocal",
+        node,
+        f"`{type(node).__name__.lower()} {', '.join(node.names)}` is not allowed: no state may live across calls",
+    )
 
 
 def async_code(m: ModuleFacts, node: ast.AST) -> None:
@@ -131,13 +155,18 @@ def async_code(m: ModuleFacts, node: ast.AST) -> None:
 
 
 def match_statement(m: ModuleFacts, node: ast.Match) -> None:
-    m.add("match-statement", node, "`match` is not allowed: class patterns read attributes by name "
-          "(dunders included), outside every attribute check")
+    m.add(
+        "match-statement",
+        node,
+        "`match` is not allowed: class patterns read attributes by name "
+        "(dunders included), outside every attribute check",
+    )
 
 
 def generator(m: ModuleFacts, node: ast.AST) -> None:
-    m.add("generator", node, "generator functions (`yield`) are not allowed: a generator's frame "
-          "keeps state across calls")
+    m.add(
+        "generator", node, "generator functions (`yield`) are not allowed: a generator's frame keeps state across calls"
+    )
 
 
 def string_annotations(m: ModuleFacts, node: ast.FunctionDef | ast.AsyncFunctionDef | ast.AnnAssign | ast.arg) -> None:
@@ -147,7 +176,8 @@ def string_annotations(m: ModuleFacts, node: ast.FunctionDef | ast.AsyncFunction
         for sub in ast.walk(ann) if ann is not None else ():
             if isinstance(sub, ast.Constant) and isinstance(sub.value, str):
                 m.add(
-                    "string-annotation", sub,
+                    "string-annotation",
+                    sub,
                     f"string annotation `{snippet(sub)}`: typing/inspect/functools evaluate string annotations as code; "
                     "annotate with plain names or not at all",
                 )
@@ -158,6 +188,8 @@ def mutable_defaults(m: ModuleFacts, node: ast.FunctionDef | ast.Lambda) -> None
     args = node.args
     for d in list(args.defaults) + [d for d in args.kw_defaults if d is not None]:
         if isinstance(d, (ast.Dict, ast.List, ast.Set, ast.DictComp, ast.ListComp, ast.SetComp)) or (
-            isinstance(d, ast.Call) and isinstance(d.func, ast.Name) and d.func.id in ("dict", "list", "set", "bytearray")
+            isinstance(d, ast.Call)
+            and isinstance(d.func, ast.Name)
+            and d.func.id in ("dict", "list", "set", "bytearray")
         ):
             m.add("mutable-default", d, f"mutable default argument `{snippet(d)}`: it keeps state across calls")

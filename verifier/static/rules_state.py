@@ -19,7 +19,8 @@ def attribute_write(m: ModuleFacts, node: ast.Attribute) -> None:
         root = m.qualname(node)
         whose = f" (an attribute of the imported `{root.rsplit('.', 1)[0]}`)" if root else ""
         m.add(
-            "attribute-write", node,
+            "attribute-write",
+            node,
             f"store to attribute `{snippet(node)}`{whose}: candidate code must not "
             "patch modules, functions or objects (in any form: assignment, for or comprehension target)",
         )
@@ -29,7 +30,8 @@ def subscript_store(m: ModuleFacts, node: ast.Subscript) -> None:
     """``subscript-store``: any item assignment or deletion."""
     if isinstance(node.ctx, (ast.Store, ast.Del)):
         m.add(
-            "subscript-store", node,
+            "subscript-store",
+            node,
             f"item store `{snippet(node)}`: no item assignment or deletion in candidate code (results "
             "come from the kernels; containers are built whole, never updated)",
         )
@@ -38,9 +40,12 @@ def subscript_store(m: ModuleFacts, node: ast.Subscript) -> None:
 def augmented_assignment(m: ModuleFacts, node: ast.AugAssign) -> None:
     """``augmented-assignment``: ``x += y`` outside an epilogue body (in place on lists, dicts, tensors)."""
     if not m.in_epilogue_fn(node):
-        m.add("augmented-assignment", node,
-              f"`{snippet(node)}`: augmented assignment updates lists, dicts and tensors in place "
-              "(state across calls through aliases); write `x = x + y`")
+        m.add(
+            "augmented-assignment",
+            node,
+            f"`{snippet(node)}`: augmented assignment updates lists, dicts and tensors in place "
+            "(state across calls through aliases); write `x = x + y`",
+        )
 
 
 def container_mutation(m: ModuleFacts, node: ast.Call) -> None:
@@ -50,7 +55,8 @@ def container_mutation(m: ModuleFacts, node: ast.Call) -> None:
         # functions, or imported state that imported_state reports by name.
         if m.qualname(node.func.value) is None:
             m.add(
-                "container-mutation", node,
+                "container-mutation",
+                node,
                 f"`{snippet(node)}` mutates its receiver: candidate code builds values and never "
                 "updates containers (no state may survive a call)",
             )
@@ -74,10 +80,14 @@ def imported_state(m: ModuleFacts) -> None:
 
     for n in ast.walk(m.tree):
         for t in store_targets(n):
-            for e in (t.elts if isinstance(t, (ast.Tuple, ast.List)) else [t]):
+            for e in t.elts if isinstance(t, (ast.Tuple, ast.List)) else [t]:
                 if isinstance(e, ast.Subscript) and imported(e):
                     m.add("module-state-mutation", n, f"`{snippet(n)}` mutates state of an imported module")
-        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and isinstance(n.func.value, (ast.Attribute, ast.Subscript)):
+        if (
+            isinstance(n, ast.Call)
+            and isinstance(n.func, ast.Attribute)
+            and isinstance(n.func.value, (ast.Attribute, ast.Subscript))
+        ):
             meth = n.func.attr
             if meth in MUTATING_METHODS and imported(n.func.value):
                 m.add("module-state-mutation", n, f"`{snippet(n)}` mutates state of an imported module")
@@ -139,10 +149,11 @@ def function_state(m: ModuleFacts, fn: ast.FunctionDef | ast.Lambda) -> None:
         if is_entry and isinstance(n, (ast.Assign, ast.AugAssign)):
             tgts = n.targets if isinstance(n, ast.Assign) else [n.target]
             for t in tgts:
-                for e in (t.elts if isinstance(t, (ast.Tuple, ast.List)) else [t]):
+                for e in t.elts if isinstance(t, (ast.Tuple, ast.List)) else [t]:
                     if isinstance(e, ast.Subscript) and root_name(e) in inputs:
                         m.add(
-                            "input-mutation", n,
+                            "input-mutation",
+                            n,
                             f"`{snippet(n)}` writes into the input `{root_name(e)}` (or a view of it): "
                             "inputs are read-only; write results into fresh outputs",
                         )
@@ -157,32 +168,48 @@ def function_state(m: ModuleFacts, fn: ast.FunctionDef | ast.Lambda) -> None:
                     e = e.value
                 if isinstance(e, ast.Subscript) and shared(root_name(e)):
                     m.add(
-                        "module-state-mutation", n,
+                        "module-state-mutation",
+                        n,
                         f"{label} mutates `{root_name(e)}`, which it does not own (`{snippet(n)}`): "
                         "state kept across calls (caches, counters) is not allowed",
                     )
                 elif isinstance(e, ast.Name) and isinstance(n, ast.AugAssign) and e.id in tainted:
                     m.add(
-                        "module-state-mutation", n,
+                        "module-state-mutation",
+                        n,
                         f"{label} updates `{e.id}` in place, an alias of state it does not own (`{snippet(n)}`)",
                     )
         if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute):
             meth = n.func.attr
             recv = n.func.value
-            if (meth in MUTATING_METHODS or (meth.endswith("_") and not meth.startswith("_"))) and shared(root_name(recv)):
+            if (meth in MUTATING_METHODS or (meth.endswith("_") and not meth.startswith("_"))) and shared(
+                root_name(recv)
+            ):
                 m.add(
-                    "module-state-mutation", n,
+                    "module-state-mutation",
+                    n,
                     f"{label} calls `.{meth}()` on `{root_name(recv)}`, which it does not own "
                     f"(`{snippet(n)}`): state kept across calls (caches, counters) is not allowed",
                 )
         if (
-            isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "next"
-            and n.args and shared(root_name(n.args[0]))
+            isinstance(n, ast.Call)
+            and isinstance(n.func, ast.Name)
+            and n.func.id == "next"
+            and n.args
+            and shared(root_name(n.args[0]))
         ):
-            m.add("module-state-mutation", n, f"{label} advances the iterator `{root_name(n.args[0])}`, which it does not own (`{snippet(n)}`): state kept across calls")
+            m.add(
+                "module-state-mutation",
+                n,
+                f"{label} advances the iterator `{root_name(n.args[0])}`, which it does not own (`{snippet(n)}`): state kept across calls",
+            )
         if (
-            isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
-            and isinstance(n.func.value, ast.Name) and n.func.value.id in ("dict", "list", "set")
-            and n.func.attr in MUTATING_METHODS and n.args and shared(root_name(n.args[0]))
+            isinstance(n, ast.Call)
+            and isinstance(n.func, ast.Attribute)
+            and isinstance(n.func.value, ast.Name)
+            and n.func.value.id in ("dict", "list", "set")
+            and n.func.attr in MUTATING_METHODS
+            and n.args
+            and shared(root_name(n.args[0]))
         ):
             m.add("module-state-mutation", n, f"{label} mutates `{root_name(n.args[0])}` through `{snippet(n.func)}`")

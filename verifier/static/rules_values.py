@@ -46,7 +46,11 @@ def check_name(m: ModuleFacts, node: ast.Name) -> None:
         q = m.aliases[node.id]
         parent = m.parents.get(node)
         if q == "torch" and not isinstance(parent, (ast.Import, ast.ImportFrom)):
-            m.add("banned-attribute", node, "the torch module may only be used as `torch.<name>` (not passed around or stored as a value)")
+            m.add(
+                "banned-attribute",
+                node,
+                "the torch module may only be used as `torch.<name>` (not passed around or stored as a value)",
+            )
             return
         check_qualified(m, node, q)
 
@@ -69,29 +73,48 @@ def check_value_use(m: ModuleFacts, node: ast.Name | ast.Attribute) -> None:
         # a def handed to anything as a value reaches library code that may run it, read its
         # annotations or install it (nested defs too, not only module-level ones: e.g. as a
         # class's __init_subclass__)
-        m.add("library-callback", node, f"your function `{node.id}` is used as a value (`{snippet(parent or node)[:60]}`): "
-                 "call your functions where you name them; none may be passed, stored or returned")
+        m.add(
+            "library-callback",
+            node,
+            f"your function `{node.id}` is used as a value (`{snippet(parent or node)[:60]}`): "
+            "call your functions where you name them; none may be passed, stored or returned",
+        )
         return
     if isinstance(node, ast.Name) and node.id in m.epilogue_names:
         if not called:
-            m.add("library-alias", node, f"the epilogue mod `{node.id}` is used as a value (`{snippet(parent or node)[:60]}`): "
-                     f"call it where you name it, `{node.id}(...)` or `{node.id}.gemm(...)`")
+            m.add(
+                "library-alias",
+                node,
+                f"the epilogue mod `{node.id}` is used as a value (`{snippet(parent or node)[:60]}`): "
+                f"call it where you name it, `{node.id}(...)` or `{node.id}.gemm(...)`",
+            )
         return
-    if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
-            and node.value.id in m.epilogue_names):
+    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in m.epilogue_names:
         if node.attr != "gemm":
-            m.add("epilogue-attribute", node, f"`{snippet(node)}`: an epilogue mod is used as `mod(...)` or "
-                     "`mod.gemm(...)` only (`plan()`/`run()` skip quack's host checks of the operands)")
+            m.add(
+                "epilogue-attribute",
+                node,
+                f"`{snippet(node)}`: an epilogue mod is used as `mod(...)` or "
+                "`mod.gemm(...)` only (`plan()`/`run()` skip quack's host checks of the operands)",
+            )
         elif not called:
-            m.add("library-alias", node, f"`{snippet(node)}` is used as a value: call `{snippet(node)}(...)` where you name it")
+            m.add(
+                "library-alias",
+                node,
+                f"`{snippet(node)}` is used as a value: call `{snippet(node)}(...)` where you name it",
+            )
         return
     if called:
         return
     q = m.qualname(node)
     if q is None or q.split(".")[0] not in ("torch", "cutlass", "quack") or not surface.is_library_callable(q):
         return
-    m.add("library-alias", node, f"`{snippet(node)}` (`{q}`) is used as a value (`{snippet(parent or node)[:60]}`): "
-             "call library functions where you name them, so that the rules on their arguments see the call")
+    m.add(
+        "library-alias",
+        node,
+        f"`{snippet(node)}` (`{q}`) is used as a value (`{snippet(parent or node)[:60]}`): "
+        "call library functions where you name them, so that the rules on their arguments see the call",
+    )
 
 
 def check_attribute(m: ModuleFacts, node: ast.Attribute) -> None:
@@ -102,24 +125,49 @@ def check_attribute(m: ModuleFacts, node: ast.Attribute) -> None:
         m.add("banned-attribute", node, f"dunder attribute `.{attr}` is not allowed (no reflection: {snippet(node)})")
         return
     if attr in INTROSPECTION_ATTRS:
-        m.add("introspection", node, f"`.{attr}` reaches frames/code objects; candidate code must not inspect the harness")
+        m.add(
+            "introspection", node, f"`.{attr}` reaches frames/code objects; candidate code must not inspect the harness"
+        )
         return
-    if attr in REEXPORTED_MODULES and not (isinstance(node.value, ast.Name) and m.aliases.get(node.value.id) == "torch"
-                                          and attr in TORCH_RUNTIME | TORCH_MATH):
-        m.add("banned-attribute", node, f"`{snippet(node)}` reaches the `{attr}` module through another module: an import in disguise")
+    if attr in REEXPORTED_MODULES and not (
+        isinstance(node.value, ast.Name)
+        and m.aliases.get(node.value.id) == "torch"
+        and attr in TORCH_RUNTIME | TORCH_MATH
+    ):
+        m.add(
+            "banned-attribute",
+            node,
+            f"`{snippet(node)}` reaches the `{attr}` module through another module: an import in disguise",
+        )
         return
     if attr in REFLECTIVE_ATTRS:
-        m.add("banned-call", node, f"`{snippet(node)}`: loading code, reaching objects by name and walking frames/the heap are not allowed")
+        m.add(
+            "banned-call",
+            node,
+            f"`{snippet(node)}`: loading code, reaching objects by name and walking frames/the heap are not allowed",
+        )
         return
     if attr in POINTER_ATTRS:
-        m.add("data-ptr", node, f"`.{attr}` exposes raw pointers/storage: outputs must not depend on addresses (no pointer-keyed caches)")
+        m.add(
+            "data-ptr",
+            node,
+            f"`.{attr}` exposes raw pointers/storage: outputs must not depend on addresses (no pointer-keyed caches)",
+        )
         return
     if attr in HOST_ESCAPE_ATTRS or attr.endswith("Storage"):
-        m.add("host-escape", node, f"`{snippet(node)}`: copies to the host, numpy, files and shared memory are not allowed "
-                 "(a kernel's host code only allocates, makes views and launches)")
+        m.add(
+            "host-escape",
+            node,
+            f"`{snippet(node)}`: copies to the host, numpy, files and shared memory are not allowed "
+            "(a kernel's host code only allocates, makes views and launches)",
+        )
         return
     if attr.startswith("_"):
-        m.add("banned-attribute", node, f"private attribute `{snippet(node)}` is not allowed (private APIs bypass the contract)")
+        m.add(
+            "banned-attribute",
+            node,
+            f"private attribute `{snippet(node)}` is not allowed (private APIs bypass the contract)",
+        )
         return
     if not m.is_chain_top(node):
         return
@@ -128,7 +176,11 @@ def check_attribute(m: ModuleFacts, node: ast.Attribute) -> None:
         check_qualified(m, node, q)
         return
     if STREAM_RE.search(attr):
-        m.add("stream-or-sync", node, f"`{snippet(node)}`: streams, events, synchronization and CUDA graphs are not allowed in candidate code")
+        m.add(
+            "stream-or-sync",
+            node,
+            f"`{snippet(node)}`: streams, events, synchronization and CUDA graphs are not allowed in candidate code",
+        )
 
 
 def check_value_attribute(m: ModuleFacts, node: ast.Attribute) -> None:
@@ -149,10 +201,14 @@ def check_value_attribute(m: ModuleFacts, node: ast.Attribute) -> None:
         return  # `mod.gemm`: the epilogue-attribute rule; deeper links are values'
     if attr in VALUE_ATTRIBUTES or attr in surface.config_fields():
         return
-    m.add("value-attribute", node, f"`{snippet(node)}`: `.{attr}` is not an attribute candidates may use on a value; "
-             "host code reads tensor metadata, makes views and calls epilogue mods (allowed: "
-             f"{', '.join(sorted(VALUE_ATTRIBUTES))}, and GemmConfig fields). Library objects' methods are "
-             "off limits: some do getattr/setattr by a name they are given")
+    m.add(
+        "value-attribute",
+        node,
+        f"`{snippet(node)}`: `.{attr}` is not an attribute candidates may use on a value; "
+        "host code reads tensor metadata, makes views and calls epilogue mods (allowed: "
+        f"{', '.join(sorted(VALUE_ATTRIBUTES))}, and GemmConfig fields). Library objects' methods are "
+        "off limits: some do getattr/setattr by a name they are given",
+    )
 
 
 def method_references(m: ModuleFacts, node: ast.Attribute) -> None:
@@ -161,75 +217,136 @@ def method_references(m: ModuleFacts, node: ast.Attribute) -> None:
     methods the call rules judge (math, allocation, views) and to dtype casts."""
     recv_q = m.qualname(node.value)
     if recv_q == "torch.Tensor" and isinstance(node.ctx, ast.Load):
-        m.add("banned-attribute", node,
-              f"`{snippet(node)}`: tensor methods are reached through tensors, not through the "
-              "class (`torch.Tensor.addmm_` was a GEMM and an in-place write in one reference)")
-    if isinstance(node.ctx, ast.Load) and recv_q is None and (
-        node.attr in MUTATING_METHODS or node.attr in ("send", "throw")
-        or (node.attr.endswith("_") and not node.attr.startswith("_"))
+        m.add(
+            "banned-attribute",
+            node,
+            f"`{snippet(node)}`: tensor methods are reached through tensors, not through the "
+            "class (`torch.Tensor.addmm_` was a GEMM and an in-place write in one reference)",
+        )
+    if (
+        isinstance(node.ctx, ast.Load)
+        and recv_q is None
+        and (
+            node.attr in MUTATING_METHODS
+            or node.attr in ("send", "throw")
+            or (node.attr.endswith("_") and not node.attr.startswith("_"))
+        )
     ):
         m.add(
-            "mutating-attribute", node,
+            "mutating-attribute",
+            node,
             f"`{snippet(node)}`: a reference to a method that mutates its receiver, drives a generator "
             "or formats/introspects objects is not allowed (called or passed around)",
         )
     parent = m.parents.get(node)
-    if (isinstance(node.ctx, ast.Load) and recv_q is None and node.attr in REFERENCE_CHECKED_METHODS
-            and not (isinstance(parent, ast.Call) and parent.func is node)
-            and not m.in_epilogue_fn(node) and not m.is_type_info(node.value)):
-        m.add("torch-math", node, f"`{snippet(node)}`: a reference to a tensor method the rules check where "
-              "it is called (math, allocation, views) is not allowed (`mm = x.matmul; mm(w)` hides a GEMM); "
-              "call the method where you name it")
-    if (isinstance(node.ctx, ast.Load) and recv_q is None and node.attr in CAST_METHODS | {"to"}
-            and not (isinstance(parent, ast.Call) and parent.func is node)):
-        m.add("precision-cast", node, f"`{snippet(node)}`: a reference to a dtype-cast method (called "
-              "later or passed around, as in `c = x.to; c(torch.float16)`) is not allowed")
+    if (
+        isinstance(node.ctx, ast.Load)
+        and recv_q is None
+        and node.attr in REFERENCE_CHECKED_METHODS
+        and not (isinstance(parent, ast.Call) and parent.func is node)
+        and not m.in_epilogue_fn(node)
+        and not m.is_type_info(node.value)
+    ):
+        m.add(
+            "torch-math",
+            node,
+            f"`{snippet(node)}`: a reference to a tensor method the rules check where "
+            "it is called (math, allocation, views) is not allowed (`mm = x.matmul; mm(w)` hides a GEMM); "
+            "call the method where you name it",
+        )
+    if (
+        isinstance(node.ctx, ast.Load)
+        and recv_q is None
+        and node.attr in CAST_METHODS | {"to"}
+        and not (isinstance(parent, ast.Call) and parent.func is node)
+    ):
+        m.add(
+            "precision-cast",
+            node,
+            f"`{snippet(node)}`: a reference to a dtype-cast method (called "
+            "later or passed around, as in `c = x.to; c(torch.float16)`) is not allowed",
+        )
 
 
 def string_constant(m: ModuleFacts, node: ast.Constant) -> None:
     """A string naming a dunder (``banned-attribute``), or a string or bytes constant used as a
     value (``string-value``: see :meth:`~coda_agent.verifier.static.facts.ModuleFacts.string_in_place`)."""
     if isinstance(node.value, str) and is_dunder(node.value):
-        m.add("banned-attribute", node, f"the string {node.value!r} names a dunder attribute: no reflection "
-              "by name either")
+        m.add(
+            "banned-attribute",
+            node,
+            f"the string {node.value!r} names a dunder attribute: no reflection by name either",
+        )
     elif isinstance(node.value, (str, bytes)) and not m.string_in_place(node):
-        m.add("string-value", node, f"the string {node.value[:30]!r} is used as a value (`{snippet(m.parents.get(node) or node)[:60]}`): "
-              "strings may appear only as docstrings, dict keys, subscripts (`res[\"D\"]`), keyword values and "
-              "arguments of cutlass/quack/torch calls (`ColVecLoad(\"rstd\")`, `mode=\"acc_pair\"`) and in "
-              "comparisons; a string bound to a name, concatenated or passed to your own functions can be "
-              "%-formatted or turned into an attribute name")
+        m.add(
+            "string-value",
+            node,
+            f"the string {node.value[:30]!r} is used as a value (`{snippet(m.parents.get(node) or node)[:60]}`): "
+            'strings may appear only as docstrings, dict keys, subscripts (`res["D"]`), keyword values and '
+            'arguments of cutlass/quack/torch calls (`ColVecLoad("rstd")`, `mode="acc_pair"`) and in '
+            "comparisons; a string bound to a name, concatenated or passed to your own functions can be "
+            "%-formatted or turned into an attribute name",
+        )
 
 
 def identity_compare(m: ModuleFacts, node: ast.Compare) -> None:
     """``is``/``is not`` other than against ``None`` (``banned-call``)."""
     if any(isinstance(op, (ast.Is, ast.IsNot)) for op in node.ops) and not (
-            len(node.ops) == 1 and any(isinstance(x, ast.Constant) and x.value is None
-                                       for x in (node.left, *node.comparators))):
-        m.add("banned-call", node, f"`{snippet(node)[:60]}`: `is`/`is not` compare object identity, which "
-              "tells a library's cached result from a fresh one (a call counter); "
-              "use `is None` or `==`")
+        len(node.ops) == 1
+        and any(isinstance(x, ast.Constant) and x.value is None for x in (node.left, *node.comparators))
+    ):
+        m.add(
+            "banned-call",
+            node,
+            f"`{snippet(node)[:60]}`: `is`/`is not` compare object identity, which "
+            "tells a library's cached result from a fresh one (a call counter); "
+            "use `is None` or `==`",
+        )
 
 
 def formatting(m: ModuleFacts, node: ast.JoinedStr | ast.Set | ast.SetComp | ast.BinOp) -> None:
     """f-strings (outside error messages), set displays and comprehensions, and ``%`` whose
     left operand is a string or whose right operand is not a number by its form (``banned-call``)."""
-    if (isinstance(node, ast.JoinedStr) and not m.in_error_message(node)) or isinstance(
-            node, (ast.Set, ast.SetComp)) or (
-            isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mod)
-            and ((isinstance(node.left, ast.Constant) and isinstance(node.left.value, (str, bytes)))
-                 or not m.numeric_evident(node.right))):
+    if (
+        (isinstance(node, ast.JoinedStr) and not m.in_error_message(node))
+        or isinstance(node, (ast.Set, ast.SetComp))
+        or (
+            isinstance(node, ast.BinOp)
+            and isinstance(node.op, ast.Mod)
+            and (
+                (isinstance(node.left, ast.Constant) and isinstance(node.left.value, (str, bytes)))
+                or not m.numeric_evident(node.right)
+            )
+        )
+    ):
         what = {ast.JoinedStr: "f-strings", ast.Set: "set displays", ast.SetComp: "set comprehensions"}.get(
-            type(node), "%-formatting")
-        hint = ("; `a % b` is the modulo only where b is a number by its form (a literal, x.shape[i], "
-                "x.size(i), a GemmConfig field, a module-level numeric constant): write `n % 192`"
-                if what == "%-formatting" else "")
-        m.add("banned-call", node, f"{what} (`{snippet(node)[:60]}`) are not allowed: string conversion and "
-              f"set order expose object addresses (a heap fingerprint){hint}")
+            type(node), "%-formatting"
+        )
+        hint = (
+            "; `a % b` is the modulo only where b is a number by its form (a literal, x.shape[i], "
+            "x.size(i), a GemmConfig field, a module-level numeric constant): write `n % 192`"
+            if what == "%-formatting"
+            else ""
+        )
+        m.add(
+            "banned-call",
+            node,
+            f"{what} (`{snippet(node)[:60]}`) are not allowed: string conversion and "
+            f"set order expose object addresses (a heap fingerprint){hint}",
+        )
 
 
 def str_format(m: ModuleFacts, node: ast.Call) -> None:
     """``str.format`` with attribute/index fields or a non-literal template, and ``format_map``."""
     if isinstance(node.func, ast.Attribute) and node.func.attr in ("format", "format_map"):
         tmpl = node.func.value
-        if node.func.attr == "format_map" or not (isinstance(tmpl, ast.Constant) and isinstance(tmpl.value, str)) or re.search(r"\{[^{}]*[.\[][^{}]*\}", tmpl.value):
-            m.add("banned-call", node, f"`{snippet(node)}`: str.format with attribute/index fields (or a non-literal template) reads attributes by string; use an f-string")
+        if (
+            node.func.attr == "format_map"
+            or not (isinstance(tmpl, ast.Constant) and isinstance(tmpl.value, str))
+            or re.search(r"\{[^{}]*[.\[][^{}]*\}", tmpl.value)
+        ):
+            m.add(
+                "banned-call",
+                node,
+                f"`{snippet(node)}`: str.format with attribute/index fields (or a non-literal template) reads attributes by string; use an f-string",
+            )

@@ -48,9 +48,15 @@ ROOT_MODULES = ("torch", "math", "functools", "operator", "typing", "__future__"
 """Standard/torch modules a candidate may import (as themselves only)."""
 
 LIBRARY_MODULES = (
-    "cutlass", "cutlass.cute", "cutlass.cute.math",
-    "quack.epilogue", "quack.epilogue.ops", "quack.epilogue.math", "quack.epilogue.rotary",
-    "quack.activation", "quack.gemm_config",
+    "cutlass",
+    "cutlass.cute",
+    "cutlass.cute.math",
+    "quack.epilogue",
+    "quack.epilogue.ops",
+    "quack.epilogue.math",
+    "quack.epilogue.rotary",
+    "quack.activation",
+    "quack.gemm_config",
 )
 """The library submodules candidates need (primitives_docs examples, accepted kernels, the
 corpus): everything else in the cutlass/quack trees (``cutlass.base_dsl``, ``cutlass.torch``,
@@ -64,13 +70,44 @@ LIBRARY_ROOTS = ("cutlass", "quack")
 """``__module__`` roots of objects defined by the allowed libraries."""
 
 _OPERATOR_OK = (
-    "add", "sub", "mul", "truediv", "floordiv", "mod", "neg", "pos", "pow", "abs",
-    "and_", "or_", "xor", "invert", "inv", "lshift", "rshift", "not_", "truth",
-    "lt", "le", "eq", "ne", "ge", "gt",
+    "add",
+    "sub",
+    "mul",
+    "truediv",
+    "floordiv",
+    "mod",
+    "neg",
+    "pos",
+    "pow",
+    "abs",
+    "and_",
+    "or_",
+    "xor",
+    "invert",
+    "inv",
+    "lshift",
+    "rshift",
+    "not_",
+    "truth",
+    "lt",
+    "le",
+    "eq",
+    "ne",
+    "ge",
+    "gt",
 )
 _TYPING_OK = (
-    "Any", "Optional", "Tuple", "List", "Dict", "Union", "Callable", "Sequence", "Mapping",
-    "Iterable", "Literal",
+    "Any",
+    "Optional",
+    "Tuple",
+    "List",
+    "Dict",
+    "Union",
+    "Callable",
+    "Sequence",
+    "Mapping",
+    "Iterable",
+    "Literal",
 )
 STD_WHITELIST: dict[str, frozenset[str]] = {
     "math": frozenset(n for n in dir(math) if not n.startswith("_")),
@@ -126,6 +163,7 @@ def _import(name: str):
 def _is_submodule(name: str) -> bool:
     import importlib.util
     import sys
+
     if name in sys.modules:
         return True
     try:
@@ -150,16 +188,27 @@ EPILOGUE_BUILDERS = frozenset({"EpiMod", "StaticEpi", "epilogue_from_class"})
 ``@gemm_epilogue``: none of the static epilogue checks (literal declarations, return keys,
 mode) would see such a mod."""
 
-DENIED_LIBRARY_NAMES = frozenset({
-    "struct", "union", "register_jit_arg_adapter", "JitArgAdapterRegistry",
-    # compiler entry points: their option strings write and read files
-    # (--remark-output=PATH truncates a file), ffi loads code
-    "compile", "jit", "kernel", "compile_to", "ffi", "CompileOptions",
-    # typing.get_type_hints on a candidate's function: eval of its annotations
-    "native_struct", "make_native_struct",
-    *EPILOGUE_BUILDERS,
-    *POINTER_NAMES,
-})
+DENIED_LIBRARY_NAMES = frozenset(
+    {
+        "struct",
+        "union",
+        "register_jit_arg_adapter",
+        "JitArgAdapterRegistry",
+        # compiler entry points: their option strings write and read files
+        # (--remark-output=PATH truncates a file), ffi loads code
+        "compile",
+        "jit",
+        "kernel",
+        "compile_to",
+        "ffi",
+        "CompileOptions",
+        # typing.get_type_hints on a candidate's function: eval of its annotations
+        "native_struct",
+        "make_native_struct",
+        *EPILOGUE_BUILDERS,
+        *POINTER_NAMES,
+    }
+)
 """cutlass/quack names that mutate the objects passed to them, process-wide registries,
 drive the DSL compiler directly (quack's @gemm_epilogue compiles on the candidate's behalf)
 or fabricate pointers."""
@@ -179,13 +228,25 @@ def judge(path: str) -> tuple[str, str, bool] | None:
         return None
     if parts[-1] in DENIED_LIBRARY_NAMES:
         if parts[-1] in POINTER_NAMES:
-            return ("banned-call", f"`{path}` makes a pointer from an integer or recasts one: an epilogue reaches "
-                    "memory only through its primitives' operands (RowVecLoad, TileLoad, ...)", False)
+            return (
+                "banned-call",
+                f"`{path}` makes a pointer from an integer or recasts one: an epilogue reaches "
+                "memory only through its primitives' operands (RowVecLoad, TileLoad, ...)",
+                False,
+            )
         if parts[-1] in EPILOGUE_BUILDERS:
-            return ("banned-call", f"`{path}` builds an epilogue mod outside @gemm_epilogue, where none of the "
-                    "epilogue checks see it: define every epilogue at module level with @gemm_epilogue(...)", False)
-        return ("banned-call", f"`{path}` modifies the classes or global registries it is given, or drives "
-                "the DSL compiler (whose options write files); @gemm_epilogue mods compile themselves", False)
+            return (
+                "banned-call",
+                f"`{path}` builds an epilogue mod outside @gemm_epilogue, where none of the "
+                "epilogue checks see it: define every epilogue at module level with @gemm_epilogue(...)",
+                False,
+            )
+        return (
+            "banned-call",
+            f"`{path}` modifies the classes or global registries it is given, or drives "
+            "the DSL compiler (whose options write files); @gemm_epilogue mods compile themselves",
+            False,
+        )
     if any(p.startswith("_") for p in parts[1:]):
         return ("banned-attribute", f"`{path}`: private/dunder attributes of allowed modules are not allowed", False)
     # longest allowed module prefix
@@ -204,7 +265,8 @@ def judge(path: str) -> tuple[str, str, bool] | None:
     if obj is None:
         raise LibraryUnavailable(
             f"allowed module `{modname}` cannot be imported in the verifier ({err}): the verifier's Python "
-            f"environment is incomplete; install the project with its extras (pip install -e \".[cpu-compile]\")")
+            f'environment is incomplete; install the project with its extras (pip install -e ".[cpu-compile]")'
+        )
     std = modname if modname in STD_WHITELIST else None
     here = modname
     for p in parts[base:]:
@@ -213,28 +275,52 @@ def judge(path: str) -> tuple[str, str, bool] | None:
         if std is not None:
             if here == f"{std}.{p}" and p not in STD_WHITELIST[std]:
                 if std == "functools" and p in ("lru_cache", "cache", "cached_property"):
-                    return ("call-cache", f"`{path}` caches results across calls; every call must recompute from its inputs", False)
+                    return (
+                        "call-cache",
+                        f"`{path}` caches results across calls; every call must recompute from its inputs",
+                        False,
+                    )
                 if not hasattr(obj, p):
                     return ("unknown-name", f"`{here}` does not exist", False)
-                return ("foreign-object", f"`{here}` is not on the {std} whitelist ({', '.join(sorted(STD_WHITELIST[std]))[:200]})", False)
+                return (
+                    "foreign-object",
+                    f"`{here}` is not on the {std} whitelist ({', '.join(sorted(STD_WHITELIST[std]))[:200]})",
+                    False,
+                )
         try:
             obj = getattr(obj, p)
         except Exception:  # noqa: BLE001
             if _is_submodule(here):
-                return ("banned-import", f"`{here}` is a module outside the allow-list ({', '.join(LIBRARY_MODULES)})", False)
-            return ("unknown-name", f"`{here}` does not exist (no attribute `{p}` in `{here.rsplit('.', 1)[0]}`)", False)
+                return (
+                    "banned-import",
+                    f"`{here}` is a module outside the allow-list ({', '.join(LIBRARY_MODULES)})",
+                    False,
+                )
+            return (
+                "unknown-name",
+                f"`{here}` does not exist (no attribute `{p}` in `{here.rsplit('.', 1)[0]}`)",
+                False,
+            )
         if not isinstance(owner, types.ModuleType) and callable(obj) and not isinstance(obj, type):
             # `Scalar.to_params(Scalar(name), 0, obj)` is getattr(obj, name) by the class's
             # method (tests/verifier/corpus/class_method_gadget.py); a candidate calls module
             # functions and constructors only
-            return ("banned-attribute", f"`{here}` is a method of `{here.rsplit('.', 1)[0]}`: candidates call the "
-                    "allowed modules' functions and constructors, never methods reached through a class or object "
-                    "(several cutlass/quack methods do getattr/setattr by a name they are given)", False)
+            return (
+                "banned-attribute",
+                f"`{here}` is a method of `{here.rsplit('.', 1)[0]}`: candidates call the "
+                "allowed modules' functions and constructors, never methods reached through a class or object "
+                "(several cutlass/quack methods do getattr/setattr by a name they are given)",
+                False,
+            )
         if _identity(obj) in _denied_identities():
             # a denied object reached under another name (a re-export, an alias class attribute)
-            return ("banned-call", f"`{path}` is a pointer maker or DSL compiler entry point under another name "
-                    "(see the contract: epilogues reach memory only through their operands, and mods compile "
-                    "themselves)", False)
+            return (
+                "banned-call",
+                f"`{path}` is a pointer maker or DSL compiler entry point under another name "
+                "(see the contract: epilogues reach memory only through their operands, and mods compile "
+                "themselves)",
+                False,
+            )
         bad = _judge_object(here, obj, std)
         if bad is not None:
             return bad
@@ -318,13 +404,20 @@ def _judge_object(here: str, obj: object, std: str | None) -> tuple[str, str, bo
         # class with run-time dunders and a fresh type per call (a call counter through
         # cute.shape's cache), past the class-definition rule
         # (tests/verifier/corpus/metaclass_call_counter.py)
-        return ("banned-call", f"`{here}` is a metaclass (it builds classes): candidates define no classes, "
-                "in any form", False)
+        return (
+            "banned-call",
+            f"`{here}` is a metaclass (it builds classes): candidates define no classes, in any form",
+            False,
+        )
     epi_mod = _epilogue_mod_class()
     if epi_mod is not None and isinstance(obj, epi_mod):
-        return ("library-epilogue", f"`{here}` is one of quack's ready-made epilogue mods: it is the library baseline "
-                "the kernel is measured against, not a candidate; write the epilogue with @gemm_epilogue from the "
-                "primitives", False)
+        return (
+            "library-epilogue",
+            f"`{here}` is one of quack's ready-made epilogue mods: it is the library baseline "
+            "the kernel is measured against, not a candidate; write the epilogue with @gemm_epilogue from the "
+            "primitives",
+            False,
+        )
     if isinstance(obj, types.ModuleType):
         if obj.__name__ in ALLOWED_MODULES and obj.__name__ == here:
             return None
