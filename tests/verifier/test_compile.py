@@ -26,6 +26,9 @@ from coda_agent.verifier.compile.worker import (
 from coda_agent.verifier.confine.sandbox import worker_env
 from coda_agent.verifier.spec import KernelSpec, load_spec
 
+# One xdist worker runs this module: its module fixture compiles once (run with --dist loadgroup).
+pytestmark = pytest.mark.xdist_group("compile-stage")
+
 ROOT = Path(__file__).resolve().parents[2]
 CORPUS = Path(__file__).resolve().parent / "corpus"
 BWD = load_spec(ROOT / "kernel_specs" / "swiglu_bwd")

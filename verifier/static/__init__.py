@@ -86,7 +86,8 @@ Modules
 * ``facts.py``: what each name binds (the import table, module-level aliases, the
   module's own functions and data, numeric constants) and where a node stands, gathered
   once before any rule runs;
-* ``lists.py``: the allow-lists and ban-lists, and the messages that quote them;
+* ``lists.py``: the allow-lists and ban-lists, and the messages that quote them (the
+  torch ones live in ``torch_lists.py``);
   ``surface.py``: the allowed libraries' import surface, resolved by introspection;
 * the rules over those facts, by concern: ``rules_imports.py`` (imports, import-rooted
   names), ``rules_bindings.py`` (what a binding may shadow, reserved names),
