@@ -31,7 +31,7 @@ MODEL_TYPES = {
 
 def _require_transformers():
     try:
-        import transformers  # noqa: F401
+        import transformers  # pyright: ignore[reportMissingImports]  # noqa: F401  (extra `hf`)
     except ModuleNotFoundError as e:
         raise ModuleNotFoundError(
             "apply_coda needs transformers 5.x: pip install 'coda-agent[hf]' (or 'transformers>=5,<6')"
@@ -104,7 +104,7 @@ def _rope_problems(config, base) -> tuple[torch.Tensor | None, list[str]]:
     if rope_type == "default":
         inv_freq, scaling = type(rotary).compute_default_rope_parameters(config)
     else:
-        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS  # pyright: ignore[reportMissingImports]  (extra `hf`)
 
         inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](config, torch.device("cpu"))
     inv_freq = inv_freq.detach().to("cpu", torch.float32)

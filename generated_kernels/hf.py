@@ -314,7 +314,7 @@ def _layer_forward(self, hidden_states, attention_mask=None, position_ids=None, 
 
 def _attention_interface(attn):
     """The model's attention function for ``config._attn_implementation`` (as HF's attention forward picks it)."""
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS  # pyright: ignore[reportMissingImports]  (extra `hf`)
 
     eager = sys.modules[type(attn).__module__].eager_attention_forward
     impl = attn.config._attn_implementation
@@ -420,7 +420,7 @@ def _causal_lm_forward(self, *args, **kwargs):
     keep = kwargs.get("logits_to_keep", 0)
     if labels is None or not self.training or not (isinstance(keep, int) and keep == 0):
         return type(self).forward(self, **kwargs)
-    from transformers.modeling_outputs import CausalLMOutputWithPast
+    from transformers.modeling_outputs import CausalLMOutputWithPast  # pyright: ignore[reportMissingImports]  (extra `hf`)
 
     kwargs.pop("labels")
     kwargs.pop("logits_to_keep", None)
