@@ -44,7 +44,10 @@ GPU_KINDS = {
     "crash",
     "tolerance",
 }
-HANG_TIMEOUT_S = 20.0
+HANG_TIMEOUT_S = 60.0
+"""The hang candidate's compile deadline. Its stack is dumped at 0.8 of it (at most 5 s before),
+so the worker must have imported the libraries and reached the loop by then, while the other
+corpus compiles load the same cores."""
 
 REQUIRED = {
     "good_swiglu_fwd",
