@@ -88,10 +88,18 @@ def _rope_params(config) -> dict:
     return dict(rp) if isinstance(rp, dict) else {}
 
 
+# Rationale: a model built under ``torch.device("cuda")`` computes its inv_freq buffer on the
+# GPU, whose pow differs from the CPU's by an ulp or two (tests/kernels/test_hf_patch.py,
+# test_inv_freq_from_another_device_is_used_as_is_cpu). Within this relative distance the
+# buffer is the same config computed elsewhere and is used as is; beyond it, it was changed.
+INV_FREQ_RTOL = 1e-5
+
+
 def _rope_problems(config, base) -> tuple[torch.Tensor | None, list[str]]:
-    """(inv_freq (HD/2,) fp32 on the CPU, problems): inv_freq recomputed from the config as
-    the model's rotary embedding computes it (exact even if the model's buffer was cast to
-    bf16), checked against that buffer when it is fp32 and materialized."""
+    """(inv_freq (HD/2,) fp32 on the CPU, problems): the frequencies the unpatched model rotates
+    with. Recomputed from the config as the model's rotary embedding computes it (exact even
+    if the model's buffer was cast to bf16); where the buffer is fp32 and materialized, the
+    buffer's own values, provided they are within ``INV_FREQ_RTOL`` of the recomputed ones."""
     rp = _rope_params(config)
     rope_type = rp.get("rope_type", rp.get("type", "default"))
     if rope_type not in ROPE_TYPES:
@@ -118,17 +126,17 @@ def _rope_problems(config, base) -> tuple[torch.Tensor | None, list[str]]:
             f"(partial_rotary_factor): the kernels rotate whole heads"
         )
     buf = getattr(rotary, "inv_freq", None)
-    if (
-        buf is not None
-        and buf.dtype == torch.float32
-        and buf.device.type != "meta"
-        and buf.shape == inv_freq.shape
-        and not torch.equal(buf.detach().cpu(), inv_freq)
-    ):
-        problems.append(
-            "model.rotary_emb.inv_freq differs from the inverse frequencies its config gives "
-            "(changed after construction?): refusing to guess which one is meant"
-        )
+    if buf is not None and buf.dtype == torch.float32 and buf.device.type != "meta" and buf.shape == inv_freq.shape:
+        buf = buf.detach().to("cpu")
+        if torch.allclose(buf, inv_freq, rtol=INV_FREQ_RTOL, atol=0.0):
+            inv_freq = buf.clone()  # bit-identical rotation to the unpatched model's
+        else:
+            err = ((buf - inv_freq).abs() / inv_freq.abs()).max().item()
+            problems.append(
+                f"model.rotary_emb.inv_freq differs from the inverse frequencies its config gives by up "
+                f"to {err:.2e} relative (allowed {INV_FREQ_RTOL:.0e}; changed after construction?): "
+                f"refusing to guess which one is meant"
+            )
     return inv_freq, problems
 
 

@@ -75,7 +75,9 @@ views whose ``.weight`` unpacks the fused weight (so DCP's ``get_model_state_dic
 walks key paths, works; tested). Pickling the whole module (``torch.save(model)``) is not
 supported: call :func:`remove_coda` first (it restores the separate ``nn.Linear`` s,
 exactly). Each patched layer keeps RoPE's inverse frequencies in a non-persistent fp32
-buffer ``coda_inv_freq``, recomputed from the config; ``model.to(dtype)`` and
+buffer ``coda_inv_freq``: the rotary embedding's fp32 buffer as it is, or recomputed from the
+config where that buffer was cast or is not materialized (a buffer further than
+``INV_FREQ_RTOL`` from the config's values is refused); ``model.to(dtype)`` and
 ``to_empty`` (meta-device initialization) leave it fp32 and exact.
 
 Supported (else ``ValueError`` naming the setting, or, with ``strict=False``, a warning

@@ -383,6 +383,26 @@ def test_inv_freq_buffer_survives_casts_and_to_empty_cpu():
     assert "coda_inv_freq" not in str(list(model.state_dict()))
 
 
+@needs_transformers
+def test_inv_freq_from_another_device_is_used_as_is_cpu():
+    """A buffer a few ulp off the config's values (computed on the GPU, whose pow rounds
+    differently) is the same config: the patched layers rotate with the buffer's exact
+    values. A buffer changed beyond ``INV_FREQ_RTOL`` is refused, naming the distance."""
+    model = tiny_model()
+    buf = model.model.rotary_emb.inv_freq
+    assert buf.dtype == torch.float32
+    off = torch.nextafter(torch.nextafter(buf, buf + 1), buf + 1)  # 2 ulp up
+    buf.copy_(off)
+    K.apply_coda(model)
+    assert torch.equal(model.model.layers[0].coda_inv_freq, off)
+    assert not torch.equal(off, 1.0 / 10000.0 ** (torch.arange(0, 64, 2, dtype=torch.float32) / 64))
+
+    changed = tiny_model()
+    changed.model.rotary_emb.inv_freq.mul_(1.001)
+    with pytest.raises(ValueError, match=r"inv_freq differs .* by up to 1\.00e-03 relative"):
+        K.apply_coda(changed)
+
+
 # --------------------------------------------------------------------------- numerics with stand-ins
 
 
