@@ -5,6 +5,11 @@ quack + nvidia-cutlass-dsl + triton importable (they compile for sm_90a on the C
 ``slow`` tests (a worker subprocess, an sm_90a compile, a model run: seconds each on a
 2-core machine) are left out of the everyday subset ``pytest -m "not slow"``; every
 ``compile`` test is ``slow`` too. CI runs them all.
+
+``-n N`` (pytest-xdist) distributes with ``loadgroup``: a module marked ``xdist_group``
+runs on one worker, so its module-scoped compile fixture runs once. It is set here rather
+than in pyproject's ``addopts`` so that ``pytest`` works where xdist is not installed (the
+GPU machine).
 """
 
 import importlib.util
@@ -22,6 +27,12 @@ def _hopper() -> bool:
 
 def _can_compile() -> bool:
     return all(importlib.util.find_spec(m) is not None for m in ("quack", "cutlass", "triton"))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config):
+    if getattr(config.option, "numprocesses", None) and getattr(config.option, "dist", "no") in ("no", "load"):
+        config.option.dist = "loadgroup"
 
 
 def pytest_collection_modifyitems(config, items):

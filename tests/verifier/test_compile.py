@@ -26,7 +26,7 @@ from coda_agent.verifier.compile.worker import (
 from coda_agent.verifier.confine.sandbox import worker_env
 from coda_agent.verifier.spec import KernelSpec, load_spec
 
-# One xdist worker runs this module: its module fixture compiles once (run with --dist loadgroup).
+# One xdist worker runs this module: its module fixture compiles once (-n N implies --dist loadgroup: tests/conftest.py).
 pytestmark = pytest.mark.xdist_group("compile-stage")
 
 ROOT = Path(__file__).resolve().parents[2]

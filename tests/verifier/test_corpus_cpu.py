@@ -24,7 +24,7 @@ from coda_agent.verifier.compile.stage import ERROR_KINDS, FAIL_KINDS, compile_s
 from coda_agent.verifier.spec import load_spec
 from coda_agent.verifier.static import KINDS, check_static
 
-# One xdist worker runs this module: its module fixture compiles once (run with --dist loadgroup).
+# One xdist worker runs this module: its module fixture compiles once (-n N implies --dist loadgroup: tests/conftest.py).
 pytestmark = pytest.mark.xdist_group("corpus-compile")
 
 ROOT = Path(__file__).resolve().parents[2]
