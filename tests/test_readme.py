@@ -176,7 +176,10 @@ def test_test_commands_and_markers():
     section = _section(_text(README), "## Run the tests")
     cmds = [c for _, b in _blocks(section) for c in _commands(b)]
     assert ["python", "-m", "pytest", "-n", "2"] in cmds, cmds
+    assert ["python", "-m", "pytest", "-n", "2", "--compile"] in cmds, cmds
     assert ["python", "-m", "pytest", "-n", "2", "-m", "not slow"] in cmds, cmds
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "python -m pytest -q -n 2 --compile\n" in ci  # CI runs everything
     markers = {
         m.split(":")[0]
         for m in tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["markers"]

@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from verifier_helpers import once_per_run
 
 from coda_agent.verifier.compile.stage import FAIL_KINDS, _interpret, compile_cpu, select_cases
 from coda_agent.verifier.compile.worker import (
@@ -25,9 +26,6 @@ from coda_agent.verifier.compile.worker import (
 )
 from coda_agent.verifier.confine.sandbox import worker_env
 from coda_agent.verifier.spec import KernelSpec, load_spec
-
-# One xdist worker runs this module: its module fixture compiles once (-n N implies --dist loadgroup: tests/conftest.py).
-pytestmark = pytest.mark.xdist_group("compile-stage")
 
 ROOT = Path(__file__).resolve().parents[2]
 CORPUS = Path(__file__).resolve().parent / "corpus"
@@ -281,18 +279,23 @@ DECORATION_ERROR = GOOD_BWD.replace("def dswiglu_epi(acc, c):", "def dswiglu_epi
 
 @pytest.fixture(scope="module")
 def real_compiles(tmp_path_factory):
-    """Compile four candidates concurrently (each in its own worker process)."""
-    d = tmp_path_factory.mktemp("compile")
-    cands = {"good": GOOD_BWD, "tuned": TUNED_BWD, "typo": TYPO_BWD, "decoration": DECORATION_ERROR}
-    paths = {}
-    for name, src in cands.items():
-        assert src != GOOD_BWD or name == "good"
-        paths[name] = d / f"{name}.py"
-        paths[name].write_text(src)
-    workers = max(2, min(4, os.cpu_count() or 2))
-    with ThreadPoolExecutor(workers) as ex:
-        futs = {n: ex.submit(compile_cpu, p, "swiglu_bwd", BWD_ARGS, 300) for n, p in paths.items()}
-        return {n: (paths[n], f.result()) for n, f in futs.items()}
+    """Compile four candidates concurrently (each in its own worker process); once per test
+    run (``once_per_run``)."""
+
+    def compile_all():
+        d = tmp_path_factory.mktemp("compile")
+        cands = {"good": GOOD_BWD, "tuned": TUNED_BWD, "typo": TYPO_BWD, "decoration": DECORATION_ERROR}
+        paths = {}
+        for name, src in cands.items():
+            assert src != GOOD_BWD or name == "good"
+            paths[name] = d / f"{name}.py"
+            paths[name].write_text(src)
+        workers = max(2, min(4, os.cpu_count() or 2))
+        with ThreadPoolExecutor(workers) as ex:
+            futs = {n: ex.submit(compile_cpu, p, "swiglu_bwd", BWD_ARGS, 300) for n, p in paths.items()}
+            return {n: (paths[n], f.result()) for n, f in futs.items()}
+
+    return once_per_run(tmp_path_factory, "compile-stage-compiles", compile_all)
 
 
 @pytest.mark.compile

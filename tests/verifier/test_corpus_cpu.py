@@ -19,13 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from verifier_helpers import once_per_run
 
 from coda_agent.verifier.compile.stage import ERROR_KINDS, FAIL_KINDS, compile_stage
 from coda_agent.verifier.spec import load_spec
 from coda_agent.verifier.static import KINDS, check_static
-
-# One xdist worker runs this module: its module fixture compiles once (-n N implies --dist loadgroup: tests/conftest.py).
-pytestmark = pytest.mark.xdist_group("corpus-compile")
 
 ROOT = Path(__file__).resolve().parents[2]
 CORPUS = Path(__file__).resolve().parent / "corpus"
@@ -146,17 +144,22 @@ def test_static_stage(case: Case):
 
 @pytest.fixture(scope="module")
 def compiled(tmp_path_factory):
-    """compile_stage for every non-static candidate, concurrently, sharing one cache."""
-    cache = tmp_path_factory.mktemp("compile-cache")
-    order = sorted(COMPILED, key=lambda c: c.kind != "timeout")  # start the slow hang first
-    workers = max(2, min(4, os.cpu_count() or 2))
+    """compile_stage for every non-static candidate, concurrently, sharing one cache; once
+    per test run (``once_per_run``)."""
 
-    def run(c: Case):
-        timeout = HANG_TIMEOUT_S if c.kind == "timeout" else 300
-        return c.id, compile_stage(SPECS[c.spec], c.path, timeout_s=timeout, cache_dir=cache)
+    def compile_all():
+        cache = tmp_path_factory.mktemp("compile-cache")
+        order = sorted(COMPILED, key=lambda c: c.kind != "timeout")  # start the slow hang first
+        workers = max(2, min(4, os.cpu_count() or 2))
 
-    with ThreadPoolExecutor(workers) as ex:
-        return dict(ex.map(run, order))
+        def run(c: Case):
+            timeout = HANG_TIMEOUT_S if c.kind == "timeout" else 300
+            return c.id, compile_stage(SPECS[c.spec], c.path, timeout_s=timeout, cache_dir=cache)
+
+        with ThreadPoolExecutor(workers) as ex:
+            return dict(ex.map(run, order))
+
+    return once_per_run(tmp_path_factory, "corpus-compiles", compile_all)
 
 
 @pytest.mark.compile

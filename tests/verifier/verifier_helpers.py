@@ -1,7 +1,14 @@
 """Shared test helpers for the verifier tests: throw-away spec folders and the static/compile
 stub that lets pure-torch candidates run the worker protocol on the CPU test device."""
 
+import fcntl
+import os
+import pickle
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 def write_spec(root: Path, name: str, toml: str, ref: str) -> Path:
@@ -52,3 +59,24 @@ def run_child(code: str) -> list[str]:
     r = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     return r.stdout.splitlines()
+
+
+def once_per_run(tmp_path_factory, name: str, compute: Callable[[], T]) -> T:
+    """``compute()`` once per pytest run, shared by every xdist worker: the first caller
+    computes under a file lock and pickles the result; the others wait and load it.
+
+    # Rationale: module fixtures that compile run once per worker otherwise (xdist's
+    # ``loadgroup`` does not group under pytest 9.2, whose node ids it cannot rewrite), and
+    # the compiles already load every core, so a waiting worker costs little.
+    """
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the run's folder, above each worker's own basetemp
+    data = root / f"{name}.pickle"
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if data.exists():
+            return pickle.loads(data.read_bytes())
+        value = compute()
+        data.write_bytes(pickle.dumps(value))
+        return value
