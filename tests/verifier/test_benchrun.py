@@ -241,6 +241,12 @@ def test_targets_table_reports_worst_shapes():
     assert "| y_bwd | backward | - | - | - | 1.299x (llama3-8b/M8192) | - | - | - |" in "\n".join(
         targets_table({"y_bwd": near})
     )
+    # the spec's pattern decides the direction, not the name (swiglu_bwd_rms is a backward kernel)
+    chained = verdict("x_bwd_rms", {"llama3-8b/M8192": {"bare_gemm": 1.1, "torch_compile": 0.7}})
+    assert "| x_bwd_rms | backward | 1.100 (llama3-8b/M8192) |" in "\n".join(
+        targets_table({"x_bwd_rms": chained}, patterns={"x_bwd_rms": "backward"})
+    )
+    assert "| x_bwd_rms | forward |" in "\n".join(targets_table({"x_bwd_rms": chained}))
     # and a ratio just over a bar is shown over it (1.0501 -> 1.051, not 1.050)
     over = verdict("y_fwd", {"llama3-8b/M8192": {"bare_gemm": 1.0501}})
     assert "| y_fwd | forward | 1.051 (llama3-8b/M8192) |" in "\n".join(targets_table({"y_fwd": over}))

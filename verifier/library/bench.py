@@ -202,10 +202,16 @@ def bench_baselines(loaded: LoadedSpec) -> list[str]:
     return names
 
 
-def results_markdown(verdicts: dict[str, Verdict], date: str, spec_shapes: dict[str, list[str]] | None = None) -> str:
+def results_markdown(
+    verdicts: dict[str, Verdict],
+    date: str,
+    spec_shapes: dict[str, list[str]] | None = None,
+    patterns: dict[str, str] | None = None,
+) -> str:
     """The results page: the targets table, then one table per kernel. ``spec_shapes`` (kernel ->
     its spec's benchmark shape names) lets the targets table say when a kernel was measured
-    at only some of its shapes."""
+    at only some of its shapes; ``patterns`` (kernel -> its spec's ``pattern``) see
+    :func:`targets_table`."""
     lines = [f"# coda-agent benchmark, {date}", ""]
     stacks: dict[str, list[str]] = {}
     for name, v in verdicts.items():
@@ -230,7 +236,7 @@ def results_markdown(verdicts: dict[str, Verdict], date: str, spec_shapes: dict[
         "installed). Baselines are compared by time only: their outputs are not checked.",
         "",
     ]
-    lines += targets_table(verdicts, spec_shapes)
+    lines += targets_table(verdicts, spec_shapes, patterns)
     for name, v in verdicts.items():
         b = v.stage("bench")
         shapes = page_shapes(v)
@@ -382,17 +388,23 @@ def _met_cell(missed: list[str] | None) -> str:
     return "-" if missed is None else "yes" if not missed else "no: " + ", ".join(missed)
 
 
-def targets_table(verdicts: dict[str, Verdict], spec_shapes: dict[str, list[str]] | None = None) -> list[str]:
+def targets_table(
+    verdicts: dict[str, Verdict],
+    spec_shapes: dict[str, list[str]] | None = None,
+    patterns: dict[str, str] | None = None,
+) -> list[str]:
     """The summary at the top of the page: each kernel against :data:`TARGETS`, at every
     shape and again without its host-bound shapes; a ``--repeat`` verdict whose per-run
     ratios straddle a target is marked borderline, and (given ``spec_shapes``) a kernel
-    measured at only some of its spec's benchmark shapes is judged "at N of M shapes"."""
+    measured at only some of its spec's benchmark shapes is judged "at N of M shapes".
+    A kernel is judged as backward when its spec's ``pattern`` (``patterns``) says so; a
+    kernel missing from ``patterns`` when its name ends in ``_bwd``."""
     rows = []
     for name, v in verdicts.items():
         shapes = page_shapes(v)
         if not shapes:
             continue
-        bwd = name.endswith("_bwd")
+        bwd = (patterns or {}).get(name, "backward" if name.endswith("_bwd") else "forward") == "backward"
         cells = [name, "backward" if bwd else "forward"]
         bare, quack = _worst(shapes, "bare_gemm"), _worst(shapes, "quack_library")
         cells.append(_at(bare, shapes))
@@ -547,13 +559,14 @@ def _write_results(
     stem: str | None = None,
     spec_shapes: dict[str, list[str]] | None = None,
     mark: str = "",
+    patterns: dict[str, str] | None = None,
 ) -> None:
     """Write ``<out_dir>/<stem>.md`` (+ ``.png``); ``stem`` defaults to ``<date>-<gpu><suffix>``;
     ``mark`` is appended as the page's last line."""
     env = next(iter(rep.verdicts.values())).environment
     stem = stem or f"{date}-{slug(env.gpu or 'cpu')}{suffix}"
     rep.markdown_path = out_dir / f"{stem}.md"
-    text = results_markdown(rep.verdicts, date, spec_shapes)
+    text = results_markdown(rep.verdicts, date, spec_shapes, patterns)
     if note:
         title, rest = text.split("\n", 1)
         text = f"{title}\n\n{note}\n{rest}"
@@ -626,10 +639,12 @@ def bench_kernels(
     rep = BenchReport()
     if from_manifests:
         dates = set()
+        patterns = {}
         for n in names:
             man = read_manifest(root / "generated_kernels" / n / "manifest.json")
             rep.verdicts[n] = verdict_from_manifest(man)
             dates.add(str(man.get("accepted_at", ""))[:10])
+            patterns[n] = str(man.get("pattern", ""))
         note = (
             "Numbers recorded by each kernel's acceptance run (manifest.json), not re-measured: "
             "within a kernel, the fused kernel and its baselines come from the same run."
@@ -643,7 +658,7 @@ def bench_kernels(
                 "marker line at its end, e.g. a hand-written record); nothing was changed. Move it, or "
                 "pass --force to replace it"
             )
-        _write_results(rep, out_dir, date, note, suffix="-manifests", mark=MANIFESTS_PAGE_MARK)
+        _write_results(rep, out_dir, date, note, suffix="-manifests", mark=MANIFESTS_PAGE_MARK, patterns=patterns)
         return rep
     items = [(load_spec(root / "kernel_specs" / n), root / "generated_kernels" / n / "kernel.py") for n in names]
     extra: dict[str, dict[str, Any]] = {}
@@ -726,7 +741,8 @@ def page_from_kept(
         out = BenchReport(verdicts=page)
         # named after the folder: a kept folder such as <date>-<gpu>-repeat/ gets its own page
         target = check_page(vdir, out_dir, force)
-        spec_shapes = {n: [bs.name for bs in load_spec(root / "kernel_specs" / n).spec.shapes.benchmark] for n in page}
+        specs = {n: load_spec(root / "kernel_specs" / n).spec for n in page}
+        spec_shapes = {n: [bs.name for bs in sp.shapes.benchmark] for n, sp in specs.items()}
         date = vdir.name[:10] if re.fullmatch(r"\d{4}-\d{2}-\d{2}", vdir.name[:10]) else vdir.name
         _write_results(
             out,
@@ -736,6 +752,7 @@ def page_from_kept(
             stem=vdir.name,
             spec_shapes=spec_shapes,
             mark=PAGE_MARK.format(folder=vdir.name),
+            patterns={n: sp.pattern for n, sp in specs.items()},
         )
         rep.markdown_path, rep.plot_path = out.markdown_path, out.plot_path
     rep.notes += [n.removeprefix("- ") for n in notes]
