@@ -281,8 +281,10 @@ def test_every_readme_command_parses():
 
 
 def test_every_flag_the_readme_mentions_exists():
-    """A flag named anywhere in the README (prose included) is a flag of some subcommand."""
+    """A flag named anywhere in the README (prose included) is a flag of some subcommand, or
+    one that the test suite adds to pytest (tests/conftest.py)."""
     known = "".join(_help(sub) for sub in sorted(_subcommands())) + _help("tricks", "add")
+    known += " ".join(re.findall(r'addoption\(\s*"(--[\w-]+)"', (ROOT / "tests" / "conftest.py").read_text()))
     lines = [ln for ln in _text(README).splitlines() if not ln.lstrip().startswith(("pip ", "python"))]
     missing = sorted({f for f in FLAG_RE.findall("\n".join(lines)) if f not in known})
     assert not missing, f"README mentions flags no coda-agent subcommand has: {missing}"
