@@ -31,9 +31,10 @@ from .verifier import tables, workspace
 
 T = TypeVar("T")
 
-# Piped output (CI logs, files) gets wide tables instead of rich's 80-column default.
-console = Console(width=None if sys.stdout.isatty() else 160)
-err = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
+# Piped output (CI logs, files) gets wide tables instead of rich's 80-column default, and
+# printed lines are never wrapped there, so a command in a hint can be copied from a log.
+console = Console(width=None if sys.stdout.isatty() else 160, soft_wrap=not sys.stdout.isatty())
+err = Console(stderr=True, width=None if sys.stderr.isatty() else 160, soft_wrap=not sys.stderr.isatty())
 
 OK, FAILED, USAGE = 0, 1, 2
 

@@ -51,7 +51,7 @@ Rules that hold everywhere (each has a test that shows why):
   and ``library`` read ``gpu``'s records, ``gpu`` never imports ``stages``.
 * Workers are started by module path (``python -m coda_agent.verifier.gpu.worker_*``):
   moving a worker means updating ``pipeline.CAND_WORKER``/``REF_WORKER``.
-* Where to start reading: ``pipeline.verify``, then ``gpu/worker_candidate.Worker.main``,
-  then ``stages/correctness``. The threat model (docs/threat-model.md) maps each attack
+* Where to start reading: the README's "Dive into the code" list (``pipeline.verify``,
+  ``stages/numerics``, ``gpu/coverage``, ...). The threat model (docs/threat-model.md) maps each attack
   to the module that stops it and the corpus file that tries it.
 """
