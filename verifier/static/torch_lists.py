@@ -7,6 +7,33 @@ the rules (``rules_*.py``) decide where each is consulted.
 
 from __future__ import annotations
 
+TORCH_DTYPES = frozenset(
+    {
+        "bfloat16",
+        "float16",
+        "half",
+        "float32",
+        "float",
+        "float64",
+        "double",
+        "float8_e4m3fn",
+        "float8_e5m2",
+        "float8_e4m3fnuz",
+        "float8_e5m2fnuz",
+        "int8",
+        "uint8",
+        "int16",
+        "int32",
+        "int64",
+        "int",
+        "long",
+        "short",
+        "bool",
+    }
+)
+"""Names that mark an expression as a dtype (``torch.<name>``, or a string ``.to()`` argument)
+rather than a device; each is also in :data:`TORCH_ALLOWED`."""
+
 TORCH_ALLOWED = frozenset(
     {
         # allocation (no kernel launch)
@@ -44,28 +71,8 @@ TORCH_ALLOWED = frozenset(
         "iinfo",
         "layout",
         "strided",
-        "bfloat16",
-        "float16",
-        "half",
-        "float32",
-        "float",
-        "float64",
-        "double",
-        "float8_e4m3fn",
-        "float8_e5m2",
-        "float8_e4m3fnuz",
-        "float8_e5m2fnuz",
         "float8_e8m0fnu",
         "float4_e2m1fn_x2",
-        "int8",
-        "uint8",
-        "int16",
-        "int32",
-        "int64",
-        "int",
-        "long",
-        "short",
-        "bool",
         "uint16",
         "uint32",
         "uint64",
@@ -73,6 +80,7 @@ TORCH_ALLOWED = frozenset(
         "no_grad",
         "inference_mode",
     }
+    | TORCH_DTYPES
 )
 """``torch.<name>`` a candidate may use without the spec allowing it."""
 
@@ -424,28 +432,3 @@ CAST_METHODS = frozenset(
 REFERENCE_CHECKED_METHODS = (VALUE_MATH_METHODS | {"new_empty", "view", "new_tensor"}) - CAST_METHODS
 """Tensor methods whose calls are judged (math, allocation device, bit views): referenced
 without being called, they would be judged nowhere (casts have their own message)."""
-
-TORCH_DTYPES = frozenset(
-    {
-        "bfloat16",
-        "float16",
-        "half",
-        "float32",
-        "float",
-        "float64",
-        "double",
-        "float8_e4m3fn",
-        "float8_e5m2",
-        "float8_e4m3fnuz",
-        "float8_e5m2fnuz",
-        "int8",
-        "uint8",
-        "int16",
-        "int32",
-        "int64",
-        "int",
-        "long",
-        "short",
-        "bool",
-    }
-)
