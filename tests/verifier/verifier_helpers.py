@@ -61,14 +61,12 @@ def run_child(code: str) -> list[str]:
     return r.stdout.splitlines()
 
 
+# Rationale: module fixtures that compile run once per worker otherwise (xdist's
+# ``loadgroup`` does not group under pytest 9.2, whose node ids it cannot rewrite), and the
+# compiles already load every core, so a waiting worker costs little.
 def once_per_run(tmp_path_factory, name: str, compute: Callable[[], T]) -> T:
     """``compute()`` once per pytest run, shared by every xdist worker: the first caller
-    computes under a file lock and pickles the result; the others wait and load it.
-
-    # Rationale: module fixtures that compile run once per worker otherwise (xdist's
-    # ``loadgroup`` does not group under pytest 9.2, whose node ids it cannot rewrite), and
-    # the compiles already load every core, so a waiting worker costs little.
-    """
+    computes under a file lock and pickles the result; the others wait and load it."""
     root = tmp_path_factory.getbasetemp()
     if os.environ.get("PYTEST_XDIST_WORKER"):
         root = root.parent  # the run's folder, above each worker's own basetemp
