@@ -461,12 +461,15 @@ def liger_worker(args) -> int:
     return 0
 
 
-def speed(args, res: dict) -> None:
+def speed(args, res: dict, save=lambda: None) -> None:
+    """Every shape's variants, then Liger's (child process) into ``res["speed"]``; ``save()``
+    after each part, so a run cut short by a time limit keeps the parts that finished."""
     res["speed"] = {}
     for shape in args.shape:
         res["speed"][shape] = speed_shape(args, shape, speed_variants(args))
         res["speed"][shape]["lm head + loss only, ms"] = head_only(shape, 4 * SEQ, args.rounds)
         print(f"speed: {shape}: lm head + loss only: {res['speed'][shape]['lm head + loss only, ms']}", flush=True)
+        save()
     if not args.no_liger:
         for shape, r in liger_child(args).items():
             res["speed"].setdefault(shape, {}).update(
@@ -608,7 +611,7 @@ def main(argv=None) -> int:
         save()
         print_parity(res["parity"])
     if args.speed:
-        speed(args, res)
+        speed(args, res, save)
         save()
         print_speed(res["speed"])
     save()
