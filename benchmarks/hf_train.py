@@ -45,6 +45,7 @@ run is reported (``failed: ...``), never fatal. Raises SystemExit without CUDA.
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import json
 import math
@@ -118,8 +119,11 @@ def init_state(config, seed: int = 0) -> dict:
     return state
 
 
-def build(config, state: dict, *, coda: bool = False, fused_lm_head: bool = False, liger: bool = False):
-    """A fresh model holding ``state``, optionally patched (apply_coda / Liger), in training mode."""
+def build(
+    config, state: dict, *, coda: bool = False, fused_lm_head: bool = False, liger: bool = False, mlp: str | None = None
+):
+    """A fresh model holding ``state``, optionally patched (apply_coda with ``mlp`` or its
+    default wiring / Liger), in training mode."""
     import transformers
 
     with torch.device(DEVICE):
@@ -128,7 +132,7 @@ def build(config, state: dict, *, coda: bool = False, fused_lm_head: bool = Fals
     if coda:
         from coda_agent.kernels import apply_coda
 
-        apply_coda(model, fused_lm_head=fused_lm_head)
+        apply_coda(model, fused_lm_head=fused_lm_head, **({"mlp": mlp} if mlp else {}))
     if liger:
         from liger_kernel.transformers import apply_liger_kernel_to_llama
 
@@ -525,6 +529,81 @@ def verdict(shape: str, r: dict) -> None:
     print(line)
 
 
+# --------------------------------------------------------------------------- profile
+
+PROFILE_VARIANTS = (
+    ("unpatched compile", {}),
+    ("coda + compile", {"coda": True}),
+    ("coda, mlp=swiglu + compile", {"coda": True, "mlp": "swiglu"}),
+)
+"""``--profile``'s variants: the default patch, the other MLP wiring, and their baseline."""
+
+
+def _kernel_profile(run, steps: int) -> dict:
+    """``host_probe.kernel_profile`` of ``run`` with every kernel ranked (CUDA only)."""
+    from host_probe import kernel_profile
+
+    return kernel_profile(run, steps, top=100_000)
+
+
+def profile_shape(args, shape: str) -> dict:
+    """Per :data:`PROFILE_VARIANTS` entry at ``shape``: its step time (:func:`time_training`)
+    and the GPU time per step by kernel class (``llama_layer.split_profile``: GEMM,
+    attention, other; idle = span - busy) over 2 profiled steps, with the costliest GEMM and
+    other kernels: where a patched step's time goes against the unpatched one's."""
+    from llama_layer import kernel_class, split_profile
+
+    config = make_config(shape, args.layers or DEFAULT_LAYERS[shape])
+    state = init_state(config)
+    batches = markov_batches(2, 4)
+    res = {"layers": config.num_hidden_layers, "tokens_per_step": batches[0].numel()}
+    for name, kw in PROFILE_VARIANTS:
+        model = None
+        try:
+            model = build(config, state, **kw)
+            timing = time_training(model, True, batches, args.warmup, args.steps_timed, args.rounds)
+            opt, fn = adamw(model, lr=1e-5), COMPILE(model)
+            prof = _kernel_profile(functools.partial(train_step, fn, model, opt, batches[0]), 2)
+            gemms = [k for k in prof["top"] if kernel_class(k["kernel"]) == "gemm"]
+            res[name] = {
+                "ms_per_step": timing["ms_per_step"],
+                **{k: v for k, v in split_profile(prof, top_other=12).items()},
+                "idle us": prof.get("idle us/step"),
+                "kernels/step": prof["kernels/step"],
+                "gemm top": gemms[:12],
+            }
+            print(
+                f"profile: {shape}: {name}: {timing['ms_per_step']} ms, "
+                + json.dumps(
+                    {k: res[name][k] for k in ("gemm us", "attention us", "other us", "idle us", "kernels/step")}
+                ),
+                flush=True,
+            )
+        except Exception as e:
+            res[name] = f"failed: {type(e).__name__}: {str(e)[:500]}"
+            traceback.print_exc()
+        finally:
+            model = None
+            _free()
+    return res
+
+
+def print_profile(pr: dict) -> None:
+    for shape, r in pr.items():
+        print(f"\n### GPU time per training step by kernel class, {shape} widths, {r.get('layers')} layers (us)\n")
+        print("| variant | ms / step | GEMM | attention | other | idle | kernels |")
+        print("|---|---|---|---|---|---|---|")
+        for name, _ in PROFILE_VARIANTS:
+            v = r.get(name)
+            if not isinstance(v, dict):
+                print(f"| {name} | {v} | | | | | |")
+                continue
+            print(
+                f"| {name} | {v['ms_per_step']:.2f} | {v['gemm us']:.0f} | {v['attention us']:.0f} | "
+                f"{v['other us']:.0f} | {v['idle us'] or 0:.0f} | {v['kernels/step']:.0f} |"
+            )
+
+
 # --------------------------------------------------------------------------- main
 
 
@@ -564,6 +643,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, help="folder for hf_train.json (required unless --_liger-worker)")
     ap.add_argument("--parity", action="store_true", help="loss / grad-norm parity run (module docstring)")
     ap.add_argument("--speed", action="store_true", help="tokens/s and peak memory per variant")
+    ap.add_argument("--profile", action="store_true", help="GPU time by kernel class, patched vs unpatched")
     ap.add_argument("--shape", action="append", choices=sorted(SHAPES), help="--speed shapes (default: both)")
     ap.add_argument("--layers", type=int, help="decoder layers (default: 4 at llama3-1b, 2 at llama3-8b)")
     ap.add_argument("--steps", type=int, default=100, help="--parity AdamW steps (default 100)")
@@ -588,8 +668,8 @@ def main(argv=None) -> int:
     args.shape = args.shape or sorted(SHAPES)
     if args._liger_worker:
         return liger_worker(args)
-    if not (args.parity or args.speed) or args.out is None:
-        ap.error("give --out and at least one of --parity, --speed")
+    if not (args.parity or args.speed or args.profile) or args.out is None:
+        ap.error("give --out and at least one of --parity, --speed, --profile")
     if args.quick and args.steps == 100:
         args.steps = 40
     try:
@@ -614,6 +694,12 @@ def main(argv=None) -> int:
         speed(args, res, save)
         save()
         print_speed(res["speed"])
+    if args.profile:
+        res["profile"] = {}
+        for shape in args.shape:
+            res["profile"][shape] = profile_shape(args, shape)
+            save()
+        print_profile(res["profile"])
     save()
     return 0
 

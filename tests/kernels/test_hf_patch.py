@@ -901,3 +901,34 @@ def test_hf_train_parity_runs_on_a_tiny_model_cpu(baseline, monkeypatch):
         }
         assert summary[metric]["coda eager vs unpatched eager"]["max"] < 0.05 * max(runs["unpatched eager"][metric])
     T.print_parity(res["parity"])
+
+
+@pytest.mark.slow
+@needs_transformers
+def test_hf_train_profile_runs_on_a_tiny_model_cpu(baseline, monkeypatch, capsys):
+    """The benchmark's --profile path on the CPU (the kernel profile replaced by fixed
+    kernel rows): every variant, incl. ``mlp="swiglu"``, timed and split by kernel class."""
+    T = tiny_hf_train(monkeypatch)
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    rows = [
+        {"kernel": "nvjet_tst_128x256_h_bz_coopA", "us/step": 300.0, "calls/step": 4},
+        {"kernel": "kernel_cutlass_GemmMod_sm90_0", "us/step": 200.0, "calls/step": 2},
+        {"kernel": "cudnn::fusion::compute_dot_do_o", "us/step": 50.0, "calls/step": 1},
+        {"kernel": "triton_red_fused_add_mean_pow_0", "us/step": 25.0, "calls/step": 3},
+    ]
+
+    def fake_profile(run, steps):
+        run()
+        return {"top": rows, "kernels/step": 10.0, "idle us/step": 7.0}
+
+    monkeypatch.setattr(T, "_kernel_profile", fake_profile)
+    args = T.argparse.Namespace(layers=1, warmup=1, steps_timed=1, rounds=1)
+    r = T.profile_shape(args, "llama3-8b")
+    torch._dynamo.reset()
+    for name, _ in T.PROFILE_VARIANTS:
+        v = r[name]
+        assert isinstance(v, dict), v
+        assert (v["gemm us"], v["attention us"], v["other us"], v["idle us"]) == (500.0, 50.0, 25.0, 7.0)
+        assert [k["kernel"] for k in v["gemm top"]] == [rows[0]["kernel"], rows[1]["kernel"]]
+    T.print_profile({"llama3-8b": r})
+    assert "| coda, mlp=swiglu + compile |" in capsys.readouterr().out
