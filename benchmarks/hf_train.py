@@ -28,17 +28,21 @@ tied embeddings) and llama3-8b widths (2 layers), 4 x 2048 tokens per step. Also
 head + loss alone (compiled plain, and ``linear_cross_entropy``), to say how much of a step
 the unchanged head is.
 
+``--profile``: where a step's GPU time goes, unpatched compiled against coda compiled (and
+its ``mlp="swiglu"`` wiring): GEMM, attention, other and idle time per step over two
+profiled steps, with the costliest kernels of each class.
+
 Usage (device, from the repo root, after ``source .device-bundle/p2/install.sh && source
 benchmarks/device_env.sh``; transformers and liger-kernel travel as wheels in the
 git-ignored ``.device-bundle/hf`` and ``.device-bundle/liger`` (``benchmarks/hf_bundle.sh``
 downloads them) and device_env.sh puts them on the path)::
 
-    python3 benchmarks/hf_train.py --parity --speed --out $OUT/hf [--quick] [--shape llama3-8b]
+    python3 benchmarks/hf_train.py --parity --speed --profile --out $OUT/hf [--quick] [--shape llama3-8b]
 
 Writes ``hf_train.json`` under ``--out`` (copy it to ``benchmarks/results/dev/``) and prints
-markdown tables. Budget on one H200, compiles included (estimated, not yet measured):
-``--parity`` ~2-3 min, ``--speed`` ~5-6 min (both shapes, Liger included), so run them as
-two commands under a 10-minute limit; ``--quick`` ~3 min for both. A failing variant or
+markdown tables. Wall time on one H200, compiles included: ``--parity`` ~110 s, ``--speed``
+264 s (both shapes, Liger included), ``--profile`` (both shapes) 151 s; run each as its own
+command under a 10-minute limit. Results: ``benchmarks/results/2026-12-02-nvidia-h200-hf-llama.md``. A failing variant or
 run is reported (``failed: ...``), never fatal. Raises SystemExit without CUDA.
 """
 
