@@ -644,7 +644,8 @@ def bench_kernels(
             man = read_manifest(root / "generated_kernels" / n / "manifest.json")
             rep.verdicts[n] = verdict_from_manifest(man)
             dates.add(str(man.get("accepted_at", ""))[:10])
-            patterns[n] = str(man.get("pattern", ""))
+            if man.get("pattern"):  # else targets_table falls back to the name
+                patterns[n] = str(man["pattern"])
         note = (
             "Numbers recorded by each kernel's acceptance run (manifest.json), not re-measured: "
             "within a kernel, the fused kernel and its baselines come from the same run."
