@@ -398,22 +398,27 @@ def speed_variants(args) -> list[tuple[str, dict, bool]]:
     return v
 
 
-def speed_shape(args, shape: str, variants, liger_only: bool = False) -> dict:
+def speed_shape(args, shape: str, variants, liger_only: bool = False, profile: bool = False) -> dict:
     """:func:`time_training` of each ``(name, build kwargs, compiled)`` variant at ``shape``, each
-    model fresh from one initialization and freed afterwards: ``{name: result or "failed: ..."}``."""
+    model fresh from one initialization and freed afterwards: ``{name: result or "failed: ..."}``.
+    ``profile``: each result is the step time and :func:`class_profile` of the model instead."""
     config = make_config(shape, args.layers or DEFAULT_LAYERS[shape])
     state = init_state(config)
     batches = markov_batches(2, 4)
     res = {"layers": config.num_hidden_layers, "tokens_per_step": batches[0].numel()}
+    what = "profile" if profile else "speed"
     for name, kw, compiled in variants:
         model = None
         try:
             model = build(config, state, **kw)
-            res[name] = time_training(model, compiled, batches, args.warmup, args.steps_timed, args.rounds)
-            print(f"speed: {shape}: {name}: {res[name]}", flush=True)
+            res[name] = shown = time_training(model, compiled, batches, args.warmup, args.steps_timed, args.rounds)
+            if profile:
+                res[name] = {"ms_per_step": shown["ms_per_step"], **class_profile(model, compiled, batches[0])}
+                shown = {k: res[name][k] for k in PROFILE_SHOWN}
+            print(f"{what}: {shape}: {name}: {shown}", flush=True)
         except Exception as e:
             res[name] = f"failed: {type(e).__name__}: {str(e)[:500]}"
-            print(f"speed: {shape}: {name}: {res[name]}", flush=True)
+            print(f"{what}: {shape}: {name}: {res[name]}", flush=True)
             if not liger_only:
                 traceback.print_exc()
         finally:
@@ -536,11 +541,13 @@ def verdict(shape: str, r: dict) -> None:
 # --------------------------------------------------------------------------- profile
 
 PROFILE_VARIANTS = (
-    ("unpatched compile", {}),
-    ("coda + compile", {"coda": True}),
-    ("coda, mlp=swiglu + compile", {"coda": True, "mlp": "swiglu"}),
+    ("unpatched compile", {}, True),
+    ("coda + compile", {"coda": True}, True),
+    ("coda, mlp=swiglu + compile", {"coda": True, "mlp": "swiglu"}, True),
 )
 """``--profile``'s variants: the default patch, the other MLP wiring, and their baseline."""
+PROFILE_SHOWN = ("ms_per_step", "gemm us", "attention us", "other us", "idle us", "kernels/step")
+"""The keys of a ``--profile`` result printed as it finishes (all of it goes to the JSON)."""
 
 
 def _kernel_profile(run, steps: int) -> dict:
@@ -550,46 +557,26 @@ def _kernel_profile(run, steps: int) -> dict:
     return kernel_profile(run, steps, top=100_000)
 
 
-def profile_shape(args, shape: str) -> dict:
-    """Per :data:`PROFILE_VARIANTS` entry at ``shape``: its step time (:func:`time_training`)
-    and the GPU time per step by kernel class (``llama_layer.split_profile``: GEMM,
-    attention, other; idle = span - busy) over 2 profiled steps, with the costliest GEMM and
-    other kernels: where a patched step's time goes against the unpatched one's."""
+def class_profile(model, compiled: bool, ids) -> dict:
+    """GPU time per training step of ``model`` on ``ids`` by kernel class
+    (``llama_layer.split_profile``: GEMM, attention, other; idle = span - busy) over 2
+    profiled steps, with the costliest GEMM and other kernels."""
     from llama_layer import kernel_class, split_profile
 
-    config = make_config(shape, args.layers or DEFAULT_LAYERS[shape])
-    state = init_state(config)
-    batches = markov_batches(2, 4)
-    res = {"layers": config.num_hidden_layers, "tokens_per_step": batches[0].numel()}
-    for name, kw in PROFILE_VARIANTS:
-        model = None
-        try:
-            model = build(config, state, **kw)
-            timing = time_training(model, True, batches, args.warmup, args.steps_timed, args.rounds)
-            opt, fn = adamw(model, lr=1e-5), COMPILE(model)
-            prof = _kernel_profile(functools.partial(train_step, fn, model, opt, batches[0]), 2)
-            gemms = [k for k in prof["top"] if kernel_class(k["kernel"]) == "gemm"]
-            res[name] = {
-                "ms_per_step": timing["ms_per_step"],
-                **{k: v for k, v in split_profile(prof, top_other=12).items()},
-                "idle us": prof.get("idle us/step"),
-                "kernels/step": prof["kernels/step"],
-                "gemm top": gemms[:12],
-            }
-            print(
-                f"profile: {shape}: {name}: {timing['ms_per_step']} ms, "
-                + json.dumps(
-                    {k: res[name][k] for k in ("gemm us", "attention us", "other us", "idle us", "kernels/step")}
-                ),
-                flush=True,
-            )
-        except Exception as e:
-            res[name] = f"failed: {type(e).__name__}: {str(e)[:500]}"
-            traceback.print_exc()
-        finally:
-            model = None
-            _free()
-    return res
+    opt, fn = adamw(model, lr=1e-5), COMPILE(model) if compiled else model
+    prof = _kernel_profile(functools.partial(train_step, fn, model, opt, ids), 2)
+    return {
+        **split_profile(prof, top_other=12),
+        "idle us": prof.get("idle us/step"),
+        "kernels/step": prof["kernels/step"],
+        "gemm top": [k for k in prof["top"] if kernel_class(k["kernel"]) == "gemm"][:12],
+    }
+
+
+def profile_shape(args, shape: str) -> dict:
+    """:func:`class_profile` and the step time of each :data:`PROFILE_VARIANTS` entry at
+    ``shape``: where a patched step's time goes against the unpatched one's."""
+    return speed_shape(args, shape, PROFILE_VARIANTS, profile=True)
 
 
 def print_profile(pr: dict) -> None:
@@ -597,7 +584,7 @@ def print_profile(pr: dict) -> None:
         print(f"\n### GPU time per training step by kernel class, {shape} widths, {r.get('layers')} layers (us)\n")
         print("| variant | ms / step | GEMM | attention | other | idle | kernels |")
         print("|---|---|---|---|---|---|---|")
-        for name, _ in PROFILE_VARIANTS:
+        for name, *_ in PROFILE_VARIANTS:
             v = r.get(name)
             if not isinstance(v, dict):
                 print(f"| {name} | {v} | | | | | |")
