@@ -98,3 +98,35 @@ def test_wheel_layout_and_plain_install(tmp_path):
         env={"PYTHONPATH": ":".join(env_path), "PATH": "/usr/bin:/bin"},
     )
     assert ver.returncode == 0 and ver.stdout.startswith("coda-agent"), (ver.stdout, ver.stderr)
+
+
+def test_ci_and_readme_install_from_the_tested_versions():
+    """constraints.txt records the versions CI tested: CI and the README's install both use
+    it, it pins every direct dependency except torch (installed on its own, CPU or CUDA
+    build), and each pin satisfies pyproject's range for that package."""
+    import re
+    import tomllib
+
+    from packaging.requirements import Requirement
+
+    root = Path(__file__).resolve().parents[1]
+    pins = {}
+    for line in (root / "constraints.txt").read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            name, _, ver = line.partition("==")
+            assert ver, f"constraints.txt: {line!r} is not name==version"
+            pins[re.sub(r"[-_.]+", "-", name).lower()] = ver
+    assert "torch" not in pins
+    project = tomllib.loads((root / "pyproject.toml").read_text())["project"]
+    reqs = [Requirement(r) for r in project["dependencies"]]
+    for extra in ("cpu-compile", "dev", "hf"):
+        reqs += [Requirement(r) for r in project["optional-dependencies"][extra]]
+    for req in reqs:
+        name = re.sub(r"[-_.]+", "-", req.name).lower()
+        if name == "torch":
+            continue
+        assert name in pins, f"constraints.txt has no pin for {req.name}"
+        assert req.specifier.contains(pins[name], prereleases=True), f"{req.name}=={pins[name]} not in {req.specifier}"
+    assert "-c constraints.txt" in (root / ".ci" / "run").read_text()
+    assert "-c constraints.txt" in (root / "README.md").read_text()

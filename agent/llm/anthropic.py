@@ -175,8 +175,10 @@ class AnthropicBackend:
         last: Exception | None = None
         what = ""
         for attempt in range(1, self.attempts + 1):
+            started = False  # the response headers arrived: a timeout from here on is a stall
             try:
                 with self._client.messages.stream(**params) as stream:
+                    started = True
                     kind = stream.response.headers.get("content-type", "")
                     if not kind.startswith("text/event-stream"):
                         # Not retried: a proxy that answers this way will on every billed try.
@@ -206,19 +208,21 @@ class AnthropicBackend:
                     raise LLMError(f"Anthropic API error ({label}): {_short(e)}") from None
                 last = e
                 what = label + (" overloaded" if overloaded and "overloaded" not in label else "")
-            except anthropic.APITimeoutError:
-                # Not retried here: the SDK already retried it (max_retries), each try may
-                # have been billed, and 4 x 3 tries of a 600 s timeout is two hours.
+            except (anthropic.APITimeoutError, httpx2.TimeoutException):
+                # Never retried here. Before the first byte the SDK already retried it
+                # (max_retries), each try may have been billed, and 4 x 3 tries of a 600 s
+                # timeout is two hours. After the headers the stream stalled: nobody retries a
+                # started body (the tokens so far were billed). anthropic 2.17+ raises
+                # APITimeoutError for both; older 2.x raised the raw httpx2 error mid-stream,
+                # so `started` decides which one happened (tests/agent/test_anthropic_backend.py).
+                if started:
+                    raise LLMError(
+                        f"Anthropic API: the answer stalled (no event for {self.timeout_s:.0f} s) part-way "
+                        "through; resume the run later (the run's summary prints the command)"
+                    ) from None
                 raise LLMError(
                     f"Anthropic API: no answer within {self.timeout_s:.0f} s (after the client's own "
                     "retries); resume the run later (the run's summary prints the command)"
-                ) from None
-            except httpx2.TimeoutException:
-                # The stream started, then stalled: the SDK does not retry a started body, and
-                # neither does this loop (the tokens so far were billed).
-                raise LLMError(
-                    f"Anthropic API: the answer stalled (no event for {self.timeout_s:.0f} s) part-way "
-                    "through; resume the run later (the run's summary prints the command)"
                 ) from None
             except (anthropic.APIConnectionError, httpx2.RequestError, json.JSONDecodeError, _BrokenStream) as e:
                 # APIConnectionError: before the first byte (the SDK retried it already);
