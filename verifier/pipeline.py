@@ -144,6 +144,7 @@ def run_gpu_workers(
     timeout_s: float | None = None,
     device: str = "cuda",
     baselines: list[str] | None = None,
+    tuning: dict[str, Any] | None = None,
 ) -> GpuRun:
     """Run the candidate worker on ``snap`` (:func:`snapshot.take`; a path is snapshotted
     into ``workdir/candidate/`` first), then (if it produced any trial) the reference worker.
@@ -171,6 +172,7 @@ def run_gpu_workers(
         candidate=str(Path(snap.path).resolve()),
         candidate_sha256=snap.sha256,
         baselines=baselines,
+        tuning=tuning,
     )
     workdir = Path(workdir).resolve()  # workers run with cwd=their own folder: absolute paths only
     # Fresh, like cand/ and ref/: the workers' logs are written through these paths, and a
@@ -421,6 +423,7 @@ def verify(
     device: str = "cuda",
     baselines: list[str] | None = None,
     cpu_done: CpuStages | None = None,
+    tuning: dict[str, Any] | None = None,
 ) -> Verdict:
     """Verify ``candidate`` (a .py file) against ``loaded``; never raises for candidate behaviour.
 
@@ -432,8 +435,10 @@ def verify(
     the benchmark shapes (names from the spec, or ``{"name", "dims"}``). ``device="cpu"``
     and ``baselines`` exist for tests: a CPU-device verdict is marked ``cpu_only``.
     ``cpu_done``: static and compile already run for this file (:func:`cpu_stages_many`);
-    ignored, and the stages run again, when its hash is not the file's.
-    The file is read once, into a private snapshot (:mod:`snapshot`) that every stage
+    ignored, and the stages run again, when its hash is not the file's. ``tuning``:
+    ``{epilogue: {shape bucket: GemmConfig fields}}`` the candidate's epilogues run with
+    instead of their own configs (``coda-agent tune`` re-verifies a tuned config this way;
+    recorded in the verdict). The file is read once, into a private snapshot (:mod:`snapshot`) that every stage
     judges; ``candidate_hash`` is the sha256 of those bytes.
     Raises ``FileNotFoundError`` when ``candidate`` does not exist.
     """
@@ -453,6 +458,7 @@ def verify(
             device=device,
             baselines=baselines,
             cpu_done=cpu_done,
+            tuning=tuning,
         )
 
 
@@ -468,9 +474,11 @@ def _verify_snapshot(
     device: str,
     baselines: list[str] | None,
     cpu_done: CpuStages | None,
+    tuning: dict[str, Any] | None = None,
 ) -> Verdict:
     t0 = time.monotonic()
     verdict = Verdict(
+        tuning=tuning,
         spec=loaded.name,
         spec_hash=loaded.spec_hash,
         candidate_hash=snap.sha256,
@@ -519,6 +527,7 @@ def _verify_snapshot(
                 timeout_s=timeout_s,
                 device=device,
                 baselines=baselines,
+                tuning=tuning,
             )
         except Exception as e:  # noqa: BLE001 -- e.g. an unknown bench shape name, a full disk
             verdict.stages.append(

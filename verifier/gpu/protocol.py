@@ -31,6 +31,7 @@ import hashlib
 import json
 import re
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 PLAN_FILE = "plan.json"
 RESULTS_FILE = "results.jsonl"
@@ -106,6 +107,9 @@ class Plan:
     worker imports only bytes with this hash."""
     baselines: list[str] | None = None
     """Baselines the reference worker times (None: the spec's ``bench.baselines``)."""
+    tuning: dict[str, dict[str, dict[str, Any]]] | None = None
+    """GEMM configs to run the candidate's epilogues with, ``{epilogue: {bucket: config}}``
+    (:func:`coda_agent.runtime.tuning.override_lookup`); None: the candidate's own."""
     secret: int = 0
     """Per-verification random offset (drawn by the parent) added to every seed the
     candidate must not predict: the timed input sets, the recheck, the benchmark-shape
@@ -129,6 +133,7 @@ class Plan:
             candidate_sha256=d.get("candidate_sha256"),
             baselines=d.get("baselines"),
             secret=int(d.get("secret", 0)),
+            tuning=d.get("tuning"),
         )
 
     def sha256(self) -> str:
@@ -207,7 +212,7 @@ def wall_check_run(shape: BenchShape, set_index: int, secret: int) -> Run:
 SYNC_MARKERS = frozenset({"Unknown", "Event Sync", "Stream Wait Event", "Stream Sync", "Context Sync"})
 """The exact names Kineto gives CUPTI synchronization records (its ``cuda_sync`` activity:
 ``CUpti_ActivitySynchronizationType`` 0-4). torch 2.11 on the H200 records none of them
-on the device timeline (``benchmarks/profiler_event_probe.py``,
+on the device timeline (``benchmarks/probes/profiler_event_names.py``,
 ``benchmarks/results/dev/2026-11-30-h200-profiler-events.log``: syncs show up only as
 ``cudaDeviceSynchronize``-style runtime calls on the CPU); other builds may."""
 
@@ -227,7 +232,7 @@ def gpu_kernels(names: list[str]) -> list[str]:
     filter would let a second GEMM hide as ``swiglu_Sync_epi``
     (tests/verifier/corpus/sync_named_kernel.py); no kernel
     name cutlass or torch produces starts like a copy or equals a sync record's name.
-    The candidate worker counts with this rule; ``benchmarks/launch_census.py`` too."""
+    The candidate worker counts with this rule; ``benchmarks/probes/launches_per_kernel.py`` too."""
     return [n for n in names if not n.startswith(NOT_LAUNCH_PREFIXES) and n not in SYNC_MARKERS]
 
 

@@ -95,6 +95,9 @@ from typing import Any, Callable, Mapping, NamedTuple  # noqa: E402
 import torch  # noqa: E402
 import torch.profiler  # noqa: E402
 
+from ...runtime import launch as _launch  # noqa: E402
+from ...runtime.launch import bind_entry  # noqa: E402
+from ...runtime.tuning import override_lookup  # noqa: E402
 from ..confine import (
     audit,  # noqa: E402
     landlock,  # noqa: E402
@@ -123,7 +126,7 @@ from .protocol import (  # noqa: E402
 )
 from .timing import bench_shape  # noqa: E402
 
-HARNESS_MODULES = (instruments, output_contract, poison, timing)
+HARNESS_MODULES = (instruments, output_contract, poison, timing, _launch)
 """The worker-side modules this worker runs code from: their globals are watched like its own."""
 
 
@@ -193,10 +196,10 @@ def freeze_own_state() -> None:
         for name, value in list(g.items()):
             if not name.startswith("__") and name not in ("_OWN", "_MISSING"):
                 _OWN[f"{label}.{name}"] = (g, name, value, dict(value) if type(value) is dict else None)
-    cls = vars(Worker)
-    for name, value in cls.items():
-        if not name.startswith("__"):
-            _OWN[f"Worker.{name}"] = (cls, name, value, None)
+    for label, cls in (("Worker", vars(Worker)), ("Launcher", vars(_launch.Launcher))):
+        for name, value in cls.items():
+            if not name.startswith("__") or name == "__call__":
+                _OWN[f"{label}.{name}"] = (cls, name, value, None)
 
 
 class Worker:
@@ -355,7 +358,11 @@ class Worker:
         fn = getattr(mod, self.spec.entry.function, None)
         if not callable(fn):
             raise AttributeError(f"candidate defines no function {self.spec.entry.function!r}")
-        self.fn = fn
+        # Rationale: the entry runs exactly as training runs it, every epilogue mod behind a
+        # direct launcher (coda_agent.runtime.launch), with the plan's tuned configs if any:
+        # the binary judged here is the binary the ops launch.
+        config_for = override_lookup(self.spec.name, self.plan.tuning) if self.plan.tuning else None
+        self.fn, _ = bind_entry(mod, self.spec.entry.function, config_for)
 
     # -- one trial ----------------------------------------------------------------
     def inputs_for(self, dims: dict[str, int], seed: int, draw: str = "spec") -> dict[str, torch.Tensor]:
