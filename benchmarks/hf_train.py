@@ -552,7 +552,7 @@ PROFILE_SHOWN = ("ms_per_step", "gemm us", "attention us", "other us", "idle us"
 
 def _kernel_profile(run, steps: int) -> dict:
     """``host_probe.kernel_profile`` of ``run`` with every kernel ranked (CUDA only)."""
-    from host_probe import kernel_profile
+    from host_time_by_layer import kernel_profile
 
     return kernel_profile(run, steps, top=100_000)
 
@@ -653,7 +653,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("hf_train: needs a CUDA (Hopper) device")
-    sys.path.insert(0, str(ROOT / "benchmarks"))
+    sys.path.insert(0, str(ROOT / "benchmarks" / "probes"))  # host_time_by_layer.kernel_profile
     if args.quick and not args.shape:
         args.shape = ["llama3-8b"]
     args.shape = args.shape or sorted(SHAPES)

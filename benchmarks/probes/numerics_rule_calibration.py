@@ -27,7 +27,7 @@ It prints, per candidate and rule, the largest ratio (statistic / bound: > 1 fai
 the margin 1 / ratio, and writes every judged number to ``--json``. Run on the GPU for the
 kernel and quack rows (``benchmarks/results/numerics-calibration.md`` keeps the numbers)::
 
-    python benchmarks/numerics_calibration.py --device cuda --secrets 3 --json OUT.json
+    python benchmarks/probes/numerics_rule_calibration.py --device cuda --secrets 3 --json OUT.json
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 HONEST = ("ideal", "torch_bf16_cpu", "torch_bf16_reduced", "quack_library", "kernel")
 APART = ("baseline_bf16",)
