@@ -69,6 +69,8 @@ def check_value_use(m: ModuleFacts, node: ast.Name | ast.Attribute) -> None:
         return
     parent = m.parents.get(node)
     called = isinstance(parent, ast.Call) and parent.func is node
+    if isinstance(node, ast.Name) and any(k.value is node for k in m.prepass_keywords):
+        return  # `prepass=fn` in a @gemm_epilogue(...): rules_epilogue.prepass_fns judges it
     if isinstance(node, ast.Name) and node.id in m.local_defs and not called:
         # a def handed to anything as a value reaches library code that may run it, read its
         # annotations or install it (nested defs too, not only module-level ones: e.g. as a
