@@ -342,3 +342,21 @@ def test_fp8_buffers_are_allocations(dtype):
     body = f"q = torch.empty(m, n, dtype=torch.{dtype}, device=x.device)"
     assert findings(module(body=body)) == []
     assert_flags(module(body=f"q = x.to(torch.{dtype})"), "precision-cast", "x.to(")
+
+
+def test_attacks_on_the_new_surface_are_registered():
+    """Every corpus file attacking through a prepass, an op class or the new modules is in
+    the corpus README's table and in a row of docs/threat-model.md."""
+    corpus = ROOT / "tests" / "verifier" / "corpus"
+    readme = (corpus / "README.md").read_text()
+    threats = (ROOT / "docs" / "threat-model.md").read_text()
+    files = [
+        *corpus.glob("prepass_*.py"),
+        *corpus.glob("op_class_*.py"),
+        corpus / "library_epilogue_scaled_exp.py",
+        corpus / "escape_quantize_out_reexport.py",
+    ]
+    assert len(files) >= 16
+    for f in files:
+        assert f"| {f.name} |" in readme, f.name
+        assert f"`{f.name}`" in threats, f.name
