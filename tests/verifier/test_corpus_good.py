@@ -122,3 +122,52 @@ def test_compiles_for_sm90a(case: Good, compiled):
     got = [(tuple(i["shape"]), i["dtype"]) for i in items]
     assert got == list(case.outputs)
     assert all(i["exact_tensor"] and i["aliases_input"] is None for i in items)
+
+
+@pytest.fixture(scope="module")
+def tripwired(tmp_path_factory):
+    """group_norm_proj.py with an `exec` in its op class's hook and, separately, in its
+    prepass fn (what the static stage refuses), compiled past the static stage."""
+    from coda_agent.verifier.compile.stage import compile_cpu
+
+    def compile_both():
+        d = tmp_path_factory.mktemp("tripwire")
+        case = next(c for c in CASES if c.id == "group_norm_proj")
+        src = case.path.read_text()
+        variants = {
+            "hook": src.replace(
+                "        return total * (1.0 / group_cols)",
+                '        exec("0")\n        return total * (1.0 / group_cols)',
+            ),
+            "prepass": src.replace(
+                '    return {"mu": acc, "msq": acc * acc}', '    exec("0")\n    return {"mu": acc, "msq": acc * acc}'
+            ),
+        }
+        out = {}
+        with ThreadPoolExecutor(2) as ex:
+            futs = {}
+            for name, text in variants.items():
+                assert text != src
+                (d / f"{name}.py").write_text(text)
+                futs[name] = ex.submit(compile_cpu, d / f"{name}.py", case.entry, list(case.args), 600)
+            for name, f in futs.items():
+                out[name] = (
+                    f.result(),
+                    variants[name].splitlines().index('        exec("0")' if name == "hook" else '    exec("0")') + 1,
+                )
+        return out
+
+    return once_per_run(tmp_path_factory, "corpus-good-tripwire", compile_both)
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("where", ["hook", "prepass"])
+def test_the_audit_tripwire_covers_hooks_and_prepass_fns(where, tripwired):
+    """confine/audit.py under the static stage: a hook or prepass fn runs while quack traces
+    the kernel, called from quack's and CuTeDSL's frames, in the candidate's own code object,
+    so its `exec` is refused at the candidate's line."""
+    res, line = tripwired[where]
+    assert res.status == "fail"
+    (f,) = res.findings
+    assert f.kind == "compile-error" and f.line == line
+    assert "CandidateAuditError" in f.message and "audit event" in f.message
