@@ -360,3 +360,11 @@ def test_attacks_on_the_new_surface_are_registered():
     for f in files:
         assert f"| {f.name} |" in readme, f.name
         assert f"`{f.name}`" in threats, f.name
+
+
+def test_the_stats_writer_method_gets_its_fix():
+    """quack's own mods write `op.out("name")`; the contract names the constructor instead."""
+    epi = EPI.replace('GroupedColStatsOut("mu_out", MU)', 'MU.out("mu_out")')
+    src = module(epi=epi)
+    hits = [f for f in findings(src) if f.kind == "value-attribute"]
+    assert hits and 'GroupedColStatsOut("<name>", MU)' in hits[0].message

@@ -203,6 +203,15 @@ def check_value_attribute(m: ModuleFacts, node: ast.Attribute) -> None:
         return  # `mod.gemm`: the epilogue-attribute rule; deeper links are values'
     if attr in VALUE_ATTRIBUTES or attr in surface.config_fields():
         return
+    if attr == "out" and isinstance(node.value, ast.Name) and node.value.id in m.module_data:
+        m.add(
+            "value-attribute",
+            node,
+            f"`{snippet(node)}`: a grouped-statistics op's writer is declared as "
+            f'`GroupedColStatsOut("<name>", {node.value.id})` (quack.epilogue.ops) in extra_ops=; '
+            "methods of library objects are off limits",
+        )
+        return
     m.add(
         "value-attribute",
         node,
