@@ -199,7 +199,7 @@ def test_wrong_codes_fail_the_rounding_rule(name):
     r = res["rules"]["fp8_rounding"]
     assert r["over"] > 0.05 * r["judged"], r  # a systematic error: many whole steps
     bad, _ = check_fp8_output("y_fp8", codes, expand_blocks(scale, (m, n)), y32, expand_blocks(band, (m, n)), E4, "t")
-    assert bad is not None and bad[0] == "tolerance" and "rule fp8 rounding" in bad[1]
+    assert bad is not None and bad[0] == "tolerance" and "rule fp8-rounding" in bad[1]
 
 
 def test_missing_saturation_fails():

@@ -247,7 +247,7 @@ def rule_message(res: dict[str, Any]) -> str:
         )
     w = r["worst"]
     return (
-        f"rule fp8 rounding: {r['over']} of {r['judged']} codes are not y32 / scale rounded to nearest even "
+        f"rule fp8-rounding: {r['over']} of {r['judged']} codes are not y32 / scale rounded to nearest even "
         f"(one step allowed only within {BAND_FACTOR:g} x the fp32 reference's own error of a rounding "
         f"midpoint); worst at {w['index']}: code {w['code']:.6g}, expected {w['expected_code']:.6g} "
         f"({w['steps']:.3g} steps) for y32 / scale = {w['x']:.9g} (scale {w['scale']:.6g}, band "
