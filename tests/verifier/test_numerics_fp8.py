@@ -290,3 +290,29 @@ def test_calibration_script_judges_fp8_outputs_on_the_cpu(monkeypatch, capsys):
     assert numerics_calibration.main(["--device", "cpu", "--secrets", "1", "--spec", "gemm_fp8_quant"]) == 0
     out = capsys.readouterr().out
     assert "| cpu_fp32_flip | 22 | 0 |" in out and "| fp8_truncated | 22 | 11 |" in out
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("k", [4096, 14336])
+def test_quack_and_tensor_core_accumulation_pass_the_fp8_rule(k):
+    """The band on the hardware the kernels run on: quack's identity-epilogue GEMM (fp32 D)
+    and cuBLAS's bf16 -> fp32 tensor-core GEMM, quantized honestly, pass against the
+    reference worker's fp32 (TF32 off) and float64 references with at least 2x margin."""
+    from quack.epilogue.library import identity_epi
+
+    from coda_agent.verifier.gpu.worker_reference import _exact_fp32
+
+    _exact_fp32()
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(2048, k, generator=g, device="cuda").bfloat16()
+    w = (torch.randn(4096, k, generator=g, device="cuda") / math.sqrt(k)).bfloat16()
+    y32 = (x.float() @ w.float().T).cpu()
+    y64 = (x.double() @ w.double().T).cpu()
+    band = block_max((y32.double() - y64).abs(), (2048, 32))
+    for y in (
+        identity_epi(x, w.T, tuned=False, out_dtype=torch.float32)["D"],
+        torch.mm(x, w.T, out_dtype=torch.float32),
+    ):
+        codes, scale = _quantize(y.cpu())
+        res = _judge(codes, scale, y32, band)
+        assert res["ok"] and res["rules"]["fp8_rounding"]["ratio"] < 0.5, res["rules"]["fp8_rounding"]
