@@ -30,6 +30,7 @@ from coda_agent.verifier.stages.numerics_fp8 import (
     _distance_to_code,
     check_fp8_output,
     fp8_check,
+    fp8_spacing,
     round_fp8,
 )
 
@@ -70,6 +71,16 @@ def test_round_fp8_is_torchs_cast_at_every_midpoint(dtype):
     # ties to even: the midpoint of 16 and 18 (e4m3, step 2) is 17 -> 16; of 18 and 20 -> 20
     if dtype == E4:
         assert round_fp8(torch.tensor([17.0, 19.0, -17.0]), dtype).tolist() == [16.0, 20.0, -16.0]
+
+
+def test_the_ulp_table_knows_the_fp8_grids():
+    """numerics.ulp of an fp8 dtype is the distance from each grid value to the next one."""
+    from coda_agent.verifier.stages.numerics import ulp
+
+    for dtype, fmt in FORMATS.items():
+        g = _grid(dtype)
+        assert torch.equal(ulp(g[:-1], dtype), g[1:] - g[:-1]), dtype
+        assert torch.equal(ulp(g, dtype), fp8_spacing(g, fmt)), dtype
 
 
 def test_round_fp8_saturates_and_keeps_nan():
