@@ -302,7 +302,7 @@ def _layer_forward(self, hidden_states, attention_mask=None, position_ids=None, 
     attn_kwargs = {**kwargs, "position_ids": position_ids}
     for name in info.attention_kwargs:  # Qwen3: per layer on the module; Mistral: the config's
         attn_kwargs[name] = getattr(attn, name) if hasattr(attn, name) else getattr(attn.config, name, None)
-    qk_norm = {}
+    qk_norm: dict[str, Any] = {}
     if info.qk_norm_eps is not None:
         qk_norm = dict(
             q_norm_w=interleave_head_weight(attn.q_norm.weight),

@@ -26,6 +26,7 @@ from test_hf_patch import (
     enable_checkpointing,
     loss_and_grads,
     needs_transformers,
+    tiny_hf_train,
     tokens,
 )
 from test_qknorm_ops import standins as qk_standins
@@ -221,6 +222,53 @@ def test_qwen3_compile_fullgraph_cpu(path, baseline, monkeypatch):
     torch.testing.assert_close(got[0], want[0], rtol=1e-3, atol=0)
     assert_close_rel(got[1], want[1], rtol=2e-2)
     torch._dynamo.reset()
+
+
+# --------------------------------------------------------------------------- benchmarks/hf_train.py --model qwen3
+
+
+@pytest.mark.slow
+@needs_transformers
+def test_hf_train_qwen3_runs_on_a_tiny_model_cpu(baseline, monkeypatch, capsys):
+    """``hf_train.py --model qwen3`` on the CPU (tiny widths, stand-ins, aot_eager): --parity's
+    runs learn and stay near the unpatched one; --speed times every variant, with the
+    gemm_qknorm_rope kernel reported accepted (its stand-in runs) the torch QK-norm path
+    too, and the patched models are Qwen3's."""
+    T = tiny_hf_train(monkeypatch)
+    monkeypatch.setattr(K, "accepted", lambda: ["gemm_qknorm_rope"])
+    res = {}
+    T.parity(T.argparse.Namespace(layers=2, n_batches=2, batch=2, steps=6, model="qwen3"), res)
+    torch._dynamo.reset()
+    runs = res["parity"]["runs"]
+    assert res["parity"]["config"]["shape"] == "qwen3-1.7b"
+    assert all(isinstance(r, dict) and len(r["loss"]) == 6 for r in runs.values()), runs
+    assert runs["unpatched eager"]["loss"][-1] < runs["unpatched eager"]["loss"][0]
+    diff = res["parity"]["summary"]["loss"]["coda eager vs unpatched eager"]["max"]
+    assert diff < 0.05 * max(runs["unpatched eager"]["loss"])
+    args = T.argparse.Namespace(
+        layers=1,
+        shape=["qwen3-8b"],
+        model="qwen3",
+        all=False,
+        quick=False,
+        no_liger=True,
+        warmup=1,
+        steps_timed=1,
+        rounds=1,
+    )
+    names = [n for n, _, _ in T.speed_variants(args)]
+    assert "coda, QK-norm in torch + compile" in names
+    config = T.make_config("qwen3-8b", 1)
+    assert type(config).__name__ == "Qwen3Config" and config.rope_parameters["rope_theta"] == 1e6
+    for qk_torch in (False, True):
+        m = T.build(config, T.init_state(config), coda=True, qk_norm_torch=qk_torch)
+        assert type(m).__name__ == "Qwen3ForCausalLM" and m._coda.qk_norm_fused is (not qk_torch)
+    T.speed(args, res)
+    torch._dynamo.reset()
+    r = res["speed"]["qwen3-8b"]
+    assert all(isinstance(r[n], dict) and r[n]["tokens_per_s"] > 0 for n in names), r
+    T.print_speed(res["speed"])
+    assert "| coda, QK-norm in torch + compile |" in capsys.readouterr().out
 
 
 # --------------------------------------------------------------------------- GPU
