@@ -110,9 +110,10 @@ from . import (  # noqa: E402
     instruments,
     output_contract,
     poison,
+    samples,
     timing,
 )
-from .inputs import make_inputs  # noqa: E402
+from .inputs import entry_inputs, make_inputs  # noqa: E402
 from .output_contract import check_output, gather, host_copy, storage_span  # noqa: E402
 from .poison import bitwise_equal, fill_free_memory  # noqa: E402
 from .protocol import (  # noqa: E402
@@ -122,11 +123,10 @@ from .protocol import (  # noqa: E402
     Plan,
     Run,
     gpu_kernels,
-    sample_index,
 )
 from .timing import bench_shape  # noqa: E402
 
-HARNESS_MODULES = (instruments, output_contract, poison, timing, _launch)
+HARNESS_MODULES = (instruments, output_contract, poison, samples, timing, _launch)
 """The worker-side modules this worker runs code from: their globals are watched like its own."""
 
 
@@ -227,9 +227,7 @@ class Worker:
         self.imported = False  # candidate code has run in this process
         self.profiler_ok = False  # the launch-counting profiler passed its self-test here
         # trusted reference.py, imported once before any candidate code (derived inputs)
-        self.ref = (
-            self.loaded.load_reference() if any(t.init.dist == "derived" for t in self.spec.entry.inputs) else None
-        )
+        self.ref = self.loaded.load_reference() if any(t.init.dist == "derived" for t in self.spec.all_inputs) else None
 
     # -- plumbing -----------------------------------------------------------------
     def record(self, part: str, **fields: Any) -> None:
@@ -368,7 +366,7 @@ class Worker:
     def inputs_for(self, dims: dict[str, int], seed: int, draw: str = "spec") -> dict[str, torch.Tensor]:
         """The trial's inputs (bit-identical to the reference worker's); raises InputGenerationError."""
         try:
-            return make_inputs(self.loaded, dims, seed, self.device, self.ref, draw)
+            return entry_inputs(self.spec, make_inputs(self.loaded, dims, seed, self.device, self.ref, draw))
         except Exception as e:  # noqa: BLE001
             raise InputGenerationError(f"input generation failed: {type(e).__name__}: {e}") from e
 
@@ -441,11 +439,12 @@ class Worker:
         ``run.sample``) and the inputs before/after, and return the record fields."""
         per, violations = self.check_result(run, res, inputs)
         saved: dict[str, torch.Tensor | None] = {o.name: None for o in self.spec.entry.outputs}
+        picked = samples.output_samples(self.spec, run.dims, run.sample, run.seed) if run.sample else []
         for pos, spec_o, o, v in per:
             # anything but a plain tensor with its data in place is never read (output_contract)
             if not any(x["kind"] == "output-not-plain-tensor" for x in v):
                 if run.sample and not v:
-                    idx = sample_index(_T["numel"](o), run.sample, run.seed, pos).to(o.device)
+                    idx = picked[pos].to(o.device)
                     saved[spec_o.name] = _T["to"](gather(o, idx), "cpu")
                 elif _T["numel"](o) <= 4 * math.prod(self.spec.shape_of(spec_o, run.dims)) + 1024:
                     saved[spec_o.name] = host_copy(o)
