@@ -13,7 +13,7 @@ import types
 import torch
 from glue_helpers import ROOT, module_from_file
 
-host_probe = module_from_file(ROOT / "benchmarks" / "host_probe.py", "coda_test_host_probe")
+host_probe = module_from_file(ROOT / "benchmarks" / "probes/host_time_by_layer.py", "coda_test_host_probe")
 CUDA, CPU = torch.autograd.DeviceType.CUDA, torch.autograd.DeviceType.CPU
 
 

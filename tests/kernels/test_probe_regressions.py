@@ -1,5 +1,5 @@
 """Numerics of the ops at the edges of their domain: one token row, gates where the kernels'
-fast sigmoid flushes, non-finite rows (``benchmarks/library_probe.py`` measures the same
+fast sigmoid flushes, non-finite rows (``benchmarks/probes/op_domain_edges.py`` measures the same
 on an H200).
 
 * Deferred-rstd backward at small M (``_rmsnorm.deferred_linear_grads``, shared by

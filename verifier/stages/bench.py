@@ -41,7 +41,7 @@ Five results are *failures*, because they mean the measurement cannot be trusted
   correctness stage does at every correctness shape: a candidate can branch on shape or
   device, calling the quack epilogue where it is counted and doing plain torch math
   elsewhere, so the time measured would not be the epilogue's. A failure, not a warning:
-  the H200 launch census (``benchmarks/launch_census.py``: every accepted kernel launches
+  the H200 launch census (``benchmarks/probes/launches_per_kernel.py``: every accepted kernel launches
   the same number of kernels at all of its shapes, within budget) shows that legitimate
   host glue does not grow with the shape.
 * ``workspace-at-bench-shape`` -- that counted call, or the unprofiled call after timing
