@@ -230,3 +230,16 @@ def test_input_generation_after_the_import_is_charged_to_the_candidate(tmp_path,
     assert any("after the candidate was imported" in f.message for f in st["correctness"].findings), st[
         "correctness"
     ].findings
+
+
+@pytest.mark.parametrize("sig, ok", [("x, *, HQ, HD, eps", True), ("x, *, HQ, HD", False), ("x, *, eps", False)])
+def test_static_requires_the_float_constants_keyword_only_too(tmp_path, sig, ok):
+    """A spec's float constants (entry.float_constants, e.g. eps) are keyword-only entry
+    parameters beside the int constants."""
+    toml = TOML.replace('constants = ["HQ", "HD"]', 'constants = ["HQ", "HD"]\nfloat_constants = { eps = 1e-6 }')
+    ref = REF.replace("HQ, HD)", "HQ, HD, eps)").replace("HQ=HQ, HD=HD)", "HQ=HQ, HD=HD, eps=eps)")
+    loaded = _spec(tmp_path, toml, ref=ref)
+    assert loaded.spec.entry.keyword_names == ["HQ", "HD", "eps"]
+    src = f"import torch\n\n\ndef const_demo({sig}):\n    return x\n"
+    kinds = [f.kind for f in check_static(loaded.spec, src).findings]
+    assert ("entry-signature" not in kinds) is ok, kinds

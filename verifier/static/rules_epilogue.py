@@ -313,9 +313,9 @@ def entry_point(m: ModuleFacts) -> None:
     if a.vararg or a.kwarg:
         problems.append("no *args/**kwargs")
     kwonly = [k.arg for k in a.kwonlyargs]
-    if sorted(kwonly) != sorted(m.spec.entry.constants):
+    if sorted(kwonly) != sorted(m.spec.entry.keyword_names):
         problems.append(
-            f"keyword-only parameters {kwonly} must be exactly the spec constants {list(m.spec.entry.constants)}"
+            f"keyword-only parameters {kwonly} must be exactly the spec constants {list(m.spec.entry.keyword_names)}"
         )
     if problems:
         m.add(
