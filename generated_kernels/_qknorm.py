@@ -239,9 +239,9 @@ def _deferred_qknorm_rope(
     head_dim: int,
     eps: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    qkv, qkv_pre, rstd_heads = gemm_qknorm_rope_op(
-        a, rstd, w_qkv, positions, inv_freq, q_norm_w, k_norm_w,
-        n_q_heads=n_q_heads, n_kv_heads=n_kv_heads, head_dim=head_dim, eps=eps,
+    qkv, qkv_pre, rstd_heads = run_kernel(
+        FWD_KERNEL, a, rstd, w_qkv, positions, inv_freq, q_norm_w, k_norm_w,
+        eps=eps, **_consts(n_q_heads, n_kv_heads, head_dim),
     )  # fmt: skip
     return qkv, qkv_pre, rstd_heads
 
