@@ -53,6 +53,7 @@ from .confine.sandbox import in_parallel, run_worker, worker_env
 from .confine.snapshot import Snapshot, take
 from .gpu.environment import collect_environment, cuda_available
 from .gpu.inputs import rotation_count, tensor_bytes
+from .gpu.placement import Placement
 from .gpu.protocol import (
     CAND_DIR,
     PLAN_FILE,
@@ -144,6 +145,7 @@ def run_gpu_workers(
     timeout_s: float | None = None,
     device: str = "cuda",
     baselines: list[str] | None = None,
+    placement: Placement | None = None,
 ) -> GpuRun:
     """Run the candidate worker on ``snap`` (:func:`snapshot.take`; a path is snapshotted
     into ``workdir/candidate/`` first), then (if it produced any trial) the reference worker.
@@ -152,7 +154,9 @@ def run_gpu_workers(
     ``bench_shapes`` overrides the spec's benchmark shapes (names or ``{"name","dims"}``);
     ``device="cpu"`` exists for tests only; ``baselines`` overrides the timed baselines.
     The candidate worker gets ``timeout_s`` (default ``spec.timeout_s``), the reference
-    worker twice that when it times baselines. Raises ``ValueError`` for an unknown bench
+    worker twice that when it times baselines. ``placement`` pins both workers to one GPU
+    (``CUDA_VISIBLE_DEVICES``) and gives the plan its memory budget
+    (:mod:`~coda_agent.verifier.gpu.placement`). Raises ``ValueError`` for an unknown bench
     shape name.
     """
     spec = loaded.spec
@@ -171,12 +175,15 @@ def run_gpu_workers(
         candidate=str(Path(snap.path).resolve()),
         candidate_sha256=snap.sha256,
         baselines=baselines,
+        memory_budget=None if placement is None else placement.memory_budget,
     )
     workdir = Path(workdir).resolve()  # workers run with cwd=their own folder: absolute paths only
     # Fresh, like cand/ and ref/: the workers' logs are written through these paths, and a
     # symlink planted here would make the verifier truncate the file it names.
     logs = _fresh_dir(workdir / "logs")
     env = _worker_env()
+    if placement is not None and placement.visible_device is not None:
+        env["CUDA_VISIBLE_DEVICES"] = placement.visible_device  # both workers see that GPU as cuda:0
     cand_dir = _fresh_dir(workdir / CAND_DIR)
     # The candidate worker may write only beneath cand_dir/scratch (confine/landlock.py): its temporary
     # files and compile caches live there too (a private quack cache also means a
@@ -421,6 +428,7 @@ def verify(
     device: str = "cuda",
     baselines: list[str] | None = None,
     cpu_done: CpuStages | None = None,
+    placement: Placement | None = None,
 ) -> Verdict:
     """Verify ``candidate`` (a .py file) against ``loaded``; never raises for candidate behaviour.
 
@@ -433,6 +441,8 @@ def verify(
     and ``baselines`` exist for tests: a CPU-device verdict is marked ``cpu_only``.
     ``cpu_done``: static and compile already run for this file (:func:`cpu_stages_many`);
     ignored, and the stages run again, when its hash is not the file's.
+    ``placement``: the GPU and memory budget the scheduler leased (``verifier/schedule/``);
+    recorded as ``environment.placement``.
     The file is read once, into a private snapshot (:mod:`snapshot`) that every stage
     judges; ``candidate_hash`` is the sha256 of those bytes.
     Raises ``FileNotFoundError`` when ``candidate`` does not exist.
@@ -453,6 +463,7 @@ def verify(
             device=device,
             baselines=baselines,
             cpu_done=cpu_done,
+            placement=placement,
         )
 
 
@@ -468,6 +479,7 @@ def _verify_snapshot(
     device: str,
     baselines: list[str] | None,
     cpu_done: CpuStages | None,
+    placement: Placement | None = None,
 ) -> Verdict:
     t0 = time.monotonic()
     verdict = Verdict(
@@ -519,6 +531,7 @@ def _verify_snapshot(
                 timeout_s=timeout_s,
                 device=device,
                 baselines=baselines,
+                placement=placement,
             )
         except Exception as e:  # noqa: BLE001 -- e.g. an unknown bench shape name, a full disk
             verdict.stages.append(
@@ -534,6 +547,8 @@ def _verify_snapshot(
             if v is not None and hasattr(verdict.environment, k):
                 setattr(verdict.environment, k, v)
         verdict.environment.worker_sandbox = run.sandbox
+        if placement is not None:
+            verdict.environment.placement = placement.describe()
         with progress.step("judging correctness, gradients, benchmark") as s:
             stages = gpu_stages(loaded, run)
             s.outcome = ", ".join(f"{x.stage} {x.status}" for x in stages)
