@@ -412,6 +412,8 @@ def cmd_bench(args) -> int:
         raise UsageError(str(e)) from None
     for verdict in report.verdicts.values():
         tables.print_verdict(console, verdict, recorded=args.from_manifests)
+    if report.schedule:
+        console.print(escape(f"GPU stages: {len(report.verdicts)} kernel(s) over {report.schedule}"))
     for line in report.notes:
         console.print(escape(f"kept verdicts: {line}"))
     if report.markdown_path:
@@ -469,6 +471,8 @@ def cmd_regress(args) -> int:
     except ValueError as e:
         raise UsageError(str(e)) from None
     console.print(tables.regress_table(rep, cpu_only=args.cpu_only, verdicts=args.verdicts, tolerance=args.tolerance))
+    if rep.schedule:
+        console.print(escape(f"GPU stages: {len(rep.rows)} kernel(s) over {rep.schedule}"))
     if json_out is not None:
         _output(workspace.write_out, json_out, rep.to_json())
     return OK if rep.ok else FAILED

@@ -172,6 +172,10 @@ class RayExecutor:
             except Exception:  # noqa: BLE001
                 pass
 
+    @property
+    def gpu_count(self) -> int:
+        return int(self.gpus)
+
     def describe(self) -> str:
         return (
             f"Ray cluster {self.address or '(this session)'} with {self.gpus:g} GPU(s); up to {self.per_gpu} correctness "

@@ -115,6 +115,10 @@ class LocalExecutor:
                 s.outcome = v.outcome
             return v
 
+    @property
+    def gpu_count(self) -> int:
+        return len(self.pool.gpus)
+
     def describe(self) -> str:
         gpus = self.pool.gpus
         names = ", ".join(g.label for g in gpus)
@@ -142,6 +146,18 @@ class Scheduler:
 
     def __post_init__(self) -> None:
         self._compiles = threading.BoundedSemaphore(self.jobs or default_jobs())
+
+    @property
+    def parallel(self) -> int:
+        """How many verifications can time at once (each alone on its GPU): the GPU count."""
+        return max(1, int(getattr(self.executor, "gpu_count", 1)))
+
+    def verify_fn(self, loaded: LoadedSpec, candidate: Path, **kw: Any) -> Verdict:
+        """``pipeline.verify``'s signature (``bench_shapes``, ``baselines``, ``timeout_s``,
+        ``workdir``, ``bench``, ``cpu_done``) through this scheduler: for callers that verify
+        kernel by kernel (``bench``, ``regress``)."""
+        cpu_done = kw.pop("cpu_done", None)
+        return self.verify_one(Job(loaded, Path(candidate), label=loaded.name, **kw), cpu_done)
 
     def describe(self) -> str:
         """One line: where the GPU stages run (for command output)."""
