@@ -266,15 +266,23 @@ def cmd_generate(args) -> int:
             allow_unconfined=args.allow_unconfined,
             has_gpu=_has_gpu,
             warn=lambda msg: err.print(f"[yellow]{msg}[/]"),
+            candidates=args.candidates,
         )
     except RequestError as e:
+        raise UsageError(str(e)) from None
+    from .agent.loop import default_verifier
+
+    try:  # --ray is checked before any answer is paid for
+        verifier = default_verifier(cpu_only=req.cpu_only, ray=args.ray)
+    except ValueError as e:
         raise UsageError(str(e)) from None
     try:
         summary = generate(
             req.loaded,
             root=root,
             backend=req.backend,
-            verifier=None,
+            verifier=verifier,
+            candidates=req.candidates,
             max_attempts=req.max_attempts,
             resume=req.resume,
             accept_fn=req.accept_fn,
@@ -613,6 +621,15 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--resume", metavar="RUN", help="continue a run: its folder, or its name under runs/ (e.g. after --llm manual)"
     )
+    g.add_argument(
+        "--candidates",
+        type=int,
+        default=None,
+        metavar="N",
+        help="answers asked per attempt (the same prompt, sampled N times), verified side by side; the "
+        "fastest that passes is taken (default 1; a resumed run keeps its own unless given)",
+    )
+    _ray_flag(g)
     g.add_argument("--cpu-only", action="store_true", help="static + compile only (never accepts)")
     g.add_argument("--no-accept", action="store_true", help="verify but do not write generated_kernels/")
     g.add_argument("--force", action="store_true", help="replace an accepted kernel (old one kept in history/)")

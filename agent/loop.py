@@ -31,8 +31,11 @@ Other decisions:
   (``answer_received_here``), and symlinks/FIFOs/devices in the folder are refused
   (``run_folder.check_run_files``).
 * An extraction failure is a failed attempt whose feedback is the extraction error.
-* The verifier is injected (``verifier(loaded, candidate_path, workdir) -> Verdict``);
-  :func:`default_verifier` wraps ``coda_agent.verifier.pipeline.verify`` lazily.
+* The verifier is injected (``verifier(loaded, candidate_path, workdir) -> Verdict``, with
+  an optional ``many(loaded, [(candidate_path, workdir), ...])`` that verifies several side
+  by side); :func:`default_verifier` runs ``pipeline.verify`` through the scheduler.
+* ``--candidates N`` asks for N answers per attempt and takes the fastest that passes
+  (:mod:`~coda_agent.agent.candidates`).
 * Backend errors the user can act on (``LLMError``) end the run as ``failed`` with the
   message; ``AwaitingAnswer`` (manual backend) ends it as ``waiting-for-answer``
   with the path where the answer goes. Anything else (Ctrl-C, a verifier crash) marks
@@ -54,6 +57,7 @@ from typing import Any, Callable
 from ..verifier import progress
 from ..verifier.verdict import Verdict
 from ..verifier.workspace import atomic_write_text, remove_tree, sha256_bytes
+from .candidates import ask_all, candidate_dir, combined_feedback, fastest, fused_ms, one_line, replay_choice
 from .context import gather_context
 from .extract import ExtractError, extract_module
 from .llm.base import AwaitingAnswer, LLMError, LLMResponse, Usage
@@ -66,6 +70,7 @@ from .render import (
 from .run_folder import (
     PROPOSED_TRICK,
     RUN_FILE,
+    CandidateRecord,
     LessonRecord,
     RunError,
     RunState,
@@ -99,14 +104,37 @@ class VerifierError(RuntimeError):
 # --------------------------------------------------------------------------- helpers
 
 
-def default_verifier(*, cpu_only: bool = False, bench: bool = True, timeout_s: float | None = None) -> Verifier:
-    """A verifier callable over ``coda_agent.verifier.pipeline.verify`` (imported lazily)."""
+def _answered(answer: Path) -> bool:
+    """Whether an answer file holds an answer (an empty or blank file is none yet)."""
+    return answer.is_file() and bool(read_text(answer).strip())
+
+
+def default_verifier(
+    *, cpu_only: bool = False, bench: bool = True, timeout_s: float | None = None, ray: str | None = None
+) -> Verifier:
+    """A verifier callable through the scheduler (``verifier/schedule/``: every visible GPU,
+    or a Ray cluster with ``ray``), with ``many(loaded, [(candidate, workdir), ...])``
+    verifying several side by side. The scheduler is made on first use; ``ray`` is checked
+    at once (ValueError: no Ray, or no reachable cluster)."""
+    from ..verifier.schedule import Job, make_scheduler
+
+    made: list[Any] = [make_scheduler(ray=ray, cpu_only=cpu_only)] if ray else []
+
+    def many(loaded: Any, pairs: list[tuple[Path, Path]]) -> list[Verdict]:
+        if not made:
+            made.append(make_scheduler(ray=ray, cpu_only=cpu_only))
+        sched = made[0]
+        sched.screen = len(pairs) > 1  # one alone: its full run directly
+        jobs = [
+            Job(loaded, Path(c), workdir=Path(w), bench=bench, timeout_s=timeout_s, label=f"{Path(c).parent.name}")
+            for c, w in pairs
+        ]
+        return sched.verify_many(jobs)
 
     def run(loaded: Any, candidate: Path, workdir: Path) -> Verdict:
-        from ..verifier.pipeline import verify
+        return many(loaded, [(candidate, workdir)])[0]
 
-        return verify(loaded, candidate, cpu_only=cpu_only, bench=bench, workdir=workdir, timeout_s=timeout_s)
-
+    run.many = many  # type: ignore[attr-defined]
     return run
 
 
@@ -173,7 +201,7 @@ class _Run:
         self.loaded, self.root, self.run_dir, self.state = loaded, root, run_dir, state
         self.backend, self.verifier, self.accept_fn = backend, verifier, accept_fn
         self.max_examples = 3
-        self.answered_here: set[int] = set()  # attempts whose answer this process received
+        self.answered_here: set[tuple[int, int]] = set()  # (attempt, answer index) received by this process
 
     def save(self) -> None:
         save_state(self.run_dir, self.state)
@@ -197,13 +225,13 @@ class _Run:
         if k == 1:
             prompt = base
         else:
-            prev = self.adir(k - 1)
+            prev = self.module_dir(k - 1)  # the replayed candidate's, with several
             cand = prev / "candidate.py"
             prompt = build_repair_prompt(
                 base,
                 previous_response=read_text(prev / "response.md"),
                 previous_candidate=read_text(cand) if cand.is_file() else None,
-                feedback=read_text(prev / "feedback.md"),
+                feedback=read_text(self.adir(k - 1) / "feedback.md"),
                 attempt=k,
                 max_attempts=self.state.max_attempts,
             )
@@ -213,22 +241,26 @@ class _Run:
         return prompt
 
     # -- LLM ----------------------------------------------------------------------
-    def call(self, prompt: Prompt, d: Path) -> tuple[LLMResponse, float]:
-        """Call the backend for ``prompt`` whose files live in ``d``; persist the reply."""
-        if hasattr(self.backend, "bind"):
-            self.backend.bind(d)
+    def call(self, prompt: Prompt, d: Path, backend: Any = None) -> tuple[LLMResponse, float]:
+        """Call the backend (``backend``: a copy of it for one of several calls at once) for
+        ``prompt`` whose files live in ``d``; persist the reply."""
+        backend = self.backend if backend is None else backend
+        d.mkdir(parents=True, exist_ok=True)
+        if hasattr(backend, "bind"):
+            backend.bind(d)
         t0 = time.monotonic()
-        who = getattr(self.backend, "name", "the model")
-        with progress.step(f"waiting for the answer ({who})") as s:
+        who = getattr(backend, "name", "the model")
+        where = f" for {d.name}" if d.name.startswith("candidate-") else ""
+        with progress.step(f"waiting for the answer{where} ({who})") as s:
             try:
-                resp = self.backend.complete(prompt)
+                resp = backend.complete(prompt)
             except AwaitingAnswer:
                 s.outcome = "no answer yet (the run waits for one)"
                 raise
             s.outcome = f"answered ({resp.usage.output_tokens} output tokens)"
         wall = time.monotonic() - t0
         meta = {
-            "backend": getattr(self.backend, "name", "?"),
+            "backend": getattr(backend, "name", "?"),
             "model": resp.model,
             "stop_reason": resp.stop_reason,
             "usage": resp.usage.model_dump(),
@@ -257,11 +289,42 @@ class _Run:
         return text, meta if isinstance(meta, dict) else {}
 
     # -- one attempt ----------------------------------------------------------------
+    def slots(self, k: int) -> list[Path]:
+        """The folders of attempt ``k``'s answers: the attempt's own (one answer per attempt)
+        or its ``candidate-<j>/`` folders (agent/candidates.py)."""
+        n = self.state.attempt(k).candidates
+        d = self.adir(k)
+        return [d] if n <= 1 else [candidate_dir(d, j) for j in range(1, n + 1)]
+
+    def crec(self, k: int, i: int) -> CandidateRecord:
+        """The record of attempt ``k``'s answer ``i`` (0-based): the attempt's own record
+        with one answer per attempt."""
+        rec = self.state.attempt(k)
+        if rec.candidates <= 1:
+            return rec
+        while len(rec.candidate_records) < rec.candidates:
+            rec.candidate_records.append(CandidateRecord(j=len(rec.candidate_records) + 1))
+        return rec.candidate_records[i]
+
+    def module_dir(self, k: int) -> Path:
+        """Where attempt ``k``'s module that counts lives: the chosen candidate's (a pass), the
+        replayed one's (a failure), or the attempt's own folder."""
+        rec = self.state.attempt(k)
+        if rec.candidates <= 1:
+            return self.adir(k)
+        j = rec.chosen or rec.replay or 1
+        d = candidate_dir(self.adir(k), j if 1 <= j <= rec.candidates else 1)
+        return d
+
     def attempt(self, k: int) -> Verdict | None:
-        """Run (or resume) attempt ``k``. Returns its verdict (None: extraction failed).
-        Raises AwaitingAnswer / LLMError from the backend."""
+        """Run (or resume) attempt ``k``: its prompt, every answer asked for, each verified
+        (side by side when several). Returns the verdict that counts: the passing one (the
+        fastest of several), else the replayed failure's (None: its answer had no module).
+        Raises AwaitingAnswer / LLMError from the backend, VerifierError."""
         d = self.adir(k)
         rec = self.state.attempt(k)
+        if rec.step == "started" and not (d / "response.md").is_file():
+            rec.candidates = self.state.candidates  # fixed once the attempt starts
         prompt = self.prompt_for(k)
         rec.kind = prompt.kind
         rec.prompt_sha256 = prompt.sha256()
@@ -270,46 +333,84 @@ class _Run:
             rec.step = "prompted"
         self.save()
 
-        answer = d / "response.md"
-        if not answer.is_file() or not read_text(answer).strip():  # an empty file is no answer yet
-            rec.backend = getattr(self.backend, "name", None)
-            self.save()
-            self.call(prompt, d)
-            self.answered_here.add(k)
-        text, meta = self.read_response(d)
-        try:
-            rec.backend = str(meta.get("backend", rec.backend or "manual"))
-            rec.model = meta.get("model", rec.model)
-            rec.model = None if rec.model is None else str(rec.model)
-            rec.stop_reason = None if meta.get("stop_reason") is None else str(meta["stop_reason"])
-            rec.usage = Usage(**meta.get("usage", {}))
-            rec.llm_wall_s = float(meta.get("wall_s", 0.0))
-        except (TypeError, ValueError) as e:
-            raise RunError(
-                f"{d / 'response.json'}: not what the loop wrote there ({type(e).__name__}: "
-                f"{str(e).splitlines()[0] if str(e) else ''}); fix or delete it, then resume"
-            ) from None
+        slots = self.slots(k)
+        t0 = time.monotonic()
+
+        def ask(backend: Any, slot: Path) -> None:
+            self.crec(k, slots.index(slot)).backend = getattr(backend, "name", None)
+            self.call(prompt, slot, backend)
+            self.answered_here.add((k, slots.index(slot)))
+
+        asked = ask_all(self.backend, slots, ask, lambda slot: _answered(slot / "response.md"))
+        if asked and rec.candidates > 1:
+            rec.llm_wall_s += time.monotonic() - t0  # the N calls ran at once: the attempt's wall time
+        sources = [self.read_answer(k, i, slot) for i, slot in enumerate(slots)]
         if rec.step in ("started", "prompted"):
             rec.step = "responded"
         self.save()
 
-        cand = d / "candidate.py"
+        verdicts: list[Verdict | None] = [None] * len(slots)
+        pending: list[int] = []
+        for i, (slot, source) in enumerate(zip(slots, sources, strict=True)):
+            if source is not None:
+                verdicts[i] = self.stored_verdict(k, slot, source, i)
+                if verdicts[i] is None:
+                    pending.append(i)
+        if pending:
+            self.verify_pending(k, slots, pending, verdicts)
+        for i, (slot, source) in enumerate(zip(slots, sources, strict=True)):
+            v = verdicts[i]
+            c = self.crec(k, i)
+            if v is None:
+                continue
+            c.stage_reached = v.furthest_stage
+            c.passed = v.passed
+            c.failed_stage = v.failed_stage.stage if v.failed_stage else None
+            c.fused_ms = fused_ms(v)
+            if not v.passed and not (slot / "feedback.md").is_file():
+                atomic_write_text(slot / "feedback.md", feedback_text(v, source or "").rstrip() + "\n")
+        verdict = verdicts[0] if rec.candidates <= 1 else self.choose(k, slots, verdicts)
+        rec.step = "verified"
+        self.save()
+        return verdict
+
+    def read_answer(self, k: int, i: int, slot: Path) -> str | None:
+        """Record answer ``i``'s metadata and extract its module into ``candidate.py``;
+        None (and its feedback written) when it holds no usable module."""
+        c = self.crec(k, i)
+        text, meta = self.read_response(slot)
         try:
-            source = extract_module(text, stopped_at_limit=rec.stop_reason in CUT_STOP_REASONS)
+            c.backend = str(meta.get("backend", c.backend or "manual"))
+            c.model = meta.get("model", c.model)
+            c.model = None if c.model is None else str(c.model)
+            c.stop_reason = None if meta.get("stop_reason") is None else str(meta["stop_reason"])
+            c.usage = Usage(**meta.get("usage", {}))
+            c.llm_wall_s = float(meta.get("wall_s", 0.0))
+        except (TypeError, ValueError) as e:
+            raise RunError(
+                f"{slot / 'response.json'}: not what the loop wrote there ({type(e).__name__}: "
+                f"{str(e).splitlines()[0] if str(e) else ''}); fix or delete it, then resume"
+            ) from None
+        cand = slot / "candidate.py"
+        try:
+            source = extract_module(text, stopped_at_limit=c.stop_reason in CUT_STOP_REASONS)
         except ExtractError as e:
             msg = str(e)
-            if rec.stop_reason in CUT_STOP_REASONS and "output token limit" not in msg:
+            if c.stop_reason in CUT_STOP_REASONS and "output token limit" not in msg:
                 msg += " (Your response stopped at the output token limit.)"
             cand.unlink(missing_ok=True)
-            atomic_write_text(d / "feedback.md", "Your response could not be used.\n\n" + msg + "\n")
-            rec.extract_error, rec.stage_reached, rec.passed, rec.failed_stage = msg, "extract", False, "extract"
-            rec.step = "verified"
-            self.save()
+            atomic_write_text(slot / "feedback.md", "Your response could not be used.\n\n" + msg + "\n")
+            c.extract_error, c.stage_reached, c.passed, c.failed_stage = msg, "extract", False, "extract"
             return None
-        rec.extract_error = None
+        c.extract_error = None
         if not cand.is_file() or cand.read_bytes() != source.encode("utf-8"):  # the loop's file: rewritten
             atomic_write_text(cand, source)
+        return source
 
+    def stored_verdict(self, k: int, slot: Path, source: str, i: int) -> Verdict | None:
+        """The verdict kept in ``slot`` for exactly this module when it may be reused, else
+        None (verify it); a verdict that may not be reused is kept aside for the record."""
+        d = slot
         vpath = d / "verdict.json"
         verdict = read_parsed(vpath, Verdict.model_validate_json) if vpath.is_file() else None
         stale = verdict is not None and verdict.candidate_hash != sha256_bytes(source.encode("utf-8"))
@@ -340,48 +441,89 @@ class _Run:
             # Only the library's manifest vouches for a pass (the kernel it accepted from
             # this very attempt); any other is kept for the record and verified again here.
             # (A CPU-only pass is reused: it is never accepted and proposes no lesson.)
-            anchored = library_verdict(self.root, self.loaded.name, self.run_dir, k)
+            j = None if self.state.attempt(k).candidates <= 1 else i + 1
+            anchored = library_verdict(self.root, self.loaded.name, self.run_dir, k, j)
             if anchored is not None and anchored.spec_hash == self.loaded.spec_hash:
                 verdict = anchored
             else:
                 vpath.rename(record_path(d, "stored"))
                 verdict = None
-        if verdict is None:
-            t0 = time.monotonic()
+        return verdict
+
+    def verify_pending(self, k: int, slots: list[Path], pending: list[int], verdicts: list[Verdict | None]) -> None:
+        """Verify the answers ``pending`` of attempt ``k`` (side by side when several), fill
+        ``verdicts`` and write each ``verdict.json``. Raises VerifierError after keeping every
+        good verdict when some verification failed as the verifier's (its attempt is not spent;
+        a resume verifies only those again)."""
+        rec = self.state.attempt(k)
+        for i in pending:
             # verify/ is the verifier's: emptied first, so nothing planted there (a symlink
             # where a worker log goes would make the verifier truncate its target) is ever
             # written through.
-            remove_tree(d / "verify")
-            (d / "feedback.md").unlink(missing_ok=True)  # it follows the verdict made now
-            verdict = self.verifier(self.loaded, cand, d / "verify")
-            rec.verify_wall_s += time.monotonic() - t0  # summed over resumes (a verifier error runs it again)
-            broken = verdict.verifier_error
-            if broken is not None:
+            remove_tree(slots[i] / "verify")
+            (slots[i] / "feedback.md").unlink(missing_ok=True)  # it follows the verdict made now
+        t0 = time.monotonic()
+        pairs = [(slots[i] / "candidate.py", slots[i] / "verify") for i in pending]
+        many = getattr(self.verifier, "many", None)
+        got = many(self.loaded, pairs) if many is not None else [self.verifier(self.loaded, c, w) for c, w in pairs]
+        wall = time.monotonic() - t0
+        if rec.candidates > 1:
+            rec.verify_wall_s += wall  # summed over resumes (a verifier error runs it again)
+        broken = []
+        for i, v in zip(pending, got, strict=True):
+            self.crec(k, i).verify_wall_s += wall
+            if v.verifier_error is not None:
                 # The verifier (or the machine) failed, not the candidate: the model gets no
                 # feedback about it and the attempt is not spent. The verdict is kept for the
-                # record; --resume verifies this attempt again.
-                record = record_path(d, "error")
-                atomic_write_text(record, verdict.to_json())
-                self.save()
-                raise VerifierError(
-                    f"attempt {k}: the verifier failed at stage {broken.stage!r} ({broken.summary}); "
-                    f"the attempt is not counted. Fix the cause, then --resume {self.run_dir} "
-                    f"(record: {record})"
-                )
-            atomic_write_text(vpath, verdict.to_json())
-        rec.stage_reached = verdict.furthest_stage
-        rec.passed = verdict.passed
-        rec.failed_stage = verdict.failed_stage.stage if verdict.failed_stage else None
-        if not verdict.passed and not (d / "feedback.md").is_file():
-            atomic_write_text(d / "feedback.md", feedback_text(verdict, source).rstrip() + "\n")
-        rec.step = "verified"
-        self.save()
-        return verdict
+                # record; --resume verifies this answer again.
+                record = record_path(slots[i], "error")
+                atomic_write_text(record, v.to_json())
+                broken.append((v.verifier_error, record))
+                continue
+            atomic_write_text(slots[i] / "verdict.json", v.to_json())
+            verdicts[i] = v
+        if broken:
+            self.save()
+            (stage, record) = broken[0]
+            raise VerifierError(
+                f"attempt {k}: the verifier failed at stage {stage.stage!r} ({stage.summary}); "
+                f"the attempt is not counted. Fix the cause, then --resume {self.run_dir} "
+                f"(record: {record})"
+            )
+
+    def choose(self, k: int, slots: list[Path], verdicts: list[Verdict | None]) -> Verdict | None:
+        """Attempt ``k`` of several candidates: the fastest passing one is chosen; when none
+        passes, the one that got furthest is replayed and ``attempt-<k>/feedback.md`` gets
+        every candidate's findings (agent/candidates.py). The attempt's record takes the
+        chosen (or replayed) one's outcome and the candidates' totals."""
+        rec = self.state.attempt(k)
+        recs = [self.crec(k, i) for i in range(len(slots))]
+        rec.usage = sum((c.usage for c in recs), Usage())
+        rec.backend = next((c.backend for c in recs if c.backend), rec.backend)
+        rec.model = next((c.model for c in recs if c.model), rec.model)
+        passing = [(i, v) for i, v in enumerate(verdicts) if v is not None and v.passed]
+        if passing:
+            i = fastest(passing)
+            rec.chosen, rec.replay = i + 1, None
+        else:
+            failed = []
+            for i, v in enumerate(verdicts):
+                st = v.failed_stage if v is not None else None
+                failed.append((i, recs[i].stage_reached, len(st.findings) if st is not None else 0))
+            i = replay_choice(failed)
+            rec.chosen, rec.replay = None, i + 1
+            others = [(j + 1, one_line(verdicts[j], recs[j].extract_error)) for j in range(len(slots)) if j != i]
+            text = combined_feedback(i + 1, read_text(slots[i] / "feedback.md"), others)
+            atomic_write_text(self.adir(k) / "feedback.md", text)
+        c = recs[i]
+        rec.stage_reached, rec.passed, rec.failed_stage = c.stage_reached, c.passed, c.failed_stage
+        rec.extract_error, rec.stop_reason, rec.fused_ms = c.extract_error, c.stop_reason, c.fused_ms
+        return verdicts[i]
 
     # -- after a pass -----------------------------------------------------------------
     def finish(self, k: int, verdict: Verdict, force: bool) -> None:
         s = self.state
-        cand = self.adir(k) / "candidate.py"
+        cand = self.module_dir(k) / "candidate.py"
         if not verdict.gpu_verified:
             # Not verified yet: no acceptance and no lesson (a repair's lesson is only
             # worth proposing once the fix has passed the GPU stages too).
@@ -402,8 +544,10 @@ class _Run:
                 # whether this process received the answer from its backend; otherwise backend
                 # and model are as the run folder recorded them (the answerer's to write in
                 # --llm manual mode), not something this process saw
-                "answer_received_here": k in self.answered_here,
+                "answer_received_here": (k, (rec.chosen or 1) - 1) in self.answered_here,
             }
+            if rec.candidates > 1 and rec.chosen is not None:  # library_verdict finds it there
+                provenance.update(candidate=rec.chosen, candidates=rec.candidates)
             try:
                 path = self.accept_fn(self.loaded, cand, verdict, root=self.root, provenance=provenance, force=force)
             except Exception as e:
@@ -424,8 +568,9 @@ class _Run:
         s = self.state
         if k < 2 or (self.run_dir / PROPOSED_TRICK).is_file():
             return
-        prev, cur = self.adir(k - 1), self.adir(k)
-        if not (prev / "candidate.py").is_file() or not (prev / "feedback.md").is_file():
+        prev, cur = self.module_dir(k - 1), self.module_dir(k)
+        feedback = self.adir(k - 1) / "feedback.md"
+        if not (prev / "candidate.py").is_file() or not feedback.is_file():
             s.lesson = LessonRecord(
                 status="skipped", failed_attempt=k - 1, error="the failed attempt had no module (extraction error)"
             )
@@ -440,15 +585,15 @@ class _Run:
                 difflib.unified_diff(
                     read_text(prev / "candidate.py").splitlines(keepends=True),
                     read_text(cur / "candidate.py").splitlines(keepends=True),
-                    fromfile=f"attempt-{k - 1}/candidate.py",
-                    tofile=f"attempt-{k}/candidate.py",
+                    fromfile=str((prev / "candidate.py").relative_to(self.run_dir)),
+                    tofile=str((cur / "candidate.py").relative_to(self.run_dir)),
                 )
             )
             prompt = build_lesson_prompt(
                 self.base_prompt(),
                 kernel=s.spec,
                 failed_attempt=k - 1,
-                feedback=read_text(prev / "feedback.md"),
+                feedback=read_text(feedback),
                 diff=diff,
             )
             ldir.mkdir(parents=True, exist_ok=True)
@@ -496,6 +641,7 @@ def generate(
     cpu_only: bool = False,
     no_accept: bool = False,
     max_examples: int = 3,
+    candidates: int | None = None,
 ) -> RunSummary:
     """Generate a kernel for ``loaded_spec`` (a ``LoadedSpec``) and return the run summary.
 
@@ -513,6 +659,9 @@ def generate(
       continues an ``out-of-attempts`` run).
     * ``no_accept``: recorded in ``run.json`` and sticky over resumes: the caller must not
       pass ``accept_fn`` for such a run (raises RunError if it does).
+    * ``candidates``: answers asked per attempt, verified side by side, the fastest pass
+      taken (:mod:`~coda_agent.agent.candidates`); None: 1 for a new run, the run's own on
+      resume (given on resume, it applies to the attempts not yet started).
 
     Returns with ``status`` ``accepted`` / ``passed`` / ``passed-cpu-only`` /
     ``out-of-attempts`` / ``waiting-for-answer`` / ``failed`` (backend error or accept
@@ -524,6 +673,8 @@ def generate(
         verifier = default_verifier(cpu_only=cpu_only)
     if max_attempts is not None and max_attempts < 1:
         raise RunError("max_attempts must be >= 1")
+    if candidates is not None and candidates < 1:
+        raise RunError("candidates must be >= 1")
     backend_name = getattr(backend, "name", type(backend).__name__)
     backend_model = getattr(backend, "model", "?")
     if resume is not None:
@@ -549,6 +700,8 @@ def generate(
         state.backend, state.model = backend_name, backend_model
         state.cpu_only, state.force = cpu_only, force
         state.no_accept = state.no_accept or no_accept
+        if candidates is not None:
+            state.candidates = candidates
     else:
         run_dir = Path(run_dir) if run_dir is not None else new_run_dir(root, loaded_spec.name)
         if (run_dir / RUN_FILE).exists():
@@ -562,6 +715,7 @@ def generate(
             backend=backend_name,
             model=backend_model,
             max_attempts=DEFAULT_MAX_ATTEMPTS if max_attempts is None else max_attempts,
+            candidates=candidates or 1,
             cpu_only=cpu_only,
             force=force,
             no_accept=no_accept,
@@ -578,7 +732,7 @@ def generate(
             f"{run_dir} was started with --no-accept and never accepts; resume it with --no-accept, "
             "or start a new run to accept a kernel"
         )
-    state.status, state.error, state.answer_path = "running", None, None
+    state.status, state.error, state.answer_path, state.answers_awaited = "running", None, None, []
     run = _Run(loaded_spec, root, run_dir, state, backend, verifier, accept_fn)
     run.max_examples = max_examples
 
@@ -605,6 +759,7 @@ def generate(
                     verdict = run.attempt(k)
                 except AwaitingAnswer as w:
                     state.status, state.answer_path = "waiting-for-answer", str(w.answer_path)
+                    state.answers_awaited = [str(p) for p in w.answer_paths]
                     run.save()
                     break
                 except LLMError as e:

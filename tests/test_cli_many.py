@@ -68,3 +68,14 @@ def test_ray_without_ray_or_a_cluster_is_a_usage_error(ws, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)  # as if the extra were not installed
     assert main(["verify", "swiglu_fwd", str(a), "--ray", "auto"]) == 2
     assert "--ray needs Ray: pip install -e '.[ray]'" in capsys.readouterr().err
+
+
+def test_generate_with_candidates_writes_one_prompt_per_candidate(ws, capsys):
+    assert main(["generate", "swiglu_fwd", "--llm", "manual", "--cpu-only", "--no-accept", "--candidates", "2"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "waiting for 2 answers" in out
+    (run,) = (ws / "runs").iterdir()
+    assert all((run / "attempt-1" / f"candidate-{j}" / "prompt.md").is_file() for j in (1, 2))
+    assert json.loads((run / "run.json").read_text())["candidates"] == 2
+    assert main(["generate", "swiglu_fwd", "--llm", "manual", "--cpu-only", "--candidates", "0"]) == 2
+    assert "--candidates 0: expected an integer >= 1" in capsys.readouterr().err
