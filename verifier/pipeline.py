@@ -388,6 +388,34 @@ def cpu_stages_many(
         )
 
 
+def cpu_stages_guarded(
+    loaded: LoadedSpec,
+    candidate: Path,
+    *,
+    static_lock: Any,
+    compile_slots: Any,
+    timeout_s: float | None = None,
+    label: str = "",
+) -> CpuStages:
+    """:func:`cpu_stages` for callers that run many at once in threads (the scheduler): the
+    static stage holds ``static_lock`` (it runs in this process and imports the libraries:
+    one at a time, as :func:`cpu_stages_many` runs it), the compile stage one of
+    ``compile_slots`` (a semaphore: compiles at once). ``label`` names the file in progress
+    reports."""
+    with tempfile.TemporaryDirectory(prefix="coda-snapshots-") as tmp:
+        snap = take(candidate, tmp)
+        tag = f" {label}" if label else ""
+        with static_lock, progress.step(f"static{tag}") as s:
+            st = _guarded("static", lambda: run_static(loaded, snap))
+            s.outcome = st.status
+        if not st.ok:
+            return CpuStages(candidate_hash=snap.sha256, stages=(st,))
+        with compile_slots, progress.step(f"compile (sm_90a){tag}") as s:
+            comp = _guarded("compile", lambda: run_compile(loaded, snap, timeout_s=timeout_s or 300))
+            s.outcome = comp.status
+        return CpuStages(candidate_hash=snap.sha256, stages=(st, comp))
+
+
 def _cpu_stages_of(items: list[tuple[LoadedSpec, Snapshot]], jobs: int, timeout_s: float | None) -> list[CpuStages]:
     """static -> compile of snapshots already taken (:func:`cpu_stages_many`, :func:`verify`)."""
 

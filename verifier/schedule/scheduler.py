@@ -2,8 +2,9 @@
 
 Per verification (a :class:`Job`), in its own thread:
 
-1. **CPU stages** (static, the sm_90a compile: each compile its own process), at most
-   ``jobs`` compiles at once; a candidate that fails them never reaches a GPU.
+1. **CPU stages**: static (in this process, one at a time), then the sm_90a compile (each
+   its own process, at most ``jobs`` at once); a candidate that fails them never reaches a
+   GPU, and one that passes goes on while others still compile.
 2. **Screening** (when the job benchmarks and ``screen`` is on): the GPU stages without
    the benchmark on a *shared* lease, side by side with other verifications on the same
    GPU, each within its memory budget (:mod:`~coda_agent.verifier.schedule.pool`). A
@@ -36,7 +37,7 @@ from typing import Any, Protocol
 
 from .. import progress
 from ..confine.sandbox import in_parallel
-from ..pipeline import CpuStages, cpu_stages, verify
+from ..pipeline import CpuStages, cpu_stages_guarded, verify
 from ..spec import LoadedSpec
 from ..verdict import Verdict
 from .devices import Gpu, visible_gpus
@@ -146,6 +147,7 @@ class Scheduler:
 
     def __post_init__(self) -> None:
         self._compiles = threading.BoundedSemaphore(self.jobs or default_jobs())
+        self._static = threading.Lock()  # the static stage runs in this process: one at a time
 
     @property
     def parallel(self) -> int:
@@ -175,8 +177,14 @@ class Scheduler:
     def verify_one(self, job: Job, cpu_done: CpuStages | None = None) -> Verdict:
         """One job's verdict (CPU stages, screening, the full run, re-runs). Thread-safe."""
         if cpu_done is None:
-            with self._compiles:
-                cpu_done = cpu_stages(job.loaded, job.candidate, timeout_s=job.timeout_s)
+            cpu_done = cpu_stages_guarded(
+                job.loaded,
+                job.candidate,
+                static_lock=self._static,
+                compile_slots=self._compiles,
+                timeout_s=job.timeout_s,
+                label=job.label,
+            )
         if self.cpu_only or self.executor is None or not all(s.ok for s in cpu_done.stages):
             # verify() records what it did not run (CPU-only, no GPU, a failed CPU stage)
             return verify(job.loaded, job.candidate, cpu_only=self.cpu_only, bench=job.bench, cpu_done=cpu_done)
