@@ -44,11 +44,9 @@ Other decisions:
 
 from __future__ import annotations
 
-import difflib
 import fcntl
 import json
 import os
-import re
 import stat
 import time
 from pathlib import Path
@@ -56,33 +54,28 @@ from typing import Any, Callable
 
 from ..verifier import progress
 from ..verifier.verdict import Verdict
-from ..verifier.workspace import atomic_write_text, remove_tree, sha256_bytes
-from .candidates import ask_all, candidate_dir, combined_feedback, fastest, fused_ms, one_line, replay_choice
+from ..verifier.workspace import atomic_write_text
+from .answers import AnswerSteps, VerifierError, answered
+from .candidates import ask_all
 from .context import gather_context
-from .extract import ExtractError, extract_module
-from .llm.base import AwaitingAnswer, LLMError, LLMResponse, Usage
+from .lesson import LessonStep
+from .llm.base import AwaitingAnswer, LLMError, LLMResponse
 from .render import (
     Prompt,
-    build_lesson_prompt,
     build_repair_prompt,
     build_task_prompt,
 )
 from .run_folder import (
-    PROPOSED_TRICK,
     RUN_FILE,
-    CandidateRecord,
-    LessonRecord,
     RunError,
     RunState,
     RunSummary,
     accepted_by,
     check_run_files,
-    library_verdict,
     load_run,
     new_run_dir,
     read_parsed,
     read_text,
-    record_path,
     save_state,
     utc_now,
 )
@@ -90,23 +83,10 @@ from .run_folder import (
 TERMINAL = ("accepted", "passed", "passed-cpu-only", "out-of-attempts")
 DEFAULT_MAX_ATTEMPTS = 5
 """Attempts of a new run unless ``--max-attempts`` says otherwise."""
-CUT_STOP_REASONS = frozenset({"max_tokens", "model_context_window_exceeded"})
-"""API stop reasons that mean the answer was cut off at a token limit."""
-
 Verifier = Callable[[Any, Path, Path], Verdict]
 
 
-class VerifierError(RuntimeError):
-    """The verifier itself failed (a stage with status "error"): not the candidate's fault,
-    so the attempt is not spent and no feedback goes to the model."""
-
-
 # --------------------------------------------------------------------------- helpers
-
-
-def _answered(answer: Path) -> bool:
-    """Whether an answer file holds an answer (an empty or blank file is none yet)."""
-    return answer.is_file() and bool(read_text(answer).strip())
 
 
 def default_verifier(
@@ -138,56 +118,10 @@ def default_verifier(
     return run
 
 
-def minimal_feedback(verdict: Verdict, source: str) -> str:
-    """Fallback rendering when ``verifier/feedback.py`` is unavailable."""
-    st = verdict.failed_stage
-    if st is None:
-        return "All stages passed."
-    lines = [f"Stage `{st.stage}` {st.status}: {st.summary}".rstrip(": ")]
-    src = source.splitlines()
-    for f in st.findings:
-        where = []
-        if f.line:
-            where.append(f"line {f.line}")
-        if f.output:
-            where.append(f"output {f.output}")
-        if f.case:
-            where.append(f"case {f.case}")
-        loc = f" ({', '.join(where)})" if where else ""
-        lines.append(f"- [{f.kind}]{loc} {f.message}")
-        if f.line and 0 < f.line <= len(src):
-            lines.append(f"    {f.line} | {src[f.line - 1]}")
-    return "\n".join(lines)
-
-
-def feedback_text(verdict: Verdict, source: str) -> str:
-    """The verifier's feedback for the repair prompt (verifier/feedback.py when present)."""
-    try:
-        from ..verifier.feedback import render_feedback
-    except ImportError:
-        return minimal_feedback(verdict, source)
-    try:
-        return render_feedback(verdict, source)
-    except Exception as e:  # a rendering bug must not lose the attempt
-        return minimal_feedback(verdict, source) + f"\n\n(feedback renderer failed: {type(e).__name__}: {e})"
-
-
-def _lesson_sentence(text: str) -> str:
-    """First meaningful line of a lesson reply, cleaned to one sentence-ish line."""
-    for line in text.replace("\r", "").splitlines():
-        s = line.strip().strip("`").strip()
-        s = re.sub(r"^([-*]|\d+[.)])\s+", "", s)
-        s = re.sub(r"^\**\s*(lesson|trick)\s*(:\s*\**|\**\s*:)\s*", "", s, flags=re.I)
-        s = s.strip().strip('"').strip()
-        if s and not s.startswith("```"):
-            return " ".join(s.split())[:500]
-    return ""
-
-
 # --------------------------------------------------------------------------- the loop
 
 
-class _Run:
+class _Run(AnswerSteps, LessonStep):
     def __init__(
         self,
         loaded: Any,
@@ -275,47 +209,7 @@ class _Run:
         atomic_write_text(d / "response.md", text)
         return resp, wall
 
-    @staticmethod
-    def read_response(d: Path) -> tuple[str, dict[str, Any]]:
-        """The answer's text and ``response.json``'s metadata (``{}`` when that file is
-        missing or not a JSON object: it is bookkeeping, not the answer)."""
-        text = read_text(d / "response.md")
-        meta: dict[str, Any] = {}
-        if (d / "response.json").is_file():
-            try:
-                meta = json.loads(read_text(d / "response.json"))
-            except ValueError:
-                meta = {}
-        return text, meta if isinstance(meta, dict) else {}
-
     # -- one attempt ----------------------------------------------------------------
-    def slots(self, k: int) -> list[Path]:
-        """The folders of attempt ``k``'s answers: the attempt's own (one answer per attempt)
-        or its ``candidate-<j>/`` folders (agent/candidates.py)."""
-        n = self.state.attempt(k).candidates
-        d = self.adir(k)
-        return [d] if n <= 1 else [candidate_dir(d, j) for j in range(1, n + 1)]
-
-    def crec(self, k: int, i: int) -> CandidateRecord:
-        """The record of attempt ``k``'s answer ``i`` (0-based): the attempt's own record
-        with one answer per attempt."""
-        rec = self.state.attempt(k)
-        if rec.candidates <= 1:
-            return rec
-        while len(rec.candidate_records) < rec.candidates:
-            rec.candidate_records.append(CandidateRecord(j=len(rec.candidate_records) + 1))
-        return rec.candidate_records[i]
-
-    def module_dir(self, k: int) -> Path:
-        """Where attempt ``k``'s module that counts lives: the chosen candidate's (a pass), the
-        replayed one's (a failure), or the attempt's own folder."""
-        rec = self.state.attempt(k)
-        if rec.candidates <= 1:
-            return self.adir(k)
-        j = rec.chosen or rec.replay or 1
-        d = candidate_dir(self.adir(k), j if 1 <= j <= rec.candidates else 1)
-        return d
-
     def attempt(self, k: int) -> Verdict | None:
         """Run (or resume) attempt ``k``: its prompt, every answer asked for, each verified
         (side by side when several). Returns the verdict that counts: the passing one (the
@@ -341,7 +235,7 @@ class _Run:
             self.call(prompt, slot, backend)
             self.answered_here.add((k, slots.index(slot)))
 
-        asked = ask_all(self.backend, slots, ask, lambda slot: _answered(slot / "response.md"))
+        asked = ask_all(self.backend, slots, ask, lambda slot: answered(slot / "response.md"))
         if asked and rec.candidates > 1:
             rec.llm_wall_s += time.monotonic() - t0  # the N calls ran at once: the attempt's wall time
         sources = [self.read_answer(k, i, slot) for i, slot in enumerate(slots)]
@@ -349,176 +243,11 @@ class _Run:
             rec.step = "responded"
         self.save()
 
-        verdicts: list[Verdict | None] = [None] * len(slots)
-        pending: list[int] = []
-        for i, (slot, source) in enumerate(zip(slots, sources, strict=True)):
-            if source is not None:
-                verdicts[i] = self.stored_verdict(k, slot, source, i)
-                if verdicts[i] is None:
-                    pending.append(i)
-        if pending:
-            self.verify_pending(k, slots, pending, verdicts)
-        for i, (slot, source) in enumerate(zip(slots, sources, strict=True)):
-            v = verdicts[i]
-            c = self.crec(k, i)
-            if v is None:
-                continue
-            c.stage_reached = v.furthest_stage
-            c.passed = v.passed
-            c.failed_stage = v.failed_stage.stage if v.failed_stage else None
-            c.fused_ms = fused_ms(v)
-            if not v.passed and not (slot / "feedback.md").is_file():
-                atomic_write_text(slot / "feedback.md", feedback_text(v, source or "").rstrip() + "\n")
+        verdicts = self.verdicts(k, slots, sources)
         verdict = verdicts[0] if rec.candidates <= 1 else self.choose(k, slots, verdicts)
         rec.step = "verified"
         self.save()
         return verdict
-
-    def read_answer(self, k: int, i: int, slot: Path) -> str | None:
-        """Record answer ``i``'s metadata and extract its module into ``candidate.py``;
-        None (and its feedback written) when it holds no usable module."""
-        c = self.crec(k, i)
-        text, meta = self.read_response(slot)
-        try:
-            c.backend = str(meta.get("backend", c.backend or "manual"))
-            c.model = meta.get("model", c.model)
-            c.model = None if c.model is None else str(c.model)
-            c.stop_reason = None if meta.get("stop_reason") is None else str(meta["stop_reason"])
-            c.usage = Usage(**meta.get("usage", {}))
-            c.llm_wall_s = float(meta.get("wall_s", 0.0))
-        except (TypeError, ValueError) as e:
-            raise RunError(
-                f"{slot / 'response.json'}: not what the loop wrote there ({type(e).__name__}: "
-                f"{str(e).splitlines()[0] if str(e) else ''}); fix or delete it, then resume"
-            ) from None
-        cand = slot / "candidate.py"
-        try:
-            source = extract_module(text, stopped_at_limit=c.stop_reason in CUT_STOP_REASONS)
-        except ExtractError as e:
-            msg = str(e)
-            if c.stop_reason in CUT_STOP_REASONS and "output token limit" not in msg:
-                msg += " (Your response stopped at the output token limit.)"
-            cand.unlink(missing_ok=True)
-            atomic_write_text(slot / "feedback.md", "Your response could not be used.\n\n" + msg + "\n")
-            c.extract_error, c.stage_reached, c.passed, c.failed_stage = msg, "extract", False, "extract"
-            return None
-        c.extract_error = None
-        if not cand.is_file() or cand.read_bytes() != source.encode("utf-8"):  # the loop's file: rewritten
-            atomic_write_text(cand, source)
-        return source
-
-    def stored_verdict(self, k: int, slot: Path, source: str, i: int) -> Verdict | None:
-        """The verdict kept in ``slot`` for exactly this module when it may be reused, else
-        None (verify it); a verdict that may not be reused is kept aside for the record."""
-        d = slot
-        vpath = d / "verdict.json"
-        verdict = read_parsed(vpath, Verdict.model_validate_json) if vpath.is_file() else None
-        stale = verdict is not None and verdict.candidate_hash != sha256_bytes(source.encode("utf-8"))
-        if (verdict is None or stale) and (self.adir(k + 1) / "prompt.json").is_file():
-            # the answer was edited (or now extracts) after attempt k+1 was prompted from its old
-            # verdict: verifying it again would leave that prompt quoting code that is gone
-            raise RunError(
-                f"attempt {k}'s answer changed after it was verified, and attempt {k + 1} was "
-                f"prompted from the old verdict: restore {d / 'response.md'}, or remove "
-                f"{self.adir(k + 1)} (and any later attempt) to be prompted from a new verdict; then resume"
-            )
-        if stale:
-            # a verdict is about the bytes it judged (an answer edited after its verification
-            # must not keep the old verdict and pass with a broken candidate.py); kept for the
-            # record, and this candidate is verified
-            vpath.rename(record_path(d, "stale"))
-            verdict = None
-        if verdict is not None and verdict.passed and not verdict.gpu_verified and not self.state.cpu_only:
-            # A pass of the CPU stages only (--cpu-only, or a machine without a GPU) is not a
-            # verification: keep it for the record and verify again, GPU stages included.
-            vpath.rename(record_path(d, "cpu"))
-            verdict = None
-        elif verdict is not None and verdict.gpu_verified:
-            # A stored GPU pass is never taken on its word: in --llm manual mode the answerer
-            # writes into this folder, and a forged verdict.json (right spec hash, the
-            # candidate's own sha256, "gpu_verified") would be accepted unverified, or with
-            # --no-accept make the run "passed" and draw a lesson (tests/agent/test_loop.py).
-            # Only the library's manifest vouches for a pass (the kernel it accepted from
-            # this very attempt); any other is kept for the record and verified again here.
-            # (A CPU-only pass is reused: it is never accepted and proposes no lesson.)
-            j = None if self.state.attempt(k).candidates <= 1 else i + 1
-            anchored = library_verdict(self.root, self.loaded.name, self.run_dir, k, j)
-            if anchored is not None and anchored.spec_hash == self.loaded.spec_hash:
-                verdict = anchored
-            else:
-                vpath.rename(record_path(d, "stored"))
-                verdict = None
-        return verdict
-
-    def verify_pending(self, k: int, slots: list[Path], pending: list[int], verdicts: list[Verdict | None]) -> None:
-        """Verify the answers ``pending`` of attempt ``k`` (side by side when several), fill
-        ``verdicts`` and write each ``verdict.json``. Raises VerifierError after keeping every
-        good verdict when some verification failed as the verifier's (its attempt is not spent;
-        a resume verifies only those again)."""
-        rec = self.state.attempt(k)
-        for i in pending:
-            # verify/ is the verifier's: emptied first, so nothing planted there (a symlink
-            # where a worker log goes would make the verifier truncate its target) is ever
-            # written through.
-            remove_tree(slots[i] / "verify")
-            (slots[i] / "feedback.md").unlink(missing_ok=True)  # it follows the verdict made now
-        t0 = time.monotonic()
-        pairs = [(slots[i] / "candidate.py", slots[i] / "verify") for i in pending]
-        many = getattr(self.verifier, "many", None)
-        got = many(self.loaded, pairs) if many is not None else [self.verifier(self.loaded, c, w) for c, w in pairs]
-        wall = time.monotonic() - t0
-        if rec.candidates > 1:
-            rec.verify_wall_s += wall  # summed over resumes (a verifier error runs it again)
-        broken = []
-        for i, v in zip(pending, got, strict=True):
-            self.crec(k, i).verify_wall_s += wall
-            if v.verifier_error is not None:
-                # The verifier (or the machine) failed, not the candidate: the model gets no
-                # feedback about it and the attempt is not spent. The verdict is kept for the
-                # record; --resume verifies this answer again.
-                record = record_path(slots[i], "error")
-                atomic_write_text(record, v.to_json())
-                broken.append((v.verifier_error, record))
-                continue
-            atomic_write_text(slots[i] / "verdict.json", v.to_json())
-            verdicts[i] = v
-        if broken:
-            self.save()
-            (stage, record) = broken[0]
-            raise VerifierError(
-                f"attempt {k}: the verifier failed at stage {stage.stage!r} ({stage.summary}); "
-                f"the attempt is not counted. Fix the cause, then --resume {self.run_dir} "
-                f"(record: {record})"
-            )
-
-    def choose(self, k: int, slots: list[Path], verdicts: list[Verdict | None]) -> Verdict | None:
-        """Attempt ``k`` of several candidates: the fastest passing one is chosen; when none
-        passes, the one that got furthest is replayed and ``attempt-<k>/feedback.md`` gets
-        every candidate's findings (agent/candidates.py). The attempt's record takes the
-        chosen (or replayed) one's outcome and the candidates' totals."""
-        rec = self.state.attempt(k)
-        recs = [self.crec(k, i) for i in range(len(slots))]
-        rec.usage = sum((c.usage for c in recs), Usage())
-        rec.backend = next((c.backend for c in recs if c.backend), rec.backend)
-        rec.model = next((c.model for c in recs if c.model), rec.model)
-        passing = [(i, v) for i, v in enumerate(verdicts) if v is not None and v.passed]
-        if passing:
-            i = fastest(passing)
-            rec.chosen, rec.replay = i + 1, None
-        else:
-            failed = []
-            for i, v in enumerate(verdicts):
-                st = v.failed_stage if v is not None else None
-                failed.append((i, recs[i].stage_reached, len(st.findings) if st is not None else 0))
-            i = replay_choice(failed)
-            rec.chosen, rec.replay = None, i + 1
-            others = [(j + 1, one_line(verdicts[j], recs[j].extract_error)) for j in range(len(slots)) if j != i]
-            text = combined_feedback(i + 1, read_text(slots[i] / "feedback.md"), others)
-            atomic_write_text(self.adir(k) / "feedback.md", text)
-        c = recs[i]
-        rec.stage_reached, rec.passed, rec.failed_stage = c.stage_reached, c.passed, c.failed_stage
-        rec.extract_error, rec.stop_reason, rec.fused_ms = c.extract_error, c.stop_reason, c.fused_ms
-        return verdicts[i]
 
     # -- after a pass -----------------------------------------------------------------
     def finish(self, k: int, verdict: Verdict, force: bool) -> None:
@@ -562,69 +291,6 @@ class _Run:
         s.error = None
         self.save()
         self.lesson(k)
-
-    def lesson(self, k: int) -> None:
-        """Propose a one-sentence trick when attempt k-1 failed (with a module) and k passed."""
-        s = self.state
-        if k < 2 or (self.run_dir / PROPOSED_TRICK).is_file():
-            return
-        prev, cur = self.module_dir(k - 1), self.module_dir(k)
-        feedback = self.adir(k - 1) / "feedback.md"
-        if not (prev / "candidate.py").is_file() or not feedback.is_file():
-            s.lesson = LessonRecord(
-                status="skipped", failed_attempt=k - 1, error="the failed attempt had no module (extraction error)"
-            )
-            self.save()
-            return
-        ldir = self.run_dir / "lesson"
-        prompt_path = ldir / "prompt.json"
-        if prompt_path.is_file():
-            prompt = read_parsed(prompt_path, Prompt.from_json)
-        else:
-            diff = "".join(
-                difflib.unified_diff(
-                    read_text(prev / "candidate.py").splitlines(keepends=True),
-                    read_text(cur / "candidate.py").splitlines(keepends=True),
-                    fromfile=str((prev / "candidate.py").relative_to(self.run_dir)),
-                    tofile=str((cur / "candidate.py").relative_to(self.run_dir)),
-                )
-            )
-            prompt = build_lesson_prompt(
-                self.base_prompt(),
-                kernel=s.spec,
-                failed_attempt=k - 1,
-                feedback=read_text(feedback),
-                diff=diff,
-            )
-            ldir.mkdir(parents=True, exist_ok=True)
-            atomic_write_text(ldir / "prompt.md", prompt.as_text())
-            atomic_write_text(prompt_path, prompt.to_json())
-        try:
-            if not (ldir / "response.md").is_file():
-                self.call(prompt, ldir)
-        except AwaitingAnswer as w:
-            s.lesson = LessonRecord(status="waiting-for-answer", failed_attempt=k - 1, answer_path=str(w.answer_path))
-            self.save()
-            return
-        except LLMError as e:
-            s.lesson = LessonRecord(status="error", failed_attempt=k - 1, error=str(e))
-            self.save()
-            return
-        text, meta = self.read_response(ldir)
-        sentence = _lesson_sentence(text)
-        if not sentence:
-            s.lesson = LessonRecord(status="error", failed_attempt=k - 1, error="empty lesson reply")
-            self.save()
-            return
-        atomic_write_text(self.run_dir / PROPOSED_TRICK, sentence + "\n")
-        s.lesson = LessonRecord(
-            status="proposed",
-            failed_attempt=k - 1,
-            path=str(self.run_dir / PROPOSED_TRICK),
-            text=sentence,
-            usage=Usage(**meta.get("usage", {})),
-        )
-        self.save()
 
 
 def generate(
