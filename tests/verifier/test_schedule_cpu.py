@@ -4,7 +4,13 @@
   (the pool's record of leases held at once), each within a memory budget;
 * a candidate that runs out of memory in a shared run only (what memory contention does)
   is run again alone and passes; one that runs out of memory alone too is rejected
-  (``crash``), never a verifier error; a forged verifier-error record stays a rejection.
+  (``crash``), never a verifier error; a forged verifier-error record stays a rejection;
+* a candidate worker that hangs only in a shared run (a contention timeout) is run again
+  alone and passes;
+* the verifier's own trouble, never charged to the candidate: a candidate worker that fails
+  to start is run again (and passes, or ends a verifier error after the last re-run,
+  alone); an out-of-memory error in verifier code before the import (drawing a derived
+  input) is a verifier error.
 
 static/compile are stubbed: the candidates are torch math on purpose. ``gpu`` tests of the
 same on a real GPU: tests/verifier/test_schedule_gpu.py.
@@ -12,12 +18,14 @@ same on a real GPU: tests/verifier/test_schedule_gpu.py.
 
 from __future__ import annotations
 
+import shutil
 import textwrap
 from pathlib import Path
 
 import pytest
 from verifier_helpers import stub_static_compile
 
+from coda_agent.verifier import pipeline
 from coda_agent.verifier.schedule import Job, LocalExecutor, Scheduler, fake_gpus
 from coda_agent.verifier.spec import load_spec
 
@@ -74,6 +82,20 @@ def swiglu_fwd(x, w1):
 """
 
 
+HANG_WHEN_SHARED = """
+import os
+import time
+import torch
+
+def swiglu_fwd(x, w1):
+    if os.environ.get("CUDA_CODA_TEST_SHARED") == "1":
+        time.sleep(3600)
+    pre = x.float() @ w1.float().T
+    post = torch.nn.functional.silu(pre[:, 0::2]) * pre[:, 1::2]
+    return pre.to(torch.bfloat16), post.to(torch.bfloat16)
+"""
+
+
 class MarksSharedRuns(LocalExecutor):
     """A LocalExecutor whose shared runs' workers see ``CUDA_CODA_TEST_SHARED=1`` (one job at a
     time: the variable is process-wide)."""
@@ -93,6 +115,25 @@ import torch
 def swiglu_fwd(x, w1):
     raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 900.00 GiB")
 """
+
+
+class FailsToStart(LocalExecutor):
+    """A LocalExecutor whose first ``fails`` runs start a candidate worker that cannot start
+    (its module is missing: the process exits before its setup record). Records each run's
+    ``exclusive``."""
+
+    def __init__(self, monkeypatch, fails, *a, **kw):
+        super().__init__(*a, **kw)
+        self.mp, self.fails, self.runs = monkeypatch, fails, []
+
+    def run(self, job, cpu_done, *, bench, exclusive, need):
+        self.runs.append(exclusive)
+        broken = len(self.runs) <= self.fails
+        self.mp.setattr(pipeline, "CAND_WORKER", "coda_agent.verifier.gpu.no_such_worker" if broken else CAND_WORKER)
+        return super().run(job, cpu_done, bench=bench, exclusive=exclusive, need=need)
+
+
+CAND_WORKER = pipeline.CAND_WORKER
 
 
 @pytest.fixture(autouse=True)
@@ -185,3 +226,55 @@ def test_a_forged_verifier_error_after_the_import_stays_a_rejection(tmp_path):
     (v,) = Scheduler(executor=ex).verify_many([_job(FWD, _file(tmp_path, "forged", forged), tmp_path)])
     assert v.verifier_error is None and v.outcome == "rejected"
     assert "harness-tampered" in {f.kind for f in v.failed_stage.findings}
+
+
+def test_a_hang_only_when_shared_is_run_again_alone_and_passes(tmp_path, monkeypatch):
+    """A contention timeout: the shared run's worker is killed at its timeout; the alone
+    re-run decides (it passes), and the candidate is never charged the hang."""
+    ex = MarksSharedRuns(monkeypatch, fake_gpus(1), per_gpu=2, device="cpu")
+    job = _job(FWD, _file(tmp_path, "hang_when_shared", HANG_WHEN_SHARED), tmp_path)
+    job.timeout_s = 60
+    (v,) = Scheduler(executor=ex).verify_many([job])
+    assert v.stage("correctness").status == "pass", v.failed_stage
+    assert "run again alone after: the candidate worker timed out" in v.environment.placement
+    assert ex.pool.stats.leases == {0: 2} and ex.pool.stats.exclusive == 1
+
+
+def test_a_worker_that_fails_to_start_is_run_again_and_never_the_candidates(tmp_path, monkeypatch):
+    good = _file(tmp_path, "good", GOOD_FWD)
+    ex = FailsToStart(monkeypatch, 1, fake_gpus(1), per_gpu=2, device="cpu")
+    (v,) = Scheduler(executor=ex).verify_many([_job(FWD, good, tmp_path)])
+    assert v.stage("correctness").status == "pass", v.failed_stage
+    assert ex.runs == [False, False]
+    note = v.environment.placement.split("; run again after: ", 1)[1]
+    assert note.endswith("candidate worker failed during setup (verifier problem)"), v.environment.placement
+
+    # it never starts: retried twice (the last time alone), then the verifier's error
+    ex = FailsToStart(monkeypatch, 99, fake_gpus(1), per_gpu=2, device="cpu")
+    (v,) = Scheduler(executor=ex).verify_many([_job(FWD, good, tmp_path)])
+    assert ex.runs == [False, False, True]
+    assert v.outcome == "verifier-error" and v.verifier_error is not None
+    assert v.verifier_error.stage == "correctness"
+
+
+def test_out_of_memory_in_verifier_code_before_the_import_is_a_verifier_error(tmp_path):
+    """The trusted reference's derived input (drawn by the worker before the candidate is
+    imported) runs out of memory: the verifier's error after its re-runs, never a rejection."""
+    spec_dir = tmp_path / "rms_bwd"
+    shutil.copytree(ROOT / "kernel_specs" / "rms_bwd", spec_dir)
+    ref = spec_dir / "reference.py"
+    ref.write_text(
+        ref.read_text().replace(
+            "    return _rstd(h)\n",
+            '    raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 64.00 GiB")\n',
+            1,
+        )
+    )
+    loaded = load_spec(spec_dir)
+    cand = _file(tmp_path, "rms", "def rms_bwd(*args, **kwargs):\n    raise AssertionError('never imported')\n")
+    ex = LocalExecutor(fake_gpus(1), per_gpu=2, device="cpu")
+    (v,) = Scheduler(executor=ex).verify_many([_job(loaded, cand, tmp_path)])
+    err = v.verifier_error
+    assert v.outcome == "verifier-error" and err is not None and err.stage == "correctness", v.failed_stage
+    assert "OutOfMemoryError" in err.findings[0].message
+    assert ex.pool.stats.leases == {0: 3} and ex.pool.stats.exclusive == 1  # two re-runs, the last alone

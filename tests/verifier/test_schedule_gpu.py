@@ -3,6 +3,8 @@
 * the race: a neighbour grabs GPU memory between one worker's read of the free memory and
   its allocation. Sizing the poison from that read (the old way) runs out of memory; sized
   from the worker's budget it does not;
+* a worker's budget is enforced in the worker: past it, its own allocation raises
+  ``OutOfMemoryError`` while the device still has free memory;
 * verifications of the accepted swiglu_fwd kernel side by side on one GPU, next to a
   neighbour that allocates and frees its whole budget in a loop: every verdict passes
   correctness (no false reject), and the GPU held several at once.
@@ -80,6 +82,31 @@ def test_poison_sized_from_the_budget_survives_a_neighbour_taking_free_memory():
     finally:
         grabber.kill()
         grabber.wait()
+
+
+BUDGETED = textwrap.dedent(
+    """
+    import torch
+    from coda_agent.verifier.gpu.memory_budget import apply
+    dev = torch.device("cuda", 0)
+    applied = apply(dev, 2 << 30)
+    x = torch.empty(1 << 30, dtype=torch.uint8, device=dev)  # within the budget
+    try:
+        y = torch.empty(3 << 30, dtype=torch.uint8, device=dev)
+        print("allocated past the budget")
+    except torch.OutOfMemoryError:
+        free, _ = torch.cuda.mem_get_info(dev)
+        print("refused", applied, free)
+    """
+)
+
+
+def test_a_worker_past_its_budget_runs_out_of_memory_itself():
+    out = subprocess.run([sys.executable, "-c", BUDGETED], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    word, applied, free = out.stdout.split()
+    assert word == "refused" and int(applied) == 2 * GIB
+    assert int(free) > 8 * GIB  # the device had room: the budget refused it, not the GPU
 
 
 def test_side_by_side_verifications_next_to_a_churning_neighbour_have_no_false_rejects(tmp_path):

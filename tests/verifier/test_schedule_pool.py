@@ -5,6 +5,7 @@ Real worker processes on the CPU test device: tests/verifier/test_schedule_cpu.p
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from pathlib import Path
@@ -122,6 +123,7 @@ def test_host_lock_excludes_another_pool_on_the_same_gpu(tmp_path):
     one, two = GpuPool([gpu], lock_dir=tmp_path), GpuPool([gpu], lock_dir=tmp_path)
     held = one.acquire(GIB, exclusive=False)
     assert (tmp_path / "GPU-test-uuid.lock").is_file()
+    assert held.fd is not None and not os.get_inheritable(held.fd)  # no worker inherits the lock
     got = []
     t = threading.Thread(target=lambda: got.append(two.acquire(GIB, exclusive=True)))
     t.start()
@@ -169,6 +171,22 @@ def _verdict(stage: str, status: str, *findings: Finding) -> Verdict:
             _verdict("bench", "fail", Finding(kind="crash", message="crash: killed by SIGKILL during bench")),
             "contention",
         ),
+        (
+            _verdict(
+                "correctness",
+                "fail",
+                Finding(kind="crash", message="coda_agent.verifier.gpu.poison.PoisonError: the allocator poison"),
+            ),
+            "contention",
+        ),
+        (
+            _verdict(
+                "correctness",
+                "error",
+                Finding(kind="verifier-error", message="input generation failed: OutOfMemoryError"),
+            ),
+            "error",
+        ),
         (_verdict("correctness", "fail", Finding(kind="crash", message="ValueError: shapes")), None),
         (_verdict("correctness", "fail", Finding(kind="tolerance", message="out of memory")), None),
         (_verdict("compile", "error", Finding(kind="verifier-error", message="x")), None),
@@ -215,6 +233,7 @@ PASS = Verdict(
 OOM = _verdict("correctness", "fail", Finding(kind="crash", message="torch.OutOfMemoryError: CUDA out of memory"))
 WRONG = _verdict("correctness", "fail", Finding(kind="tolerance", message="max err"))
 ERROR = _verdict("correctness", "error", Finding(kind="verifier-error", message="setup"))
+HANG = _verdict("correctness", "fail", Finding(kind="hang", message="hang: no result after 600 s"))
 
 
 def _schedule(*verdicts: Verdict, bench=True, screen=True):
@@ -246,6 +265,15 @@ def test_out_of_memory_in_a_shared_run_is_run_again_alone_and_that_run_decides()
     v, runs = _schedule(OOM, OOM, bench=False)
     assert runs == [(False, False), (False, True)]
     assert v.failed_stage.status == "fail" and v.verifier_error is None
+
+
+def test_a_timeout_in_a_shared_run_is_run_again_alone_and_a_timeout_alone_is_the_candidates():
+    v, runs = _schedule(HANG, PASS, bench=False)
+    assert runs == [(False, False), (False, True)] and v.passed
+    assert "run again alone after: the candidate worker timed out" in v.environment.placement
+    v, runs = _schedule(HANG, HANG, bench=False)
+    assert runs == [(False, False), (False, True)]
+    assert v.outcome == "rejected" and v.failed_stage.findings[0].kind == "hang"
 
 
 def test_verifier_errors_are_retried_then_reported_as_errors():

@@ -3,7 +3,9 @@ the CPU test device (skipped without Ray, the optional ``ray`` extra; CI install
 
 The tasks run the pipeline's confined workers; the driver only sees verdicts: it never
 imports a candidate (no ``coda_candidate`` module here), and neither does the task process
-(the workers are its subprocesses)."""
+(the workers are its subprocesses): the good candidate leaves a file behind when imported
+in a process that has Ray loaded (a Ray worker; the confined workers never import Ray), and
+none appears."""
 
 from __future__ import annotations
 
@@ -68,9 +70,17 @@ def test_spec_files_travel_whole():
     assert {"spec.toml", "reference.py"} <= set(files)
 
 
+IMPORTED_IN_RAY = """
+import pathlib, sys
+if "ray" in sys.modules:  # imported by a Ray process, not by a confined worker
+    pathlib.Path({marker!r}).write_text("imported in a Ray process")
+"""
+
+
 def test_ray_tasks_verify_side_by_side_and_time_alone(cluster, tmp_path):
+    marker = tmp_path / "imported-in-ray"
     paths = []
-    for name, body in (("good", GOOD), ("wrong", WRONG)):
+    for name, body in (("good", GOOD + IMPORTED_IN_RAY.format(marker=str(marker))), ("wrong", WRONG)):
         p = tmp_path / f"{name}.py"
         p.write_text(textwrap.dedent(body))
         paths.append(p)
@@ -86,6 +96,7 @@ def test_ray_tasks_verify_side_by_side_and_time_alone(cluster, tmp_path):
     assert wrong.failed_stage.stage == "correctness" and wrong.failed_stage.status == "fail"
     assert "shared (up to 2 verifications)" in wrong.environment.placement
     assert "coda_candidate" not in sys.modules
+    assert not marker.exists()
 
 
 def test_ray_without_a_gpu_resource_is_refused(cluster, monkeypatch):
