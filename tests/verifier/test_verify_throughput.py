@@ -1,6 +1,7 @@
 """benchmarks/verify_throughput.py's measurement on the CPU test device: pure-torch
 candidates (static/compile stubbed), two stand-in GPUs; every mode verifies every file, the
-outcomes agree and the report and table say so."""
+outcomes agree and the report and table say so; the Ray mode on a local Ray cluster with a
+stand-in GPU resource (skipped without Ray), with a narrowed benchmark stage."""
 
 from __future__ import annotations
 
@@ -71,3 +72,42 @@ def test_wrong_variants_are_made_from_the_accepted_kernels(tmp_path):
     assert 'return {"D": pack(g, u), "postact": sigmoid(g) * u}' in items[1][1].read_text()
     with pytest.raises(ValueError, match="no wrong variant of swiglu_bwd"):
         vt.candidates(ROOT, ["swiglu_bwd"], 1, tmp_path, wrong=1)
+
+
+def test_the_ray_mode_and_a_narrowed_benchmark(tmp_path, monkeypatch):
+    ray = pytest.importorskip("ray")
+    from coda_agent.verifier.schedule.ray_executor import RayExecutor
+
+    stub_static_compile(monkeypatch)  # the CPU stages run in this process (the driver)
+    vt = _script()
+    fwd = load_spec(ROOT / "kernel_specs" / "swiglu_fwd")
+    items = []
+    for i, body in enumerate((GOOD, WRONG)):
+        d = tmp_path / f"c{i}"
+        d.mkdir()
+        (d / "kernel.py").write_text(textwrap.dedent(body))
+        items.append((fwd, d / "kernel.py"))
+    # a small shape of the CPU test device: the spec's benchmark shapes are production sizes
+    small = [{"name": "small", "dims": {"M": 256, "K": 128, "I": 128}}]
+    saved = []
+    ray.init(num_cpus=2, num_gpus=1, include_dashboard=False, log_to_driver=False)
+    try:
+        rep = vt.measure(
+            items,
+            bench=True,
+            gpu_counts=[],
+            gpus=fake_gpus(1),
+            device="cpu",
+            serial=False,
+            ray=RayExecutor(None, device="cpu"),
+            bench_shapes=small,
+            baselines=["torch_eager"],
+            checkpoint=lambda r: saved.append(list(r["modes"])),
+        )
+    finally:
+        ray.shutdown()
+    assert list(rep["modes"]) == ["ray-1gpu"] and saved == [["ray-1gpu"]]
+    files = rep["modes"]["ray-1gpu"]["files"]
+    assert [f["outcome"] for f in files] == ["cpu-checks-passed", "rejected"]
+    assert "Ray node" in files[0]["placement"] and "alone" in files[0]["placement"]
+    assert "baselines: torch_eager" in vt.table(rep)
