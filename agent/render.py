@@ -173,6 +173,11 @@ QUANTILES = (0.5, 0.9, 0.99)
 """``verifier.numerics.QUANTILES``, the error percentiles the quantile rule compares (a copy,
 checked like :data:`SIGN_MARGIN`)."""
 _ULP_NAME = {"bfloat16": "ulp_bf16", "float16": "ulp_fp16", "float32": "ulp_fp32"}
+FP8_BAND_FACTOR = 512.0
+"""``verifier.stages.numerics_fp8.BAND_FACTOR``, which the fp8 rule's text states (a copy,
+checked like :data:`SIGN_MARGIN`)."""
+FP8_BAND_ULPS = 4.0
+"""``verifier.stages.numerics_fp8.BAND_ULPS`` (a copy, checked like :data:`SIGN_MARGIN`)."""
 
 
 def _tolerance_view(spec: Any) -> dict[str, Any]:
@@ -181,6 +186,8 @@ def _tolerance_view(spec: Any) -> dict[str, Any]:
     tol = spec.tolerance
     groups: list[dict[str, Any]] = []
     for o in spec.entry.outputs:
+        if o.scale is not None:
+            continue  # an fp8 output: the fp8 rule (fp8 below)
         t = tol.for_output(o.name)
         nums = {
             "factor": _fmt_num(t.factor),
@@ -202,6 +209,9 @@ def _tolerance_view(spec: Any) -> dict[str, Any]:
         "groups": [{"outputs": g["outputs"], **g["nums"]} for g in groups],
         "sign_margin": _fmt_num(SIGN_MARGIN),
         "quantiles": ", ".join(f"{round(q * 100)}th" for q in QUANTILES),
+        "fp8": [{"name": o.name, "scale": o.scale, "dtype": o.dtype} for o in spec.entry.outputs if o.scale],
+        "fp8_band_factor": _fmt_num(FP8_BAND_FACTOR),
+        "fp8_band_ulps": _fmt_num(FP8_BAND_ULPS),
     }
 
 
@@ -264,7 +274,13 @@ def _coverage_view(spec: Any) -> dict[str, Any]:
         "fixed": ", ".join(fixed),
         "choices": ", ".join(choices),
         "nonfinite": spec.coverage.nonfinite,
-        "plain_inputs": list(spec.coverage.plain_inputs),
+        "plain_inputs": list(spec.coverage.plain_inputs)
+        + [t.name for t in spec.all_inputs if t.draws == [] and t.name not in spec.coverage.plain_inputs],
+        "own_draws": [
+            {"name": t.name, "draws": ", ".join(d.replace("_", " ") for d in t.draws)}
+            for t in spec.all_inputs
+            if t.draws
+        ],
         "constraints": list(spec.coverage.constraints),
     }
 
@@ -272,17 +288,19 @@ def _coverage_view(spec: Any) -> dict[str, Any]:
 def spec_view(loaded: Any) -> dict[str, Any]:
     """Plain data for ``task.md.j2`` from a ``LoadedSpec`` (or ``KernelSpec``)."""
     spec = getattr(loaded, "spec", loaded)
-    inputs = [
-        {
+
+    def input_view(t: Any) -> dict[str, Any]:
+        return {
             "name": t.name,
             "shape": _shape_str(t.shape),
             "dtype": t.dtype,
             "description": t.description,
             "layout": t.layout,
             "init": _init_words(t.init),
+            "partial": t.partial,
         }
-        for t in spec.entry.inputs
-    ]
+
+    inputs = [input_view(t) for t in spec.entry.inputs]
     outputs = []
     for t in spec.entry.outputs:
         g = t.gradient
@@ -292,13 +310,15 @@ def spec_view(loaded: Any) -> dict[str, Any]:
                 "shape": _shape_str(t.shape),
                 "dtype": t.dtype,
                 "description": t.description,
+                "partial": t.partial,
+                "scale": t.scale,
                 "gradient": None
                 if g is None
                 else {
                     "of": g.of,
                     "wrt": g.wrt,
                     "upstream": g.upstream,
-                    "args": ", ".join(f"{i.name}={i.name}" for i in spec.entry.inputs if i.name != g.upstream),
+                    "args": ", ".join(f"{i.name}={i.name}" for i in spec.all_inputs if i.name != g.upstream),
                 },
             }
         )
@@ -324,9 +344,11 @@ def spec_view(loaded: Any) -> dict[str, Any]:
         "signature": spec.signature(),
         "function": spec.entry.function,
         "input_names": ", ".join(
-            [t.name for t in spec.entry.inputs] + (["*"] + spec.entry.constants if spec.entry.constants else [])
+            [t.name for t in spec.entry.inputs] + (["*"] + spec.entry.keyword_names if spec.entry.keyword_names else [])
         ),
         "constants": list(spec.entry.constants),
+        "float_constants": [{"name": k, "value": f"{v:g}"} for k, v in spec.entry.float_constants.items()],
+        "reference_inputs": [input_view(t) for t in spec.reference.inputs],
         "output_names": ", ".join(t.name for t in spec.entry.outputs),
         "inputs": inputs,
         "outputs": outputs,

@@ -1,4 +1,4 @@
-"""Train a random-init Hugging Face Llama with and without ``apply_coda``: loss parity and speed.
+"""Train a random-init Hugging Face Llama or Qwen3 with and without ``apply_coda``: loss parity and speed.
 
 Why: ``apply_coda`` (``coda_agent.kernels.hf``) is the one-line way to use the library in a
 real model; this is its end-to-end check on the H200 (the CPU tests check the patching
@@ -32,12 +32,22 @@ the unchanged head is.
 its ``mlp="swiglu"`` wiring): GEMM, attention, other and idle time per step over two
 profiled steps, with the costliest kernels of each class.
 
+``--model qwen3``: the same for Qwen3 (QK-norm: per-head RMSNorm of q and k before RoPE),
+at qwen3-1.7b widths (hidden 2048, MLP 6144, 16 query / 8 key-value heads of 128, tied
+embeddings; ``--parity`` and the first ``--speed`` shape, 4 layers) and qwen3-8b widths
+(hidden 4096, MLP 12288, 32 / 8 heads of 128; 2 layers), vocabulary 151936, rope_theta
+1e6, rms_norm_eps 1e-6; Liger's ``apply_liger_kernel_to_qwen3``. The QK-norm projection
+runs on ``gemm_qknorm_rope`` where that kernel is accepted, else on ``gemm_rmsnorm`` with
+the per-head norm and RoPE in torch (``versions.accepted_kernels`` says which); with the
+kernel accepted ``--speed`` also times the torch path ("coda, QK-norm in torch + compile").
+
 Usage (device, from the repo root, after ``source .device-bundle/p2/install.sh && source
 benchmarks/device_env.sh``; transformers and liger-kernel travel as wheels in the
 git-ignored ``.device-bundle/hf`` and ``.device-bundle/liger`` (``benchmarks/hf_bundle.sh``
 downloads them) and device_env.sh puts them on the path)::
 
     python3 benchmarks/hf_train.py --parity --speed --profile --out $OUT/hf [--quick] [--shape llama3-8b]
+    python3 benchmarks/hf_train.py --model qwen3 --parity --speed --out $OUT/hf-qwen3 [--quick]
 
 Writes ``hf_train.json`` under ``--out`` (copy it to ``benchmarks/results/dev/``) and prints
 markdown tables. Wall time on one H200, compiles included: ``--parity`` ~110 s, ``--speed``
@@ -81,9 +91,47 @@ SHAPES = {
         head_dim=128,
         tie_word_embeddings=False,
     ),
+    "qwen3-1.7b": dict(
+        hidden_size=2048,
+        intermediate_size=6144,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=128,
+        tie_word_embeddings=True,
+    ),
+    "qwen3-8b": dict(
+        hidden_size=4096,
+        intermediate_size=12288,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        tie_word_embeddings=False,
+    ),
 }
-DEFAULT_LAYERS = {"llama3-1b": 4, "llama3-8b": 2}
-VOCAB, SEQ = 128256, 2048
+DEFAULT_LAYERS = {"llama3-1b": 4, "llama3-8b": 2, "qwen3-1.7b": 4, "qwen3-8b": 2}
+FAMILIES = {
+    # model: transformers config / model classes, Liger's patch, vocabulary, norm eps, RoPE
+    # base, its shapes (the first is --parity's)
+    "llama": dict(
+        config="LlamaConfig",
+        model="LlamaForCausalLM",
+        liger="apply_liger_kernel_to_llama",
+        vocab=128256,
+        rms_norm_eps=1e-5,
+        rope_theta=500000.0,
+        shapes=("llama3-1b", "llama3-8b"),
+    ),
+    "qwen3": dict(
+        config="Qwen3Config",
+        model="Qwen3ForCausalLM",
+        liger="apply_liger_kernel_to_qwen3",
+        vocab=151936,
+        rms_norm_eps=1e-6,
+        rope_theta=1000000.0,
+        shapes=("qwen3-1.7b", "qwen3-8b"),
+    ),
+}
+SEQ = 2048
 NO_RPR = "unpatched eager, no reduced-precision GEMM reduction"
 """The second band's run: ``torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False``
 (cuBLAS reduces split-K partial sums in fp32 instead of bf16: another reduction order)."""
@@ -96,62 +144,84 @@ COMPILE = torch.compile
 # --------------------------------------------------------------------------- models and data
 
 
+def family(shape: str) -> dict:
+    """The :data:`FAMILIES` entry whose shapes include ``shape``."""
+    return next(f for f in FAMILIES.values() if shape in f["shapes"])
+
+
 def make_config(shape: str, layers: int):
     import transformers
 
-    return transformers.LlamaConfig(
+    fam = family(shape)
+    return getattr(transformers, fam["config"])(
         **SHAPES[shape],
         num_hidden_layers=layers,
-        vocab_size=VOCAB,
+        vocab_size=fam["vocab"],
         max_position_embeddings=8192,
-        rms_norm_eps=1e-5,
-        rope_parameters={"rope_type": "default", "rope_theta": 500000.0},
+        rms_norm_eps=fam["rms_norm_eps"],
+        rope_parameters={"rope_type": "default", "rope_theta": fam["rope_theta"]},
         attn_implementation="sdpa",
         use_cache=False,
     )
 
 
-def init_state(config, seed: int = 0) -> dict:
-    """The initial weights (bf16, on :data:`DEVICE`) every run of a shape starts from."""
+def _model_class(config):
     import transformers
 
+    fam = next(f for f in FAMILIES.values() if f["config"] == type(config).__name__)
+    return getattr(transformers, fam["model"])
+
+
+def init_state(config, seed: int = 0) -> dict:
+    """The initial weights (bf16, on :data:`DEVICE`) every run of a shape starts from."""
     torch.manual_seed(seed)
     with torch.device(DEVICE):
-        model = transformers.LlamaForCausalLM._from_config(config, dtype=torch.bfloat16)
+        model = _model_class(config)._from_config(config, dtype=torch.bfloat16)
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     del model
     return state
 
 
 def build(
-    config, state: dict, *, coda: bool = False, fused_lm_head: bool = False, liger: bool = False, mlp: str | None = None
+    config,
+    state: dict,
+    *,
+    coda: bool = False,
+    fused_lm_head: bool = False,
+    liger: bool = False,
+    mlp: str | None = None,
+    qk_norm_torch: bool = False,
 ):
     """A fresh model holding ``state``, optionally patched (apply_coda with ``mlp`` or its
-    default wiring / Liger), in training mode."""
-    import transformers
-
+    default wiring, ``qk_norm_torch``: a QK-norm model's projection on the torch path even
+    where gemm_qknorm_rope is accepted / Liger's patch of the model's family), in training
+    mode."""
     with torch.device(DEVICE):
-        model = transformers.LlamaForCausalLM._from_config(config, dtype=torch.bfloat16)
+        model = _model_class(config)._from_config(config, dtype=torch.bfloat16)
     model.load_state_dict(state, strict=True)
     if coda:
-        from coda_agent.kernels import apply_coda
+        import coda_agent.kernels as K
 
-        apply_coda(model, fused_lm_head=fused_lm_head, **({"mlp": mlp} if mlp else {}))
+        ready = K.qknorm_kernel_ready
+        K.qknorm_kernel_ready = (lambda head_dim, eps: False) if qk_norm_torch else ready
+        try:
+            K.apply_coda(model, fused_lm_head=fused_lm_head, **({"mlp": mlp} if mlp else {}))
+        finally:
+            K.qknorm_kernel_ready = ready
     if liger:
-        from liger_kernel.transformers import apply_liger_kernel_to_llama
+        import liger_kernel.transformers as lt
 
-        apply_liger_kernel_to_llama(model=model)
+        fam = next(f for f in FAMILIES.values() if f["config"] == type(config).__name__)
+        getattr(lt, fam["liger"])(model=model)
     model.train()
     return model
 
 
-def markov_batches(
-    n: int, batch: int, seq: int | None = None, vocab: int | None = None, seed: int = 1
-) -> list[torch.Tensor]:
-    """``n`` fixed (batch, seq) int64 batches (default seq :data:`SEQ`, vocabulary :data:`VOCAB`)
+def markov_batches(n: int, batch: int, vocab: int, seq: int | None = None, seed: int = 1) -> list[torch.Tensor]:
+    """``n`` fixed (batch, seq) int64 batches (default seq :data:`SEQ`) over ``vocab`` tokens
     on :data:`DEVICE`: a random Markov chain in which each token has 4 equally likely
     successors (entropy ln 4)."""
-    seq, vocab = seq or SEQ, vocab or VOCAB
+    seq = seq or SEQ
     g = torch.Generator().manual_seed(seed)
     succ = torch.randint(vocab, (vocab, 4), generator=g)
     tok = torch.empty(n * batch, seq, dtype=torch.int64)
@@ -197,9 +267,10 @@ def adamw(model, lr=3e-4):
 def parity(args, res: dict) -> None:
     """The four runs of the module docstring into ``res["parity"]``: per-step losses and grad
     norms of each, and :func:`parity_summary`."""
-    config = make_config("llama3-1b", args.layers or DEFAULT_LAYERS["llama3-1b"])
+    shape = FAMILIES[args.model]["shapes"][0]
+    config = make_config(shape, args.layers or DEFAULT_LAYERS[shape])
     state = init_state(config)
-    batches = markov_batches(args.n_batches, args.batch, vocab=config.vocab_size)
+    batches = markov_batches(args.n_batches, args.batch, config.vocab_size)
     runs = {}
     for name, coda, compiled in (
         ("unpatched eager", False, False),
@@ -241,7 +312,7 @@ def parity(args, res: dict) -> None:
             _free()
     res["parity"] = {
         "config": {
-            "shape": "llama3-1b",
+            "shape": shape,
             "layers": config.num_hidden_layers,
             "vocab": config.vocab_size,
             "seq": SEQ,
@@ -355,11 +426,11 @@ def head_only(shape: str, tokens: int, rounds: int) -> dict:
 
     import coda_agent.kernels as K
 
-    D = SHAPES[shape]["hidden_size"]
+    D, V = SHAPES[shape]["hidden_size"], family(shape)["vocab"]
     g = torch.Generator(device="cuda").manual_seed(0)
     h = torch.randn(tokens, D, device="cuda", generator=g).to(torch.bfloat16).requires_grad_()
-    w = torch.nn.Parameter((torch.randn(VOCAB, D, device="cuda", generator=g) * D**-0.5).to(torch.bfloat16))
-    t = torch.randint(VOCAB, (tokens,), device="cuda", generator=g)
+    w = torch.nn.Parameter((torch.randn(V, D, device="cuda", generator=g) * D**-0.5).to(torch.bfloat16))
+    t = torch.randint(V, (tokens,), device="cuda", generator=g)
     fns = {
         "plain (compile)": torch.compile(lambda h, w, t: F.cross_entropy((h @ w.T).float(), t)),
         "linear_cross_entropy (compile)": torch.compile(lambda h, w, t: K.linear_cross_entropy(h, w, t).mean()),
@@ -393,9 +464,23 @@ def speed_variants(args) -> list[tuple[str, dict, bool]]:
     ]
     if args.all:
         v.append(("coda, fused LM head", {"coda": True, "fused_lm_head": True}, False))
+    if args.model == "qwen3" and _qknorm_kernel_accepted():
+        v.append(("coda, QK-norm in torch + compile", {"coda": True, "qk_norm_torch": True}, True))
     if args.quick:
-        v = [x for x in v if x[0] in ("unpatched compile", "coda + compile", "coda, fused LM head + compile")]
+        keep = (
+            "unpatched compile",
+            "coda + compile",
+            "coda, fused LM head + compile",
+            "coda, QK-norm in torch + compile",
+        )
+        v = [x for x in v if x[0] in keep]
     return v
+
+
+def _qknorm_kernel_accepted() -> bool:
+    import coda_agent.kernels as K
+
+    return "gemm_qknorm_rope" in K.accepted()
 
 
 def speed_shape(args, shape: str, variants, liger_only: bool = False, profile: bool = False) -> dict:
@@ -404,7 +489,7 @@ def speed_shape(args, shape: str, variants, liger_only: bool = False, profile: b
     ``profile``: each result is the step time and :func:`class_profile` of the model instead."""
     config = make_config(shape, args.layers or DEFAULT_LAYERS[shape])
     state = init_state(config)
-    batches = markov_batches(2, 4)
+    batches = markov_batches(2, 4, config.vocab_size)
     res = {"layers": config.num_hidden_layers, "tokens_per_step": batches[0].numel()}
     what = "profile" if profile else "speed"
     for name, kw, compiled in variants:
@@ -441,6 +526,8 @@ def liger_child(args) -> dict:
         str(args.rounds),
         "--warmup",
         str(args.warmup),
+        "--model",
+        args.model,
     ]
     for s in args.shape:
         cmd += ["--shape", s]
@@ -552,7 +639,7 @@ PROFILE_SHOWN = ("ms_per_step", "gemm us", "attention us", "other us", "idle us"
 
 def _kernel_profile(run, steps: int) -> dict:
     """``host_probe.kernel_profile`` of ``run`` with every kernel ranked (CUDA only)."""
-    from host_probe import kernel_profile
+    from host_time_by_layer import kernel_profile
 
     return kernel_profile(run, steps, top=100_000)
 
@@ -635,8 +722,11 @@ def main(argv=None) -> int:
     ap.add_argument("--parity", action="store_true", help="loss / grad-norm parity run (module docstring)")
     ap.add_argument("--speed", action="store_true", help="tokens/s and peak memory per variant")
     ap.add_argument("--profile", action="store_true", help="GPU time by kernel class, patched vs unpatched")
-    ap.add_argument("--shape", action="append", choices=sorted(SHAPES), help="--speed shapes (default: both)")
-    ap.add_argument("--layers", type=int, help="decoder layers (default: 4 at llama3-1b, 2 at llama3-8b)")
+    ap.add_argument("--model", choices=sorted(FAMILIES), default="llama", help="model family (default llama)")
+    ap.add_argument(
+        "--shape", action="append", choices=sorted(SHAPES), help="--speed shapes (default: both of --model)"
+    )
+    ap.add_argument("--layers", type=int, help="decoder layers (default: 4 at the 1b widths, 2 at the 8b widths)")
     ap.add_argument("--steps", type=int, default=100, help="--parity AdamW steps (default 100)")
     ap.add_argument("--batch", type=int, default=4, help="--parity sequences of 2048 tokens per step (default 4)")
     ap.add_argument("--n-batches", type=int, default=8, help="--parity: distinct batches, cycled (default 8)")
@@ -644,7 +734,9 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=3, help="--speed timing rounds (default 3)")
     ap.add_argument("--warmup", type=int, default=3, help="--speed warm-up steps incl. compile (default 3)")
     ap.add_argument(
-        "--quick", action="store_true", help="compiled variants only, llama3-8b only unless --shape, --parity 40 steps"
+        "--quick",
+        action="store_true",
+        help="compiled variants only, the 8b widths only unless --shape, --parity 40 steps",
     )
     ap.add_argument("--all", action="store_true", help="--speed: also the fused LM head eager")
     ap.add_argument("--no-liger", action="store_true", help="--speed: skip Liger's variants")
@@ -653,10 +745,13 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("hf_train: needs a CUDA (Hopper) device")
-    sys.path.insert(0, str(ROOT / "benchmarks"))
+    sys.path.insert(0, str(ROOT / "benchmarks" / "probes"))  # host_time_by_layer.kernel_profile
+    shapes = FAMILIES[args.model]["shapes"]
     if args.quick and not args.shape:
-        args.shape = ["llama3-8b"]
-    args.shape = args.shape or sorted(SHAPES)
+        args.shape = [shapes[-1]]
+    args.shape = args.shape or list(shapes)
+    if any(s not in shapes for s in args.shape):
+        ap.error(f"--shape {args.shape}: --model {args.model} has shapes {list(shapes)}")
     if args._liger_worker:
         return liger_worker(args)
     if not (args.parity or args.speed or args.profile) or args.out is None:

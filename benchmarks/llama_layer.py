@@ -1,6 +1,6 @@
 """A whole Llama-3 decoder layer from the coda_agent.kernels ops, against the standard layer.
 
-Why: the ops are judged one at a time (``op_training_probe.py``); a user wires them into a
+Why: the ops are judged one at a time (``probes/op_training_step.py``); a user wires them into a
 layer, where the deferred-RMSNorm ops hand ``normed_w`` / ``rstd`` from one GEMM to the
 next (CODA's rewrite of a Transformer block as GEMM-epilogue programs, paper section 3).
 This file is that wiring, written once, checked against the standard definition and
@@ -126,7 +126,7 @@ def rope_interleaved(qkv, positions, inv_freq, n_q_heads: int, n_kv_heads: int, 
     """Meta's interleaved RoPE, the standard definition: pair (2j, 2j+1) of every query and
     key head of ``qkv`` (M, (n_q_heads + 2 n_kv_heads) head_dim) turns by positions[m] *
     inv_freq[j] (angles and rotation in fp32, float64 for float64 input); value heads pass
-    through. Also ``op_training_probe.py``'s standard ``qkv_rope``."""
+    through. Also ``probes/op_training_step.py``'s standard ``qkv_rope``."""
     n_rot = (n_q_heads + n_kv_heads) * head_dim
     theta = positions.to(torch.float64 if qkv.dtype == torch.float64 else torch.float32)[:, None] * inv_freq[None, :]
     cos, sin = theta.cos()[:, None, :], theta.sin()[:, None, :]
@@ -413,7 +413,7 @@ def time_step(shape: LayerShape, M: int, S: int, rounds: int = 2, profile: int =
     for key, ts in times.items():
         res[key] = {"median": round(statistics.median(ts), 4), "rounds": ts}
     if profile:
-        from host_probe import kernel_profile
+        from host_time_by_layer import kernel_profile
 
         for key, step in steps.items():
             prof = kernel_profile(step, profile, top=10**6)
@@ -478,7 +478,7 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         raise SystemExit("llama_layer: needs a CUDA (Hopper) device")
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from host_probe import env_line
+    from host_time_by_layer import env_line
 
     args.out.mkdir(parents=True, exist_ok=True)
     results: dict = {

@@ -27,8 +27,8 @@ function, so a stable import name lets compiled kernels be found again. Importin
 name in this package may equal a kernel folder's name: the kernel wrappers are ``<kernel>_op``.
 
 Layout: ``_registry.py`` (``load``, ``accepted``, the argument checks, ``run_kernel``),
-``_swiglu.py``, ``_rmsnorm.py``, ``_rope.py``, ``_cross_entropy.py``, ``_chain.py`` (the
-chained layer). The family modules look
+``_swiglu.py``, ``_rmsnorm.py``, ``_rope.py``, ``_qknorm.py``, ``_cross_entropy.py``,
+``_chain.py`` (the chained layer). The family modules look
 ``load``, ``_check_device`` and ``_check_layout`` up through this package at call time, so
 ``monkeypatch.setattr(coda_agent.kernels, "load", ...)`` reaches every op (the CPU tests run
 the specs' PyTorch baselines as stand-ins for the kernels that way).
@@ -92,6 +92,20 @@ QKV + RoPE -- ``qkv_rope(x, w_qkv, positions, inv_freq, *, n_q_heads, n_kv_heads
     kernel as a plain custom op (no autograd), for the GEMM that produces the rotated-qkv
     gradient (an attention backward).
 
+QK-norm QKV + RoPE -- ``deferred_rmsnorm_qknorm_rope(a, rstd, w_qkv, positions, inv_freq,
+q_norm_w, k_norm_w, *, ..., eps, fused)`` (``_qknorm``; Qwen3)
+    ``RoPE(HeadRMSNorm((a * rstd) @ w_qkv^T))``: every query / key head RMS-normalized over
+    its HD columns (fp32 statistics) and weighted by ``q_norm_w`` / ``k_norm_w`` (HD,),
+    both in the interleaved order, then rotated as in ``qkv_rope``. Forward:
+    ``gemm_qknorm_rope`` (qkv, qkv_pre and the per-head rstd in one GEMM) where it is
+    accepted for HD = 128 and eps = 1e-6 (``qknorm_kernel_ready``), else ``gemm_rmsnorm``
+    and the norm and rotation in torch. Backward: plain torch from the saved qkv_pre and
+    per-head rstd (R^T, the per-head norm backward, the norm weights' gradients), then the
+    deferred-rstd grads. ``gemm_qknorm_rope_bwd_op(g, w, qkv_pre, rstd_heads, positions,
+    inv_freq, q_norm_w, k_norm_w, corr, *, ...)``: the ``gemm_qknorm_rope_bwd`` kernel as a
+    plain custom op, for the GEMM that produces the gradient of qkv (an attention backward,
+    which emits the per-head ``corr``).
+
 LM head + cross-entropy -- ``linear_cross_entropy(h, w_vocab, target)`` [6 + 9]
     per-row fp32 ``loss = logsumexp(h @ w_vocab^T) - logit[target]`` (reduction none; rows
     with ``target == ignore_index``, default -100, get 0 and no gradient), logits never
@@ -145,6 +159,12 @@ from ._chain import (
     chained_qkv_rope,
 )
 from ._cross_entropy import cross_entropy_bwd_op, gemm_cross_entropy_op, linear_cross_entropy
+from ._qknorm import (
+    deferred_rmsnorm_qknorm_rope,
+    gemm_qknorm_rope_bwd_op,
+    gemm_qknorm_rope_op,
+    qknorm_kernel_ready,
+)
 from ._registry import KERNELS_DIR, _check_device, _check_layout, accepted, load, run_kernel  # noqa: F401  (first)
 from ._rmsnorm import (
     deferred_rmsnorm_linear,
@@ -159,7 +179,7 @@ from ._rmsnorm import (
 )
 from ._rope import deferred_rmsnorm_qkv_rope, gemm_rmsnorm_rope_op, gemm_rope_op, qkv_rope, rope_bwd_op
 from ._swiglu import swiglu, swiglu_bwd_op, swiglu_bwd_rms_op, swiglu_fwd_op
-from .hf import apply_coda, remove_coda  # Hugging Face Llama patch; transformers imported lazily
+from .hf import apply_coda, remove_coda  # Hugging Face Llama / Mistral / Qwen3 patch; transformers imported lazily
 
 __all__ = [
     "accepted",
@@ -172,10 +192,13 @@ __all__ = [
     "chained_qkv_rope",
     "cross_entropy_bwd_op",
     "deferred_rmsnorm_linear",
+    "deferred_rmsnorm_qknorm_rope",
     "deferred_rmsnorm_qkv_rope",
     "deferred_rmsnorm_swiglu",
     "deferred_rmsnorm_swiglu_mlp",
     "gemm_cross_entropy_op",
+    "gemm_qknorm_rope_bwd_op",
+    "gemm_qknorm_rope_op",
     "gemm_residual_partial_rms_op",
     "gemm_rmsnorm_op",
     "gemm_rmsnorm_rope_op",
@@ -183,6 +206,7 @@ __all__ = [
     "gemm_rope_op",
     "linear_cross_entropy",
     "load",
+    "qknorm_kernel_ready",
     "qkv_rope",
     "remove_coda",
     "residual_rmsnorm",

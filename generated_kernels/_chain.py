@@ -67,17 +67,15 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from ._registry import _expect, _pkg, _stat_dtype
+from ._registry import _expect, _pkg, _stat_dtype, run_kernel
 from ._rmsnorm import (
     EPS,
     _check_eps,
     _with_eps,
     deferred_linear_grads,
-    gemm_residual_partial_rms_op,
-    gemm_rmsnorm_swiglu_op,
     rms_bwd_op,
 )
-from ._rope import _check_rope, gemm_rmsnorm_rope_op, rope_rotate
+from ._rope import _check_rope, _consts, rope_rotate
 from ._swiglu import swiglu_bwd_rms_op
 
 BF16, FP32 = torch.bfloat16, torch.float32
@@ -144,8 +142,8 @@ def _chained_qkv_rope(
     n_kv_heads: int,
     head_dim: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    qkv = gemm_rmsnorm_rope_op(
-        normed_w, rstd, w_qkv, positions, inv_freq, n_q_heads=n_q_heads, n_kv_heads=n_kv_heads, head_dim=head_dim
+    (qkv,) = run_kernel(
+        "gemm_rmsnorm_rope", normed_w, rstd, w_qkv, positions, inv_freq, **_consts(n_q_heads, n_kv_heads, head_dim)
     )
     return qkv, x.new_empty(x.shape)  # the residual-gradient port: allocated, never written
 
@@ -262,7 +260,7 @@ def _chained_out_proj(
     gamma: torch.Tensor,
     port: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return gemm_residual_partial_rms_op(attn, w_o, x, gamma)
+    return run_kernel("gemm_residual_partial_rms", attn, w_o, x, gamma)
 
 
 @_chained_out_proj.register_fake
@@ -362,8 +360,8 @@ def _chained_mlp(
     w_down: torch.Tensor,
     g_next: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    preact, postact = gemm_rmsnorm_swiglu_op(normed_w, rstd, w1)
-    x3, normed3, rstd3 = gemm_residual_partial_rms_op(postact, w_down, x2, g_next)
+    preact, postact = run_kernel("gemm_rmsnorm_swiglu", normed_w, rstd, w1)
+    x3, normed3, rstd3 = run_kernel("gemm_residual_partial_rms", postact, w_down, x2, g_next)
     return x3, normed3, rstd3, preact
 
 
@@ -387,7 +385,7 @@ def _chained_mlp_last(
     w1: torch.Tensor,
     w_down: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    preact, postact = gemm_rmsnorm_swiglu_op(normed_w, rstd, w1)
+    preact, postact = run_kernel("gemm_rmsnorm_swiglu", normed_w, rstd, w1)
     # cuBLAS with the residual as its C operand (no next norm to feed: gemm_residual_partial_rms
     # would also write normed_w; its timing against this is in benchmarks/llama_layer.py)
     return torch.addmm(x2, postact, w_down.T), preact

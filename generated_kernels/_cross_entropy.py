@@ -62,7 +62,7 @@ def _(h, w_vocab, target, lse, dloss):
 def _linear_cross_entropy(
     h: torch.Tensor, w_vocab: torch.Tensor, target: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    return gemm_cross_entropy_op(h, w_vocab, target)
+    return run_kernel("gemm_cross_entropy", h, w_vocab, target)
 
 
 @_linear_cross_entropy.register_fake
@@ -128,7 +128,7 @@ def linear_cross_entropy(
     fourth GEMM (the backward recomputes them); the backward holds the (M, V) bf16 dlogits
     while it runs (2.0 GiB there; the standard backward's are fp32). One training step at
     llama3-8b, M = 8192, under ``torch.compile``: 50.2 ms against 38.9 ms for the standard definition compiled
-    (``benchmarks/op_training_probe.py``, H200, 2026-12-01).
+    (``benchmarks/probes/op_training_step.py``, H200, 2026-12-01).
     """
     op = "linear_cross_entropy"
     _expect(

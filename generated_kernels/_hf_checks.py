@@ -23,9 +23,12 @@ ROPE_TYPES = ("default", "linear", "llama3")
 
 
 MODEL_TYPES = {
-    # model_type: (decoder layer, attention, MLP, RMSNorm class names, extra attention kwargs from config)
-    "llama": ("LlamaDecoderLayer", "LlamaAttention", "LlamaMLP", "LlamaRMSNorm", ()),
-    "mistral": ("MistralDecoderLayer", "MistralAttention", "MistralMLP", "MistralRMSNorm", ("sliding_window",)),
+    # model_type: (decoder layer, attention, MLP, RMSNorm class names, extra attention kwargs
+    # (the attention module's attribute where it has one, else the config's), whether the
+    # attention has per-head q_norm / k_norm before RoPE)
+    "llama": ("LlamaDecoderLayer", "LlamaAttention", "LlamaMLP", "LlamaRMSNorm", (), False),
+    "mistral": ("MistralDecoderLayer", "MistralAttention", "MistralMLP", "MistralRMSNorm", ("sliding_window",), False),
+    "qwen3": ("Qwen3DecoderLayer", "Qwen3Attention", "Qwen3MLP", "Qwen3RMSNorm", ("sliding_window",), True),
 }
 
 
@@ -142,7 +145,7 @@ def _rope_problems(config, base) -> tuple[torch.Tensor | None, list[str]]:
 
 def _layer_problems(i: int, layer, config, names, weight_dtype: torch.dtype) -> list[str]:
     """Why decoder layer ``i`` cannot be patched (empty: it can); its weights must be ``weight_dtype``."""
-    layer_cls, attn_cls, mlp_cls, norm_cls, _ = names
+    layer_cls, attn_cls, mlp_cls, norm_cls, _, qk_norm = names
     mod = sys.modules.get(type(layer).__module__)
     where = f"model layer {i}"
     if getattr(layer, "_coda", None) is not None:
@@ -150,9 +153,11 @@ def _layer_problems(i: int, layer, config, names, weight_dtype: torch.dtype) -> 
     if type(layer).__name__ != layer_cls or not type(layer).__module__.startswith("transformers.models."):
         return [f"{where}: {type(layer).__module__}.{type(layer).__qualname__} is not transformers' {layer_cls}"]
     expect = {"self_attn": attn_cls, "mlp": mlp_cls, "input_layernorm": norm_cls, "post_attention_layernorm": norm_cls}
+    if qk_norm:
+        expect.update({"self_attn.q_norm": norm_cls, "self_attn.k_norm": norm_cls})
     out = []
     for child, cls_name in expect.items():
-        m = getattr(layer, child, None)
+        m = layer.get_submodule(child) if _has_submodule(layer, child) else None
         if type(m) is not getattr(mod, cls_name, None):
             out.append(f"{where}: .{child} is {type(m).__name__}, not transformers' {cls_name}")
     if out:
@@ -212,7 +217,23 @@ def _layer_problems(i: int, layer, config, names, weight_dtype: torch.dtype) -> 
         out.append(
             f"{where}: the two RMSNorms' eps differ ({sorted(eps)}): the fused layer takes one (config.rms_norm_eps)"
         )
+    if qk_norm:
+        for name in ("q_norm", "k_norm"):
+            w = getattr(attn, name).weight
+            if tuple(w.shape) != (hd,):
+                out.append(f"{where}: self_attn.{name}.weight has shape {tuple(w.shape)}, expected ({hd},)")
+        head_eps = {attn.q_norm.variance_epsilon, attn.k_norm.variance_epsilon}
+        if len(head_eps) > 1:
+            out.append(f"{where}: q_norm's and k_norm's eps differ ({sorted(head_eps)}): the fused op takes one")
     return out
+
+
+def _has_submodule(module: nn.Module, path: str) -> bool:
+    try:
+        module.get_submodule(path)
+    except AttributeError:
+        return False
+    return True
 
 
 def _lm_head_problems(model, config, weight_dtype: torch.dtype) -> list[str]:

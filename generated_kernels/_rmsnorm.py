@@ -224,7 +224,7 @@ def deferred_linear_grads(dy, a, rstd, w, need=(True, True, True)):
 def _residual_rmsnorm(
     x: torch.Tensor, w_o: torch.Tensor, residual: torch.Tensor, gamma: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return gemm_residual_partial_rms_op(x, w_o, residual, gamma)
+    return run_kernel("gemm_residual_partial_rms", x, w_o, residual, gamma)
 
 
 @_residual_rmsnorm.register_fake
@@ -335,7 +335,7 @@ def rmsnorm_linear(h: torch.Tensor, gamma: torch.Tensor, w: torch.Tensor, *, eps
     ``torch.compile``, which traces the torch parts and fuses them.
 
     The fused ``rms_bwd`` kernel is not used here, by measurement
-    (``benchmarks/op_training_probe.py``, H200, 2026-12-01, one training step under
+    (``benchmarks/probes/op_training_step.py``, H200, 2026-12-01, one training step under
     ``torch.compile``): it needs the per-row correction ``zdz = sum_n dy * out / D``, which
     only comes for free from a producing backward kernel (catalogue item 7's variant, not in
     the library); computed in torch it is a pass over two (M, N) tensors, and N >= D for
@@ -366,7 +366,7 @@ def rmsnorm_linear(h: torch.Tensor, gamma: torch.Tensor, w: torch.Tensor, *, eps
 
 @torch.library.custom_op("coda_agent::deferred_rmsnorm_linear", mutates_args=())
 def _deferred_rmsnorm_linear(a: torch.Tensor, rstd: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    return gemm_rmsnorm_op(a, rstd, w)
+    return run_kernel("gemm_rmsnorm", a, rstd, w)[0]
 
 
 @_deferred_rmsnorm_linear.register_fake
@@ -437,7 +437,7 @@ def deferred_rmsnorm_linear(a: torch.Tensor, rstd: torch.Tensor, w: torch.Tensor
 def _deferred_rmsnorm_swiglu(
     normed_w: torch.Tensor, rstd: torch.Tensor, w1: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    return gemm_rmsnorm_swiglu_op(normed_w, rstd, w1)
+    return run_kernel("gemm_rmsnorm_swiglu", normed_w, rstd, w1)
 
 
 @_deferred_rmsnorm_swiglu.register_fake
@@ -518,7 +518,7 @@ def deferred_rmsnorm_swiglu(
 def _deferred_rmsnorm_swiglu_mlp(
     normed_w: torch.Tensor, rstd: torch.Tensor, w1: torch.Tensor, w_down: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    preact, postact = gemm_rmsnorm_swiglu_op(normed_w, rstd, w1)
+    preact, postact = run_kernel("gemm_rmsnorm_swiglu", normed_w, rstd, w1)
     return postact @ w_down.T, preact
 
 

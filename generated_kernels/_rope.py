@@ -30,7 +30,7 @@ def _rope_cos_sin(
     inlines the float64 sin/cos into the rotation's pointwise kernel and evaluates them once
     per element, (M, N) instead of (M, HD/2): 0.51 ms of GPU time at llama3-8b, M = 8192,
     against 0.22 ms for the standard definition's backward rotation
-    (``op_training_probe.py --profile``, H200, 2026-12-01)."""
+    (``probes/op_training_step.py --profile``, H200, 2026-12-01)."""
     theta = positions[:, None] * inv_freq.double()[None, :]  # int64 * float64 -> float64
     return theta.cos().to(dtype), theta.sin().to(dtype)
 
@@ -256,7 +256,7 @@ def _qkv_rope(
     n_kv_heads: int,
     head_dim: int,
 ) -> torch.Tensor:
-    return gemm_rope_op(x, w_qkv, positions, inv_freq, n_q_heads=n_q_heads, n_kv_heads=n_kv_heads, head_dim=head_dim)
+    return run_kernel("gemm_rope", x, w_qkv, positions, inv_freq, **_consts(n_q_heads, n_kv_heads, head_dim))[0]
 
 
 @_qkv_rope.register_fake
@@ -335,9 +335,9 @@ def _deferred_qkv_rope(
     n_kv_heads: int,
     head_dim: int,
 ) -> torch.Tensor:
-    return gemm_rmsnorm_rope_op(
-        a, rstd, w_qkv, positions, inv_freq, n_q_heads=n_q_heads, n_kv_heads=n_kv_heads, head_dim=head_dim
-    )
+    return run_kernel(
+        "gemm_rmsnorm_rope", a, rstd, w_qkv, positions, inv_freq, **_consts(n_q_heads, n_kv_heads, head_dim)
+    )[0]
 
 
 @_deferred_qkv_rope.register_fake

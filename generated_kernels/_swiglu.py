@@ -105,7 +105,7 @@ def _(dout, w_down, preact):
 
 @torch.library.custom_op("coda_agent::swiglu_mlp", mutates_args=())
 def _swiglu_mlp(x: torch.Tensor, w1: torch.Tensor, w_down: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    preact, postact = swiglu_fwd_op(x, w1)
+    preact, postact = run_kernel("swiglu_fwd", x, w1)
     return postact @ w_down.T, preact
 
 

@@ -1,4 +1,4 @@
-"""Hugging Face Llama on the fused kernels in one line: ``apply_coda(model)``.
+"""Hugging Face Llama, Mistral and Qwen3 on the fused kernels in one line: ``apply_coda(model)``.
 
 Usage (transformers 5.x; ``pip install 'coda-agent[hf]'``)::
 
@@ -16,20 +16,22 @@ What runs where (M = batch * sequence rows; "torch": plain PyTorch, which torch.
 fuses when the model is compiled). Attention itself stays the model's own
 (``config._attn_implementation``: SDPA by default; eager, flash and flex work the same way).
 
-========================================  ===============================  =============================
-HF modules, per decoder layer             after ``apply_coda``             forward / backward kernels
-========================================  ===============================  =============================
-input_layernorm, q/k/v_proj, RoPE         rstd in torch, then              ``gemm_rmsnorm_rope`` /
-                                          ``deferred_rmsnorm_qkv_rope``    torch
-o_proj, residual add, statistics of       ``residual_rmsnorm``             ``gemm_residual_partial_rms``
-post_attention_layernorm                                                   / torch
-gate_proj, up_proj, SiLU * up, down_proj  ``deferred_rmsnorm_swiglu_mlp``  ``gemm_rmsnorm_swiglu`` /
-                                          (``mlp="swiglu"``: ``swiglu``)   ``swiglu_bwd``
-lm_head + loss (``fused_lm_head=True``,   ``linear_cross_entropy``         ``gemm_cross_entropy`` /
-training mode, labels given)                                               ``cross_entropy_bwd``
-embeddings, final norm, attention,        unchanged                        --
+========================================  ================================  =================================
+HF modules, per decoder layer             after ``apply_coda``              forward / backward kernels
+========================================  ================================  =================================
+input_layernorm, q/k/v_proj, RoPE         rstd in torch, then               ``gemm_rmsnorm_rope`` /
+                                          ``deferred_rmsnorm_qkv_rope``     torch
+Qwen3: the same with q_norm, k_norm       rstd in torch, then               ``gemm_qknorm_rope`` (else
+before RoPE                               ``deferred_rmsnorm_qknorm_rope``  ``gemm_rmsnorm`` + torch) / torch
+o_proj, residual add, statistics of       ``residual_rmsnorm``              ``gemm_residual_partial_rms``
+post_attention_layernorm                                                    / torch
+gate_proj, up_proj, SiLU * up, down_proj  ``deferred_rmsnorm_swiglu_mlp``   ``gemm_rmsnorm_swiglu`` /
+                                          (``mlp="swiglu"``: ``swiglu``)    ``swiglu_bwd``
+lm_head + loss (``fused_lm_head=True``,   ``linear_cross_entropy``          ``gemm_cross_entropy`` /
+training mode, labels given)                                                ``cross_entropy_bwd``
+embeddings, final norm, attention,        unchanged                         --
 lm_head otherwise
-========================================  ===============================  =============================
+========================================  ================================  =================================
 
 The layer is :func:`coda_decoder_layer` (``benchmarks/llama_layer.py``'s ``coda_layer``,
 ``mlp="deferred_mlp"``: CODA paper section 3, a block as GEMM-epilogue programs), looked
@@ -63,6 +65,15 @@ as they are. v is untouched. The permutation is exact (a gather of whole rows) a
 invertible. A KV cache written by a patched model holds permuted keys: use it only with
 that patched model.
 
+QK-norm (Qwen3). ``self_attn.q_norm`` / ``k_norm`` stay as they are (parameters under
+HF's names); each forward reads their weights in the permuted column order
+(:func:`~coda_agent.kernels._qknorm.interleave_head_weight`, a view: the per-head RMSNorm
+is invariant under the permutation, the weight moves with its column). Whether the
+projection runs on the ``gemm_qknorm_rope`` kernel is decided when the layer is patched:
+where that kernel is accepted for the model's ``head_dim`` (128) and q_norm eps (1e-6)
+(``qknorm_kernel_ready``), else on ``gemm_rmsnorm`` with the per-head norm and RoPE in
+torch; ``model._coda.qk_norm_fused`` says which.
+
 Checkpoints. ``state_dict()`` of a patched model has HF's keys, in HF's order, with HF's
 shapes, dtypes and values (state-dict post-hooks unpack the fused weights: exact gathers;
 those tensors are copies, so writing into them does not change the model: use
@@ -81,10 +92,11 @@ config where that buffer was cast or is not materialized (a buffer further than
 ``to_empty`` (meta-device initialization) leave it fp32 and exact.
 
 Supported (else ``ValueError`` naming the setting, or, with ``strict=False``, a warning
-and that part left unpatched): ``config.model_type`` "llama" or "mistral" (Mistral:
-the same layer, sliding window passed to attention as Mistral does; Qwen2 is not: its
-q/k/v projections have biases); ``hidden_act`` "silu"; ``attention_bias`` and
-``mlp_bias`` False; ``head_dim`` 64 or 128 (the RoPE kernels are verified for those);
+and that part left unpatched): ``config.model_type`` "llama", "mistral" or "qwen3"
+(Mistral: the same layer, sliding window passed to attention as Mistral does; Qwen3: the
+same layer with q_norm / k_norm, each layer's sliding window as its attention module
+holds it; Qwen2 is not: its q/k/v projections have biases); ``hidden_act`` "silu";
+``attention_bias`` and ``mlp_bias`` False; ``head_dim`` 64 or 128 (the RoPE kernels are verified for those);
 ``hidden_size`` and ``intermediate_size`` multiples of 8; ``rope_parameters['rope_type']``
 "default", "linear" or "llama3" (they change inv_freq only; the kernels take inv_freq as
 a tensor; "yarn" / "longrope" scale attention, "dynamic" changes frequencies with the
@@ -168,6 +180,7 @@ from ._hf_layout import (  # noqa: F401  (PackedPart, unpack_*, rope_row_permuta
     unpack_gate_up,
     unpack_qkv,
 )
+from ._qknorm import interleave_head_weight
 
 # The package itself (partially initialized while its __init__ imports this module): the ops
 # are looked up through it at call time, like the family modules' ``_pkg``.
@@ -205,9 +218,14 @@ def coda_decoder_layer(
     head_dim: int,
     eps: float,
     mlp: str = "deferred_mlp",
+    q_norm_w: torch.Tensor | None = None,
+    k_norm_w: torch.Tensor | None = None,
+    qk_norm_eps: float = 1e-6,
+    qk_norm_fused: bool = False,
 ):
     """One pre-norm Llama decoder layer through the fused ops (the wiring of
-    ``benchmarks/llama_layer.py``'s ``coda_layer``).
+    ``benchmarks/llama_layer.py``'s ``coda_layer``); with ``q_norm_w`` / ``k_norm_w``, a
+    QK-norm (Qwen3) layer.
 
     Args:
         x: (..., D) bf16 residual stream (flattened to M rows).
@@ -219,6 +237,10 @@ def coda_decoder_layer(
             attention on the rotated, permuted heads).
         n_q_heads, n_kv_heads, head_dim: ints; eps: RMSNorm epsilon of both norms.
         mlp: one of :data:`MLPS`.
+        q_norm_w, k_norm_w: None (Llama), or (HD,) bf16 per-head norm weights of the query
+            and key heads in w_qkv's permuted column order: each query / key head of the
+            projection is RMS-normalized (``qk_norm_eps``) and weighted before RoPE
+            (:func:`~coda_agent.kernels.deferred_rmsnorm_qknorm_rope`, ``fused=qk_norm_fused``).
     Returns:
         x's shape, bf16, a new tensor (not a view: FSDP2 hooks layer outputs):
         ``x2 + MLP(RMSNorm(x2))`` with ``x2 = x + attention(RoPE(RMSNorm(x) W_qkv^T)) W_o^T``.
@@ -231,7 +253,12 @@ def coda_decoder_layer(
     x = x.reshape(-1, shape[-1])
     heads = {"n_q_heads": n_q_heads, "n_kv_heads": n_kv_heads, "head_dim": head_dim}
     rstd = torch.rsqrt(x.to(torch.promote_types(x.dtype, torch.float32)).pow(2).mean(-1) + eps)
-    qkv = K.deferred_rmsnorm_qkv_rope(x * g1, rstd, w_qkv, positions, inv_freq, **heads)
+    if q_norm_w is None or k_norm_w is None:
+        qkv = K.deferred_rmsnorm_qkv_rope(x * g1, rstd, w_qkv, positions, inv_freq, **heads)
+    else:
+        qkv = K.deferred_rmsnorm_qknorm_rope(
+            x * g1, rstd, w_qkv, positions, inv_freq, q_norm_w, k_norm_w, **heads, eps=qk_norm_eps, fused=qk_norm_fused
+        )
     x2, normed_w, rstd2 = K.residual_rmsnorm(attention(qkv), w_o, x, g2, eps=eps)
     if mlp == "deferred_mlp":
         y = K.deferred_rmsnorm_swiglu_mlp(normed_w, rstd2, w1, w_down)
@@ -254,8 +281,10 @@ class _LayerInfo:
     eps: float
     mlp: str
     inv_freq: torch.Tensor  # (HD/2,) fp32 on the CPU: the master copy of the buffer
-    attention_kwargs: tuple  # config fields passed to attention (Mistral: sliding_window)
+    attention_kwargs: tuple  # passed to attention: the attention module's attribute, else the config's (sliding_window)
     new_cache_api: bool  # transformers >= 5.2x: ``cache.update(k, v, idx, kwargs=...)``
+    qk_norm_eps: float | None = None  # Qwen3's q_norm / k_norm eps; None: no QK-norm
+    qk_norm_fused: bool = False  # the QK-norm projection on the gemm_qknorm_rope kernel
 
 
 def _layer_forward(self, hidden_states, attention_mask=None, position_ids=None, **kwargs):
@@ -271,8 +300,16 @@ def _layer_forward(self, hidden_states, attention_mask=None, position_ids=None, 
         position_ids = torch.arange(S, device=hidden_states.device)
     positions = position_ids.to(torch.int64).expand(B, S).reshape(B * S)
     attn_kwargs = {**kwargs, "position_ids": position_ids}
-    for name in info.attention_kwargs:
-        attn_kwargs[name] = getattr(attn.config, name, None)
+    for name in info.attention_kwargs:  # Qwen3: per layer on the module; Mistral: the config's
+        attn_kwargs[name] = getattr(attn, name) if hasattr(attn, name) else getattr(attn.config, name, None)
+    qk_norm: dict[str, Any] = {}
+    if info.qk_norm_eps is not None:
+        qk_norm = dict(
+            q_norm_w=interleave_head_weight(attn.q_norm.weight),
+            k_norm_w=interleave_head_weight(attn.k_norm.weight),
+            qk_norm_eps=info.qk_norm_eps,
+            qk_norm_fused=info.qk_norm_fused,
+        )
     hq, hkv, hd = info.n_q_heads, info.n_kv_heads, info.head_dim
 
     def attention(qkv):
@@ -312,6 +349,7 @@ def _layer_forward(self, hidden_states, attention_mask=None, position_ids=None, 
         head_dim=hd,
         eps=info.eps,
         mlp=info.mlp,
+        **qk_norm,
     )
 
 
@@ -451,15 +489,16 @@ class CodaPatch:
     layers: list[int] = field(default_factory=list)  # indices of the patched decoder layers
     fused_lm_head: bool = False
     mlp: str = "deferred_mlp"
+    qk_norm_fused: bool | None = None  # QK-norm models: the projection on gemm_qknorm_rope; else None
 
 
 def apply_coda(
     model: nn.Module, *, fused_lm_head: bool | None = None, strict: bool = True, mlp: str = "deferred_mlp"
 ) -> nn.Module:
-    """Patch a transformers 5.x Llama (or Mistral) model in place to train on the fused kernels.
+    """Patch a transformers 5.x Llama (or Mistral, Qwen3) model in place to train on the fused kernels.
 
     Args:
-        model: a ``LlamaForCausalLM`` / ``MistralForCausalLM`` (or their base ``*Model``, or
+        model: a ``LlamaForCausalLM`` / ``MistralForCausalLM`` / ``Qwen3ForCausalLM`` (or their base ``*Model``, or
             another head over that stack), bf16 weights, on any device (the forward needs one
             sm_90 CUDA device). Not yet patched, sharded or quantized.
         fused_lm_head: True: in training with labels, the LM head and loss run as
@@ -510,8 +549,10 @@ def apply_coda(
 
     patch = CodaPatch(layers=todo, fused_lm_head=fused_lm_head and not lm_problems, mlp=mlp)
     hq, hkv, hd = config.num_attention_heads, config.num_key_value_heads, _head_dim(config)
+    if names[5] and todo:
+        patch.qk_norm_fused = K.qknorm_kernel_ready(hd, base.layers[todo[0]].self_attn.q_norm.variance_epsilon)
     for i in todo:
-        _patch_layer(base.layers[i], hq, hkv, hd, mlp, inv_freq, names[4])
+        _patch_layer(base.layers[i], hq, hkv, hd, mlp, inv_freq, names[4], patch.qk_norm_fused)
     if patch.fused_lm_head:
         sig = inspect.signature(type(model).forward)
         params = tuple(
@@ -523,7 +564,11 @@ def apply_coda(
     return model
 
 
-def _patch_layer(layer, hq: int, hkv: int, hd: int, mlp: str, inv_freq: torch.Tensor, attn_kwargs: tuple) -> None:
+def _patch_layer(
+    layer, hq: int, hkv: int, hd: int, mlp: str, inv_freq: torch.Tensor, attn_kwargs: tuple, qk_norm_fused: bool | None
+) -> None:
+    """Fuse ``layer``'s projections and swap its class; ``qk_norm_fused`` None: no QK-norm
+    (Llama, Mistral), else the QK-norm projection's path (:class:`CodaPatch`)."""
     attn, mlp_mod = layer.self_attn, layer.mlp
     attn_cls = type(attn)
     new_cache_api = "cache" in inspect.signature(attn_cls.forward).parameters
@@ -543,6 +588,8 @@ def _patch_layer(layer, hq: int, hkv: int, hd: int, mlp: str, inv_freq: torch.Te
         inv_freq=inv_freq,
         attention_kwargs=attn_kwargs,
         new_cache_api=new_cache_api,
+        qk_norm_eps=None if qk_norm_fused is None else float(attn.q_norm.variance_epsilon),
+        qk_norm_fused=bool(qk_norm_fused),
     )
     layer.register_buffer("coda_inv_freq", inv_freq.to(layer.input_layernorm.weight.device), persistent=False)
     layer.__class__ = _patched_class(type(layer))

@@ -22,7 +22,8 @@ orchestration          ``pipeline.verify``: snapshot the file once, run the stag
                        low-precision references, baselines); ``protocol``, ``runs``,
                        ``coverage`` and ``inputs`` define what they run
 4. judging (parent)    ``stages/``: ``correctness``, ``gradients`` (per-element rules
-                       in ``numerics``), ``bench``; all from the workers' records
+                       in ``numerics``, fp8 outputs in ``numerics_fp8``), ``bench``;
+                       all from the workers' records
 the verdict            ``verdict`` (the model), ``feedback`` (the repair prompt's text)
 5. accept              ``library/accept``: writes ``generated_kernels/<spec>/`` with
                        its manifest; ``regress``, ``review``, ``bench`` keep the

@@ -146,6 +146,7 @@ def run_gpu_workers(
     device: str = "cuda",
     baselines: list[str] | None = None,
     placement: Placement | None = None,
+    tuning: dict[str, Any] | None = None,
 ) -> GpuRun:
     """Run the candidate worker on ``snap`` (:func:`snapshot.take`; a path is snapshotted
     into ``workdir/candidate/`` first), then (if it produced any trial) the reference worker.
@@ -176,6 +177,7 @@ def run_gpu_workers(
         candidate_sha256=snap.sha256,
         baselines=baselines,
         memory_budget=None if placement is None else placement.memory_budget,
+        tuning=tuning,
     )
     workdir = Path(workdir).resolve()  # workers run with cwd=their own folder: absolute paths only
     # Fresh, like cand/ and ref/: the workers' logs are written through these paths, and a
@@ -457,6 +459,7 @@ def verify(
     baselines: list[str] | None = None,
     cpu_done: CpuStages | None = None,
     placement: Placement | None = None,
+    tuning: dict[str, Any] | None = None,
 ) -> Verdict:
     """Verify ``candidate`` (a .py file) against ``loaded``; never raises for candidate behaviour.
 
@@ -470,8 +473,10 @@ def verify(
     ``cpu_done``: static and compile already run for this file (:func:`cpu_stages_many`);
     ignored, and the stages run again, when its hash is not the file's.
     ``placement``: the GPU and memory budget the scheduler leased (``verifier/schedule/``);
-    recorded as ``environment.placement``.
-    The file is read once, into a private snapshot (:mod:`snapshot`) that every stage
+    recorded as ``environment.placement``. ``tuning``:
+    ``{epilogue: {shape bucket: GemmConfig fields}}`` the candidate's epilogues run with
+    instead of their own configs (``coda-agent tune`` re-verifies a tuned config this way;
+    recorded in the verdict). The file is read once, into a private snapshot (:mod:`snapshot`) that every stage
     judges; ``candidate_hash`` is the sha256 of those bytes.
     Raises ``FileNotFoundError`` when ``candidate`` does not exist.
     """
@@ -492,6 +497,7 @@ def verify(
             baselines=baselines,
             cpu_done=cpu_done,
             placement=placement,
+            tuning=tuning,
         )
 
 
@@ -508,9 +514,11 @@ def _verify_snapshot(
     baselines: list[str] | None,
     cpu_done: CpuStages | None,
     placement: Placement | None = None,
+    tuning: dict[str, Any] | None = None,
 ) -> Verdict:
     t0 = time.monotonic()
     verdict = Verdict(
+        tuning=tuning,
         spec=loaded.name,
         spec_hash=loaded.spec_hash,
         candidate_hash=snap.sha256,
@@ -560,6 +568,7 @@ def _verify_snapshot(
                 device=device,
                 baselines=baselines,
                 placement=placement,
+                tuning=tuning,
             )
         except Exception as e:  # noqa: BLE001 -- e.g. an unknown bench shape name, a full disk
             verdict.stages.append(

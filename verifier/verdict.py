@@ -87,6 +87,9 @@ class Verdict(BaseModel):
     cpu_only: bool = False
     started_at: str = ""
     wall_s: float = 0.0
+    tuning: dict[str, dict[str, dict[str, Any]]] | None = None
+    """GEMM configs the candidate ran with in place of its own, ``{epilogue: {shape bucket:
+    GemmConfig fields}}`` (``coda-agent tune``'s re-verification); None: its own configs."""
 
     @property
     def failed_stage(self) -> StageResult | None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from pathlib import Path
 
 import jinja2
 import pytest
@@ -28,7 +29,9 @@ from coda_agent.agent.render import (
     number_lines,
     render_prompt,
 )
-from coda_agent.verifier.spec import load_spec
+from coda_agent.verifier.spec import ReferenceSpec, load_spec
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_prompt_contains_docs_examples_tricks_and_spec(workspace, fwd_spec):
@@ -325,13 +328,48 @@ def test_rule_constants_in_the_prompt_match_the_verifier():
     task.md.j2 words the input draws of verifier/gpu/inputs.py."""
     from coda_agent.agent import render
     from coda_agent.verifier.gpu import inputs
-    from coda_agent.verifier.stages import numerics
+    from coda_agent.verifier.stages import numerics, numerics_fp8
 
     assert render.SIGN_MARGIN == numerics.SIGN_MARGIN
     assert render.QUANTILES == numerics.QUANTILES
+    assert render.FP8_BAND_FACTOR == numerics_fp8.BAND_FACTOR
+    assert render.FP8_BAND_ULPS == numerics_fp8.BAND_ULPS
     assert inputs.DRAWS == ("spec", "heavy", "outliers", "saturate", "tiny_rows", "nonfinite"), (
         "a new input draw: say what it draws in task.md.j2's Coverage section"
     )
+
+
+def test_task_prompt_states_what_real_ops_declare():
+    """Float constants, reference-only inputs, per-input draws, fp8 outputs with their scales
+    and partial-shape outputs reach the task prompt; the fp8 output is left out of the CODA
+    rules' groups."""
+    fp8 = load_spec(ROOT / "kernel_specs" / "gemm_fp8_quant")
+    task = _task(fp8)
+    assert "def gemm_fp8_quant(x, w, *, eps: float) -> (y_fp8, y_scale)" in task
+    assert "`eps` is passed as a keyword-only Python float, always with the spec's value: eps = 0.0001." in task
+    assert "fp8: its real value is `y_fp8 * y_scale`" in task
+    assert "fp8 output `y_fp8` (float8_e4m3fn, scales `y_scale`)" in task
+    assert "delta = 512 * band / s + 4 * ulp_fp32(x)" in task
+    assert "Every output except the fp8 ones is compared" in task
+    assert "Not a GEMM tile: written with plain stores" in task
+    spec = fp8.spec.model_copy(
+        update={
+            "reference": ReferenceSpec.model_validate(
+                {"inputs": [{"name": "y_pre", "shape": ["M", "K"], "dtype": "bfloat16", "description": "pre-norm"}]}
+            ),
+            "entry": fp8.spec.entry.model_copy(
+                update={
+                    "inputs": [
+                        fp8.spec.entry.inputs[0].model_copy(update={"draws": ["outliers"]}),
+                        fp8.spec.entry.inputs[1],
+                    ]
+                }
+            ),
+        }
+    )
+    task = _task(spec)
+    assert "### Reference-only inputs" in task and "- `y_pre`: shape (M, K), dtype bfloat16 -- pre-norm." in task
+    assert "; x only by: outliers." in task
 
 
 def test_task_prompt_states_the_limits(workspace, fwd_spec):

@@ -832,17 +832,24 @@ def test_patched_layer_compiles_without_graph_breaks_on_gpu():
 
 
 def tiny_hf_train(monkeypatch):
-    """benchmarks/hf_train.py on the CPU at tiny widths (both shapes), compiled with aot_eager."""
+    """benchmarks/hf_train.py on the CPU at tiny widths (every shape, vocabulary 256),
+    compiled with aot_eager."""
     import functools
 
     from glue_helpers import module_from_file
 
     T = module_from_file(ROOT / "benchmarks" / "hf_train.py", "coda_hf_train")
     monkeypatch.setattr(T, "DEVICE", "cpu")
-    monkeypatch.setattr(T, "VOCAB", 256)
     monkeypatch.setattr(T, "SEQ", 32)
     monkeypatch.setattr(T, "COMPILE", functools.partial(torch.compile, backend="aot_eager"))
-    for name, hd, tied in (("llama3-1b", 64, True), ("llama3-8b", 128, False)):
+    for fam in T.FAMILIES.values():
+        monkeypatch.setitem(fam, "vocab", 256)
+    for name, hd, tied in (
+        ("llama3-1b", 64, True),
+        ("llama3-8b", 128, False),
+        ("qwen3-1.7b", 128, True),
+        ("qwen3-8b", 128, False),
+    ):
         monkeypatch.setitem(
             T.SHAPES,
             name,
@@ -865,7 +872,15 @@ def test_hf_train_speed_runs_on_a_tiny_model_cpu(baseline, monkeypatch, capsys):
     CPU: every variant timed, none failed."""
     T = tiny_hf_train(monkeypatch)
     args = T.argparse.Namespace(
-        layers=1, shape=["llama3-8b"], all=False, quick=False, no_liger=True, warmup=1, steps_timed=1, rounds=1
+        layers=1,
+        shape=["llama3-8b"],
+        model="llama",
+        all=False,
+        quick=False,
+        no_liger=True,
+        warmup=1,
+        steps_timed=1,
+        rounds=1,
     )
     res = {}
     T.speed(args, res)
@@ -884,7 +899,7 @@ def test_hf_train_parity_runs_on_a_tiny_model_cpu(baseline, monkeypatch):
     """The benchmark's --parity path end to end on the CPU (tiny widths, 6 steps, stand-ins,
     aot_eager): five runs, per-step losses and grad norms, a summary with the band."""
     T = tiny_hf_train(monkeypatch)
-    args = T.argparse.Namespace(layers=2, n_batches=2, batch=2, steps=6)
+    args = T.argparse.Namespace(layers=2, n_batches=2, batch=2, steps=6, model="llama")
     res = {}
     T.parity(args, res)
     torch._dynamo.reset()

@@ -76,6 +76,23 @@ REQUIRED = {
     "wrong_k_skipped",
     "wrong_saturated_gate",
     "wrong_saturated_grad",
+    # attacks through quack's prepass, custom op classes and the grouped-stats/fp8 modules
+    "prepass_lambda",
+    "prepass_closure_state",
+    "prepass_host_math",
+    "prepass_introspection",
+    "op_class_dunder",
+    "op_class_state",
+    "op_class_metaclass",
+    "op_class_decorator",
+    "op_class_host_hook",
+    "op_class_callable_attr",
+    "op_class_super",
+    "op_class_self_gadget",
+    "op_class_runtime",
+    "op_class_base_gadget",
+    "library_epilogue_scaled_exp",
+    "escape_quantize_out_reexport",
 }
 
 

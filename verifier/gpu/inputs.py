@@ -26,11 +26,8 @@ from typing import Any, cast
 
 import torch
 
+from ..spec import DTYPE_BYTES, FP8_DTYPES, KernelSpec, LoadedSpec, eval_expr
 from ..spec import RECHECK_ROW_DIM as ROW_DIM
-from ..spec import KernelSpec, LoadedSpec, eval_expr
-
-DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "int32": 4, "int64": 8}
-"""Element size in bytes of each spec dtype name."""
 
 DRAWS = ("spec", "heavy", "outliers", "saturate", "tiny_rows", "nonfinite")
 """How a trial's inputs are drawn (``Run.draw``). ``spec``: as the spec declares. The others
@@ -50,7 +47,8 @@ start from that draw and change the floating inputs that are neither derived nor
   or -Inf (only for a spec with ``coverage.nonfinite``).
 
 The rows are the same in every input of one trial (one generator per trial and draw).
-Derived inputs are computed from the changed inputs, so they stay consistent."""
+Derived inputs are computed from the changed inputs, so they stay consistent. An input
+whose spec lists ``draws`` is changed only by those (``[]``: never)."""
 
 SATURATE_STD = 40.0
 """The std ``saturate`` gives activation inputs (|x| near 90 at about 2 sigma)."""
@@ -80,11 +78,14 @@ def make_inputs(
 ) -> dict[str, torch.Tensor]:
     """Draw every entry input of ``spec`` at ``dims`` for trial ``seed``.
 
-    Returns ``{name: tensor}`` in the spec's input order, each of the declared shape and
-    dtype on ``device``. ``normal``: ``mean + std * N(0,1)``; ``uniform``: ``U(low, high)``;
-    ``randint``: integers in ``[low, high)``; ``derived``: ``reference.<fn>(**earlier)`` (plus ``dims=`` when the function
-    takes a ``dims`` parameter, e.g. to build a RoPE frequency table of length HD/2).
-    Floats are drawn in fp32 then cast.
+    Returns ``{name: tensor}`` for every input in the spec's draw order (the reference-only
+    inputs, then the entry's: :func:`entry_inputs` keeps the entry's), each of the declared
+    shape and dtype on ``device``. ``normal``: ``mean + std * N(0,1)``; ``uniform``:
+    ``U(low, high)``; ``randint``: integers in ``[low, high)``; ``derived``:
+    ``reference.<fn>(**earlier)`` (plus ``dims=`` when the function takes a ``dims``
+    parameter, e.g. to build a RoPE frequency table of length HD/2, and each keyword
+    constant of the entry that it names as a parameter, e.g. ``eps``).
+    Floats are drawn in fp32 then cast; fp8 dtypes after clamping to their finite range.
     Raises ``ValueError`` when a scale expression names an unknown dim, when a derived
     input is requested without a :class:`LoadedSpec` (its reference module), or when the
     derived tensor has the wrong shape. ``reference``: the spec's already imported
@@ -101,7 +102,8 @@ def make_inputs(
     out: dict[str, torch.Tensor] = {}
     ref = reference
     rows = _row_choice(s, dims, seed, draw)
-    for t in s.entry.inputs:
+    consts = s.constants_of(dims)
+    for t in s.all_inputs:
         shape = s.shape_of(t, dims)
         dtype = getattr(torch, t.dtype)
         if t.init.dist == "derived":
@@ -113,7 +115,8 @@ def make_inputs(
             ref = ref or spec.load_reference()
             assert t.init.fn is not None  # InitSpec: a dist='derived' input names its fn
             fn = getattr(ref, t.init.fn)
-            extra = {"dims": dict(dims)} if "dims" in inspect.signature(fn).parameters else {}
+            params = inspect.signature(fn).parameters
+            extra = {k: v for k, v in {"dims": dict(dims), **consts}.items() if k in params}
             with torch.no_grad():
                 x = fn(**out, **extra)
             if tuple(x.shape) != tuple(shape):
@@ -137,10 +140,20 @@ def make_inputs(
         else:  # randint
             low, high = int(eval_expr(init.low, dims)), int(eval_expr(init.high, dims))
             x = torch.randint(low, high, shape, generator=gen, device=dev, dtype=torch.int64)
-        if draw != "spec" and init.dist != "randint" and t.name not in s.coverage.plain_inputs:
+        varied = t.draws is None or draw in t.draws
+        if draw != "spec" and init.dist != "randint" and t.name not in s.coverage.plain_inputs and varied:
             x = _vary(s, t, x, draw, dims, gen, rows)
+        if t.dtype in FP8_DTYPES:
+            fmax = torch.finfo(dtype).max  # e4m3fn has no inf: a cast beyond its range is NaN
+            x = torch.where(torch.isfinite(x), x.clamp(-fmax, fmax), x)
         out[t.name] = x.to(dtype).contiguous()
     return out
+
+
+def entry_inputs(spec: KernelSpec | LoadedSpec, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The entry's inputs of :func:`make_inputs`'s result, in the entry's order (the
+    reference-only inputs left out: the candidate never receives them)."""
+    return {t.name: inputs[t.name] for t in _spec(spec).entry.inputs}
 
 
 def _row_choice(s: KernelSpec, dims: dict[str, int], seed: int, draw: str) -> torch.Tensor | None:
@@ -209,9 +222,12 @@ def _vary(
 
 
 def tensor_bytes(spec: KernelSpec | LoadedSpec, dims: dict[str, int], which: str = "all") -> int:
-    """Bytes of the entry's tensors at ``dims``: ``which`` = "inputs", "outputs" or "all"."""
+    """Bytes of the entry's tensors at ``dims``: ``which`` = "inputs", "outputs" or "all" (which
+    also counts the reference-only inputs: every tensor a trial holds)."""
     s = _spec(spec)
     tensors: list[Any] = []
+    if which == "all":
+        tensors += s.reference.inputs
     if which in ("inputs", "all"):
         tensors += s.entry.inputs
     if which in ("outputs", "all"):

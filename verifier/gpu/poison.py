@@ -25,8 +25,13 @@ _POISON_BY_SIZE = {
 
 
 def poison_count(t: torch.Tensor) -> int:
-    """How many elements of ``t`` (any shape/dtype, CPU) still hold the allocator poison."""
+    """How many elements of ``t`` (any shape/dtype, CPU) still hold the allocator poison. A
+    1-byte tensor (fp8) holds the 16-bit word over two elements (a NaN in both fp8
+    formats every other byte): each aligned pair holding it counts twice."""
     size = t.element_size()
+    if size == 1 and t.numel() >= 2:
+        pairs = t.detach().contiguous().reshape(-1)[: t.numel() // 2 * 2].view(torch.int16)
+        return 2 * int((pairs == POISON_WORD16).sum())
     if size not in _POISON_BY_SIZE or t.numel() == 0:
         return 0
     itype, word = _POISON_BY_SIZE[size]

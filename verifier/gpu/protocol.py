@@ -31,6 +31,7 @@ import hashlib
 import json
 import re
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 PLAN_FILE = "plan.json"
 RESULTS_FILE = "results.jsonl"
@@ -113,6 +114,9 @@ class Plan:
     sharing a GPU never take each other's memory. None: the worker takes
     :data:`~coda_agent.verifier.gpu.memory_budget.ALONE_SHARE` of the device (a
     verification alone on its GPU)."""
+    tuning: dict[str, dict[str, dict[str, Any]]] | None = None
+    """GEMM configs to run the candidate's epilogues with, ``{epilogue: {bucket: config}}``
+    (:func:`coda_agent.runtime.tuning.override_lookup`); None: the candidate's own."""
     secret: int = 0
     """Per-verification random offset (drawn by the parent) added to every seed the
     candidate must not predict: the timed input sets, the recheck, the benchmark-shape
@@ -137,6 +141,7 @@ class Plan:
             baselines=d.get("baselines"),
             memory_budget=None if d.get("memory_budget") is None else int(d["memory_budget"]),
             secret=int(d.get("secret", 0)),
+            tuning=d.get("tuning"),
         )
 
     def sha256(self) -> str:
@@ -215,7 +220,7 @@ def wall_check_run(shape: BenchShape, set_index: int, secret: int) -> Run:
 SYNC_MARKERS = frozenset({"Unknown", "Event Sync", "Stream Wait Event", "Stream Sync", "Context Sync"})
 """The exact names Kineto gives CUPTI synchronization records (its ``cuda_sync`` activity:
 ``CUpti_ActivitySynchronizationType`` 0-4). torch 2.11 on the H200 records none of them
-on the device timeline (``benchmarks/profiler_event_probe.py``,
+on the device timeline (``benchmarks/probes/profiler_event_names.py``,
 ``benchmarks/results/dev/2026-11-30-h200-profiler-events.log``: syncs show up only as
 ``cudaDeviceSynchronize``-style runtime calls on the CPU); other builds may."""
 
@@ -235,7 +240,7 @@ def gpu_kernels(names: list[str]) -> list[str]:
     filter would let a second GEMM hide as ``swiglu_Sync_epi``
     (tests/verifier/corpus/sync_named_kernel.py); no kernel
     name cutlass or torch produces starts like a copy or equals a sync record's name.
-    The candidate worker counts with this rule; ``benchmarks/launch_census.py`` too."""
+    The candidate worker counts with this rule; ``benchmarks/probes/launches_per_kernel.py`` too."""
     return [n for n in names if not n.startswith(NOT_LAUNCH_PREFIXES) and n not in SYNC_MARKERS]
 
 

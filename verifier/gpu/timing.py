@@ -14,7 +14,6 @@ counted at the shape.
 from __future__ import annotations
 
 import gc
-import math
 import random
 import statistics
 from typing import Any
@@ -28,11 +27,11 @@ from .protocol import (
     BENCH_SEED_BASE,
     TIMED_LOOP_SLOTS,
     BenchShape,
-    sample_index,
     timed_check_run,
     timed_loop_check_run,
     wall_check_run,
 )
+from .samples import output_samples
 
 BENCH_WALL_REPS = 7
 
@@ -67,11 +66,7 @@ def bench_shape(worker: Any, name: str, dims: dict[str, int]) -> dict[str, Any]:
     slots = TIMED_LOOP_SLOTS
     loop_runs = [[timed_loop_check_run(shape, k, worker.plan.secret, j) for k in range(n)] for j in range(slots)]
     loop_idx = [
-        [
-            sample_index(math.prod(worker.spec.shape_of(o, dims)), r.sample, r.seed, pos).to(worker.device)
-            for pos, o in enumerate(worker.spec.entry.outputs)
-        ]
-        for r in loop_runs[0]
+        [i.to(worker.device) for i in output_samples(worker.spec, dims, r.sample, r.seed)] for r in loop_runs[0]
     ]  # same seed per set
     pick = random.Random(f"{worker.plan.secret}/timed-loop/{name}")
     timing = {"on": False, "calls": 0}

@@ -95,6 +95,9 @@ from typing import Any, Callable, Mapping, NamedTuple  # noqa: E402
 import torch  # noqa: E402
 import torch.profiler  # noqa: E402
 
+from ...runtime import launch as _launch  # noqa: E402
+from ...runtime.launch import bind_entry  # noqa: E402
+from ...runtime.tuning import override_lookup  # noqa: E402
 from ..confine import (
     audit,  # noqa: E402
     landlock,  # noqa: E402
@@ -108,9 +111,10 @@ from . import (  # noqa: E402
     memory_budget,
     output_contract,
     poison,
+    samples,
     timing,
 )
-from .inputs import make_inputs  # noqa: E402
+from .inputs import entry_inputs, make_inputs  # noqa: E402
 from .output_contract import check_output, gather, host_copy, storage_span  # noqa: E402
 from .poison import bitwise_equal, fill_free_memory  # noqa: E402
 from .protocol import (  # noqa: E402
@@ -120,11 +124,10 @@ from .protocol import (  # noqa: E402
     Plan,
     Run,
     gpu_kernels,
-    sample_index,
 )
 from .timing import bench_shape  # noqa: E402
 
-HARNESS_MODULES = (instruments, memory_budget, output_contract, poison, timing)
+HARNESS_MODULES = (instruments, memory_budget, output_contract, poison, samples, timing, _launch)
 """The worker-side modules this worker runs code from: their globals are watched like its own."""
 
 
@@ -194,10 +197,10 @@ def freeze_own_state() -> None:
         for name, value in list(g.items()):
             if not name.startswith("__") and name not in ("_OWN", "_MISSING"):
                 _OWN[f"{label}.{name}"] = (g, name, value, dict(value) if type(value) is dict else None)
-    cls = vars(Worker)
-    for name, value in cls.items():
-        if not name.startswith("__"):
-            _OWN[f"Worker.{name}"] = (cls, name, value, None)
+    for label, cls in (("Worker", vars(Worker)), ("Launcher", vars(_launch.Launcher))):
+        for name, value in cls.items():
+            if not name.startswith("__") or name == "__call__":
+                _OWN[f"{label}.{name}"] = (cls, name, value, None)
 
 
 class Worker:
@@ -226,9 +229,7 @@ class Worker:
         self.imported = False  # candidate code has run in this process
         self.profiler_ok = False  # the launch-counting profiler passed its self-test here
         # trusted reference.py, imported once before any candidate code (derived inputs)
-        self.ref = (
-            self.loaded.load_reference() if any(t.init.dist == "derived" for t in self.spec.entry.inputs) else None
-        )
+        self.ref = self.loaded.load_reference() if any(t.init.dist == "derived" for t in self.spec.all_inputs) else None
 
     # -- plumbing -----------------------------------------------------------------
     def record(self, part: str, **fields: Any) -> None:
@@ -360,13 +361,17 @@ class Worker:
         fn = getattr(mod, self.spec.entry.function, None)
         if not callable(fn):
             raise AttributeError(f"candidate defines no function {self.spec.entry.function!r}")
-        self.fn = fn
+        # Rationale: the entry runs exactly as training runs it, every epilogue mod behind a
+        # direct launcher (coda_agent.runtime.launch), with the plan's tuned configs if any:
+        # the binary judged here is the binary the ops launch.
+        config_for = override_lookup(self.spec.name, self.plan.tuning) if self.plan.tuning else None
+        self.fn, _ = bind_entry(mod, self.spec.entry.function, config_for)
 
     # -- one trial ----------------------------------------------------------------
     def inputs_for(self, dims: dict[str, int], seed: int, draw: str = "spec") -> dict[str, torch.Tensor]:
         """The trial's inputs (bit-identical to the reference worker's); raises InputGenerationError."""
         try:
-            return make_inputs(self.loaded, dims, seed, self.device, self.ref, draw)
+            return entry_inputs(self.spec, make_inputs(self.loaded, dims, seed, self.device, self.ref, draw))
         except Exception as e:  # noqa: BLE001
             raise InputGenerationError(f"input generation failed: {type(e).__name__}: {e}") from e
 
@@ -439,11 +444,12 @@ class Worker:
         ``run.sample``) and the inputs before/after, and return the record fields."""
         per, violations = self.check_result(run, res, inputs)
         saved: dict[str, torch.Tensor | None] = {o.name: None for o in self.spec.entry.outputs}
+        picked = samples.output_samples(self.spec, run.dims, run.sample, run.seed) if run.sample else []
         for pos, spec_o, o, v in per:
             # anything but a plain tensor with its data in place is never read (output_contract)
             if not any(x["kind"] == "output-not-plain-tensor" for x in v):
                 if run.sample and not v:
-                    idx = sample_index(_T["numel"](o), run.sample, run.seed, pos).to(o.device)
+                    idx = picked[pos].to(o.device)
                     saved[spec_o.name] = _T["to"](gather(o, idx), "cpu")
                 elif _T["numel"](o) <= 4 * math.prod(self.spec.shape_of(spec_o, run.dims)) + 1024:
                     saved[spec_o.name] = host_copy(o)

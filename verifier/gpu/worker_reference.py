@@ -12,7 +12,13 @@ saves ``<key>.pt = {"inputs", "ref32", "ref_lowp"}`` (CPU tensors):
 * ``ref32[o]``  -- ``reference.reference`` on fp32-upcast inputs (TF32 off), kept fp32;
 * ``ref_lowp[o]`` -- the same function on the low-precision inputs, as it returns them;
 * gradient outputs -- ``torch.autograd.grad(reference.<of>(inputs minus upstream),
-  inputs[wrt], grad_outputs=inputs[upstream])``, in fp32 and in low precision.
+  inputs[wrt], grad_outputs=inputs[upstream])``, in fp32 and in low precision;
+* ``fp8_band[o]`` (fp8 outputs only) -- ``ref32``'s own rounding per block of the output's
+  scale: the largest ``|ref32 - ref64|`` over the block, ``ref64`` being the reference on
+  float64-upcast inputs (:func:`fp8_bands`; the fp8 rule's boundary band).
+
+``inputs`` holds the entry's inputs only (the reference-only ones never reach the
+candidate, so there is nothing to compare them with).
 
 Bench: at each shape, times the spec's baselines (``torch_eager`` = ``reference.baseline``,
 ``torch_compile`` = one ``torch.compile(reference.baseline, dynamic=False)`` reused across
@@ -51,9 +57,9 @@ import torch
 
 from ..confine.records import append_record
 from ..spec import LIGER_MISSING, NO_LIGER, GradientSpec, load_spec
-from . import gemm_floor
-from .inputs import make_inputs, rotation_count, tensor_bytes, upcast
-from .protocol import BENCH_SEED_BASE, PLAN_FILE, RESULTS_FILE, Plan, Run, sample_index
+from . import gemm_floor, samples
+from .inputs import entry_inputs, make_inputs, rotation_count, tensor_bytes, upcast
+from .protocol import BENCH_SEED_BASE, PLAN_FILE, RESULTS_FILE, Plan, Run
 
 
 def _exact_fp32() -> None:
@@ -104,6 +110,28 @@ def reference_outputs(
     return ref32, lowp
 
 
+def fp8_bands(
+    spec: Any, ref: Any, inputs: dict[str, torch.Tensor], dims: dict[str, int], ref32: dict[str, torch.Tensor]
+) -> dict[str, torch.Tensor]:
+    """Per fp8 output of ``spec`` (none: ``{}``), the fp32 reference's own rounding per block
+    of its scale (CPU fp64, the scale's shape): ``max |ref32 - ref64|`` over each block's
+    finite elements, where ``ref64`` is ``ref.reference`` on float64-upcast ``inputs``
+    (the true value to ~1e-16, so the difference is ref32's accumulation error on these
+    very inputs). ``ref32`` from :func:`reference_outputs`."""
+    if not spec.fp8_outputs:
+        return {}
+    in64 = {k: (v.double() if v.is_floating_point() else v) for k, v in inputs.items()}
+    with torch.no_grad():
+        r64 = ref.reference(**in64, **spec.constants_of(dims))
+    bands = {}
+    for o in spec.fp8_outputs:
+        diff = (ref32[o.name].double() - r64[o.name].detach().double().cpu()).abs()
+        diff = torch.nan_to_num(diff, nan=0.0, posinf=0.0)
+        scale_shape = spec.shape_of(next(s for s in spec.entry.outputs if s.name == o.scale), dims)
+        bands[o.name] = samples.block_max(diff, scale_shape)
+    return bands
+
+
 class RefWorker:
     """State of one reference-worker run."""
 
@@ -129,15 +157,23 @@ class RefWorker:
     def references(self, run: Run) -> dict[str, Any]:
         inputs = make_inputs(self.loaded, run.dims, run.seed, self.device, self.ref, run.draw)
         ref32, lowp = reference_outputs(self.spec, self.ref, inputs, run.dims)
-        saved_inputs = {k: v.cpu() for k, v in inputs.items()}
+        bands = fp8_bands(self.spec, self.ref, inputs, run.dims, ref32)
+        saved_inputs = {k: v.cpu() for k, v in entry_inputs(self.spec, inputs).items()}
         if run.sample:  # a bench-shape check: the same sampled positions as the candidate worker
+            picked = samples.output_samples(self.spec, run.dims, run.sample, run.seed)
             pos = {o.name: i for i, o in enumerate(self.spec.entry.outputs)}
             for d in (ref32, lowp):
                 for name in list(d):
-                    d[name] = d[name].reshape(-1)[sample_index(d[name].numel(), run.sample, run.seed, pos[name])]
+                    d[name] = d[name].reshape(-1)[picked[pos[name]]]
+            for o in self.spec.fp8_outputs:  # the band of each sampled element's block
+                assert o.scale is not None  # OutputSpec: an fp8 output names its scale
+                bands[o.name] = bands[o.name].reshape(-1)[picked[pos[o.scale]]]
             saved_inputs = {}
         fname = f"{run.key}.pt"
-        torch.save({"inputs": saved_inputs, "ref32": ref32, "ref_lowp": lowp}, self.dir / fname)
+        saved = {"inputs": saved_inputs, "ref32": ref32, "ref_lowp": lowp}
+        if bands:
+            saved["fp8_band"] = bands
+        torch.save(saved, self.dir / fname)
         return dict(key=run.key, file=fname, recheck=run.recheck)
 
     # -- baselines ------------------------------------------------------------------------

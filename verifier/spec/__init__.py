@@ -18,11 +18,17 @@ to an integer. Dim expressions and input scales are tiny arithmetic expressions 
 the dims (``"1/sqrt(K)"``), evaluated by :func:`eval_expr` -- never ``eval``.
 
 Reference module contract (``reference.py``), all functions keyword-only over the
-spec's input names (plus ``entry.constants``, keyword ints, when the spec has any), any dtype in/out (the verifier calls them with fp32-upcast inputs
-for ``ref32`` and with the low-precision inputs for ``ref_lowp``):
+spec's input names -- the reference-only inputs (``[[reference.inputs]]``) and the entry's
+-- plus the entry's keyword constants when the spec has any (``entry.constants``, ints;
+``entry.float_constants``, floats), any dtype in/out (the verifier calls them with
+fp32-upcast inputs for ``ref32``, with the low-precision inputs for ``ref_lowp`` and, for a
+spec with an fp8 output, with float64-upcast inputs to measure ``ref32``'s own rounding):
 
 * ``reference(**inputs) -> dict[str, Tensor]`` -- every output that is *not*
-  declared as a gradient;
+  declared as a gradient; for an fp8 output, its real value before the final rounding
+  (e.g. the GEMM's output ``y``, whose quantized form is ``y / scale`` rounded to the fp8
+  dtype: the verifier rounds, see ``verifier/stages/numerics_fp8.py``), in the inputs'
+  precision;
 * the function named by an output's ``gradient.of`` -- a differentiable forward
   ``f(**inputs_without_upstream) -> Tensor``; the output is checked against
   ``torch.autograd.grad(f(...), inputs[wrt], grad_outputs=inputs[upstream])``;
@@ -45,6 +51,7 @@ Errors: :func:`load_spec` raises :class:`SpecError` whose message names the file
 the field path and what was expected.
 """
 
+from .checks import scale_blocks
 from .expressions import MAX_EXPONENT, MAX_EXPR_CHARS, MAX_INT_BITS, eval_expr, expr_names
 from .loading import (
     LIGER_FILE,
@@ -65,7 +72,9 @@ from .models import (
     DEFAULT_FLOOR_ULPS,
     DEFAULT_QUANTILE_FACTOR,
     DEFAULT_ULPS,
+    DTYPE_BYTES,
     DTYPES,
+    FP8_DTYPES,
     LAUNCH_NAMES_KEPT,
     MAX_BAR,
     MAX_ULPS,
@@ -81,6 +90,7 @@ from .models import (
     KernelSpec,
     OutputSpec,
     OutputTolerance,
+    ReferenceSpec,
     ShapeCase,
     ShapesSpec,
     TensorSpec,
@@ -94,6 +104,8 @@ __all__ = [
     "DEFAULT_QUANTILE_FACTOR",
     "DEFAULT_ULPS",
     "DTYPES",
+    "DTYPE_BYTES",
+    "FP8_DTYPES",
     "DimDraw",
     "EntrySpec",
     "GradientSpec",
@@ -113,6 +125,7 @@ __all__ = [
     "OutputSpec",
     "OutputTolerance",
     "RECHECK_ROW_DIM",
+    "ReferenceSpec",
     "REFERENCE_FILE",
     "REQUIRED_REFERENCE_FUNCS",
     "SPEC_FILE",
@@ -128,5 +141,6 @@ __all__ = [
     "find_specs",
     "load_spec",
     "resolve_spec",
+    "scale_blocks",
     "spec_hash",
 ]

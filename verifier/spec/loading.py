@@ -158,13 +158,13 @@ def load_spec(path: str | Path) -> LoadedSpec:
         raise SpecError(f"{ref}: not UTF-8 text (byte {e.start}: {e.reason})") from None
     defined = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
     needed = set(REQUIRED_REFERENCE_FUNCS) | {o.gradient.of for o in spec.gradient_outputs if o.gradient is not None}
-    needed |= {t.init.fn for t in spec.entry.inputs if t.init.fn}
+    needed |= {t.init.fn for t in spec.all_inputs if t.init.fn}
     if "quack_library" in spec.bench.baselines:
         needed.add("quack_library")
     missing = sorted(needed - defined)
     if missing:
         raise SpecError(f"{ref}: missing function(s) {missing} (the spec's fields refer to them)")
-    call_names = [t.name for t in spec.entry.inputs] + list(spec.entry.constants)
+    call_names = [t.name for t in spec.all_inputs] + spec.entry.keyword_names
     for fn in tree.body:
         if isinstance(fn, ast.FunctionDef) and fn.name in (*REQUIRED_REFERENCE_FUNCS, "quack_library"):
             problem = _keyword_call_problem(fn, call_names)

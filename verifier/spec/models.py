@@ -8,12 +8,22 @@ import keyword
 import math
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
+from pydantic import Field, StrictInt, field_validator, model_validator
 
+from .checks import check_draws, check_fp8_outputs, check_scale_blocks
 from .expressions import _check_expr, eval_expr, expr_names
-
-DTYPES = ("bfloat16", "float16", "float32", "int32", "int64")
-"""dtype names a spec may use (torch attribute names)."""
+from .tensors import (  # noqa: F401  (re-exported: the spec's public models)
+    DTYPE_BYTES,
+    DTYPES,
+    FP8_DTYPES,
+    GradientSpec,
+    InitSpec,
+    InputSpec,
+    OutputSpec,
+    ReferenceSpec,
+    TensorSpec,
+    _Strict,
+)
 
 WORKSPACE_FLOOR = 8 << 20
 """The smallest default workspace budget, bytes (see :meth:`KernelSpec.workspace_budget`)."""
@@ -27,8 +37,6 @@ LAUNCH_NAMES_KEPT = 256
 correctness records keep all). ``entry.max_launches`` may not exceed it, so every launch
 of a call within budget is named and its GEMMs can be counted
 (:func:`~coda_agent.verifier.gpu.protocol.gemm_launches`)."""
-
-_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "int32": 4, "int64": 8}
 
 MAX_BAR = 10.0
 """Largest bench.bar ratio (a bar of 1e300 is always met; the catalogue's are 1.0-1.1)."""
@@ -45,95 +53,15 @@ DEFAULT_QUANTILE_FACTOR = 2.0
 # --------------------------------------------------------------------------- models
 
 
-class _Strict(BaseModel):
-    # no inf/nan anywhere: `tolerance.floor = inf` would make every comparison pass
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
-
-
-class InitSpec(_Strict):
-    """How an input tensor is drawn (fresh per trial, on the GPU, from a seeded generator).
-
-    ``dist="normal"``: ``mean + std * N(0, 1)``; ``dist="uniform"``: U(low, high);
-    ``dist="randint"``: integers in [low, high) (e.g. class indices). ``std``/``low``/``high``
-    may be dim expressions (``"1/sqrt(K)"``) chosen so that outputs are O(1), never ~0.
-
-    ``dist="derived"``: the tensor is a function of inputs declared *before* it, computed
-    by ``reference.<fn>(**earlier_inputs)`` (trusted spec code; a ``dims`` parameter, if the
-    function has one, receives the shape binding). This is how a backward
-    spec receives what its forward saved -- e.g. ``rstd`` of the drawn ``h``, or the
-    ``lse`` of the drawn logits -- consistent with the other inputs instead of random.
-    """
-
-    dist: Literal["normal", "uniform", "randint", "derived"] = "normal"
-    mean: float = 0.0
-    std: str | float = 1.0
-    low: str | float = -1.0
-    high: str | float = 1.0
-    fn: str | None = Field(
-        default=None,
-        pattern=r"^[a-z_][a-z0-9_]*$",
-        description="dist='derived': the reference.py function computing it",
-    )
-
-    _v = field_validator("std", "low", "high")(lambda cls, v: _check_expr(v))
-
-    @model_validator(mode="after")
-    def _fn_iff_derived(self) -> "InitSpec":
-        if (self.dist == "derived") != (self.fn is not None):
-            raise ValueError(
-                "'fn' names the reference.py function of a dist='derived' input, and only such an input has one"
-            )
-        return self
-
-
-class TensorSpec(_Strict):
-    """One input or output tensor of the entry point.
-
-    ``shape`` is a list of dim expressions (``["M", "2*I"]``); ``dtype`` a torch dtype name.
-    """
-
-    name: str = Field(pattern=r"^[a-z_][a-z0-9_]*$")
-    shape: list[str | int]
-    dtype: Literal["bfloat16", "float16", "float32", "int32", "int64"]
-    description: str = ""
-
-    _v = field_validator("shape")(lambda cls, v: [_check_expr(x) for x in v])
-
-
-class GradientSpec(_Strict):
-    """Declares an output to be a gradient, checked against ``torch.autograd``.
-
-    The output must equal ``d f(**inputs) / d inputs[wrt]`` contracted with
-    ``inputs[upstream]``, where ``f`` is ``reference.<of>`` (computed in fp32 from
-    upcast inputs for the reference, and in the low precision for the tolerance).
-    """
-
-    of: str = Field(description="name of the differentiable forward in reference.py")
-    wrt: str = Field(description="input the gradient is taken with respect to")
-    upstream: str = Field(description="input holding the upstream gradient (grad_outputs)")
-
-
-class InputSpec(TensorSpec):
-    """An entry-point input: a tensor spec plus how to draw it."""
-
-    init: InitSpec = InitSpec()
-    layout: str = Field(default="", description="free text for the prompt, e.g. 'gate/up interleaved along N'")
-
-
-class OutputSpec(TensorSpec):
-    """An entry-point output; ``gradient`` set means it is checked through autograd."""
-
-    gradient: GradientSpec | None = None
-
-
 class EntrySpec(_Strict):
     """The function the candidate module must export.
 
     ``function(*inputs in order, **constants) -> tuple(outputs in order)`` (a single output
-    may be returned bare; ``constants`` are dims passed as keyword-only ints). ``max_launches`` bounds the CUDA kernels one call may launch
-    (counted with the profiler; CODA requires one launch per fused op), ``max_gemm_launches``
-    how many of them may be GEMMs. Raises (through pydantic) when ``max_gemm_launches`` exceeds
-    ``max_launches``.
+    may be returned bare; ``constants`` are dims passed as keyword-only ints, then
+    ``float_constants`` as keyword-only floats: :attr:`keyword_names`). ``max_launches``
+    bounds the CUDA kernels one call may launch (counted with the profiler; CODA requires
+    one launch per fused op), ``max_gemm_launches`` how many of them may be GEMMs. Raises
+    (through pydantic) when ``max_gemm_launches`` exceeds ``max_launches``.
     """
 
     function: str = Field(pattern=r"^[a-z_][a-z0-9_]*$")
@@ -144,6 +72,12 @@ class EntrySpec(_Strict):
         description="dims the entry (and every reference.py function) also receives, as "
         "keyword-only int arguments after the tensors -- what tensor shapes cannot tell, "
         "e.g. the number of query heads of a packed QKV projection",
+    )
+    float_constants: dict[str, float] = Field(
+        default_factory=dict,
+        description="keyword-only float arguments of the entry (and every reference.py function) "
+        "after the int constants, with their values: what the op fixes but no shape tells, e.g. "
+        "a norm's eps (float_constants = { eps = 1e-6 })",
     )
     max_launches: int = Field(default=1, ge=1, le=LAUNCH_NAMES_KEPT)
     max_gemm_launches: int = Field(
@@ -167,6 +101,12 @@ class EntrySpec(_Strict):
     )
 
     _ws = field_validator("max_workspace")(lambda cls, v: v if v is None else _check_expr(v))
+
+    @property
+    def keyword_names(self) -> list[str]:
+        """Every keyword-only parameter of the entry, in order: the int constants, then the
+        float constants."""
+        return [*self.constants, *self.float_constants]
 
     @model_validator(mode="after")
     def _gemms_within_launches(self) -> "EntrySpec":
@@ -367,6 +307,17 @@ class KernelSpec(_Strict):
     bench: BenchSpec
     hints: list[str] = Field(default_factory=list, description="extra notes for the prompt")
     timeout_s: float = Field(default=600.0, gt=0, description="wall-clock limit for the GPU stages")
+    reference: ReferenceSpec = ReferenceSpec()
+
+    @property
+    def all_inputs(self) -> list[InputSpec]:
+        """Every input in the order they are drawn: the reference-only inputs
+        (``[reference]``), then the entry's. The reference functions receive all of them."""
+        return [*self.reference.inputs, *self.entry.inputs]
+
+    def input_field(self, t: TensorSpec) -> str:
+        """Where input ``t`` is declared, for messages: ``entry.inputs`` or ``reference.inputs``."""
+        return "reference.inputs" if any(r is t for r in self.reference.inputs) else "entry.inputs"
 
     @model_validator(mode="after")
     def _consistent(self) -> "KernelSpec":
@@ -374,7 +325,11 @@ class KernelSpec(_Strict):
         dup = {n for n in names if names.count(n) > 1}
         if dup:
             raise ValueError(f"entry: duplicate tensor names {sorted(dup)}")
-        inputs = {t.name for t in self.entry.inputs}
+        ref_names = [t.name for t in self.reference.inputs]
+        ref_dup = sorted({n for n in ref_names if n in names or ref_names.count(n) > 1})
+        if ref_dup:
+            raise ValueError(f"reference.inputs: names {ref_dup} are not distinct from every other tensor's")
+        inputs = {t.name for t in self.all_inputs}
         for o in self.entry.outputs:
             g = o.gradient
             if g and (g.wrt not in inputs or g.upstream not in inputs):
@@ -384,40 +339,50 @@ class KernelSpec(_Strict):
                 )
         seen: set[str] = set()
         outputs = {t.name for t in self.entry.outputs}
+        keywords = self.entry.keyword_names
         bad = [
             c
-            for c in self.entry.constants
+            for c in keywords
             if not c.isidentifier() or keyword.iskeyword(c) or c == "dims" or c == self.entry.function
         ]
-        clash = (set(self.entry.constants) & (inputs | outputs)) | set(bad)
+        clash = (set(keywords) & (inputs | outputs)) | set(bad)
         if clash or len(set(self.entry.constants)) != len(self.entry.constants):
             raise ValueError(
                 f"entry.constants: must be distinct Python identifiers (not keywords, 'dims', "
                 f"the entry's name or a tensor name), got "
                 f"{self.entry.constants} (clashing: {sorted(clash)})"
             )
+        both = sorted(set(self.entry.constants) & set(self.entry.float_constants))
+        if both:
+            raise ValueError(f"entry.float_constants: {both} are also int constants (entry.constants)")
         if "dims" in inputs:
             raise ValueError(
                 "entry.inputs: 'dims' is reserved (derived-input functions receive the shape binding under that name)"
             )
-        for t in self.entry.inputs:
+        for t in self.all_inputs:
             if t.init.dist == "derived" and not seen:
                 raise ValueError(
-                    f"entry.inputs[{t.name}].init: a derived input needs earlier "
+                    f"{self.input_field(t)}[{t.name}].init: a derived input needs earlier "
                     "inputs to derive from (declare it after them)"
                 )
             seen.add(t.name)
+        check_fp8_outputs(self.entry.outputs)
+        check_draws(self)
         users: dict[str, list[str]] = {}  # dim -> where it is used
-        for kind, tensors in (("inputs", self.entry.inputs), ("outputs", self.entry.outputs)):
+        for kind, tensors in (
+            ("reference.inputs", self.reference.inputs),
+            ("entry.inputs", self.entry.inputs),
+            ("entry.outputs", self.entry.outputs),
+        ):
             for t in tensors:
                 for d in sorted(set().union(*(expr_names(s) for s in t.shape))):
-                    users.setdefault(d, []).append(f"entry.{kind}[{t.name}].shape")
+                    users.setdefault(d, []).append(f"{kind}[{t.name}].shape")
         for c in self.entry.constants:
             users.setdefault(c, []).append("entry.constants")
-        for t in self.entry.inputs:
+        for t in self.all_inputs:
             for f in ("std", "low", "high"):
                 for d in sorted(expr_names(getattr(t.init, f))):
-                    users.setdefault(d, []).append(f"entry.inputs[{t.name}].init.{f}")
+                    users.setdefault(d, []).append(f"{self.input_field(t)}[{t.name}].init.{f}")
         if self.entry.max_workspace is not None:
             for d in expr_names(self.entry.max_workspace):
                 users.setdefault(d, []).append("entry.max_workspace")
@@ -482,31 +447,37 @@ class KernelSpec(_Strict):
             return v
 
         shapes: list[tuple[str, TensorSpec, list[int]]] = []  # every dim evaluated once
-        for kind, tensors in (("inputs", self.entry.inputs), ("outputs", self.entry.outputs)):
+        for kind, tensors in (
+            ("reference.inputs", self.reference.inputs),
+            ("entry.inputs", self.entry.inputs),
+            ("entry.outputs", self.entry.outputs),
+        ):
             for t in tensors:
                 dims_t = []
                 for j, s in enumerate(t.shape):
-                    v = value(f"entry.{kind}[{t.name}].shape[{j}]", s)
+                    v = value(f"{kind}[{t.name}].shape[{j}]", s)
                     if v <= 0 or v != int(v):
                         raise ValueError(
-                            f"{where}: entry.{kind}[{t.name}].shape[{j}] = {s!r} is {v}; "
-                            "a dim must be a positive integer"
+                            f"{where}: {kind}[{t.name}].shape[{j}] = {s!r} is {v}; a dim must be a positive integer"
                         )
                     dims_t.append(int(v))
                 shapes.append((kind, t, dims_t))
-        tensor_bytes = sum(_DTYPE_BYTES[t.dtype] * math.prod(d) for _, t, d in shapes)
-        for kind, t, d in shapes:  # after every dim is known positive: the more basic error first
-            row = _DTYPE_BYTES[t.dtype] * d[-1] if d else 0
-            if len(d) >= 2 and row % 16:
+        entry = [(kind, t, d) for kind, t, d in shapes if kind != "reference.inputs"]
+        tensor_bytes = sum(DTYPE_BYTES[t.dtype] * math.prod(d) for _, t, d in entry)
+        for kind, t, d in entry:  # after every dim is known positive: the more basic error first
+            row = DTYPE_BYTES[t.dtype] * d[-1] if d else 0
+            if len(d) >= 2 and row % 16 and not t.partial:
                 # TMA needs 16-byte row strides; the CPU compile cannot see it, the GPU
                 # launch fails, and that would read as the candidate's fault
                 raise ValueError(
-                    f"{where}: entry.{kind}[{t.name}]: rows of {row} bytes (last dim "
-                    f"{t.shape[-1]!r} x {_DTYPE_BYTES[t.dtype]}); a GEMM operand or output "
-                    "row must be a multiple of 16 bytes (8 bf16 / 4 fp32 elements)"
+                    f"{where}: {kind}[{t.name}]: rows of {row} bytes (last dim "
+                    f"{t.shape[-1]!r} x {DTYPE_BYTES[t.dtype]}); a GEMM operand or output "
+                    "row must be a multiple of 16 bytes (8 bf16 / 4 fp32 / 16 fp8 elements; "
+                    "a tensor no TMA touches, such as per-block scales, says partial = true)"
                 )
-        for t in self.entry.inputs:
-            init, f = t.init, f"entry.inputs[{t.name}].init"
+        check_scale_blocks(where, {t.name: d for _, t, d in entry}, self.entry.outputs)
+        for t in self.all_inputs:
+            init, f = t.init, f"{self.input_field(t)}[{t.name}].init"
             if init.dist == "normal" and not value(f"{f}.std", init.std) > 0:
                 raise ValueError(
                     f"{where}: {f}.std = {init.std!r} must be > 0 (constant inputs make a constant reference)"
@@ -557,7 +528,7 @@ class KernelSpec(_Strict):
         if self.entry.max_workspace is not None:
             return int(eval_expr(self.entry.max_workspace, dims)), f"entry.max_workspace = {self.entry.max_workspace}"
         sizes = {
-            t.name: _DTYPE_BYTES[t.dtype] * math.prod(self.shape_of(t, dims))
+            t.name: DTYPE_BYTES[t.dtype] * math.prod(self.shape_of(t, dims))
             for t in (*self.entry.inputs, *self.entry.outputs)
         }
         big = max(sizes, key=sizes.__getitem__)
@@ -567,19 +538,26 @@ class KernelSpec(_Strict):
             f"half the largest declared tensor ({big}, {sizes[big]} bytes), at least {WORKSPACE_FLOOR >> 20} MiB",
         )
 
-    def constants_of(self, dims: dict[str, int]) -> dict[str, int]:
-        """The entry's keyword-only int arguments under ``dims`` (``{}`` for most specs)."""
-        return {c: int(dims[c]) for c in self.entry.constants}
+    def constants_of(self, dims: dict[str, int]) -> dict[str, int | float]:
+        """The entry's keyword-only arguments under ``dims``: the int constants (dims), then
+        the float constants with their declared values (``{}`` for most specs). Every call
+        of the entry and of a ``reference.py`` function receives them."""
+        return {**{c: int(dims[c]) for c in self.entry.constants}, **self.entry.float_constants}
 
     @property
     def low_precision(self) -> str:
         """The lowest floating precision among the inputs (the dtype ``ref_lowp`` is computed
         in; its ulp is the element rule's floor): bfloat16, float16 or float32."""
-        floats = [t.dtype for t in self.entry.inputs if t.dtype in ("bfloat16", "float16", "float32")]
+        floats = [t.dtype for t in self.all_inputs if t.dtype in ("bfloat16", "float16", "float32")]
         for d in ("bfloat16", "float16"):
             if d in floats:
                 return d
         return "float32"
+
+    @property
+    def fp8_outputs(self) -> list[OutputSpec]:
+        """The value outputs stored in an fp8 dtype (judged by their dequantized values)."""
+        return [o for o in self.entry.outputs if o.dtype in FP8_DTYPES]
 
     @property
     def gradient_outputs(self) -> list[OutputSpec]:
@@ -592,7 +570,9 @@ class KernelSpec(_Strict):
     def signature(self) -> str:
         """The entry point as a Python signature with shapes in comments."""
         args = ", ".join(t.name for t in self.entry.inputs)
-        if self.entry.constants:
-            args += ", *, " + ", ".join(f"{c}: int" for c in self.entry.constants)
+        if self.entry.keyword_names:
+            args += ", *, " + ", ".join(
+                [f"{c}: int" for c in self.entry.constants] + [f"{c}: float" for c in self.entry.float_constants]
+            )
         outs = ", ".join(t.name for t in self.entry.outputs)
         return f"def {self.entry.function}({args}) -> ({outs})"

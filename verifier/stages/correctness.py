@@ -37,9 +37,11 @@ from ..gpu.coverage import KEY_PREFIX as COVERAGE_KEY_PREFIX
 from ..gpu.poison import bitwise_equal, poison_count
 from ..gpu.protocol import SCRATCH_BUDGET, Run, gemm_launches
 from ..gpu.results import GpuRun, failure_finding, jsonable
+from ..gpu.samples import expand_blocks
 from ..spec import LoadedSpec, OutputSpec, ToleranceSpec
 from ..verdict import Finding, Stage, StageResult, Status
 from .numerics import describe_error, output_sanity, tolerance_check
+from .numerics_fp8 import check_fp8_output
 
 
 class FindingSet:
@@ -191,16 +193,27 @@ def check_outputs(
                     case=t.case,
                 )
                 continue
-            bad, m = check_output(
-                o.name,
-                out,
-                ref["ref32"][o.name],
-                ref["ref_lowp"].get(o.name),
-                tol.for_output(o.name),
-                label,
-                o.dtype,
-                loaded.spec.low_precision,
-            )
+            if o.scale is not None:  # an fp8 output: judged with its scale (numerics_fp8)
+                scale = cand["outputs"].get(o.scale)
+                if o.scale in bad_outputs or scale is None:
+                    continue  # its scale's contract violation is already a finding
+                band = ref.get("fp8_band", {}).get(o.name)
+                if band is None:
+                    return metrics, f"reference worker produced no fp8 band of {o.name!r} for trial {t.key}"
+                if not t.sample:  # a full trial: one scale (and band) per block, spread over the block
+                    scale, band = expand_blocks(scale, tuple(out.shape)), expand_blocks(band, tuple(out.shape))
+                bad, m = check_fp8_output(o.name, out, scale, ref["ref32"][o.name], band, o.dtype, label)
+            else:
+                bad, m = check_output(
+                    o.name,
+                    out,
+                    ref["ref32"][o.name],
+                    ref["ref_lowp"].get(o.name),
+                    tol.for_output(o.name),
+                    label,
+                    o.dtype,
+                    loaded.spec.low_precision,
+                )
             per[o.name] = m
             if bad and o.name not in already_bad:
                 kind, msg = bad

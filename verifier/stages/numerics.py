@@ -160,8 +160,15 @@ def tolerance_check(
 
 # --------------------------------------------------------------------------- the rules
 
-_MANTISSA = {"bfloat16": 7, "float16": 10, "float32": 23, "float64": 52}
-_MIN_EXP = {"bfloat16": -126, "float16": -14, "float32": -126, "float64": -1022}
+_MANTISSA = {"bfloat16": 7, "float16": 10, "float32": 23, "float64": 52, "float8_e4m3fn": 3, "float8_e5m2": 2}
+_MIN_EXP = {
+    "bfloat16": -126,
+    "float16": -14,
+    "float32": -126,
+    "float64": -1022,
+    "float8_e4m3fn": -6,
+    "float8_e5m2": -14,
+}
 QUANTILES = (0.5, 0.9, 0.99)
 """The error percentiles the quantile rule compares."""
 SIGN_MARGIN = 2.0
@@ -174,9 +181,9 @@ def _dtype_name(dtype: torch.dtype) -> str:
 
 
 def ulp(x: torch.Tensor, dtype: str) -> torch.Tensor:
-    """The spacing of ``dtype`` (bfloat16, float16, float32, float64) at ``|x|``, elementwise,
-    in fp64: ``2**(floor(log2|x|) - mantissa bits)``, the subnormal spacing below the
-    smallest normal (and at 0). ``x`` must be finite."""
+    """The spacing of ``dtype`` (bfloat16, float16, float32, float64, float8_e4m3fn,
+    float8_e5m2) at ``|x|``, elementwise, in fp64: ``2**(floor(log2|x|) - mantissa bits)``,
+    the subnormal spacing below the smallest normal (and at 0). ``x`` must be finite."""
     a = x.abs().to(torch.float64)
     _, e = torch.frexp(a)
     e = torch.where(a > 0, e - 1, torch.full_like(e, _MIN_EXP[dtype])).clamp_min(_MIN_EXP[dtype])

@@ -11,7 +11,8 @@ Design
   allow-list of explicit modules (``torch``, ``math``, ``functools``, ``operator``,
   ``typing``, ``__future__`` and :data:`surface.LIBRARY_MODULES`: ``cutlass``,
   ``cutlass.cute``, ``cutlass.cute.math``, ``quack.epilogue`` and its ``ops``/``math``/
-  ``rotary`` submodules, ``quack.activation``, ``quack.gemm_config``; not
+  ``rotary``/``head_rmsnorm``/``scaled_exp``/``quantize_out`` submodules,
+  ``quack.activation``, ``quack.gemm_config``; not
   ``quack.epilogue.library``, whose ready-made mods are the baseline) -- not
   package trees -- so ``gc``/``inspect``/``sys``/``os``/``triton``/``ctypes`` and
   ``cutlass.base_dsl``/``cutlass.torch`` are rejected without being named.
@@ -73,6 +74,20 @@ Design
   the declarations (``outputs=``, ``reduces=``, ``outs=``) must be literals and every
   ``return`` of a decorated fn must be a dict literal with exactly those keys (plus
   ``"D"`` optionally).
+* **quack's epilogue surface is admitted by rules, not left out.** An accumulator prepass
+  (``prepass=fn, prepass_outs=(...)``) names a module-level, undecorated def of the
+  module, bound once and named nowhere else (no lambda, closure or library function: quack
+  calls it on DSL values; from host code it would compute on tensors); it is an epilogue
+  body and returns a dict literal keyed by exactly its ``prepass_outs``. A class is allowed
+  only as a custom epilogue op (``rules_classes``, table in ``op_bases``): at module level,
+  over exactly one quack op base (``GroupedColStatsBase`` and its quack subclasses such as
+  ``HeadRstd``), with no decorator, metaclass or keyword, and a body of a docstring, the
+  base's configuration attributes set to the base's literals (``combine = "max"``) and the
+  device hooks the base declares (``stat_value(self, total, group_cols)``) with exactly
+  its parameters. Host-time hooks, ``__init__`` and dunders stay quack's; a hook is an
+  epilogue body that never reads ``self``; the class is only constructed, at import time,
+  with literal arguments. fp8 stores need nothing new: ``torch.float8_e4m3fn``/
+  ``float8_e5m2`` buffers and the ``TileStore``/``GroupedColStatsOut`` ops.
 * **Everything is reported, not just the first problem**, deduplicated and sorted by
   line, so one repair round can fix them all. The finding ``kind`` tags are stable
   (tests and the feedback renderer rely on them); see :data:`KINDS`.
@@ -94,7 +109,9 @@ Modules
   ``rules_module.py`` (module shape, import-time code, banned constructs),
   ``rules_values.py`` (names, attributes, values, strings, formatting),
   ``rules_calls.py`` (calls, casts, allocations, ``@``), ``rules_state.py`` (state across
-  calls), ``rules_epilogue.py`` (the ``@gemm_epilogue`` contract and the entry point);
+  calls), ``rules_epilogue.py`` (the ``@gemm_epilogue`` contract, prepass fns and the entry
+  point), ``rules_classes.py`` (custom epilogue op classes; their bases and hooks in
+  ``op_bases.py``);
 * ``checker.py``: runs the rules (a dispatch table by node type) and builds the
   :class:`~coda_agent.verifier.verdict.StageResult`; ``kinds.py``: the finding kinds.
 """

@@ -14,7 +14,16 @@ from typing import Any
 
 from ..spec import KernelSpec
 from ..verdict import Finding, StageResult
-from . import rules_bindings, rules_calls, rules_epilogue, rules_imports, rules_module, rules_state, rules_values
+from . import (
+    rules_bindings,
+    rules_calls,
+    rules_classes,
+    rules_epilogue,
+    rules_imports,
+    rules_module,
+    rules_state,
+    rules_values,
+)
 from .facts import ModuleFacts
 from .lists import TRY_STAR
 
@@ -25,7 +34,7 @@ NODE_RULES: dict[type[ast.AST], tuple[NodeRule, ...]] = {
     **{t: (rules_module.try_except,) for t in TRY_STAR},
     ast.With: (rules_module.with_statement,),
     ast.AsyncWith: (rules_module.with_statement,),
-    ast.ClassDef: (rules_module.class_definition,),
+    ast.ClassDef: (rules_classes.op_class,),
     ast.Global: (rules_module.global_nonlocal,),
     ast.Nonlocal: (rules_module.global_nonlocal,),
     ast.AsyncFunctionDef: (rules_module.async_code, rules_module.string_annotations),
@@ -79,6 +88,7 @@ MODULE_RULES: tuple[Callable[[ModuleFacts], None], ...] = (
     rules_state.functions_state,
     rules_epilogue.epilogue_contract,  # fills m.epilogues, which entry_point reads
     rules_epilogue.entry_point,
+    rules_classes.op_class_uses,
     rules_bindings.reserved_names,
     rules_bindings.bindings,
 )

@@ -3,7 +3,8 @@
 The static rules (``rules_*.py``) judge names by what they resolve to, so this is the
 one place that says it: the import table (``aliases``: every name an import binds, and the
 module-level aliases of import-rooted names), the module's own functions (module-level
-``module_defs``, the epilogues, ``local_defs`` at any depth), module-level data, numeric
+``module_defs``, the epilogues, ``local_defs`` at any depth, the prepass fns), its custom op
+classes (``class_names``), module-level data, numeric
 constants (numbers by their form), each node's parent, and predicates about where a node
 stands (a library call's argument, an annotation, an epilogue body, an error message).
 The findings the rules report are collected here too (:meth:`ModuleFacts.add`).
@@ -117,7 +118,7 @@ def names_in_target(t: ast.AST) -> list[str]:
 
 def binds(node: ast.AST) -> list[str]:
     """The names one node binds in its scope: an import (its alias's first part), a stored or
-    deleted Name, a parameter, a def. (Each node of ``ast.walk`` once: a Name inside a target
+    deleted Name, a parameter, a def or class. (Each node of ``ast.walk`` once: a Name inside a target
     is its own node.)"""
     if isinstance(node, (ast.Import, ast.ImportFrom)):
         return [(a.asname or a.name).split(".")[0] for a in node.names if a.name != "*"]
@@ -125,7 +126,7 @@ def binds(node: ast.AST) -> list[str]:
         return [node.id]
     if isinstance(node, ast.arg):
         return [node.arg]
-    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
         return [node.name]
     return []
 
@@ -161,6 +162,7 @@ class Epilogue:
     outputs: list[str] = field(default_factory=list)
     sinks: list[str] = field(default_factory=list)
     literal: bool = True
+    prepass_outs: list[str] | None = None  # the literal prepass_outs=, None when absent or not literal
 
 
 class ModuleFacts:
@@ -182,6 +184,19 @@ class ModuleFacts:
         self.aliases: dict[str, str] = {}  # local name -> dotted module/object path
         self.alias_targets: dict[str, ast.Name] = {}  # assignment aliases -> the one Name that binds each
         self._import_table()
+        # custom epilogue ops: module-level classes (rules_classes judges them and every use)
+        self.class_names = {n.name for n in tree.body if isinstance(n, ast.ClassDef)}
+        # module-level defs named by `prepass=` of a @gemm_epilogue(...) (rules_epilogue judges them)
+        self.prepass_keywords: list[ast.keyword] = [
+            k
+            for n in ast.walk(tree)
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+            for d in n.decorator_list
+            if isinstance(d, ast.Call) and self.is_gemm_epilogue(d.func)
+            for k in d.keywords
+            if k.arg == "prepass"
+        ]
+        self.prepass_names = {k.value.id for k in self.prepass_keywords if isinstance(k.value, ast.Name)}
         self.numeric_constants: set[str] = set()
         self._numeric_constant_names()
         self.module_data: set[str] = set()  # module-level names bound by assignment
@@ -278,7 +293,8 @@ class ModuleFacts:
         return not (isinstance(parent, ast.Attribute) and parent.value is node)
 
     def not_a_value(self, node: ast.AST) -> bool:
-        """True for a name in an annotation, a decorator or the class argument of isinstance()."""
+        """True for a name in an annotation, a decorator, a class's bases or the class argument
+        of isinstance()."""
         child, up = node, self.parents.get(node)
         while up is not None:
             if isinstance(up, ast.arg) and up.annotation is child:
@@ -287,6 +303,8 @@ class ModuleFacts:
                 up.returns is child or child in up.decorator_list
             ):
                 return True
+            if isinstance(up, ast.ClassDef) and child in up.bases:
+                return True  # a base class: rules_classes judges it
             if isinstance(up, ast.AnnAssign) and up.annotation is child:
                 return True
             if (
@@ -311,8 +329,8 @@ class ModuleFacts:
         """True where a string constant cannot become a value the candidate holds: a
         docstring, a dict key, a subscript, a comparison, an error message (``raise``,
         ``assert``'s message), or (anywhere inside) a keyword value
-        or an argument of a call to a cutlass/quack/torch callable or an epilogue mod, or a
-        decorator's arguments. The string may be inside tuples there (``outputs=("postact",)``)."""
+        or an argument of a call to a cutlass/quack/torch callable, an epilogue mod or a custom
+        op class, a decorator's arguments, or an op class's attribute value. The string may be inside tuples there (``outputs=("postact",)``)."""
         child, up = node, self.parents.get(node)
         while isinstance(up, ast.Tuple):
             child, up = up, self.parents.get(up)
@@ -332,6 +350,8 @@ class ModuleFacts:
             child, up = up, self.parents.get(up)
         if isinstance(up, ast.Assign) and up in self.tree.body and [snippet(t) for t in up.targets] == ["__all__"]:
             return True  # __all__ = ["entry"] (a list or tuple of names at module level)
+        if isinstance(up, ast.Assign) and isinstance(self.parents.get(up), ast.ClassDef):
+            return True  # a class attribute of an op class: rules_classes allows the base's literals only
         if self.in_error_message(node):
             return True  # an error message: no way back to a value (no try/except)
         while up is not None and not isinstance(up, ast.stmt):
@@ -362,7 +382,16 @@ class ModuleFacts:
         q = self.qualname(call.func) or ""
         if q.rsplit(".", 1)[-1] in PASS_THROUGH_CALLS:
             return False
-        return q.split(".")[0] in ("cutlass", "quack", "torch") or self.is_epilogue_mod_call(call)
+        return (
+            q.split(".")[0] in ("cutlass", "quack", "torch")
+            or self.is_epilogue_mod_call(call)
+            or self.is_op_class_call(call)
+        )
+
+    def is_op_class_call(self, call: ast.Call) -> bool:
+        """``Op("name", ...)`` for one of this module's custom op classes: quack's op
+        constructor runs (the class may not define ``__init__``)."""
+        return isinstance(call.func, ast.Name) and call.func.id in self.class_names
 
     def numeric_evident(self, e: ast.AST) -> bool:
         """True for an expression that is a number by its form: a numeric literal, a module-level
@@ -417,13 +446,23 @@ class ModuleFacts:
         return p is not None
 
     def in_epilogue_fn(self, node: ast.AST) -> bool:
-        """True when ``node`` is inside the body of a @gemm_epilogue-decorated function."""
+        """True when ``node`` is inside an epilogue body, which quack traces on DSL values: a
+        @gemm_epilogue-decorated function, a prepass fn (a module-level def named by
+        ``prepass=``) or a method of a custom op class (its device hooks)."""
         p = self.parents.get(node)
         while p is not None:
             if isinstance(p, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                return any(self.is_gemm_epilogue(d.func if isinstance(d, ast.Call) else d) for d in p.decorator_list)
+                return self.is_epilogue_body(p)
             p = self.parents.get(p)
         return False
+
+    def is_epilogue_body(self, fn: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+        """See :meth:`in_epilogue_fn`."""
+        if any(self.is_gemm_epilogue(d.func if isinstance(d, ast.Call) else d) for d in fn.decorator_list):
+            return True
+        if fn in self.tree.body and fn.name in self.prepass_names:
+            return True
+        return isinstance(self.parents.get(fn), ast.ClassDef)
 
     def is_epilogue_mod_call(self, node: ast.Call) -> bool:
         """``mod(...)`` or ``mod.gemm(...)`` for one of this module's epilogues."""

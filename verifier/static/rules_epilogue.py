@@ -53,6 +53,7 @@ def epilogue_contract(m: ModuleFacts) -> None:
         )
     for ep in m.epilogues:
         check_epilogue_fn(m, ep)
+    prepass_fns(m)
 
 
 def read_declarations(m: ModuleFacts, fn: ast.FunctionDef, dec: ast.Call) -> Epilogue:
@@ -82,6 +83,15 @@ def read_declarations(m: ModuleFacts, fn: ast.FunctionDef, dec: ast.Call) -> Epi
                 ep.literal = False
             else:
                 ep.sinks += names
+    if ("prepass" in kw) != ("prepass_outs" in kw):
+        m.add(
+            "prepass-fn",
+            dec,
+            "prepass= and prepass_outs= come together: prepass=<module-level def>, "
+            'prepass_outs=("name", ...) naming the ops its returned dict feeds',
+        )
+    elif "prepass_outs" in kw:
+        ep.prepass_outs = names_from_sequence(m, kw["prepass_outs"], "prepass_outs")
     if "mode" in kw:
         mode = kw["mode"]
         if isinstance(mode, ast.Constant) and isinstance(mode.value, str) and mode.value not in EPILOGUE_MODES:
@@ -141,38 +151,92 @@ def names_from_dict(m: ModuleFacts, node: ast.AST, what: str) -> list[str] | Non
     return out
 
 
+def prepass_fns(m: ModuleFacts) -> None:
+    """``prepass-fn``: ``prepass=`` names a module-level, undecorated def of this module,
+    bound once (no lambda, closure, factory product, library function or epilogue mod), and
+    that def is named nowhere else: quack calls it per accumulator element on DSL values;
+    called from host code it would compute on tensors. Its body is an epilogue body
+    (:meth:`ModuleFacts.in_epilogue_fn`) and returns exactly its ``prepass_outs``."""
+    defs = {n.name: n for n in m.tree.body if isinstance(n, ast.FunctionDef)}
+    counts: dict[str, int] = {}
+    for n in m.tree.body:
+        for b in bound_names(n):
+            counts[b] = counts.get(b, 0) + 1
+    fix = "prepass= names a module-level def of this module with no decorator, `def stats(acc, ...)`"
+    for k in m.prepass_keywords:
+        v = k.value
+        fn = defs.get(v.id) if isinstance(v, ast.Name) else None
+        if fn is None or fn.name in m.epilogue_names or counts.get(fn.name, 0) > 1:
+            m.add(
+                "prepass-fn",
+                v,
+                f"prepass={snippet(v)[:40]}: {fix}, bound once (no lambda, nested def, library function "
+                "or epilogue mod)",
+            )
+    for name in sorted(m.prepass_names & set(defs)):
+        fn = defs[name]
+        if fn.decorator_list:
+            m.add("prepass-fn", fn, f"prepass fn `{name}` is decorated: {fix}")
+    keyword_values = {id(k.value) for k in m.prepass_keywords}
+    for n in ast.walk(m.tree):
+        if isinstance(n, ast.Name) and n.id in m.prepass_names and id(n) not in keyword_values:
+            if isinstance(n.ctx, ast.Load):
+                m.add(
+                    "prepass-fn",
+                    n,
+                    f"prepass fn `{n.id}` is named outside prepass= (`{snippet(m.parents.get(n) or n)[:60]}`): "
+                    "quack calls it on the accumulator; name it only in @gemm_epilogue(prepass=...)",
+                )
+    for ep in m.epilogues:
+        dec = next(d for d in ep.fn.decorator_list if isinstance(d, ast.Call) and m.is_gemm_epilogue(d.func))
+        k = next((k for k in dec.keywords if k.arg == "prepass"), None)
+        if k is None or not isinstance(k.value, ast.Name) or k.value.id not in defs:
+            continue
+        check_fn_body(m, defs[k.value.id], ep.prepass_outs or [], ep.prepass_outs is not None, "prepass fn", False)
+
+
 def check_epilogue_fn(m: ModuleFacts, ep: Epilogue) -> None:
-    fn = ep.fn
+    declared = list(dict.fromkeys([*ep.outputs, *ep.sinks]))
+    check_fn_body(m, ep.fn, declared, ep.literal, "epilogue fn", True)
+
+
+def check_fn_body(
+    m: ModuleFacts, fn: ast.FunctionDef, declared: list[str], literal: bool, what: str, allow_d: bool
+) -> None:
+    """An epilogue or prepass fn: ``acc`` first, operands by name, and every return a dict
+    literal whose keys are exactly the ``declared`` names (plus ``"D"`` where ``allow_d``)."""
     a = fn.args
     params = [p.arg for p in [*a.posonlyargs, *a.args]]
     if not params or params[0] != "acc":
         m.add(
             "epilogue-signature",
             fn,
-            f"epilogue fn `{fn.name}` must take `acc` as its first parameter (got {params or 'none'})",
+            f"{what} `{fn.name}` must take `acc` as its first parameter (got {params or 'none'})",
         )
     if a.vararg or a.kwarg or a.kwonlyargs:
         m.add(
             "epilogue-signature",
             fn,
-            f"epilogue fn `{fn.name}`: operands are named parameters only (no *args, **kwargs or keyword-only)",
+            f"{what} `{fn.name}`: operands are named parameters only (no *args, **kwargs or keyword-only)",
         )
     returns = [n for n in own_nodes(fn) if isinstance(n, ast.Return)]
+    example = '{"D": ...}' if allow_d else '{"<prepass_outs name>": ...}'
     if not returns:
         m.add(
             "epilogue-return",
             fn,
-            f'epilogue fn `{fn.name}` never returns: it must return a dict literal such as {{"D": ...}}',
+            f"{what} `{fn.name}` never returns: it must return a dict literal such as {example}",
         )
         return
-    declared = list(dict.fromkeys([*ep.outputs, *ep.sinks]))
-    allowed = {"D", *declared}
+    allowed = {"D", *declared} if allow_d else set(declared)
+    not_declared = 'neither "D" nor a declared output/reduce' if allow_d else "not one of its prepass_outs"
+    stored = " and stores the raw accumulator instead" if allow_d else ""
     for r in returns:
         if not isinstance(r.value, ast.Dict):
             m.add(
                 "epilogue-return",
                 r,
-                f"epilogue fn `{fn.name}` must return a dict literal with string keys (got `{snippet(r.value) if r.value else 'None'}`)",
+                f"{what} `{fn.name}` must return a dict literal with string keys (got `{snippet(r.value) if r.value else 'None'}`)",
             )
             continue
         keys: list[str] = []
@@ -183,7 +247,7 @@ def check_epilogue_fn(m: ModuleFacts, ep: Epilogue) -> None:
                 m.add(
                     "epilogue-return",
                     k or r,
-                    f"epilogue fn `{fn.name}`: returned dict keys must be string literals (no ** or computed keys)",
+                    f"{what} `{fn.name}`: returned dict keys must be string literals (no ** or computed keys)",
                 )
                 ok = False
                 continue
@@ -195,7 +259,7 @@ def check_epilogue_fn(m: ModuleFacts, ep: Epilogue) -> None:
                 )
             keys.append(k.value)
             key_nodes.append(k)
-        if not ep.literal:
+        if not literal:
             continue
         for k, knode in zip(keys, key_nodes, strict=False):
             if k not in allowed:
@@ -204,9 +268,9 @@ def check_epilogue_fn(m: ModuleFacts, ep: Epilogue) -> None:
                 m.add(
                     "unknown-return-key",
                     knode,
-                    f'epilogue fn `{fn.name}` returns key {k!r}, which is neither "D" nor a declared '
-                    f"output/reduce ({sorted(declared) or 'none declared'}). quack silently ignores unknown "
-                    f"keys and stores the raw accumulator instead.{hint}",
+                    f"{what} `{fn.name}` returns key {k!r}, which is {not_declared} "
+                    f"({sorted(declared) or 'none declared'}). quack silently ignores unknown "
+                    f"keys{stored}.{hint}",
                 )
         if ok:
             for d in declared:
@@ -214,7 +278,7 @@ def check_epilogue_fn(m: ModuleFacts, ep: Epilogue) -> None:
                     m.add(
                         "missing-declared-key",
                         r,
-                        f"epilogue fn `{fn.name}` declares {d!r} but this return does not produce it; quack "
+                        f"{what} `{fn.name}` declares {d!r} but this return does not produce it; quack "
                         f"fails with a bare KeyError({d!r}) while tracing. Return {{..., {d!r}: <value>}} or drop the declaration.",
                     )
 

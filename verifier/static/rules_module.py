@@ -1,7 +1,7 @@
 """Rules on the module's shape: what module level may hold, what code runs at import time
 (only cutlass/quack/math constructors), and the constructs a candidate may not use at all
-(try, with, classes, global/nonlocal, async, match, generators, string annotations,
-mutable defaults).
+(try, with, global/nonlocal, async, match, generators, string annotations, mutable
+defaults; classes other than custom epilogue ops are ``rules_classes``').
 """
 
 from __future__ import annotations
@@ -48,7 +48,8 @@ def module_statements(m: ModuleFacts) -> None:
 def import_time_calls(m: ModuleFacts) -> None:
     """Code that runs at import: module-level assignment values and annotations, default
     arguments, annotations of functions, decorators and their arguments. Only
-    cutlass/quack/math constructors may be called there (no torch, no builtins), never
+    cutlass/quack/math constructors and the module's custom op classes may be called there
+    (no torch, no builtins), never
     with one of the candidate's functions as an argument (a library call could run it
     at import), and defaults and annotations hold no calls at all.
     Module-level values are not lists/dicts/sets (shared mutable state)."""
@@ -110,6 +111,8 @@ def import_time_calls(m: ModuleFacts) -> None:
             if not isinstance(sub, ast.Call):
                 continue
             q = m.qualname(sub.func) or ""
+            if where not in ("default argument", "annotation") and m.is_op_class_call(sub):
+                continue  # constructing a custom op: rules_classes.op_class_uses judges it
             if where in ("default argument", "annotation") or q.split(".")[0] not in IMPORT_TIME_CALL_ROOTS:
                 m.add(
                     "import-time-call",
@@ -136,10 +139,6 @@ def with_statement(m: ModuleFacts, node: ast.AST) -> None:
     m.add(
         "with-statement", node, "`with` blocks are not allowed (no contexts, streams or grad modes in candidate code)"
     )
-
-
-def class_definition(m: ModuleFacts, node: ast.ClassDef) -> None:
-    m.add("class-definition", node, f"class definitions are not allowed (class {node.name}); write plain functions")
 
 
 def global_nonlocal(m: ModuleFacts, node: ast.Global | ast.Nonlocal) -> None:

@@ -69,6 +69,8 @@ def check_value_use(m: ModuleFacts, node: ast.Name | ast.Attribute) -> None:
         return
     parent = m.parents.get(node)
     called = isinstance(parent, ast.Call) and parent.func is node
+    if isinstance(node, ast.Name) and any(k.value is node for k in m.prepass_keywords):
+        return  # `prepass=fn` in a @gemm_epilogue(...): rules_epilogue.prepass_fns judges it
     if isinstance(node, ast.Name) and node.id in m.local_defs and not called:
         # a def handed to anything as a value reaches library code that may run it, read its
         # annotations or install it (nested defs too, not only module-level ones: e.g. as a
@@ -200,6 +202,15 @@ def check_value_attribute(m: ModuleFacts, node: ast.Attribute) -> None:
     if isinstance(root, ast.Name) and root.id in m.epilogue_names and node.value is root:
         return  # `mod.gemm`: the epilogue-attribute rule; deeper links are values'
     if attr in VALUE_ATTRIBUTES or attr in surface.config_fields():
+        return
+    if attr == "out" and isinstance(node.value, ast.Name) and node.value.id in m.module_data:
+        m.add(
+            "value-attribute",
+            node,
+            f"`{snippet(node)}`: a grouped-statistics op's writer is declared as "
+            f'`GroupedColStatsOut("<name>", {node.value.id})` (quack.epilogue.ops) in extra_ops=; '
+            "methods of library objects are off limits",
+        )
         return
     m.add(
         "value-attribute",

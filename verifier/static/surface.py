@@ -55,6 +55,9 @@ LIBRARY_MODULES = (
     "quack.epilogue.ops",
     "quack.epilogue.math",
     "quack.epilogue.rotary",
+    "quack.epilogue.head_rmsnorm",
+    "quack.epilogue.scaled_exp",
+    "quack.epilogue.quantize_out",
     "quack.activation",
     "quack.gemm_config",
 )
@@ -62,7 +65,10 @@ LIBRARY_MODULES = (
 corpus): everything else in the cutlass/quack trees (``cutlass.base_dsl``, ``cutlass.torch``,
 ``cutlass.cute.runtime``, ``quack.gemm_interface`` ...) is off limits. ``quack.epilogue.library``
 is excluded on purpose: its ready-made mods are the baseline a candidate is measured
-against, not something to call."""
+against, not something to call (the mods the other modules define, such as
+``scaled_exp.scaled_exp_epi``, are refused one by one: ``library-epilogue``).
+``head_rmsnorm`` (``HeadRstd``), ``scaled_exp`` (``MaxLog2``) and ``quantize_out``
+(``BlockScaleFactorStore``) hold quack's grouped statistics and quantized stores."""
 
 ALLOWED_MODULES = frozenset((*ROOT_MODULES, *LIBRARY_MODULES))
 
@@ -348,6 +354,21 @@ def _denied_identities() -> frozenset[tuple[int, int]]:
             if obj is not None and callable(obj) and not isinstance(obj, types.ModuleType):
                 out.add(_identity(obj))
     return frozenset(out)
+
+
+def library_object(path: str) -> object | None:
+    """The object the dotted ``path`` names when :func:`judge` allows it and it is not a
+    module (imported from the allowed library modules, never from the candidate); else None."""
+    if judge(path) is not None:
+        return None
+    parts = path.split(".")
+    for i in range(len(parts), 0, -1):
+        if ".".join(parts[:i]) in ALLOWED_MODULES:
+            obj, _ = _import(".".join(parts[:i]))
+            for p in parts[i:]:
+                obj = getattr(obj, p, None)
+            return obj
+    return None
 
 
 @functools.lru_cache(maxsize=None)

@@ -44,7 +44,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("rope_table_probe: needs a CUDA device")
-    from host_probe import load_kernel, pipelined_host_us
+    from host_time_by_layer import load_kernel, pipelined_host_us
     from quack.epilogue import gemm_epilogue, pack, unpack
     from quack.epilogue.library import identity_epi
     from quack.epilogue.ops import RowVecLoad

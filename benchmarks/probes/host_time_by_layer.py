@@ -3,7 +3,7 @@
 Why: on the 2026-11-30 page gemm_rope's fused call at llama3-1b-qkv/M8192 reads 0.40 ms
 (host 0.48 ms) in the candidate worker, while quack's own rope epilogue, doing the same
 per-call table preparation, reads 0.19 ms in the reference worker, and the same entry timed
-in a plain process reads 0.17 ms (``config_sweep.py --rope-host``). Calls with several
+in a plain process reads 0.17 ms (``probes/tile_configs_vs_cublas.py --rope-host``). Calls with several
 torch launches (gemm_cross_entropy, cross_entropy_bwd) show host times of 0.5 ms too, while
 one-launch kernels read 0.06 ms. Something the candidate worker adds costs time per launch.
 
@@ -36,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def load_reference(name: str):

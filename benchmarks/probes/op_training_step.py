@@ -27,7 +27,7 @@ Per case, median ms of ``triton.testing.do_bench`` (L2 flushed), all in one proc
 
 Usage (device, after ``source .device-bundle/p2/install.sh && source benchmarks/device_env.sh``)::
 
-    python3 benchmarks/op_training_probe.py --out $OUT/ops [--cudagraphs] [--profile N] [--case NAME ...]
+    python3 benchmarks/probes/op_training_step.py --out $OUT/ops [--cudagraphs] [--profile N] [--case NAME ...]
 
 ``--profile N`` adds ``profile:<impl>`` per variant: GPU time per step by kernel (N steps
 under ``torch.profiler``). Writes ``op_training.json`` and prints one line per case
@@ -44,10 +44,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "benchmarks"))
-from host_probe import env_line, kernel_profile, load_reference  # noqa: E402  (sibling dev script)
-from host_probe import randn_bf16 as _randn  # noqa: E402
+from host_time_by_layer import env_line, kernel_profile, load_reference  # noqa: E402  (sibling dev script)
+from host_time_by_layer import randn_bf16 as _randn  # noqa: E402
 from llama_layer import rope_interleaved  # noqa: E402  (the standard RoPE, written once)
 
 

@@ -3,7 +3,7 @@
 Why: on the results page swiglu_bwd at llama3-8b/M8192 reads 1.54 ms (do_bench, L2
 flushed, the kernel alone, back to back), 1.26x torch.compile of its spec's baseline
 (1.94 ms); the catalogue's target is 1.3x. Inside a training step
-(``op_training_probe.py --profile``, 2026-12-01,
+(``probes/op_training_step.py --profile``, 2026-12-01,
 ``benchmarks/results/dev/2026-12-01-h200-op-training-probe-profiles.json``) the same kernel
 at the same shape took 1.415 ms of GPU time under ``torch.profiler``, while the unfused path
 it replaces (dgrad GEMM + Inductor's dSwiGLU pass) took 1.37 + 0.55 ms there: 1.36x. Either
@@ -37,10 +37,10 @@ from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "benchmarks"))
-from host_probe import env_line, kernel_profile, load_kernel, load_reference  # noqa: E402  (sibling dev script)
-from host_probe import randn_bf16 as _randn  # noqa: E402
+from host_time_by_layer import env_line, kernel_profile, load_kernel, load_reference  # noqa: E402  (sibling dev script)
+from host_time_by_layer import randn_bf16 as _randn  # noqa: E402
 
 
 def _profiled_ms(fn, calls: int = 20) -> float:

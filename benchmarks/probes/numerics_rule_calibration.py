@@ -17,6 +17,8 @@ spec's numbers):
   is not a yardstick: where it rounds intermediates the reference keeps (swiglu_bwd's
   dpost, rms_bwd's dgamma sum, cross_entropy_bwd's softmax of large logits) it is less
   accurate than the reference's own bf16 run, and it fails CODA's max-abs rule too;
+* fp8 outputs and their scales: ``fp8_calibration.py`` (honest quantizers from other
+  GEMMs, tensor cores and quack's included; truncation and another format's grid wrong);
 * wrong results built from ``ideal`` (the class "wrong within the tolerance"):
   ``zero_small`` (every element below the 20th percentile of |ref| set to 0),
   ``flip_small`` (the sign of every element below the 17th percentile flipped),
@@ -27,7 +29,7 @@ It prints, per candidate and rule, the largest ratio (statistic / bound: > 1 fai
 the margin 1 / ratio, and writes every judged number to ``--json``. Run on the GPU for the
 kernel and quack rows (``benchmarks/results/numerics-calibration.md`` keeps the numbers)::
 
-    python benchmarks/numerics_calibration.py --device cuda --secrets 3 --json OUT.json
+    python benchmarks/probes/numerics_rule_calibration.py --device cuda --secrets 3 --json OUT.json
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 HONEST = ("ideal", "torch_bf16_cpu", "torch_bf16_reduced", "quack_library", "kernel")
 APART = ("baseline_bf16",)
@@ -126,6 +128,8 @@ def calibrate(
 ) -> list[dict]:
     """Judge every candidate (module doc) and return the rows; each row is also appended to
     ``sink`` (JSON lines) as soon as it exists, so a run cut short keeps what it judged."""
+    from fp8_calibration import fp8_rows
+
     from coda_agent.verifier.gpu.inputs import make_inputs
     from coda_agent.verifier.gpu.protocol import sample_index
     from coda_agent.verifier.gpu.runs import make_bench_checks, make_bench_shapes, make_runs
@@ -192,7 +196,13 @@ def calibrate(
                             error=f"{type(e).__name__}: {str(e)[:300]}",
                         )
                     )
+            if spec.fp8_outputs:  # judged with their scales (fp8_calibration.py)
+                for row in fp8_rows(spec, ref, inputs, run, ref32, lowp, device):
+                    rows.append(row)
+            quantized = {o.name for o in spec.fp8_outputs} | {o.scale for o in spec.fp8_outputs}
             for pos, o in enumerate(spec.entry.outputs):
+                if o.name in quantized:
+                    continue
                 r32, lp = ref32[o.name], lowp[o.name]
                 tol = spec.tolerance.for_output(o.name)
                 ideal = _round_to(r32, o.dtype)
@@ -310,11 +320,21 @@ def main(argv: list[str] | None = None) -> int:
         rows = [json.loads(line) for line in a.summarize.read_text().splitlines() if line.strip()]
     else:
         rows = calibrate(a.spec, a.device, a.secrets, bench=a.bench, sample=a.sample, sink=a.json)
+    from fp8_calibration import FP8_HONEST, FP8_WRONG, summarize_fp8
+
+    fp8 = [r for r in rows if "flips" in r]
+    rows = [r for r in rows if "flips" not in r]
     print(summarize(rows))
     print()
     print(per_spec(rows))
+    if fp8:
+        print()
+        print(summarize_fp8(fp8))
     honest_fail = [r for r in rows if r.get("candidate") in HONEST and r.get("ok") is False]
+    honest_fail += [r for r in fp8 if r["candidate"] in FP8_HONEST and not r["ok"]]
     wrong_pass = [r for r in rows if r.get("candidate") in WRONG and r.get("ok") is True]
+    # a wrong fp8 candidate must fail on its codes (its scale is the honest one)
+    wrong_pass += [r for r in fp8 if r["candidate"] in FP8_WRONG and r["ok"] and "fp8_rounding" in r["ratios"]]
     for r in honest_fail[:30]:
         print(f"HONEST FAIL {r['spec']} {r['candidate']} {r['output']} {r['case']}: {r['failed']} {r['ratios']}")
     for r in wrong_pass[:30]:

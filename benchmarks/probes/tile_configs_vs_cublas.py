@@ -20,7 +20,7 @@ mod call itself, in us per call (no synchronisation inside the timed loop).
 Usage (device machine, after ``source .device-bundle/p2/install.sh && source
 benchmarks/device_env.sh``)::
 
-    python3 benchmarks/config_sweep.py --out $OUT/sweep [--case NAME ...] [--rounds 2]
+    python3 benchmarks/probes/tile_configs_vs_cublas.py --out $OUT/sweep [--case NAME ...] [--rounds 2]
 
 Writes ``sweep.json`` and ``sweep.md`` under ``--out``. Raises SystemExit without CUDA.
 """
@@ -38,10 +38,10 @@ from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "benchmarks"))
-from host_probe import env_line, load_kernel, load_reference, pipelined_host_us  # noqa: E402  (sibling dev script)
-from host_probe import randn_bf16 as _randn  # noqa: E402
+from host_time_by_layer import env_line, load_kernel, load_reference, pipelined_host_us  # noqa: E402  (sibling dev script)
+from host_time_by_layer import randn_bf16 as _randn  # noqa: E402
 
 _CFG_NAME = re.compile(r"^(\d+)x(\d+)(pp|co)(?:-c(\d)x(\d))?(?:-sw(\d+))?(-dyn)?$")
 

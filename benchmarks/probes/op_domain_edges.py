@@ -38,7 +38,7 @@ standard definition from the same inputs; the budget is ``2 * max |torch_bf16 - 
 
 Usage (device, after ``source .device-bundle/p2/install.sh && source benchmarks/device_env.sh``)::
 
-    python benchmarks/library_probe.py --json $OUT/library_probe.json [--probe NAME ...] [--quick]
+    python benchmarks/probes/op_domain_edges.py --json $OUT/library_probe.json [--probe NAME ...] [--quick]
 
 ``--quick`` skips M = 8192 and the fp32-dz timing. Prints one table per probe and a verdict
 line per probe (``ok`` / ``FAIL`` / ``error``); writes everything to the JSON file. Runs in

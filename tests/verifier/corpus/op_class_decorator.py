@@ -1,0 +1,52 @@
+"""Decorators on a custom op class and on its hook (threat 34).
+
+SPEC: swiglu_fwd
+EXPECT: static class-definition
+
+A class decorator is an import-time call that receives the class (and may replace
+it); a decorated hook is no longer the function written. Op classes and hooks take no
+decorators.
+"""
+
+import functools
+
+import cutlass.cute as cute
+import torch
+
+from quack.activation import swiglu
+from quack.epilogue import gemm_epilogue, unpack
+from quack.epilogue.ops import GroupedColStatsBase
+
+
+@functools.partial
+class PairMean(GroupedColStatsBase):  # expect: class-definition
+    """Per-(row, group) mean."""
+
+    @cute.jit
+    def stat_value(self, total, group_cols):
+        return total * (1.0 / group_cols)
+
+
+def mean_prepass(acc):
+    return {"mu": acc}
+
+
+@gemm_epilogue(
+    outputs=("postact",),
+    mode="acc_pair",
+    ops={"mu": PairMean("mu")},
+    prepass=mean_prepass,
+    prepass_outs=("mu",),
+)
+def swiglu_epi(acc, mu):
+    gate, up = unpack(acc - mu)
+    return {"postact": swiglu(gate, up)}
+
+
+def swiglu_fwd(x, w1):
+    m = x.shape[0]
+    n = w1.shape[0]
+    preact = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    postact = torch.empty(m, n // 2, dtype=x.dtype, device=x.device)
+    swiglu_epi(x, w1.T, out={"D": preact, "postact": postact}, tuned=False, mu=128)
+    return preact, postact
