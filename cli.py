@@ -107,7 +107,8 @@ def cmd_prompt(args) -> int:
 
 
 def cmd_verify(args) -> int:
-    """Run every verifier stage on CANDIDATE.py; --accept writes generated_kernels/."""
+    """Run every verifier stage on each CANDIDATE.py (several: side by side through the
+    scheduler); --accept writes generated_kernels/ (one file)."""
     root = _root(args)
     if args.spec.endswith(".py") and Path(args.spec).is_file():
         raise UsageError(
@@ -115,14 +116,22 @@ def cmd_verify(args) -> int:
             "the spec's name first (arguments swapped?)"
         )
     loaded = _spec(root, args.spec)
-    cand = Path(args.candidate)
-    json_out = _output(workspace.out_file, args.json, "--json", root, keep=(cand,), kind="verdict")
-    if cand.is_dir():
+    cands = [Path(c) for c in args.candidate]
+    if len(cands) > 1 and args.accept:
         raise UsageError(
-            f"candidate {cand} is a folder; give the candidate module's .py file (e.g. {cand / 'kernel.py'})"
+            f"--accept takes one candidate file, got {len(cands)}: verify them, then accept the one chosen"
         )
-    if not cand.is_file():
-        raise UsageError(f"candidate file not found: {cand}")
+    json_out = _output(workspace.out_file, args.json, "--json", root, keep=tuple(cands), kind="verdict")
+    for cand in cands:
+        if cand.is_dir():
+            raise UsageError(
+                f"candidate {cand} is a folder; give the candidate module's .py file (e.g. {cand / 'kernel.py'})"
+            )
+        if not cand.is_file():
+            raise UsageError(f"candidate file not found: {cand}")
+    twice = sorted({str(c) for c in cands if sum(c.resolve() == d.resolve() for d in cands) > 1})
+    if twice:
+        raise UsageError(f"candidate file given twice: {', '.join(twice)}")
     if args.allow_unconfined and not args.accept:
         raise UsageError("--allow-unconfined only applies with --accept (it lets an unconfined run be accepted)")
     if args.force and not args.accept:
@@ -134,9 +143,15 @@ def cmd_verify(args) -> int:
             "nothing would be accepted, so nothing was run"
         )
     _check_library_spec(root, loaded, "pass it by name, or drop --accept", when=args.accept)
-    from .verifier.pipeline import verify
+    from .verifier.schedule import Job
 
-    verdict = verify(loaded, cand, cpu_only=args.cpu_only, bench=not args.no_bench)
+    sched = _scheduler(args, several=len(cands) > 1)
+    jobs = [Job(loaded, c, bench=not args.no_bench, label=c.name) for c in cands]
+    verdicts = sched.verify_many(jobs)
+    if len(cands) > 1:
+        return _verify_many_result(args, cands, verdicts, json_out, sched.describe())
+    verdict = verdicts[0]
+    cand = cands[0]
     tables.print_verdict(console, verdict)
     if json_out is not None:
         _output(workspace.write_out, json_out, verdict.to_json(outcome=True))
@@ -180,6 +195,39 @@ def cmd_verify(args) -> int:
     return OK
 
 
+def _scheduler(args, *, several: bool):
+    """The scheduler of a command: every visible GPU, or a Ray cluster with ``--ray``
+    (:func:`~coda_agent.verifier.schedule.make_scheduler`); a bad ``--ray`` is a usage error."""
+    from .verifier.schedule import make_scheduler
+
+    try:
+        return make_scheduler(
+            ray=getattr(args, "ray", None), cpu_only=bool(getattr(args, "cpu_only", False)), screen=several
+        )
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+
+
+def _verify_many_result(args, cands: list[Path], verdicts: list, json_out, where: str) -> int:
+    """Print and write the verdicts of ``verify SPEC FILE FILE ...``; the exit status: 2 when
+    any verdict is a verifier error, 1 when any file was not verified as asked, else 0."""
+    import json
+
+    console.print(tables.verdicts_table([(str(c), v) for c, v in zip(cands, verdicts, strict=True)], where))
+    for c, v in zip(cands, verdicts, strict=True):
+        failed = v.failed_stage
+        for f in (failed.findings if failed is not None else [])[:3]:
+            console.print(escape(f"  {c}: [{f.kind}] {f.message.splitlines()[0] if f.message else ''}"[:300]))
+    if json_out is not None:
+        items = [dict(json.loads(v.to_json(outcome=True)), file=str(c)) for c, v in zip(cands, verdicts, strict=True)]
+        _output(workspace.write_out, json_out, json.dumps(items, indent=2, sort_keys=True) + "\n")
+    if any(v.verifier_error is not None for v in verdicts):
+        err.print("verifier error for some file: the verifier or this machine failed, not the candidate (rows above)")
+        return USAGE
+    ok = all(v.done_as_asked(cpu_only=args.cpu_only, bench=not args.no_bench) for v in verdicts)
+    return OK if ok else FAILED
+
+
 def _has_gpu() -> bool:
     """Whether torch sees a CUDA device (commands that verify or measure need one)."""
     from .verifier.gpu import environment
@@ -218,15 +266,23 @@ def cmd_generate(args) -> int:
             allow_unconfined=args.allow_unconfined,
             has_gpu=_has_gpu,
             warn=lambda msg: err.print(f"[yellow]{msg}[/]"),
+            candidates=args.candidates,
         )
     except RequestError as e:
+        raise UsageError(str(e)) from None
+    from .agent.loop import default_verifier
+
+    try:  # --ray is checked before any answer is paid for
+        verifier = default_verifier(cpu_only=req.cpu_only, ray=args.ray)
+    except ValueError as e:
         raise UsageError(str(e)) from None
     try:
         summary = generate(
             req.loaded,
             root=root,
             backend=req.backend,
-            verifier=None,
+            verifier=verifier,
+            candidates=req.candidates,
             max_attempts=req.max_attempts,
             resume=req.resume,
             accept_fn=req.accept_fn,
@@ -364,6 +420,8 @@ def cmd_bench(args) -> int:
         raise UsageError(str(e)) from None
     for verdict in report.verdicts.values():
         tables.print_verdict(console, verdict, recorded=args.from_manifests)
+    if report.schedule:
+        console.print(escape(f"GPU stages: {len(report.verdicts)} kernel(s) over {report.schedule}"))
     for line in report.notes:
         console.print(escape(f"kept verdicts: {line}"))
     if report.markdown_path:
@@ -421,6 +479,8 @@ def cmd_regress(args) -> int:
     except ValueError as e:
         raise UsageError(str(e)) from None
     console.print(tables.regress_table(rep, cpu_only=args.cpu_only, verdicts=args.verdicts, tolerance=args.tolerance))
+    if rep.schedule:
+        console.print(escape(f"GPU stages: {len(rep.rows)} kernel(s) over {rep.schedule}"))
     if json_out is not None:
         _output(workspace.write_out, json_out, rep.to_json())
     return OK if rep.ok else FAILED
@@ -505,6 +565,15 @@ def _quiet_flag(p: argparse.ArgumentParser) -> None:
         "--quiet",
         action="store_true",
         help="no progress display (it is shown on stderr only when stderr is a terminal)",
+    )
+
+
+def _ray_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--ray",
+        metavar="ADDRESS",
+        help="run the GPU stages as Ray tasks on a Ray cluster (an address such as ray://host:10001, or "
+        "auto: the cluster this machine runs); needs the ray extra",
     )
 
 
@@ -605,6 +674,15 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--resume", metavar="RUN", help="continue a run: its folder, or its name under runs/ (e.g. after --llm manual)"
     )
+    g.add_argument(
+        "--candidates",
+        type=int,
+        default=None,
+        metavar="N",
+        help="answers asked per attempt (the same prompt, sampled N times), verified side by side; the "
+        "fastest that passes is taken (default 1; a resumed run keeps its own unless given)",
+    )
+    _ray_flag(g)
     g.add_argument("--cpu-only", action="store_true", help="static + compile only (never accepts)")
     g.add_argument("--no-accept", action="store_true", help="verify but do not write generated_kernels/")
     g.add_argument("--force", action="store_true", help="replace an accepted kernel (old one kept in history/)")
@@ -621,9 +699,9 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--out", help="write to a file instead of stdout")
     pr.set_defaults(fn=cmd_prompt)
 
-    v = sub.add_parser("verify", help="run the verifier on a candidate module")
+    v = sub.add_parser("verify", help="run the verifier on candidate modules (several: side by side)")
     v.add_argument("spec")
-    v.add_argument("candidate")
+    v.add_argument("candidate", nargs="+", help="candidate .py file(s): one verdict each")
     v.add_argument("--accept", action="store_true", help="on success, write generated_kernels/<spec>/")
     v.add_argument("--force", action="store_true", help="with --accept: replace an accepted kernel")
     v.add_argument(
@@ -638,8 +716,9 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="also write the verdict as JSON to FILE, with outcome (gpu-verified, gpu-correct, "
         "cpu-checks-passed, rejected or verifier-error), passed, gpu_verified and failed_stage "
-        "at the top level",
+        "at the top level; several files: a JSON list of them, each with its file",
     )
+    _ray_flag(v)
     _quiet_flag(v)
     v.set_defaults(fn=cmd_verify)
 

@@ -31,8 +31,11 @@ Other decisions:
   (``answer_received_here``), and symlinks/FIFOs/devices in the folder are refused
   (``run_folder.check_run_files``).
 * An extraction failure is a failed attempt whose feedback is the extraction error.
-* The verifier is injected (``verifier(loaded, candidate_path, workdir) -> Verdict``);
-  :func:`default_verifier` wraps ``coda_agent.verifier.pipeline.verify`` lazily.
+* The verifier is injected (``verifier(loaded, candidate_path, workdir) -> Verdict``, with
+  an optional ``many(loaded, [(candidate_path, workdir), ...])`` that verifies several side
+  by side); :func:`default_verifier` runs ``pipeline.verify`` through the scheduler.
+* ``--candidates N`` asks for N answers per attempt and takes the fastest that passes
+  (:mod:`~coda_agent.agent.candidates`).
 * Backend errors the user can act on (``LLMError``) end the run as ``failed`` with the
   message; ``AwaitingAnswer`` (manual backend) ends it as ``waiting-for-answer``
   with the path where the answer goes. Anything else (Ctrl-C, a verifier crash) marks
@@ -41,11 +44,9 @@ Other decisions:
 
 from __future__ import annotations
 
-import difflib
 import fcntl
 import json
 import os
-import re
 import stat
 import time
 from pathlib import Path
@@ -53,31 +54,28 @@ from typing import Any, Callable
 
 from ..verifier import progress
 from ..verifier.verdict import Verdict
-from ..verifier.workspace import atomic_write_text, remove_tree, sha256_bytes
+from ..verifier.workspace import atomic_write_text
+from .answers import AnswerSteps, VerifierError, answered
+from .candidates import ask_all
 from .context import gather_context
-from .extract import ExtractError, extract_module
-from .llm.base import AwaitingAnswer, LLMError, LLMResponse, Usage
+from .lesson import LessonStep
+from .llm.base import AwaitingAnswer, LLMError, LLMResponse
 from .render import (
     Prompt,
-    build_lesson_prompt,
     build_repair_prompt,
     build_task_prompt,
 )
 from .run_folder import (
-    PROPOSED_TRICK,
     RUN_FILE,
-    LessonRecord,
     RunError,
     RunState,
     RunSummary,
     accepted_by,
     check_run_files,
-    library_verdict,
     load_run,
     new_run_dir,
     read_parsed,
     read_text,
-    record_path,
     save_state,
     utc_now,
 )
@@ -85,81 +83,45 @@ from .run_folder import (
 TERMINAL = ("accepted", "passed", "passed-cpu-only", "out-of-attempts")
 DEFAULT_MAX_ATTEMPTS = 5
 """Attempts of a new run unless ``--max-attempts`` says otherwise."""
-CUT_STOP_REASONS = frozenset({"max_tokens", "model_context_window_exceeded"})
-"""API stop reasons that mean the answer was cut off at a token limit."""
-
 Verifier = Callable[[Any, Path, Path], Verdict]
-
-
-class VerifierError(RuntimeError):
-    """The verifier itself failed (a stage with status "error"): not the candidate's fault,
-    so the attempt is not spent and no feedback goes to the model."""
 
 
 # --------------------------------------------------------------------------- helpers
 
 
-def default_verifier(*, cpu_only: bool = False, bench: bool = True, timeout_s: float | None = None) -> Verifier:
-    """A verifier callable over ``coda_agent.verifier.pipeline.verify`` (imported lazily)."""
+def default_verifier(
+    *, cpu_only: bool = False, bench: bool = True, timeout_s: float | None = None, ray: str | None = None
+) -> Verifier:
+    """A verifier callable through the scheduler (``verifier/schedule/``: every visible GPU,
+    or a Ray cluster with ``ray``), with ``many(loaded, [(candidate, workdir), ...])``
+    verifying several side by side. The scheduler is made on first use; ``ray`` is checked
+    at once (ValueError: no Ray, or no reachable cluster)."""
+    from ..verifier.schedule import Job, make_scheduler
+
+    made: list[Any] = [make_scheduler(ray=ray, cpu_only=cpu_only)] if ray else []
+
+    def many(loaded: Any, pairs: list[tuple[Path, Path]]) -> list[Verdict]:
+        if not made:
+            made.append(make_scheduler(ray=ray, cpu_only=cpu_only))
+        sched = made[0]
+        sched.screen = len(pairs) > 1  # one alone: its full run directly
+        jobs = [
+            Job(loaded, Path(c), workdir=Path(w), bench=bench, timeout_s=timeout_s, label=f"{Path(c).parent.name}")
+            for c, w in pairs
+        ]
+        return sched.verify_many(jobs)
 
     def run(loaded: Any, candidate: Path, workdir: Path) -> Verdict:
-        from ..verifier.pipeline import verify
+        return many(loaded, [(candidate, workdir)])[0]
 
-        return verify(loaded, candidate, cpu_only=cpu_only, bench=bench, workdir=workdir, timeout_s=timeout_s)
-
+    run.many = many  # type: ignore[attr-defined]
     return run
-
-
-def minimal_feedback(verdict: Verdict, source: str) -> str:
-    """Fallback rendering when ``verifier/feedback.py`` is unavailable."""
-    st = verdict.failed_stage
-    if st is None:
-        return "All stages passed."
-    lines = [f"Stage `{st.stage}` {st.status}: {st.summary}".rstrip(": ")]
-    src = source.splitlines()
-    for f in st.findings:
-        where = []
-        if f.line:
-            where.append(f"line {f.line}")
-        if f.output:
-            where.append(f"output {f.output}")
-        if f.case:
-            where.append(f"case {f.case}")
-        loc = f" ({', '.join(where)})" if where else ""
-        lines.append(f"- [{f.kind}]{loc} {f.message}")
-        if f.line and 0 < f.line <= len(src):
-            lines.append(f"    {f.line} | {src[f.line - 1]}")
-    return "\n".join(lines)
-
-
-def feedback_text(verdict: Verdict, source: str) -> str:
-    """The verifier's feedback for the repair prompt (verifier/feedback.py when present)."""
-    try:
-        from ..verifier.feedback import render_feedback
-    except ImportError:
-        return minimal_feedback(verdict, source)
-    try:
-        return render_feedback(verdict, source)
-    except Exception as e:  # a rendering bug must not lose the attempt
-        return minimal_feedback(verdict, source) + f"\n\n(feedback renderer failed: {type(e).__name__}: {e})"
-
-
-def _lesson_sentence(text: str) -> str:
-    """First meaningful line of a lesson reply, cleaned to one sentence-ish line."""
-    for line in text.replace("\r", "").splitlines():
-        s = line.strip().strip("`").strip()
-        s = re.sub(r"^([-*]|\d+[.)])\s+", "", s)
-        s = re.sub(r"^\**\s*(lesson|trick)\s*(:\s*\**|\**\s*:)\s*", "", s, flags=re.I)
-        s = s.strip().strip('"').strip()
-        if s and not s.startswith("```"):
-            return " ".join(s.split())[:500]
-    return ""
 
 
 # --------------------------------------------------------------------------- the loop
 
 
-class _Run:
+class _Run(AnswerSteps, LessonStep):
     def __init__(
         self,
         loaded: Any,
@@ -173,7 +135,7 @@ class _Run:
         self.loaded, self.root, self.run_dir, self.state = loaded, root, run_dir, state
         self.backend, self.verifier, self.accept_fn = backend, verifier, accept_fn
         self.max_examples = 3
-        self.answered_here: set[int] = set()  # attempts whose answer this process received
+        self.answered_here: set[tuple[int, int]] = set()  # (attempt, answer index) received by this process
 
     def save(self) -> None:
         save_state(self.run_dir, self.state)
@@ -197,13 +159,13 @@ class _Run:
         if k == 1:
             prompt = base
         else:
-            prev = self.adir(k - 1)
+            prev = self.module_dir(k - 1)  # the replayed candidate's, with several
             cand = prev / "candidate.py"
             prompt = build_repair_prompt(
                 base,
                 previous_response=read_text(prev / "response.md"),
                 previous_candidate=read_text(cand) if cand.is_file() else None,
-                feedback=read_text(prev / "feedback.md"),
+                feedback=read_text(self.adir(k - 1) / "feedback.md"),
                 attempt=k,
                 max_attempts=self.state.max_attempts,
             )
@@ -213,22 +175,26 @@ class _Run:
         return prompt
 
     # -- LLM ----------------------------------------------------------------------
-    def call(self, prompt: Prompt, d: Path) -> tuple[LLMResponse, float]:
-        """Call the backend for ``prompt`` whose files live in ``d``; persist the reply."""
-        if hasattr(self.backend, "bind"):
-            self.backend.bind(d)
+    def call(self, prompt: Prompt, d: Path, backend: Any = None) -> tuple[LLMResponse, float]:
+        """Call the backend (``backend``: a copy of it for one of several calls at once) for
+        ``prompt`` whose files live in ``d``; persist the reply."""
+        backend = self.backend if backend is None else backend
+        d.mkdir(parents=True, exist_ok=True)
+        if hasattr(backend, "bind"):
+            backend.bind(d)
         t0 = time.monotonic()
-        who = getattr(self.backend, "name", "the model")
-        with progress.step(f"waiting for the answer ({who})") as s:
+        who = getattr(backend, "name", "the model")
+        where = f" for {d.name}" if d.name.startswith("candidate-") else ""
+        with progress.step(f"waiting for the answer{where} ({who})") as s:
             try:
-                resp = self.backend.complete(prompt)
+                resp = backend.complete(prompt)
             except AwaitingAnswer:
                 s.outcome = "no answer yet (the run waits for one)"
                 raise
             s.outcome = f"answered ({resp.usage.output_tokens} output tokens)"
         wall = time.monotonic() - t0
         meta = {
-            "backend": getattr(self.backend, "name", "?"),
+            "backend": getattr(backend, "name", "?"),
             "model": resp.model,
             "stop_reason": resp.stop_reason,
             "usage": resp.usage.model_dump(),
@@ -243,25 +209,16 @@ class _Run:
         atomic_write_text(d / "response.md", text)
         return resp, wall
 
-    @staticmethod
-    def read_response(d: Path) -> tuple[str, dict[str, Any]]:
-        """The answer's text and ``response.json``'s metadata (``{}`` when that file is
-        missing or not a JSON object: it is bookkeeping, not the answer)."""
-        text = read_text(d / "response.md")
-        meta: dict[str, Any] = {}
-        if (d / "response.json").is_file():
-            try:
-                meta = json.loads(read_text(d / "response.json"))
-            except ValueError:
-                meta = {}
-        return text, meta if isinstance(meta, dict) else {}
-
     # -- one attempt ----------------------------------------------------------------
     def attempt(self, k: int) -> Verdict | None:
-        """Run (or resume) attempt ``k``. Returns its verdict (None: extraction failed).
-        Raises AwaitingAnswer / LLMError from the backend."""
+        """Run (or resume) attempt ``k``: its prompt, every answer asked for, each verified
+        (side by side when several). Returns the verdict that counts: the passing one (the
+        fastest of several), else the replayed failure's (None: its answer had no module).
+        Raises AwaitingAnswer / LLMError from the backend, VerifierError."""
         d = self.adir(k)
         rec = self.state.attempt(k)
+        if rec.step == "started" and not (d / "response.md").is_file():
+            rec.candidates = self.state.candidates  # fixed once the attempt starts
         prompt = self.prompt_for(k)
         rec.kind = prompt.kind
         rec.prompt_sha256 = prompt.sha256()
@@ -270,110 +227,24 @@ class _Run:
             rec.step = "prompted"
         self.save()
 
-        answer = d / "response.md"
-        if not answer.is_file() or not read_text(answer).strip():  # an empty file is no answer yet
-            rec.backend = getattr(self.backend, "name", None)
-            self.save()
-            self.call(prompt, d)
-            self.answered_here.add(k)
-        text, meta = self.read_response(d)
-        try:
-            rec.backend = str(meta.get("backend", rec.backend or "manual"))
-            rec.model = meta.get("model", rec.model)
-            rec.model = None if rec.model is None else str(rec.model)
-            rec.stop_reason = None if meta.get("stop_reason") is None else str(meta["stop_reason"])
-            rec.usage = Usage(**meta.get("usage", {}))
-            rec.llm_wall_s = float(meta.get("wall_s", 0.0))
-        except (TypeError, ValueError) as e:
-            raise RunError(
-                f"{d / 'response.json'}: not what the loop wrote there ({type(e).__name__}: "
-                f"{str(e).splitlines()[0] if str(e) else ''}); fix or delete it, then resume"
-            ) from None
+        slots = self.slots(k)
+        t0 = time.monotonic()
+
+        def ask(backend: Any, slot: Path) -> None:
+            self.crec(k, slots.index(slot)).backend = getattr(backend, "name", None)
+            self.call(prompt, slot, backend)
+            self.answered_here.add((k, slots.index(slot)))
+
+        asked = ask_all(self.backend, slots, ask, lambda slot: answered(slot / "response.md"))
+        if asked and rec.candidates > 1:
+            rec.llm_wall_s += time.monotonic() - t0  # the N calls ran at once: the attempt's wall time
+        sources = [self.read_answer(k, i, slot) for i, slot in enumerate(slots)]
         if rec.step in ("started", "prompted"):
             rec.step = "responded"
         self.save()
 
-        cand = d / "candidate.py"
-        try:
-            source = extract_module(text, stopped_at_limit=rec.stop_reason in CUT_STOP_REASONS)
-        except ExtractError as e:
-            msg = str(e)
-            if rec.stop_reason in CUT_STOP_REASONS and "output token limit" not in msg:
-                msg += " (Your response stopped at the output token limit.)"
-            cand.unlink(missing_ok=True)
-            atomic_write_text(d / "feedback.md", "Your response could not be used.\n\n" + msg + "\n")
-            rec.extract_error, rec.stage_reached, rec.passed, rec.failed_stage = msg, "extract", False, "extract"
-            rec.step = "verified"
-            self.save()
-            return None
-        rec.extract_error = None
-        if not cand.is_file() or cand.read_bytes() != source.encode("utf-8"):  # the loop's file: rewritten
-            atomic_write_text(cand, source)
-
-        vpath = d / "verdict.json"
-        verdict = read_parsed(vpath, Verdict.model_validate_json) if vpath.is_file() else None
-        stale = verdict is not None and verdict.candidate_hash != sha256_bytes(source.encode("utf-8"))
-        if (verdict is None or stale) and (self.adir(k + 1) / "prompt.json").is_file():
-            # the answer was edited (or now extracts) after attempt k+1 was prompted from its old
-            # verdict: verifying it again would leave that prompt quoting code that is gone
-            raise RunError(
-                f"attempt {k}'s answer changed after it was verified, and attempt {k + 1} was "
-                f"prompted from the old verdict: restore {d / 'response.md'}, or remove "
-                f"{self.adir(k + 1)} (and any later attempt) to be prompted from a new verdict; then resume"
-            )
-        if stale:
-            # a verdict is about the bytes it judged (an answer edited after its verification
-            # must not keep the old verdict and pass with a broken candidate.py); kept for the
-            # record, and this candidate is verified
-            vpath.rename(record_path(d, "stale"))
-            verdict = None
-        if verdict is not None and verdict.passed and not verdict.gpu_verified and not self.state.cpu_only:
-            # A pass of the CPU stages only (--cpu-only, or a machine without a GPU) is not a
-            # verification: keep it for the record and verify again, GPU stages included.
-            vpath.rename(record_path(d, "cpu"))
-            verdict = None
-        elif verdict is not None and verdict.gpu_verified:
-            # A stored GPU pass is never taken on its word: in --llm manual mode the answerer
-            # writes into this folder, and a forged verdict.json (right spec hash, the
-            # candidate's own sha256, "gpu_verified") would be accepted unverified, or with
-            # --no-accept make the run "passed" and draw a lesson (tests/agent/test_loop.py).
-            # Only the library's manifest vouches for a pass (the kernel it accepted from
-            # this very attempt); any other is kept for the record and verified again here.
-            # (A CPU-only pass is reused: it is never accepted and proposes no lesson.)
-            anchored = library_verdict(self.root, self.loaded.name, self.run_dir, k)
-            if anchored is not None and anchored.spec_hash == self.loaded.spec_hash:
-                verdict = anchored
-            else:
-                vpath.rename(record_path(d, "stored"))
-                verdict = None
-        if verdict is None:
-            t0 = time.monotonic()
-            # verify/ is the verifier's: emptied first, so nothing planted there (a symlink
-            # where a worker log goes would make the verifier truncate its target) is ever
-            # written through.
-            remove_tree(d / "verify")
-            (d / "feedback.md").unlink(missing_ok=True)  # it follows the verdict made now
-            verdict = self.verifier(self.loaded, cand, d / "verify")
-            rec.verify_wall_s += time.monotonic() - t0  # summed over resumes (a verifier error runs it again)
-            broken = verdict.verifier_error
-            if broken is not None:
-                # The verifier (or the machine) failed, not the candidate: the model gets no
-                # feedback about it and the attempt is not spent. The verdict is kept for the
-                # record; --resume verifies this attempt again.
-                record = record_path(d, "error")
-                atomic_write_text(record, verdict.to_json())
-                self.save()
-                raise VerifierError(
-                    f"attempt {k}: the verifier failed at stage {broken.stage!r} ({broken.summary}); "
-                    f"the attempt is not counted. Fix the cause, then --resume {self.run_dir} "
-                    f"(record: {record})"
-                )
-            atomic_write_text(vpath, verdict.to_json())
-        rec.stage_reached = verdict.furthest_stage
-        rec.passed = verdict.passed
-        rec.failed_stage = verdict.failed_stage.stage if verdict.failed_stage else None
-        if not verdict.passed and not (d / "feedback.md").is_file():
-            atomic_write_text(d / "feedback.md", feedback_text(verdict, source).rstrip() + "\n")
+        verdicts = self.verdicts(k, slots, sources)
+        verdict = verdicts[0] if rec.candidates <= 1 else self.choose(k, slots, verdicts)
         rec.step = "verified"
         self.save()
         return verdict
@@ -381,7 +252,7 @@ class _Run:
     # -- after a pass -----------------------------------------------------------------
     def finish(self, k: int, verdict: Verdict, force: bool) -> None:
         s = self.state
-        cand = self.adir(k) / "candidate.py"
+        cand = self.module_dir(k) / "candidate.py"
         if not verdict.gpu_verified:
             # Not verified yet: no acceptance and no lesson (a repair's lesson is only
             # worth proposing once the fix has passed the GPU stages too).
@@ -402,8 +273,10 @@ class _Run:
                 # whether this process received the answer from its backend; otherwise backend
                 # and model are as the run folder recorded them (the answerer's to write in
                 # --llm manual mode), not something this process saw
-                "answer_received_here": k in self.answered_here,
+                "answer_received_here": (k, (rec.chosen or 1) - 1) in self.answered_here,
             }
+            if rec.candidates > 1 and rec.chosen is not None:  # library_verdict finds it there
+                provenance.update(candidate=rec.chosen, candidates=rec.candidates)
             try:
                 path = self.accept_fn(self.loaded, cand, verdict, root=self.root, provenance=provenance, force=force)
             except Exception as e:
@@ -418,68 +291,6 @@ class _Run:
         s.error = None
         self.save()
         self.lesson(k)
-
-    def lesson(self, k: int) -> None:
-        """Propose a one-sentence trick when attempt k-1 failed (with a module) and k passed."""
-        s = self.state
-        if k < 2 or (self.run_dir / PROPOSED_TRICK).is_file():
-            return
-        prev, cur = self.adir(k - 1), self.adir(k)
-        if not (prev / "candidate.py").is_file() or not (prev / "feedback.md").is_file():
-            s.lesson = LessonRecord(
-                status="skipped", failed_attempt=k - 1, error="the failed attempt had no module (extraction error)"
-            )
-            self.save()
-            return
-        ldir = self.run_dir / "lesson"
-        prompt_path = ldir / "prompt.json"
-        if prompt_path.is_file():
-            prompt = read_parsed(prompt_path, Prompt.from_json)
-        else:
-            diff = "".join(
-                difflib.unified_diff(
-                    read_text(prev / "candidate.py").splitlines(keepends=True),
-                    read_text(cur / "candidate.py").splitlines(keepends=True),
-                    fromfile=f"attempt-{k - 1}/candidate.py",
-                    tofile=f"attempt-{k}/candidate.py",
-                )
-            )
-            prompt = build_lesson_prompt(
-                self.base_prompt(),
-                kernel=s.spec,
-                failed_attempt=k - 1,
-                feedback=read_text(prev / "feedback.md"),
-                diff=diff,
-            )
-            ldir.mkdir(parents=True, exist_ok=True)
-            atomic_write_text(ldir / "prompt.md", prompt.as_text())
-            atomic_write_text(prompt_path, prompt.to_json())
-        try:
-            if not (ldir / "response.md").is_file():
-                self.call(prompt, ldir)
-        except AwaitingAnswer as w:
-            s.lesson = LessonRecord(status="waiting-for-answer", failed_attempt=k - 1, answer_path=str(w.answer_path))
-            self.save()
-            return
-        except LLMError as e:
-            s.lesson = LessonRecord(status="error", failed_attempt=k - 1, error=str(e))
-            self.save()
-            return
-        text, meta = self.read_response(ldir)
-        sentence = _lesson_sentence(text)
-        if not sentence:
-            s.lesson = LessonRecord(status="error", failed_attempt=k - 1, error="empty lesson reply")
-            self.save()
-            return
-        atomic_write_text(self.run_dir / PROPOSED_TRICK, sentence + "\n")
-        s.lesson = LessonRecord(
-            status="proposed",
-            failed_attempt=k - 1,
-            path=str(self.run_dir / PROPOSED_TRICK),
-            text=sentence,
-            usage=Usage(**meta.get("usage", {})),
-        )
-        self.save()
 
 
 def generate(
@@ -496,6 +307,7 @@ def generate(
     cpu_only: bool = False,
     no_accept: bool = False,
     max_examples: int = 3,
+    candidates: int | None = None,
 ) -> RunSummary:
     """Generate a kernel for ``loaded_spec`` (a ``LoadedSpec``) and return the run summary.
 
@@ -513,6 +325,9 @@ def generate(
       continues an ``out-of-attempts`` run).
     * ``no_accept``: recorded in ``run.json`` and sticky over resumes: the caller must not
       pass ``accept_fn`` for such a run (raises RunError if it does).
+    * ``candidates``: answers asked per attempt, verified side by side, the fastest pass
+      taken (:mod:`~coda_agent.agent.candidates`); None: 1 for a new run, the run's own on
+      resume (given on resume, it applies to the attempts not yet started).
 
     Returns with ``status`` ``accepted`` / ``passed`` / ``passed-cpu-only`` /
     ``out-of-attempts`` / ``waiting-for-answer`` / ``failed`` (backend error or accept
@@ -524,6 +339,8 @@ def generate(
         verifier = default_verifier(cpu_only=cpu_only)
     if max_attempts is not None and max_attempts < 1:
         raise RunError("max_attempts must be >= 1")
+    if candidates is not None and candidates < 1:
+        raise RunError("candidates must be >= 1")
     backend_name = getattr(backend, "name", type(backend).__name__)
     backend_model = getattr(backend, "model", "?")
     if resume is not None:
@@ -549,6 +366,8 @@ def generate(
         state.backend, state.model = backend_name, backend_model
         state.cpu_only, state.force = cpu_only, force
         state.no_accept = state.no_accept or no_accept
+        if candidates is not None:
+            state.candidates = candidates
     else:
         run_dir = Path(run_dir) if run_dir is not None else new_run_dir(root, loaded_spec.name)
         if (run_dir / RUN_FILE).exists():
@@ -562,6 +381,7 @@ def generate(
             backend=backend_name,
             model=backend_model,
             max_attempts=DEFAULT_MAX_ATTEMPTS if max_attempts is None else max_attempts,
+            candidates=candidates or 1,
             cpu_only=cpu_only,
             force=force,
             no_accept=no_accept,
@@ -578,7 +398,7 @@ def generate(
             f"{run_dir} was started with --no-accept and never accepts; resume it with --no-accept, "
             "or start a new run to accept a kernel"
         )
-    state.status, state.error, state.answer_path = "running", None, None
+    state.status, state.error, state.answer_path, state.answers_awaited = "running", None, None, []
     run = _Run(loaded_spec, root, run_dir, state, backend, verifier, accept_fn)
     run.max_examples = max_examples
 
@@ -605,6 +425,7 @@ def generate(
                     verdict = run.attempt(k)
                 except AwaitingAnswer as w:
                     state.status, state.answer_path = "waiting-for-answer", str(w.answer_path)
+                    state.answers_awaited = [str(p) for p in w.answer_paths]
                     run.save()
                     break
                 except LLMError as e:

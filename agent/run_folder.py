@@ -6,7 +6,10 @@ A generation run lives in one folder; each finished step leaves a file there (th
     runs/<UTC time>-<spec>/
       run.json                 the state: spec, spec_hash, backend, model, status,
                                attempts (stage reached, tokens, cache hits, wall time)
-      attempt-<k>/
+      attempt-<k>/             (one answer per attempt; with --candidates N > 1 the answer's
+                               files are in attempt-<k>/candidate-<j>/, j = 1..N, beside the
+                               attempt's prompt, and attempt-<k>/feedback.md is the one the
+                               next repair prompt carries)
         prompt.md              the exact prompt text (Prompt.as_text)
         prompt.json            the structured prompt (system blocks, messages)
         response.json          model, usage, stop reason, LLM wall time
@@ -49,6 +52,8 @@ from ..verifier.workspace import atomic_write_text, sha256_bytes
 from .llm.base import Usage
 
 RUN_FILE = "run.json"
+CANDIDATE_DIR = re.compile(r"candidate-[1-9]\d*")
+"""An attempt's folder for one of its ``--candidates`` answers."""
 
 
 PROPOSED_TRICK = "proposed_trick.md"
@@ -79,12 +84,11 @@ def read_parsed(p: Path, parse: Callable[[str], Any]) -> Any:
         raise RunError(f"{p}: not what the loop wrote there ({first}); fix or delete it, then resume") from None
 
 
-class AttemptRecord(BaseModel):
-    """One attempt as recorded in ``run.json``."""
+class CandidateRecord(BaseModel):
+    """One answer and its verdict: the attempt's own (one answer per attempt) or one of its
+    ``--candidates`` (``j``, 1-based)."""
 
-    k: int
-    kind: str = "task"
-    step: str = "started"  # started -> prompted -> responded -> verified
+    j: int | None = None
     stage_reached: str | None = None  # "extract" when no module could be extracted
     passed: bool | None = None
     failed_stage: str | None = None
@@ -93,10 +97,31 @@ class AttemptRecord(BaseModel):
     model: str | None = None
     stop_reason: str | None = None
     usage: Usage = Usage()
-    prompt_sha256: str | None = None
-    estimated_prompt_tokens: int | None = None
     llm_wall_s: float = 0.0
     verify_wall_s: float = 0.0
+    fused_ms: float | None = None
+    """Geometric mean of the fused kernel's median time over the benchmark shapes (a GPU
+    pass): what picks the fastest of several passing candidates."""
+
+
+class AttemptRecord(CandidateRecord):
+    """One attempt as recorded in ``run.json``. With several candidates, the answer fields
+    hold their totals (usage, wall times), the chosen candidate's outcome (a pass) or the
+    replayed one's (a failure: the answer the repair prompt quotes), and
+    ``candidate_records`` holds each one."""
+
+    k: int
+    kind: str = "task"
+    step: str = "started"  # started -> prompted -> responded -> verified
+    prompt_sha256: str | None = None
+    estimated_prompt_tokens: int | None = None
+    candidates: int = 1
+    """Answers asked for this attempt (``--candidates``; fixed when the attempt starts)."""
+    chosen: int | None = None
+    """The passing candidate taken (the fastest); None: none passed, or one answer per attempt."""
+    replay: int | None = None
+    """The failed candidate the next repair prompt quotes (the one that got furthest)."""
+    candidate_records: list[CandidateRecord] = Field(default_factory=list)
 
     @computed_field  # type: ignore[prop-decorator]
     @property
@@ -135,6 +160,8 @@ class RunState(BaseModel):
     model: str
     status: str = "running"
     max_attempts: int
+    candidates: int = 1
+    """Answers asked per attempt (``--candidates``); a resume keeps it unless given."""
     cpu_only: bool = False
     force: bool = False
     no_accept: bool = False
@@ -143,6 +170,8 @@ class RunState(BaseModel):
     updated_at: str = ""
     attempts: list[AttemptRecord] = Field(default_factory=list)
     answer_path: str | None = None
+    answers_awaited: list[str] = Field(default_factory=list)
+    """Every answer file a waiting run needs (several with ``--candidates``)."""
     accepted_path: str | None = None
     lesson: LessonRecord | None = None
     error: str | None = None
@@ -244,13 +273,21 @@ class RunSummary(BaseModel):
                 f"{a.k:>7}  {a.stage_reached or '-':<14} {res:<7} {tok:>15} "
                 f"{a.usage.cache_read_input_tokens:>10} {a.wall_s:>8.1f}"
             )
+            if a.candidate_records:
+                lines.append("         " + candidates_line(a))
         u = self.usage
         lines.append(
             f"total: {len(s.attempts)} attempt(s), tokens in {u.input_tokens} / out {u.output_tokens}, "
             f"cache hits {self.cache_hits} ({u.cache_read_input_tokens} tokens read, "
             f"{u.cache_creation_input_tokens} written), wall {self.wall_s:.1f} s"
         )
-        if s.status == "waiting-for-answer" and s.answer_path:
+        if s.status == "waiting-for-answer" and len(s.answers_awaited) > 1:
+            where = ", ".join(s.answers_awaited)
+            lines.append(
+                f"waiting for {len(s.answers_awaited)} answers: read the prompt.md beside each, write one reply "
+                f"to each of {where}, then resume: {self.resume_command()}"
+            )
+        elif s.status == "waiting-for-answer" and s.answer_path:
             lines.append(
                 f"waiting for the answer: read {Path(s.answer_path).with_name('prompt.md')}, write the "
                 f"model's reply to {s.answer_path}, then resume: {self.resume_command()}"
@@ -300,6 +337,20 @@ class RunSummary(BaseModel):
         return "\n".join(lines)
 
 
+def candidates_line(a: AttemptRecord) -> str:
+    """One line on an attempt's candidates: each one's outcome, the chosen or replayed one."""
+    parts = []
+    for c in a.candidate_records:
+        what = (
+            "pass" + (f" {c.fused_ms:.4g} ms" if c.fused_ms else "")
+            if c.passed
+            else (f"fail at {c.failed_stage}" if c.passed is False else "not answered")
+        )
+        mark = " (chosen)" if a.chosen == c.j else " (replayed)" if a.replay == c.j else ""
+        parts.append(f"{c.j}: {what}{mark}")
+    return f"candidates: {'; '.join(parts)}"
+
+
 def utc_now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
@@ -327,7 +378,8 @@ def load_run(run_dir: str | Path) -> RunSummary:
 def check_run_files(run_dir: Path) -> None:
     """Refuse a run folder whose own files (``run.json``, ``.lock``, ``attempt-<k>/*``,
     ``lesson/*``; not the verifier's workdirs) include anything but regular files and
-    folders, or whose attempt and lesson folders hold any folder but ``verify/``. In --llm
+    folders, or whose attempt and lesson folders hold any folder but ``verify/`` (and an
+    attempt's ``candidate-<j>/`` folders, which hold files and ``verify/``). In --llm
     manual mode the answerer writes into the run folder: a FIFO named ``.lock`` or
     ``response.md`` would block ``--resume`` forever, a symlink would have the loop read,
     and send on to the model, a file from elsewhere, and a ``__pycache__/`` beside
@@ -336,6 +388,13 @@ def check_run_files(run_dir: Path) -> None:
     Raises :class:`RunError` naming the entry."""
     run_dir = Path(run_dir)
     folders = [run_dir, *(d for d in run_dir.iterdir() if d.name.startswith("attempt-") or d.name == "lesson")]
+    folders += [
+        c
+        for d in folders[1:]
+        if d.name.startswith("attempt-") and d.is_dir() and not d.is_symlink()
+        for c in d.iterdir()
+        if CANDIDATE_DIR.fullmatch(c.name) and c.is_dir() and not c.is_symlink()
+    ]
     for folder in folders:
         if folder.is_symlink():
             raise RunError(f"{folder}: a symlink; a run folder holds only regular files and folders")
@@ -358,6 +417,12 @@ def check_run_files(run_dir: Path) -> None:
                     f"{Path(e.path)}: not a regular file or folder (a symlink, FIFO, socket or device); "
                     "a run folder holds only regular files and folders. Remove it, then resume"
                 )
+            if (
+                folder.name.startswith("attempt-")
+                and CANDIDATE_DIR.fullmatch(e.name)
+                and e.is_dir(follow_symlinks=False)
+            ):
+                continue  # checked as a folder of its own
             if folder != run_dir and e.is_dir(follow_symlinks=False):
                 raise RunError(
                     f"{Path(e.path)}: a folder the loop never writes (an attempt folder holds files and "
@@ -372,14 +437,18 @@ def record_path(d: Path, kind: str) -> Path:
     return d / f"verdict-{kind}-{len(list(d.glob(f'verdict-{kind}-*.json'))) + 1}.json"
 
 
-def library_verdict(root: Path, spec_name: str, run_dir: Path, attempt: int | None = None) -> Verdict | None:
+def library_verdict(
+    root: Path, spec_name: str, run_dir: Path, attempt: int | None = None, candidate: int | None = None
+) -> Verdict | None:
     """The verdict the library accepted this run's kernel with, or None.
 
     ``<root>/generated_kernels/<spec>/manifest.json`` is the trust anchor for a run folder
     (which is the answerer's to write): its verdict counts for ``run_dir`` only when its
     provenance names the run (by folder name), and the kernel it holds (``kernel_sha256``)
     is byte for byte the run's ``attempt-<k>/candidate.py``, ``k`` being the manifest's
-    ``provenance.attempts`` (and ``attempt`` when given). A folder of the same name, or a
+    ``provenance.attempts`` (and ``attempt`` when given), or ``attempt-<k>/candidate-<j>/
+    candidate.py`` when the provenance names a candidate ``j`` (``candidate`` when given
+    must equal it; one answer per attempt has none). A folder of the same name, or a
     manifest later replaced by another run, gives None."""
     from ..verifier.library.accept import ManifestError, read_manifest, verdict_from_manifest
 
@@ -391,7 +460,12 @@ def library_verdict(root: Path, spec_name: str, run_dir: Path, attempt: int | No
         k = prov.get("attempts")
         if not isinstance(k, int) or isinstance(k, bool) or (attempt is not None and k != attempt):
             return None
-        cand = Path(run_dir) / f"attempt-{k}" / "candidate.py"
+        j = prov.get("candidate")
+        if (j is not None and (not isinstance(j, int) or isinstance(j, bool) or j < 1)) or (
+            attempt is not None and j != candidate
+        ):
+            return None
+        cand = Path(run_dir) / f"attempt-{k}" / ("" if j is None else f"candidate-{j}") / "candidate.py"
         if cand.is_symlink() or not cand.is_file() or sha256_bytes(cand.read_bytes()) != man.get("kernel_sha256"):
             return None
         return verdict_from_manifest(man)

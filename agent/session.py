@@ -42,6 +42,7 @@ class GenerateRequest:
     force: bool
     cpu_only: bool
     no_accept: bool
+    candidates: int | None = None
 
 
 def prepare_generate(
@@ -59,6 +60,7 @@ def prepare_generate(
     allow_unconfined: bool,
     has_gpu: Callable[[], bool],
     warn: Callable[[str], None],
+    candidates: int | None = None,
 ) -> GenerateRequest:
     """Check a ``generate`` request against the rules in the module docstring and build the
     backend. ``has_gpu`` is asked only without ``cpu_only``; ``warn`` receives the one
@@ -82,6 +84,8 @@ def prepare_generate(
         name = "command"
     if max_attempts is not None and max_attempts < 1:  # before any warning about this machine
         raise RequestError(f"--max-attempts {max_attempts}: expected an integer >= 1")
+    if candidates is not None and candidates < 1:
+        raise RequestError(f"--candidates {candidates}: expected an integer >= 1 (answers asked per attempt)")
     if force and no_accept:
         raise RequestError("--force replaces an accepted kernel and --no-accept never accepts: give one of them")
     try:
@@ -160,4 +164,5 @@ def prepare_generate(
         force=force,
         cpu_only=cpu_only,
         no_accept=no_accept,
+        candidates=candidates,
     )

@@ -71,7 +71,27 @@ def gemm_residual_partial_rms_op(
     """Fused GEMM + residual + RMSNorm statistics (item 3). x (M, K), w_o (N, K),
     residual (M, N), gamma (N,) bf16 -> (resid_out (M, N), normed_w (M, N) bf16, rstd (M,) fp32)."""
     resid_out, normed_w, rstd = run_kernel("gemm_residual_partial_rms", x, w_o, residual, gamma)
-    return resid_out, normed_w, rstd
+    return resid_out, normed_w, _infinite_rows_rstd(resid_out, rstd)
+
+
+def _infinite_rows_rstd(y: torch.Tensor, rstd: torch.Tensor) -> torch.Tensor:
+    """The kernel's rstd (M,) fp32 with PyTorch's value, 0, in rows whose mean square is
+    infinite: where ``y`` (M, N) holds an Inf and no NaN, a NaN rstd becomes 0.
+
+    Why: when N is not a multiple of the kernel's N tile, TMA zero-fills the out-of-bounds
+    rows of the GEMM's B operand, so in a row of x (the A operand) holding an Inf the
+    accumulator's out-of-bounds lanes are ``Inf * 0 = NaN``; the epilogue's partial sum of
+    squares reduces over them and the kernel's rstd is NaN where
+    ``rsqrt(mean(y^2) + eps)`` is ``rsqrt(inf) = 0`` (outputs y and normed_w never store those
+    lanes). A NaN rstd in a row without a NaN in y can only come from there: a row of x that
+    is finite gives the lanes 0, and a NaN in x makes every y of the row NaN. Only ragged N
+    needs the repair (one (M, N) read); at a multiple of the tile it is skipped
+    (tests/kernels/test_probe_regressions.py, ``x_inf`` at a ragged N)."""
+    tile = getattr(getattr(_pkg.load("gemm_residual_partial_rms"), "CFG", None), "tile_n", None)
+    if isinstance(tile, int) and tile > 0 and y.shape[-1] % tile == 0:
+        return rstd
+    row_nan = torch.linalg.vector_norm(y, dim=-1, dtype=rstd.dtype).isnan()  # NaN iff the row holds one
+    return torch.where(rstd.isnan() & ~row_nan, torch.zeros_like(rstd), rstd)
 
 
 @gemm_residual_partial_rms_op.register_fake

@@ -30,6 +30,9 @@ the verdict            ``verdict`` (the model), ``feedback`` (the repair prompt'
                        library honest
 =====================  =================================================================
 
+Many at once: ``schedule/`` runs the GPU stages of many verifications over every visible
+GPU (memory budgets per worker, timings alone, re-runs of the verifier's trouble, Ray).
+
 Cross-cutting: ``confine/`` runs untrusted code (process groups and timeouts in
 ``sandbox``, Landlock, seccomp, the audit hook, the private snapshot, the records the
 workers write); ``workspace`` owns atomic writes and the paths commands may write;

@@ -53,6 +53,7 @@ from .confine.sandbox import in_parallel, run_worker, worker_env
 from .confine.snapshot import Snapshot, take
 from .gpu.environment import collect_environment, cuda_available
 from .gpu.inputs import rotation_count, tensor_bytes
+from .gpu.placement import Placement
 from .gpu.protocol import (
     CAND_DIR,
     PLAN_FILE,
@@ -144,6 +145,7 @@ def run_gpu_workers(
     timeout_s: float | None = None,
     device: str = "cuda",
     baselines: list[str] | None = None,
+    placement: Placement | None = None,
     tuning: dict[str, Any] | None = None,
 ) -> GpuRun:
     """Run the candidate worker on ``snap`` (:func:`snapshot.take`; a path is snapshotted
@@ -153,7 +155,9 @@ def run_gpu_workers(
     ``bench_shapes`` overrides the spec's benchmark shapes (names or ``{"name","dims"}``);
     ``device="cpu"`` exists for tests only; ``baselines`` overrides the timed baselines.
     The candidate worker gets ``timeout_s`` (default ``spec.timeout_s``), the reference
-    worker twice that when it times baselines. Raises ``ValueError`` for an unknown bench
+    worker twice that when it times baselines. ``placement`` pins both workers to one GPU
+    (``CUDA_VISIBLE_DEVICES``) and gives the plan its memory budget
+    (:mod:`~coda_agent.verifier.gpu.placement`). Raises ``ValueError`` for an unknown bench
     shape name.
     """
     spec = loaded.spec
@@ -172,6 +176,7 @@ def run_gpu_workers(
         candidate=str(Path(snap.path).resolve()),
         candidate_sha256=snap.sha256,
         baselines=baselines,
+        memory_budget=None if placement is None else placement.memory_budget,
         tuning=tuning,
     )
     workdir = Path(workdir).resolve()  # workers run with cwd=their own folder: absolute paths only
@@ -179,6 +184,8 @@ def run_gpu_workers(
     # symlink planted here would make the verifier truncate the file it names.
     logs = _fresh_dir(workdir / "logs")
     env = _worker_env()
+    if placement is not None and placement.visible_device is not None:
+        env["CUDA_VISIBLE_DEVICES"] = placement.visible_device  # both workers see that GPU as cuda:0
     cand_dir = _fresh_dir(workdir / CAND_DIR)
     # The candidate worker may write only beneath cand_dir/scratch (confine/landlock.py): its temporary
     # files and compile caches live there too (a private quack cache also means a
@@ -383,6 +390,34 @@ def cpu_stages_many(
         )
 
 
+def cpu_stages_guarded(
+    loaded: LoadedSpec,
+    candidate: Path,
+    *,
+    static_lock: Any,
+    compile_slots: Any,
+    timeout_s: float | None = None,
+    label: str = "",
+) -> CpuStages:
+    """:func:`cpu_stages` for callers that run many at once in threads (the scheduler): the
+    static stage holds ``static_lock`` (it runs in this process and imports the libraries:
+    one at a time, as :func:`cpu_stages_many` runs it), the compile stage one of
+    ``compile_slots`` (a semaphore: compiles at once). ``label`` names the file in progress
+    reports."""
+    with tempfile.TemporaryDirectory(prefix="coda-snapshots-") as tmp:
+        snap = take(candidate, tmp)
+        tag = f" {label}" if label else ""
+        with static_lock, progress.step(f"static{tag}") as s:
+            st = _guarded("static", lambda: run_static(loaded, snap))
+            s.outcome = st.status
+        if not st.ok:
+            return CpuStages(candidate_hash=snap.sha256, stages=(st,))
+        with compile_slots, progress.step(f"compile (sm_90a){tag}") as s:
+            comp = _guarded("compile", lambda: run_compile(loaded, snap, timeout_s=timeout_s or 300))
+            s.outcome = comp.status
+        return CpuStages(candidate_hash=snap.sha256, stages=(st, comp))
+
+
 def _cpu_stages_of(items: list[tuple[LoadedSpec, Snapshot]], jobs: int, timeout_s: float | None) -> list[CpuStages]:
     """static -> compile of snapshots already taken (:func:`cpu_stages_many`, :func:`verify`)."""
 
@@ -423,6 +458,7 @@ def verify(
     device: str = "cuda",
     baselines: list[str] | None = None,
     cpu_done: CpuStages | None = None,
+    placement: Placement | None = None,
     tuning: dict[str, Any] | None = None,
 ) -> Verdict:
     """Verify ``candidate`` (a .py file) against ``loaded``; never raises for candidate behaviour.
@@ -435,7 +471,9 @@ def verify(
     the benchmark shapes (names from the spec, or ``{"name", "dims"}``). ``device="cpu"``
     and ``baselines`` exist for tests: a CPU-device verdict is marked ``cpu_only``.
     ``cpu_done``: static and compile already run for this file (:func:`cpu_stages_many`);
-    ignored, and the stages run again, when its hash is not the file's. ``tuning``:
+    ignored, and the stages run again, when its hash is not the file's.
+    ``placement``: the GPU and memory budget the scheduler leased (``verifier/schedule/``);
+    recorded as ``environment.placement``. ``tuning``:
     ``{epilogue: {shape bucket: GemmConfig fields}}`` the candidate's epilogues run with
     instead of their own configs (``coda-agent tune`` re-verifies a tuned config this way;
     recorded in the verdict). The file is read once, into a private snapshot (:mod:`snapshot`) that every stage
@@ -458,6 +496,7 @@ def verify(
             device=device,
             baselines=baselines,
             cpu_done=cpu_done,
+            placement=placement,
             tuning=tuning,
         )
 
@@ -474,6 +513,7 @@ def _verify_snapshot(
     device: str,
     baselines: list[str] | None,
     cpu_done: CpuStages | None,
+    placement: Placement | None = None,
     tuning: dict[str, Any] | None = None,
 ) -> Verdict:
     t0 = time.monotonic()
@@ -527,6 +567,7 @@ def _verify_snapshot(
                 timeout_s=timeout_s,
                 device=device,
                 baselines=baselines,
+                placement=placement,
                 tuning=tuning,
             )
         except Exception as e:  # noqa: BLE001 -- e.g. an unknown bench shape name, a full disk
@@ -543,6 +584,8 @@ def _verify_snapshot(
             if v is not None and hasattr(verdict.environment, k):
                 setattr(verdict.environment, k, v)
         verdict.environment.worker_sandbox = run.sandbox
+        if placement is not None:
+            verdict.environment.placement = placement.describe()
         with progress.step("judging correctness, gradients, benchmark") as s:
             stages = gpu_stages(loaded, run)
             s.outcome = ", ".join(f"{x.stage} {x.status}" for x in stages)

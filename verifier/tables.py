@@ -64,6 +64,28 @@ def print_verdict(console: Console, verdict: Any, recorded: bool = False) -> Non
         console.print("[yellow]passed the stages that ran, but NOT verified on a GPU[/]")
 
 
+def verdicts_table(rows: list[tuple[str, Any]], where: str) -> Table:
+    """``verify SPEC FILE FILE ...``: one row per ``(file, verdict)``: outcome, the stage that
+    failed (or the fused time of a verified one), its summary, where the GPU stages ran;
+    ``where``: the scheduler's one-line description (the title)."""
+    t = Table(title=escape(f"verdicts ({where})"))
+    for c in ("file", "outcome", "stage", "summary", "GPU stages ran on"):
+        t.add_column(c, overflow="fold")
+    style = {"gpu-verified": "green", "gpu-correct": "green", "cpu-checks-passed": "yellow"}
+    for name, v in rows:
+        failed = v.failed_stage
+        stage = failed.stage if failed is not None else "-"
+        summary = failed.summary if failed is not None else (v.stage("bench").summary if v.stage("bench") else "")
+        t.add_row(
+            escape(name),
+            f"[{style.get(v.outcome, 'red')}]{v.outcome}[/]",
+            stage,
+            escape(summary or ""),
+            escape(v.environment.placement or "-"),
+        )
+    return t
+
+
 def print_bench_rows(console: Console, rows: list[dict]) -> None:
     """Benchmark rows as written by verifier.bench (median ms, ratios fused/baseline)."""
     if not rows:

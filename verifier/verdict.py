@@ -65,6 +65,11 @@ class Environment(BaseModel):
         description="how the candidate worker was confined (verifier/confine/landlock.py), e.g. "
         "'landlock ABI 7: writes only beneath 2 folder(s); ...', or 'unavailable: <why>'",
     )
+    placement: str | None = Field(
+        default=None,
+        description="where the scheduler ran the GPU stages (verifier/schedule/): the GPU, alone or "
+        "shared, the memory budget, and any re-run with its reason; None: not scheduled",
+    )
 
 
 class Verdict(BaseModel):

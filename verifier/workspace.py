@@ -174,7 +174,7 @@ OUTPUT_KINDS = {
     # what an earlier output of each flag looks like: only such a file is replaced
     "prompt": ("a prompt written by `coda-agent prompt --out`", lambda text: text.startswith("=== SYSTEM ===")),
     "verdict": (
-        "a verdict written by `verify --json`",
+        "a verdict (or a list of them) written by `verify --json`",
         lambda text: _json_keys(text) >= {"stages", "passed", "gpu_verified"},
     ),
     "regress": (
@@ -192,6 +192,9 @@ def _json_keys(text: str) -> set[str]:
         data = json.loads(text)
     except ValueError:
         return set()
+    if isinstance(data, list) and data and all(isinstance(d, dict) for d in data):
+        # a list of outputs (``verify SPEC FILE FILE ... --json``): the keys every item has
+        return set.intersection(*(set(d) for d in data))
     return set(data) if isinstance(data, dict) else set()
 
 

@@ -80,6 +80,8 @@ class AnthropicBackend:
     """Claude through the official SDK; see the module docstring for the design."""
 
     name = "anthropic"
+    parallel_calls = True
+    """Several calls at once are safe (``--candidates``: each on a shallow copy; the SDK client is thread-safe)."""
 
     def __init__(
         self,

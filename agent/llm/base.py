@@ -68,6 +68,8 @@ class AwaitingAnswer(Exception):
     def __init__(self, prompt_path: Path, answer_path: Path):
         self.prompt_path = Path(prompt_path)
         self.answer_path = Path(answer_path)
+        self.answer_paths: list[Path] = [self.answer_path]
+        """Every answer file awaited (several with ``--candidates``: agent/candidates.py)."""
         super().__init__(f"waiting for an answer: read {self.prompt_path}, write the answer to {self.answer_path}")
 
 

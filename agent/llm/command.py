@@ -71,6 +71,8 @@ class CommandBackend:
     """Runs ``command`` (a shell command line) once per prompt."""
 
     name = "command"
+    parallel_calls = True
+    """Several calls at once are safe (``--candidates``: each its own process, on a shallow copy bound to its folder)."""
 
     def __init__(self, command: str, *, timeout_s: float = DEFAULT_TIMEOUT_S, model: str | None = None):
         if not command or not command.strip():

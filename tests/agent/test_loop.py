@@ -510,7 +510,7 @@ def test_run_json_records_per_attempt_accounting(workspace, fwd_spec, fake_verif
     ],
 )
 def test_lesson_sentence_cleaning(raw, want):
-    from coda_agent.agent.loop import _lesson_sentence
+    from coda_agent.agent.lesson import lesson_sentence as _lesson_sentence
 
     assert _lesson_sentence(raw) == want
 
@@ -844,7 +844,7 @@ def test_a_run_folder_named_like_the_accepted_run_is_not_believed(workspace, fwd
     folder of that name claiming acceptance (run.json) with another candidate is not the
     accepted run: its stored pass is verified again, and a same-name folder holding the
     accepted kernel byte for byte is (the library vouches for that kernel, not the folder)."""
-    from coda_agent.agent.loop import accepted_by, library_verdict
+    from coda_agent.agent.run_folder import accepted_by, library_verdict
 
     run_dir = workspace / "runs" / "20300101T000000Z-swiglu_fwd"
     s = generate(

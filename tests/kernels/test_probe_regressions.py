@@ -81,9 +81,20 @@ def model_swiglu_bwd(dout, w_down, preact):
     return dpre.to(preact.dtype), (silu * u).to(preact.dtype)
 
 
-def model_gemm_residual_partial_rms(x, w_o, residual, gamma):
-    y = x.float() @ w_o.float().T + residual.float()
-    rstd = torch.rsqrt((y * (1.0 / y.shape[1]) * y).sum(dim=-1) + 1e-6)
+RESIDUAL_TILE_N = 256  # generated_kernels/gemm_residual_partial_rms/kernel.py's CFG.tile_n
+
+
+def model_gemm_residual_partial_rms(x, w_o, residual, gamma, tile_n=RESIDUAL_TILE_N):
+    """The kernel's arithmetic, ragged last N tile included: TMA zero-fills the rows of w_o
+    (B) and the columns of residual (C) past N, the accumulator's lanes there are x @ 0
+    (``Inf * 0 = NaN`` in a row of x holding an Inf, elementwise products here, as the tensor
+    cores make them), and the partial sums of squares run over every lane of the tile."""
+    n = w_o.shape[0]
+    pad = -(-n // tile_n) * tile_n - n
+    wp = F.pad(w_o.float(), (0, 0, 0, pad))
+    y = (x.float()[:, None, :] * wp[None, :, :]).sum(-1) + F.pad(residual.float(), (0, pad))
+    rstd = torch.rsqrt((y * (1.0 / n) * y).sum(dim=-1) + 1e-6)
+    y = y[:, :n]
     return y.to(x.dtype), (y * gamma.float()).to(x.dtype), rstd
 
 
@@ -354,6 +365,24 @@ def test_residual_rmsnorm_keeps_nonfinite_rows_cpu(scenario, eps, kernel_models)
     assert nonfinite_mismatches(op, std, args, range(4), RESIDUAL_NAMES) == []
 
 
+def test_an_inf_in_x_at_a_ragged_n_gives_rstd_0_as_pytorch_cpu(kernel_models):
+    """The kernel's rstd of a row of x with an Inf is NaN at a ragged N (the tile's
+    out-of-bounds lanes are Inf * 0); the glue gives PyTorch's 0, and a row whose y holds a
+    NaN keeps its NaN."""
+    args = residual_case("cpu", "x_inf")  # N = 48: one ragged tile
+    _, _, raw = model_gemm_residual_partial_rms(*args)
+    assert raw[9].isnan()  # what the kernel itself returns
+    _, _, rstd = K.residual_rmsnorm(*args)
+    _, _, want = torch_residual_rmsnorm(*args)
+    assert want[9] == 0 and rstd[9] == 0
+    assert torch.equal(rstd.isfinite(), want.isfinite())
+    nan_args = residual_case("cpu", "residual_nan")
+    assert K.residual_rmsnorm(*nan_args)[2][9].isnan() and torch_residual_rmsnorm(*nan_args)[2][9].isnan()
+    # at a multiple of the tile every lane is in bounds: the kernel itself gives 0
+    x, w_o, residual, gamma = residual_case("cpu", "x_inf", N=RESIDUAL_TILE_N)
+    assert K.residual_rmsnorm(x, w_o, residual, gamma)[2][9] == 0
+
+
 @pytest.mark.parametrize("where", ["a_inf", "a_nan", "rstd_zero_a_inf"])
 @pytest.mark.parametrize("name", list(DEFERRED))
 def test_deferred_ops_keep_nonfinite_rows_cpu(name, where, kernel_models):
@@ -467,3 +496,15 @@ def test_residual_rmsnorm_keeps_nonfinite_rows_on_gpu(scenario, row, eps):
     std = lambda *a: torch_residual_rmsnorm(*a, eps=eps)  # noqa: E731
     args = residual_case("cuda", scenario, M=333, K=512, N=2048, row=row)
     assert nonfinite_mismatches(op, std, args, range(4), RESIDUAL_NAMES) == []
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_residual_rmsnorm_keeps_nonfinite_rows_at_a_ragged_n_on_gpu(scenario):
+    """The same at an N that is not a multiple of the kernel's N tile (2040 = 7 x 256 + 248):
+    an Inf in x makes the kernel's out-of-bounds lanes NaN; rstd is 0 there, as PyTorch's."""
+    _need("gemm_residual_partial_rms")
+    args = residual_case("cuda", scenario, M=333, K=512, N=2040, row=130)
+    assert nonfinite_mismatches(K.residual_rmsnorm, torch_residual_rmsnorm, args, range(4), RESIDUAL_NAMES) == []
+    if scenario == "x_inf":
+        assert K.residual_rmsnorm(*args)[2][130].item() == 0.0

@@ -344,14 +344,33 @@ def track_group(pgid: int, live: bool) -> None:
         (_LIVE_GROUPS.add if live else _LIVE_GROUPS.discard)(pgid)
 
 
+_KILL_HOOKS: list[Callable[[], None]] = []
+
+
+def on_kill(hook: Callable[[], None]) -> None:
+    """Have :func:`kill_live_groups` also call ``hook`` (no waiting in it): work running
+    elsewhere, such as the Ray tasks of ``verifier/schedule/ray_executor.py``, is stopped with
+    the local workers."""
+    with _LIVE_LOCK:
+        if hook not in _KILL_HOOKS:
+            _KILL_HOOKS.append(hook)
+
+
 def kill_live_groups() -> int:
     """SIGKILL every registered process group; returns how many there were. The CLI calls it
     when it is interrupted (Ctrl-C, SIGTERM): each worker runs in its own session, so no
     terminal signal reaches it, and a compile waited on in a pool thread never sees the
     main thread's KeyboardInterrupt (a hanging candidate's compile worker would outlive
-    `coda-agent verify` by minutes). Safe in a signal handler: no waiting."""
+    `coda-agent verify` by minutes). The :func:`on_kill` hooks run too. Safe in a signal
+    handler: no waiting."""
     with _LIVE_LOCK:
         groups = list(_LIVE_GROUPS)
+        hooks = list(_KILL_HOOKS)
+    for hook in hooks:
+        try:
+            hook()
+        except Exception:  # noqa: BLE001 -- stopping what can be stopped comes first
+            pass
     for pgid in groups:
         try:
             os.killpg(pgid, signal.SIGKILL)

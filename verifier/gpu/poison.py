@@ -49,8 +49,22 @@ def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 MAX_POISON_BYTES = 16 << 30
-"""The largest slack block reserved (and poisoned) before a trial: half the free memory, at most this."""
+"""The largest slack block reserved (and poisoned) before a trial: half the room left in
+the worker's memory budget, at most this."""
 SMALL_POISON_BLOCKS = 32  # 1 MiB each: allocations <= 1 MiB come from the small pool
+SLACK_TRIES = 4
+"""Slack sizes tried (halving) when the device cannot hand out the first: another process
+holding memory beyond the budgets the scheduler assigned."""
+
+# bound when the worker imports this module, before any candidate code runs
+_reserved = torch.cuda.memory_reserved
+
+
+class PoisonError(RuntimeError):
+    """The poison's slack could not be allocated within the worker's budget: the device is
+    short of memory that the budgets promised (another process holds it). The verifier's
+    trouble; the scheduler re-runs such a verification alone on its GPU
+    (``verifier/schedule/retry.py``)."""
 
 
 def free_block_sizes(snapshot: list[dict[str, Any]], device: int = 0) -> list[int]:
@@ -67,24 +81,46 @@ def free_block_sizes(snapshot: list[dict[str, Any]], device: int = 0) -> list[in
     return sorted(sizes, reverse=True)
 
 
-def fill_free_memory(device: torch.device, sync: Callable[[], None]) -> int:
+def slack_bytes(budget: int, reserved: int) -> int:
+    """The slack block's size (bytes, a multiple of 2 MiB): half the room the budget leaves
+    beside the ``reserved`` bytes the allocator holds, at most :data:`MAX_POISON_BYTES`.
+    Never read from the device's free memory, which another process changes at any time."""
+    return max(0, min((budget - reserved) // 2, MAX_POISON_BYTES)) // (2 << 20) * (2 << 20)
+
+
+def fill_free_memory(device: torch.device, sync: Callable[[], None], budget: int) -> int:
     """Fill every free byte the caching allocator holds (plus slack) with the poison word.
 
     Called right before each trial's call, with the inputs alive: first slack is
-    reserved (one large block, :data:`SMALL_POISON_BLOCKS` small-pool blocks) so the
-    candidate's allocations come from cached memory, then every free block in the
-    allocator's snapshot is allocated exactly (largest first, so best-fit hands out
-    that very block), everything is filled and released; ``sync`` waits for the fill.
-    Returns bytes poisoned. CUDA devices only.
+    reserved (one large block of :func:`slack_bytes` within ``budget``, the worker's memory
+    budget in bytes (:mod:`~coda_agent.verifier.gpu.memory_budget`), and
+    :data:`SMALL_POISON_BLOCKS` small-pool blocks) so the candidate's allocations come from
+    cached memory, then every free block in the allocator's snapshot is allocated exactly
+    (largest first, so best-fit hands out that very block), everything is filled and
+    released; ``sync`` waits for the fill. Returns bytes poisoned. CUDA devices only.
+
+    When the device cannot hand out the slack although the budget allows it, smaller slack
+    is tried (:data:`SLACK_TRIES` sizes, halving); then :class:`PoisonError` is raised.
     """
     gc.collect()
     torch.cuda.empty_cache()
-    free, _total = torch.cuda.mem_get_info(device)
-    big = min(int(free * 0.5), MAX_POISON_BYTES) // (2 << 20) * (2 << 20)
-    blocks = []
-    if big > 0:
-        blocks.append(torch.empty(big, dtype=torch.uint8, device=device))
-    blocks += [torch.empty(1 << 20, dtype=torch.uint8, device=device) for _ in range(SMALL_POISON_BLOCKS)]
+    big = slack_bytes(budget, int(_reserved(device)))
+    blocks: list[torch.Tensor] = []
+    for i in range(SLACK_TRIES):
+        try:
+            if big > 0:
+                blocks.append(torch.empty(big, dtype=torch.uint8, device=device))
+            blocks += [torch.empty(1 << 20, dtype=torch.uint8, device=device) for _ in range(SMALL_POISON_BLOCKS)]
+            break
+        except torch.OutOfMemoryError as e:
+            blocks.clear()
+            if i == SLACK_TRIES - 1:
+                raise PoisonError(
+                    f"the allocator poison could not reserve {big} bytes of slack within its budget of "
+                    f"{budget} bytes ({_reserved(device)} reserved): the GPU is short of memory the "
+                    f"budgets promised ({e})"
+                ) from None
+            big = big // 2 // (2 << 20) * (2 << 20)
     for size in free_block_sizes(torch.cuda.memory_snapshot(), device.index or 0):
         blocks.append(torch.empty(size, dtype=torch.uint8, device=device))
     for b in blocks:

@@ -107,6 +107,13 @@ class Plan:
     worker imports only bytes with this hash."""
     baselines: list[str] | None = None
     """Baselines the reference worker times (None: the spec's ``bench.baselines``)."""
+    memory_budget: int | None = None
+    """Bytes of GPU memory each worker of this verification may hold in torch's caching
+    allocator (``torch.cuda.set_per_process_memory_fraction``; the allocator poison stays
+    within it): assigned by the scheduler (``verifier/schedule/``) so that verifications
+    sharing a GPU never take each other's memory. None: the worker takes
+    :data:`~coda_agent.verifier.gpu.memory_budget.ALONE_SHARE` of the device (a
+    verification alone on its GPU)."""
     tuning: dict[str, dict[str, dict[str, Any]]] | None = None
     """GEMM configs to run the candidate's epilogues with, ``{epilogue: {bucket: config}}``
     (:func:`coda_agent.runtime.tuning.override_lookup`); None: the candidate's own."""
@@ -132,6 +139,7 @@ class Plan:
             candidate=d.get("candidate"),
             candidate_sha256=d.get("candidate_sha256"),
             baselines=d.get("baselines"),
+            memory_budget=None if d.get("memory_budget") is None else int(d["memory_budget"]),
             secret=int(d.get("secret", 0)),
             tuning=d.get("tuning"),
         )

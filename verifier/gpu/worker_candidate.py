@@ -108,6 +108,7 @@ from ..spec import load_spec  # noqa: E402
 from . import (  # noqa: E402
     device_memory,  # noqa: E402  (binds torch.cuda's statistics at import)
     instruments,
+    memory_budget,
     output_contract,
     poison,
     samples,
@@ -126,7 +127,7 @@ from .protocol import (  # noqa: E402
 )
 from .timing import bench_shape  # noqa: E402
 
-HARNESS_MODULES = (instruments, output_contract, poison, samples, timing, _launch)
+HARNESS_MODULES = (instruments, memory_budget, output_contract, poison, samples, timing, _launch)
 """The worker-side modules this worker runs code from: their globals are watched like its own."""
 
 
@@ -224,6 +225,7 @@ class Worker:
         self.spec = self.loaded.spec
         self.fn: Callable[..., Any] | None = None
         self._rng = random.Random(self.plan.secret ^ 0x5EED)  # heap ballast (no_host_sync)
+        self.budget = self.plan.memory_budget  # bytes; the applied one once main() set it on the device
         self.imported = False  # candidate code has run in this process
         self.profiler_ok = False  # the launch-counting profiler passed its self-test here
         # trusted reference.py, imported once before any candidate code (derived inputs)
@@ -345,7 +347,10 @@ class Worker:
     def poison(self) -> int:
         """Fill the allocator's free memory with the poison word right before a trial's call
         (:func:`~coda_agent.verifier.gpu.poison.fill_free_memory`); bytes poisoned, 0 on the CPU."""
-        return fill_free_memory(self.device, self.sync) if self.cuda else 0
+        if not self.cuda:
+            return 0
+        assert self.budget is not None  # main() applied it before any trial
+        return fill_free_memory(self.device, self.sync, self.budget)
 
     def import_candidate(self, path: Path, sha256: str | None) -> None:
         # From the snapshot's bytes, hash-checked, never through a bytecode cache (snapshot.py)
@@ -559,6 +564,8 @@ class Worker:
         if refusal:
             self.record("setup", ok=False, error="not-hopper", sandbox=sandbox, message=refusal)
             return EXIT_REFUSED
+        if self.cuda:  # before any candidate code: its allocations stay within the budget
+            self.budget = memory_budget.apply(self.device, self.plan.memory_budget)
         env = collect_environment(probe_gpu=self.cuda).model_dump()
         if sandbox is None:
             sandbox = landlock.confine_worker([self.scratch])
@@ -610,6 +617,7 @@ class Worker:
             sandbox=sandbox,
             timer_selftest_ms=timer_ms,
             dsl_selftest_s=dsl_s,
+            memory_budget=self.budget,
         )
 
         # Every correctness/recheck case's inputs once before any candidate code runs: a spec

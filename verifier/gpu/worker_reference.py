@@ -295,9 +295,15 @@ class RefWorker:
         from .environment import collect_environment
 
         _exact_fp32()
+        budget = self.plan.memory_budget
+        if self.cuda:  # the verification's budget holds for the trusted worker too
+            from . import memory_budget
+
+            budget = memory_budget.apply(self.device, budget)
         self.record(
             "setup",
             ok=True,
+            memory_budget=budget,
             device=str(self.device),
             plan_sha256=self.plan.sha256(),
             env=collect_environment(probe_gpu=self.cuda).model_dump(),

@@ -25,7 +25,8 @@ shape's numbers are dropped, and each table row says when it was measured.
 
 Before the GPU stages, static and compile run for every kernel with several compiles at
 once (:func:`~coda_agent.verifier.pipeline.cpu_stages_many`): the GPU does not idle
-through eleven sequential compiles, and no timing overlaps a compile.
+through eleven sequential compiles, and no timing overlaps a compile. The GPU stages then
+run one kernel per visible GPU at once, each alone on its GPU (``verifier/schedule/``).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import progress
+from ..confine.sandbox import in_parallel
 from ..gpu import gemm_floor
 from ..spec import LIGER_MISSING, NO_LIGER, LoadedSpec, load_spec
 from ..stages.bench import HOST_BOUND, host_bound
@@ -60,6 +62,8 @@ class BenchReport:
     plot_path: Path | None = None
     notes: list[str] = field(default_factory=list)
     """What happened to each kept verdict file (kept, merged, replaced, left out, skipped)."""
+    schedule: str | None = None
+    """Where the GPU stages ran (the scheduler's description), when this call measured."""
 
     @property
     def ok(self) -> bool:
@@ -607,12 +611,16 @@ def bench_kernels(
     jobs: int | None = None,
     repeat: int = 1,
     force: bool = False,
+    scheduler: Any = None,
 ) -> BenchReport:
     """Benchmark the accepted kernels ``names`` (all when None). Raises ValueError for unknown names.
 
     Static and compile run first for every kernel (``jobs`` compiles at once, default
-    :func:`default_jobs`), then each kernel's GPU stages, one kernel at a time, so no
-    timing overlaps a compile. Each kernel's verdict that ran on the GPU is kept as
+    :func:`default_jobs`), then the kernels' GPU stages through the scheduler
+    (``verifier/schedule/``): one kernel per visible GPU at once, each alone on its GPU,
+    so no timing shares a GPU or overlaps a compile (``BenchReport.schedule`` says where;
+    ``scheduler``: a :class:`~coda_agent.verifier.schedule.Scheduler` to use instead of
+    every visible GPU). Each kernel's verdict that ran on the GPU is kept as
     ``<out>/<date>-<gpu>/<kernel>.json`` (atomic; a re-run replaces that kernel's file),
     and the page ``<out>/<date>-<gpu>.md`` (+ ``.png``) is written from every verdict kept
     for that day and GPU: kernels benchmarked by several ``bench`` calls (e.g. split to
@@ -663,27 +671,29 @@ def bench_kernels(
         return rep
     items = [(load_spec(root / "kernel_specs" / n), root / "generated_kernels" / n / "kernel.py") for n in names]
     extra: dict[str, dict[str, Any]] = {}
+    gpus = 1
     if verify_fn is None:
         from ..pipeline import cpu_stages_many
-        from ..pipeline import verify as verify_fn
+        from ..schedule import make_scheduler
 
         done = cpu_stages_many(items, jobs=jobs or default_jobs())
         extra = {ld.name: {"cpu_done": c} for (ld, _), c in zip(items, done, strict=False)}
+        sched = scheduler or make_scheduler(screen=False)  # each kernel timed alone on its GPU, one per GPU
+        verify_fn, gpus, rep.schedule = sched.verify_fn, sched.parallel, sched.describe()
     date = _dt.date.today().isoformat()
     vdir = None
-    runs: dict[str, list[Verdict]] = {}
+    runs: dict[str, list[Verdict]] = {name: [] for name in (ld.name for ld, _ in items)}
+
+    def one(r: int, i: int) -> Verdict:
+        loaded, kernel = items[i]
+        progress.item(r * len(items) + i + 1, repeat * len(items), loaded.name)
+        return verify_fn(
+            loaded, kernel, bench_shapes=bench_shapes, baselines=bench_baselines(loaded), **extra.get(loaded.name, {})
+        )
+
     for r in range(repeat):  # round-robin: drift over the runs spreads over every kernel
-        for i, (loaded, kernel) in enumerate(items):
-            progress.item(r * len(items) + i + 1, repeat * len(items), loaded.name)
-            runs.setdefault(loaded.name, []).append(
-                verify_fn(
-                    loaded,
-                    kernel,
-                    bench_shapes=bench_shapes,
-                    baselines=bench_baselines(loaded),
-                    **extra.get(loaded.name, {}),
-                )
-            )
+        for (loaded, _), v in zip(items, in_parallel(lambda i, r=r: one(r, i), len(items), gpus), strict=True):
+            runs[loaded.name].append(v)
     for loaded, _ in items:
         v = combine(loaded, runs[loaded.name])
         rep.verdicts[loaded.name] = v

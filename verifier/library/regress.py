@@ -83,6 +83,9 @@ class RegressReport(BaseModel):
         "or the folder of verdicts kept by `coda-agent bench` (--verdicts)",
     )
     measured_on: list[str] = Field(default_factory=list, description="GPU(s) of the kept verdicts (--verdicts)")
+    schedule: str | None = Field(
+        default=None, description="where this run's GPU stages ran (the scheduler, verifier/schedule/)"
+    )
 
     @property
     def ok(self) -> bool:
@@ -401,13 +404,17 @@ def regress(
     verify_fn=None,
     bench_shapes: list[str] | None = None,
     verdicts: Path | None = None,
+    scheduler: Any = None,
 ) -> RegressReport:
     """Regress every accepted kernel (or ``kernels``). Raises ValueError for unknown names.
 
     ``bench_shapes`` restricts the GPU benchmark to these spec shape names (ratios are
     compared only for shapes measured both at acceptance and now). ``verdicts`` judges the
     verdicts ``coda-agent bench`` kept in that folder instead of measuring again (see
-    :func:`regress_one`); ValueError when it is not a folder."""
+    :func:`regress_one`); ValueError when it is not a folder. On a GPU the kernels run
+    one per visible GPU at once, each alone on its GPU (``scheduler``: a
+    :class:`~coda_agent.verifier.schedule.Scheduler` instead of every visible GPU;
+    ``RegressReport.schedule`` says where)."""
     if verdicts is not None and not Path(verdicts).is_dir():
         raise ValueError(f"--verdicts {verdicts}: not a folder (expected benchmarks/results/<date>-<gpu>/)")
     from ..gpu.environment import collect_environment
@@ -427,6 +434,15 @@ def regress(
                 continue
         rep.measured_on = sorted(gpus)
     names = accepted_names(root, kernels)
+    # Rationale: CPU-only rows are independent sm_90a compiles (each its own process), so they
+    # run side by side; GPU rows run one per GPU, each alone on its GPU (timings never share one).
+    jobs = min(8, os.cpu_count() or 1) if cpu_only else 1
+    if not cpu_only and verdicts is None and verify_fn is None:
+        from ..schedule import make_scheduler
+
+        sched = scheduler or make_scheduler(screen=False)
+        verify_fn, jobs = sched.verify_fn, sched.parallel
+        rep.schedule = sched.describe()
 
     def one(i: int) -> RegressRow:
         progress.item(i + 1, len(names), names[i])
@@ -440,8 +456,5 @@ def regress(
             verdicts=verdicts,
         )
 
-    # Rationale: CPU-only rows are independent sm_90a compiles (each its own process), so they
-    # run side by side; GPU rows run one at a time (timings never overlap).
-    jobs = min(8, os.cpu_count() or 1) if cpu_only else 1
     rep.rows.extend(in_parallel(one, len(names), jobs))
     return rep
