@@ -73,6 +73,7 @@ from ._rmsnorm import (
     _check_eps,
     _with_eps,
     deferred_linear_grads,
+    residual_partial_rms,
     rms_bwd_op,
 )
 from ._rope import _check_rope, _consts, rope_rotate
@@ -260,7 +261,7 @@ def _chained_out_proj(
     gamma: torch.Tensor,
     port: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return run_kernel("gemm_residual_partial_rms", attn, w_o, x, gamma)
+    return residual_partial_rms(attn, w_o, x, gamma)
 
 
 @_chained_out_proj.register_fake
@@ -361,7 +362,7 @@ def _chained_mlp(
     g_next: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     preact, postact = run_kernel("gemm_rmsnorm_swiglu", normed_w, rstd, w1)
-    x3, normed3, rstd3 = run_kernel("gemm_residual_partial_rms", postact, w_down, x2, g_next)
+    x3, normed3, rstd3 = residual_partial_rms(postact, w_down, x2, g_next)
     return x3, normed3, rstd3, preact
 
 

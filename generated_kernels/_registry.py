@@ -258,6 +258,16 @@ def entry(name: str) -> tuple[Any, frozenset[str] | None]:
     return fn, accepts
 
 
+def tile_widths(name: str) -> set[int]:
+    """Every N-tile width kernel ``name`` may run with: its module's ``CFG.tile_n`` and each
+    tuned config's in ``tuning.json``. Empty when the module declares no ``CFG``."""
+    entry(name)
+    module, lookup = _BOUND[name][0], _BOUND[name][4]
+    tile = getattr(getattr(module, "CFG", None), "tile_n", None)
+    widths = {tile} if isinstance(tile, int) and tile > 0 else set()
+    return widths | (lookup.tile_widths() if lookup else set()) if widths else set()
+
+
 def launchers(name: str) -> dict:
     """The launchers of kernel ``name``'s bound entry, by epilogue name (for benchmarks)."""
     entry(name)

@@ -15,7 +15,7 @@ import numbers
 import torch
 import torch.nn.functional as F
 
-from ._registry import _expect, _pkg, _stat_dtype, run_kernel
+from ._registry import _expect, _pkg, _stat_dtype, run_kernel, tile_widths
 from ._swiglu import down_proj_backward
 
 BF16, FP32 = torch.bfloat16, torch.float32
@@ -70,6 +70,15 @@ def gemm_residual_partial_rms_op(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Fused GEMM + residual + RMSNorm statistics (item 3). x (M, K), w_o (N, K),
     residual (M, N), gamma (N,) bf16 -> (resid_out (M, N), normed_w (M, N) bf16, rstd (M,) fp32)."""
+    return residual_partial_rms(x, w_o, residual, gamma)
+
+
+def residual_partial_rms(
+    x: torch.Tensor, w_o: torch.Tensor, residual: torch.Tensor, gamma: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The kernel ``gemm_residual_partial_rms`` as the ops call it inside their own custom
+    ops (no nested op boundary): ``run_kernel`` plus :func:`_infinite_rows_rstd`. Shapes and
+    dtypes as :func:`gemm_residual_partial_rms_op`."""
     resid_out, normed_w, rstd = run_kernel("gemm_residual_partial_rms", x, w_o, residual, gamma)
     return resid_out, normed_w, _infinite_rows_rstd(resid_out, rstd)
 
@@ -85,10 +94,11 @@ def _infinite_rows_rstd(y: torch.Tensor, rstd: torch.Tensor) -> torch.Tensor:
     ``rsqrt(mean(y^2) + eps)`` is ``rsqrt(inf) = 0`` (outputs y and normed_w never store those
     lanes). A NaN rstd in a row without a NaN in y can only come from there: a row of x that
     is finite gives the lanes 0, and a NaN in x makes every y of the row NaN. Only ragged N
-    needs the repair (one (M, N) read); at a multiple of the tile it is skipped
+    needs the repair (one (M, N) read); at a multiple of every tile width the kernel may run
+    with (its own and its tuned configs') it is skipped
     (tests/kernels/test_probe_regressions.py, ``x_inf`` at a ragged N)."""
-    tile = getattr(getattr(_pkg.load("gemm_residual_partial_rms"), "CFG", None), "tile_n", None)
-    if isinstance(tile, int) and tile > 0 and y.shape[-1] % tile == 0:
+    tiles = tile_widths("gemm_residual_partial_rms")
+    if tiles and all(y.shape[-1] % t == 0 for t in tiles):
         return rstd
     row_nan = torch.linalg.vector_norm(y, dim=-1, dtype=rstd.dtype).isnan()  # NaN iff the row holds one
     return torch.where(rstd.isnan() & ~row_nan, torch.zeros_like(rstd), rstd)
@@ -224,7 +234,7 @@ def deferred_linear_grads(dy, a, rstd, w, need=(True, True, True)):
 def _residual_rmsnorm(
     x: torch.Tensor, w_o: torch.Tensor, residual: torch.Tensor, gamma: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return run_kernel("gemm_residual_partial_rms", x, w_o, residual, gamma)
+    return residual_partial_rms(x, w_o, residual, gamma)
 
 
 @_residual_rmsnorm.register_fake

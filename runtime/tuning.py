@@ -184,6 +184,10 @@ class Lookup:
     def __bool__(self) -> bool:
         return bool(self._entries)
 
+    def tile_widths(self) -> set[int]:
+        """Every ``tile_n`` a tuned config of this kernel (any GPU, epilogue, bucket) uses."""
+        return {int(e.config["tile_n"]) for e in self._entries.values() if "tile_n" in e.config}
+
     def entry(self, epilogue: str, m: int, n: int, k: int, device) -> Entry | None:
         if not self._entries:
             return None

@@ -75,6 +75,14 @@ def test_lookup_answers_only_for_the_accepted_hash_and_this_gpu():
     assert other_gpu.config_for("swiglu_epi", 8000, 28672, 4096, None) is None
 
 
+def test_tile_widths_are_every_tuned_config_of_the_kernel_at_its_hash():
+    wide = _entry(bucket=tuning.bucket(64, 28672, 4096), config={"tile_m": 128, "tile_n": 256})
+    h200 = _entry(gpu="NVIDIA H200", config={"tile_m": 128, "tile_n": 96})
+    t = tuning.Table(entries=[_entry(), wide, h200, _entry(kernel="rms_bwd", config={"tile_n": 64})])
+    assert tuning.Lookup(t, "swiglu_fwd", SHA).tile_widths() == {192, 256, 96}
+    assert tuning.Lookup(t, "swiglu_fwd", "b" * 64).tile_widths() == set()
+
+
 def test_unknown_config_field_is_named():
     with pytest.raises(ValueError, match="unknown GemmConfig field"):
         tuning.config_from_dict({"tile_m": 128, "tile_q": 3})

@@ -290,15 +290,15 @@ def test_blocks_and_paired_samples():
 
 @pytest.mark.slow
 def test_calibration_script_judges_fp8_outputs_on_the_cpu(monkeypatch, capsys):
-    """benchmarks/numerics_calibration.py on gemm_fp8_quant (public cases and one secret's
+    """benchmarks/probes/numerics_rule_calibration.py on gemm_fp8_quant (public cases and one secret's
     coverage cases): no honest quantizer fails, every wrong one does (exit 0)."""
     import sys
 
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    sys.modules.pop("numerics_calibration", None)
-    import numerics_calibration
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks" / "probes"))
+    sys.modules.pop("numerics_rule_calibration", None)
+    import numerics_rule_calibration
 
-    assert numerics_calibration.main(["--device", "cpu", "--secrets", "1", "--spec", "gemm_fp8_quant"]) == 0
+    assert numerics_rule_calibration.main(["--device", "cpu", "--secrets", "1", "--spec", "gemm_fp8_quant"]) == 0
     out = capsys.readouterr().out
     assert "| cpu_fp32_flip | 22 | 0 |" in out and "| fp8_truncated | 22 | 11 |" in out
 

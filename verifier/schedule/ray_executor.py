@@ -23,6 +23,7 @@ install command; without ``--ray`` the local scheduler is used.
 
 from __future__ import annotations
 
+import importlib
 import socket
 import tempfile
 import threading
@@ -39,10 +40,9 @@ MISSING = "--ray needs Ray: pip install -e '.[ray]' (or pip install ray)"
 
 def _ray() -> Any:
     try:
-        import ray
+        return importlib.import_module("ray")  # an optional extra: typed Any, imported on use
     except ImportError:
         raise ValueError(MISSING) from None
-    return ray
 
 
 def spec_files(directory: Path) -> dict[str, bytes]:

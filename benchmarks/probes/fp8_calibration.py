@@ -1,5 +1,5 @@
 """Calibration of the fp8 rule (verifier/stages/numerics_fp8.py): honest quantizers must
-pass with margin, wrong ones fail. Called by ``benchmarks/numerics_calibration.py`` for
+pass with margin, wrong ones fail. Called by ``numerics_rule_calibration.py`` for
 every spec with an fp8 output.
 
 Each candidate is an fp32 value of the fp8 output's real value ``y`` from another
