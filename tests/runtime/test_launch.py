@@ -98,6 +98,29 @@ def test_choose_keeps_the_own_config_unless_the_best_wins_by_more_than_one_perce
     assert row["standard_ms"] == 1.2 and row["cublas_ms"] == 0.9 and row["call"] == "c"
 
 
+def test_build_job_inputs_have_the_drawn_shapes_and_dtypes_without_drawing():
+    from coda_agent.verifier.gpu.inputs import make_inputs
+    from coda_agent.verifier.spec import load_spec
+    from coda_agent.verifier.workspace import find_root
+
+    for kernel in ("rms_bwd", "gemm_cross_entropy", "gemm_rope"):
+        loaded = load_spec(find_root(None) / "kernel_specs" / kernel)
+        dims = dict(loaded.spec.shapes.correctness[0].dims)
+        drawn = make_inputs(loaded, dims, 0, "cpu")
+        got = build.job_inputs(loaded, dims)
+        assert list(got) == [t.name for t in loaded.spec.entry.inputs]
+        for name, t in got.items():
+            assert (t.shape, t.dtype, t.device.type) == (drawn[name].shape, drawn[name].dtype, "cpu"), (kernel, name)
+            assert t.is_contiguous()
+            if not t.dtype.is_floating_point:
+                assert not t.any()
+    # at a llama3-8b shape nothing is drawn: uninitialised storage of the full size
+    loaded = load_spec(find_root(None) / "kernel_specs" / "swiglu_fwd")
+    big = next(s for s in loaded.spec.shapes.benchmark if "8b" in s.name)
+    got = build.job_inputs(loaded, dict(big.dims))
+    assert max(t.numel() for t in got.values()) >= 4096 * 14336
+
+
 @pytest.mark.compile
 def test_a_build_job_compiles_a_kernel_with_operands_without_a_gpu(tmp_path):
     from coda_agent.verifier.spec import load_spec

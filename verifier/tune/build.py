@@ -67,6 +67,26 @@ def _init_worker(cache_root: str | None) -> None:
     cache.configure(TARGET_ARCH)
 
 
+def job_inputs(loaded: Any, dims: dict[str, int]) -> dict[str, Any]:
+    """The entry inputs of spec ``loaded`` at ``dims`` as a build job passes them: CPU
+    tensors of the declared shape and dtype whose values are never drawn (floats
+    uninitialised, integers 0). A compiled object depends on dtypes, majors, the config and
+    the epilogue's operand keys, never on values or on M/N/K (quack passes them as symbolic
+    ints), so the job needs no data.
+
+    # Rationale: drawing the spec's inputs at a llama3-8b shape on the CPU (fp32 draws of
+    # (28672, 4096) weights, per worker) took longer than the compiles themselves."""
+    import torch
+
+    spec = loaded.spec
+    out = {}
+    for t in spec.entry.inputs:
+        dtype = getattr(torch, t.dtype)
+        shape = spec.shape_of(t, dims)
+        out[t.name] = torch.empty(shape, dtype=dtype) if dtype.is_floating_point else torch.zeros(shape, dtype=dtype)
+    return out
+
+
 def compile_job(job: Job) -> Done:
     """Compile one job in this process (a worker initialised by :func:`_init_worker`)."""
     t0 = time.monotonic()
@@ -76,7 +96,6 @@ def compile_job(job: Job) -> Done:
         kernels = importlib.import_module("coda_agent.kernels")
         from ...runtime.launch import bind_entry
         from ...runtime.tuning import override_lookup
-        from ..gpu.inputs import make_inputs
         from ..spec import load_spec
 
         loaded = load_spec(job.spec_dir)
@@ -87,7 +106,7 @@ def compile_job(job: Job) -> Done:
             override_lookup(job.kernel, job.overrides) if job.overrides else None,
             compile_only=True,
         )
-        inputs = make_inputs(loaded, job.dims, 0, "cpu")
+        inputs = job_inputs(loaded, job.dims)
         consts = loaded.spec.constants_of(job.dims)
         with torch.no_grad():
             fn(*[inputs[t.name] for t in loaded.spec.entry.inputs], **consts)
