@@ -104,7 +104,9 @@ q_norm_w, k_norm_w, *, ..., eps, fused)`` (``_qknorm``; Qwen3)
     deferred-rstd grads. ``gemm_qknorm_rope_bwd_op(g, w, qkv_pre, rstd_heads, positions,
     inv_freq, q_norm_w, k_norm_w, corr, *, ...)``: the ``gemm_qknorm_rope_bwd`` kernel as a
     plain custom op, for the GEMM that produces the gradient of qkv (an attention backward,
-    which emits the per-head ``corr``).
+    which emits the per-head ``corr``). Its qkv_pre is p interleaved: ``gemm_qknorm_rope``
+    stores qkv_pre pair-split (even columns, then odd ones), ``interleave_pairs(qkv_pre)``
+    restores p.
 
 LM head + cross-entropy -- ``linear_cross_entropy(h, w_vocab, target)`` [6 + 9]
     per-row fp32 ``loss = logsumexp(h @ w_vocab^T) - logit[target]`` (reduction none; rows
@@ -163,6 +165,7 @@ from ._qknorm import (
     deferred_rmsnorm_qknorm_rope,
     gemm_qknorm_rope_bwd_op,
     gemm_qknorm_rope_op,
+    interleave_pairs,
     qknorm_kernel_ready,
 )
 from ._registry import KERNELS_DIR, _check_device, _check_layout, accepted, load, run_kernel  # noqa: F401  (first)
@@ -204,6 +207,7 @@ __all__ = [
     "gemm_rmsnorm_rope_op",
     "gemm_rmsnorm_swiglu_op",
     "gemm_rope_op",
+    "interleave_pairs",
     "linear_cross_entropy",
     "load",
     "qknorm_kernel_ready",

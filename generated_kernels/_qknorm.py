@@ -2,7 +2,8 @@
 
 Public ops: ``deferred_rmsnorm_qknorm_rope`` (autograd), ``gemm_qknorm_rope_bwd_op`` (the
 gemm_qknorm_rope_bwd kernel as a plain custom op); kernel wrapper ``gemm_qknorm_rope_op``;
-``qknorm_kernel_ready`` (whether the forward kernel serves a model's head_dim and eps).
+``qknorm_kernel_ready`` (whether the forward kernel serves a model's head_dim and eps);
+``interleave_pairs`` (the forward kernel's saved qkv_pre -> the backward's layout).
 See the package docstring for the math. ``load`` / ``accepted`` / ``_check_device`` /
 ``_check_layout`` are looked up through the package at call time.
 
@@ -10,6 +11,12 @@ Layout: every query / key head is in the kernels' interleaved RoPE order (pairs 
 and so are the per-head norm weights: ``q_norm_w[i]`` weighs column i of every query head.
 A Hugging Face model's weights in ``rotate_half`` order become that order with
 :func:`interleave_head_weight` (the row permutation ``pack_qkv`` applies to q and k).
+
+qkv_pre, the projection p the backward needs, has two layouts: the forward kernel stores it
+pair-split (columns [0, N/2) hold p[:, 0::2], [N/2, N) hold p[:, 1::2]; in quack's
+acc_pair mode only D is stored full width, every other output one value per pair), the
+backward (the gemm_qknorm_rope_bwd kernel and :func:`qknorm_rope_grads`) reads p itself,
+interleaved. :func:`interleave_pairs` maps the first to the second.
 """
 
 from __future__ import annotations
@@ -44,6 +51,13 @@ def interleave_head_weight(w: torch.Tensor) -> torch.Tensor:
     return w.view(2, hd // 2).t().reshape(hd)
 
 
+def interleave_pairs(split: torch.Tensor) -> torch.Tensor:
+    """The gemm_qknorm_rope kernel's pair-split qkv_pre (M, N) -> p (M, N) interleaved, in
+    split's dtype: column 2j is ``split[:, j]``, column 2j+1 is ``split[:, N/2 + j]`` (N the
+    whole projection width, even). A copy (contiguous); differentiable."""
+    return torch.stack(split.chunk(2, -1), -1).flatten(-2)
+
+
 def _check_head_weights(op: str, q_norm_w, k_norm_w, head_dim: int) -> None:
     for name, t in (("q_norm_w", q_norm_w), ("k_norm_w", k_norm_w)):
         _expect(
@@ -76,6 +90,8 @@ def qknorm_rope_torch(qkv_pre, positions, inv_freq, q_norm_w, k_norm_w, *, n_q_h
 def qknorm_rope_grads(dqkv, qkv_pre, rstd_heads, positions, inv_freq, q_norm_w, k_norm_w, n_q_heads, n_kv_heads):
     """The backward of the per-head RMSNorm + RoPE from a materialized gradient ``dqkv``
     (M, N): (dqkv_pre in qkv_pre's dtype, dq_norm_w, dk_norm_w in the weights' dtype).
+    ``qkv_pre`` is p (M, N) interleaved (:func:`interleave_pairs` of the forward kernel's
+    pair-split one), rstd_heads (M, HQ + 2 HKV) its per-head rstd.
 
     Per query/key head (r its saved rstd, n = p * r, v the norm weight): dz = R^T dqkv,
     dp = r * (v * dz - n * mean(v * dz * n)), dv = sum over rows and heads of dz * n; value
@@ -117,7 +133,9 @@ def gemm_qknorm_rope_op(
     """Fused QKV GEMM + deferred rstd + per-head RMSNorm + RoPE. a (M, K) bf16, rstd (M,)
     fp32, w_qkv ((HQ+2HKV)*HD, K) bf16, positions (M,) int64, inv_freq (HD/2,) fp32,
     q_norm_w / k_norm_w (HD,) bf16 (interleaved order) -> qkv, qkv_pre (M, (HQ+2HKV)*HD)
-    bf16, rstd_heads (M, HQ+2HKV) fp32."""
+    bf16, rstd_heads (M, HQ+2HKV) fp32. qkv_pre is the spec's pair-split p (even columns,
+    then odd ones): :func:`interleave_pairs` of it is what :func:`gemm_qknorm_rope_bwd_op`
+    and :func:`qknorm_rope_grads` take."""
     qkv, qkv_pre, rstd_heads = run_kernel(
         FWD_KERNEL,
         a,
@@ -135,7 +153,7 @@ def gemm_qknorm_rope_op(
 
 @gemm_qknorm_rope_op.register_fake
 def _(a, rstd, w_qkv, positions, inv_freq, q_norm_w, k_norm_w, *, n_q_heads, n_kv_heads, head_dim, eps):
-    m, n = a.shape[0], w_qkv.shape[0]
+    m, n = a.shape[0], w_qkv.shape[0]  # qkv_pre pair-split: (M, N) as p
     return a.new_empty((m, n)), a.new_empty((m, n)), rstd.new_empty((m, n // head_dim))
 
 
@@ -166,8 +184,9 @@ def gemm_qknorm_rope_bwd_op(
     Args:
         g: (M, K) bf16, the producing GEMM's A operand, contiguous.
         w: ((n_q_heads + 2 * n_kv_heads) * head_dim, K) bf16, its B operand (nn.Linear layout).
-        qkv_pre: (M, N) bf16 and rstd_heads: (M, n_q_heads + 2 * n_kv_heads) fp32, saved by
-            gemm_qknorm_rope's forward.
+        qkv_pre: (M, N) bf16, the forward's p interleaved (:func:`interleave_pairs` of
+            gemm_qknorm_rope's pair-split qkv_pre), and rstd_heads:
+            (M, n_q_heads + 2 * n_kv_heads) fp32, saved by gemm_qknorm_rope's forward.
         positions: (M,) int64; inv_freq: (head_dim / 2,) fp32 (the forward's).
         q_norm_w, k_norm_w: (head_dim,) bf16 in the interleaved order.
         corr: (M, n_q_heads + 2 * n_kv_heads) fp32 per-(row, head) correction.
@@ -248,7 +267,7 @@ def _deferred_qknorm_rope(
 
 @_deferred_qknorm_rope.register_fake
 def _(a, rstd, w_qkv, positions, inv_freq, q_norm_w, k_norm_w, n_q_heads, n_kv_heads, head_dim, eps):
-    m, n = a.shape[0], w_qkv.shape[0]
+    m, n = a.shape[0], w_qkv.shape[0]  # qkv_pre pair-split: (M, N) as p
     return a.new_empty((m, n)), a.new_empty((m, n)), rstd.new_empty((m, n // head_dim))
 
 
@@ -261,8 +280,10 @@ def _deferred_qknorm_rope_setup(ctx, inputs, output):
 
 def _deferred_qknorm_rope_backward(ctx, dqkv, _dqkv_pre, _drstd_heads):
     # qkv_pre and rstd_heads are saved for this backward, not outputs of the public op: their
-    # gradients are zeros and ignored
-    a, rstd, w_qkv, positions, inv_freq, q_norm_w, k_norm_w, qkv_pre, rstd_heads = ctx.saved_tensors
+    # gradients are zeros and ignored. qkv_pre is saved as the kernel stores it (pair-split)
+    # and interleaved here, so a forward without a backward (inference) never pays the copy.
+    a, rstd, w_qkv, positions, inv_freq, q_norm_w, k_norm_w, split, rstd_heads = ctx.saved_tensors
+    qkv_pre = interleave_pairs(split)
     dpre, dqw, dkw = qknorm_rope_grads(dqkv, qkv_pre, rstd_heads, positions, inv_freq, q_norm_w, k_norm_w, *ctx.heads)
     da, drstd, dw = deferred_linear_grads(dpre, a, rstd, w_qkv, ctx.needs_input_grad)
     need_qw, need_kw = ctx.needs_input_grad[5:7]
@@ -314,7 +335,8 @@ def deferred_rmsnorm_qknorm_rope(
             inv_freq and rstd fp32), a non-contiguous tensor, rows not a multiple of 16
             bytes, tensors not on one CUDA device, or ``fused=True`` with a head_dim or eps
             the kernel is not verified for.
-    Backward (fused path): plain torch from the saved qkv_pre and per-head rstd
+    Backward (fused path): plain torch from the saved qkv_pre (the kernel's pair-split
+    layout, interleaved by :func:`interleave_pairs`) and per-head rstd
     (:func:`qknorm_rope_grads`: R^T, the per-head norm backward, the norm weights'
     gradients), then ``da``, ``drstd``, ``dw`` as :func:`deferred_rmsnorm_linear`'s. The
     gemm_qknorm_rope_bwd kernel fuses into the GEMM that *produces* dqkv (an attention

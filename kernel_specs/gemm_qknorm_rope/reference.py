@@ -24,6 +24,13 @@ row's own (an outlier or near-zero row of y has the rstd it implies). The refere
 computes h from a and rstd as stored (in fp32, rounded to the activation dtype, as
 nn.RMSNorm's output is): the rounding of a belongs to the kernel before this one, and
 the kernel scales its fp32 accumulator by rstd instead (rstd * (a @ W^T) = h @ W^T).
+
+qkv_pre, the projection saved for the backward, is stored pair-split (:func:`pair_split`):
+the even columns of p, then the odd ones, over the whole projection width. In quack's
+acc_pair mode D is the only full-width store and every other output is one value per
+pair (half width), so a kernel writes p as two such outputs into the halves of one
+buffer. The backward (gemm_qknorm_rope_bwd) reads p interleaved: coda_agent.kernels
+interleave_pairs restores that order from the stored one.
 """
 
 import torch
@@ -77,8 +84,15 @@ def rope(x, positions, inv_freq):
     return torch.stack((u * cos - v * sin, u * sin + v * cos), dim=-1).flatten(-2).to(x.dtype)
 
 
+def pair_split(p):
+    """(M, N) -> (M, N): the even columns of p, then the odd ones (columns [0, N/2) hold
+    p[:, 0::2], columns [N/2, N) hold p[:, 1::2]); qkv_pre's stored layout."""
+    return torch.cat((p[:, 0::2], p[:, 1::2]), dim=1)
+
+
 def head_rstd(qkv_pre, hd, eps):
-    """(M, N/HD) float32: rsqrt(mean(head^2) + eps) of every HD-wide head of qkv_pre."""
+    """(M, N/HD) float32: rsqrt(mean(head^2) + eps) of every HD-wide head of qkv_pre
+    (interleaved: p itself, not its stored pair-split form)."""
     heads = qkv_pre.to(_acc(qkv_pre)).unflatten(1, (-1, hd))
     return torch.rsqrt(heads.pow(2).mean(-1) + eps).float()
 
@@ -99,13 +113,14 @@ def qknorm_rope(qkv_pre, positions, inv_freq, q_norm_w, k_norm_w, HQ, HKV, eps):
 def reference(*, y, gamma, a, rstd, w_qkv, positions, inv_freq, q_norm_w, k_norm_w, HQ, HKV, eps):
     """qkv, qkv_pre (M, (HQ+2*HKV)*HD) in the activations' dtype and rstd_heads
     (M, HQ+2*HKV) float32: the normalized input h = a * rstd (= RMSNorm(y) * gamma, y and
-    gamma only through a and rstd), projected, normalized per head, rotated."""
+    gamma only through a and rstd), projected, normalized per head, rotated; qkv_pre is
+    the projection pair-split (:func:`pair_split`)."""
     h = (a.to(_acc(a)) * rstd.to(_acc(a))[:, None]).to(a.dtype)
     qkv_pre = h @ w_qkv.T
     hd = 2 * inv_freq.shape[0]
     return {
         "qkv": qknorm_rope(qkv_pre, positions, inv_freq, q_norm_w, k_norm_w, HQ, HKV, eps),
-        "qkv_pre": qkv_pre,
+        "qkv_pre": pair_split(qkv_pre),
         "rstd_heads": head_rstd(qkv_pre, hd, eps),
     }
 
@@ -114,13 +129,13 @@ def baseline(*, y, gamma, a, rstd, w_qkv, positions, inv_freq, q_norm_w, k_norm_
     """The unfused PyTorch code the kernel replaces, from the deferred inputs as the fused
     layer has them: the row scale in fp32, the cuBLAS GEMM, Qwen3RMSNorm per head, the
     rotation in fp32 with a cos/sin table of the positions, the per-head rstd again for
-    the backward."""
+    the backward, the projection pair-split for the backward as the kernel stores it."""
     h = (a.float() * rstd[:, None]).to(a.dtype)
     qkv_pre = F.linear(h, w_qkv)
     hd = 2 * inv_freq.shape[0]
     return {
         "qkv": qknorm_rope(qkv_pre, positions, inv_freq, q_norm_w, k_norm_w, HQ, HKV, eps),
-        "qkv_pre": qkv_pre,
+        "qkv_pre": pair_split(qkv_pre),
         "rstd_heads": head_rstd(qkv_pre, hd, eps),
     }
 

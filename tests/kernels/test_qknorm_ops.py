@@ -2,7 +2,8 @@
 per-head RMSNorm of q and k, RoPE) and gemm_qknorm_rope_bwd_op.
 
 On the CPU the specs' PyTorch functions stand in for the kernels (``reference`` in float64,
-``baseline`` in float32); the plain torch implementation the op is checked against
+``baseline`` in float32; the forward's qkv_pre pair-split as the spec stores it, which the
+op interleaves for its backward); the plain torch implementation the op is checked against
 normalizes each head as Qwen3RMSNorm does and rotates by complex multiplication
 (``test_rope_ops.torch_rope``), independent of the glue's pair arithmetic. On an H200 the
 real kernels run (``gpu``; skipped until the kernels are accepted).
@@ -168,6 +169,44 @@ def test_bwd_op_is_the_vjp_float64_cpu(monkeypatch):
         torch.testing.assert_close(x.double(), z, rtol=1e-5, atol=1e-5, msg=lambda s, name=name: f"{name}: {s}")
         torch.testing.assert_close(y.double(), z, rtol=1e-9, atol=1e-9, msg=lambda s, name=name: f"glue {name}: {s}")
     assert want[0][:, (HQ + HKV) * HD :].equal(dqkv[:, (HQ + HKV) * HD :])  # value heads pass through
+
+
+def test_interleave_pairs_inverts_the_pair_split_cpu():
+    p = torch.arange(24.0).reshape(2, 12)
+    split = torch.cat((p[:, 0::2], p[:, 1::2]), dim=1)
+    assert torch.equal(_qknorm.interleave_pairs(split), p)
+    assert _qknorm.interleave_pairs(split).is_contiguous()
+
+
+def test_backward_from_the_pair_split_forward_float64_cpu(monkeypatch):
+    """The forward kernel (the spec's reference standing in) returns qkv_pre pair-split; the
+    op's backward interleaves it and equals autograd through the standard computation. Fed
+    the split layout as it is, the backward would be wrong: the check is not vacuous."""
+    use_standins(monkeypatch, standins("reference"))
+    args = inputs("cpu", torch.float64)
+    a, rstd, w_qkv = args[:3]
+    _, qkv_pre, _ = K.gemm_qknorm_rope_op(*args, **CONSTS, eps=EPS)
+    p = (a * rstd[:, None]) @ w_qkv.T
+    n = w_qkv.shape[0]
+    assert torch.equal(qkv_pre[:, : n // 2], p[:, 0::2]) and torch.equal(qkv_pre[:, n // 2 :], p[:, 1::2])
+
+    def grads():
+        xs = [t.detach().clone().requires_grad_() if i in DIFF else t for i, t in enumerate(args)]
+        out = op(True)(*xs)
+        up = torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=out.dtype)
+        return torch.autograd.grad(out, [xs[i] for i in DIFF], up), out, up
+
+    got, out, up = grads()
+    xs = [t.detach().clone().requires_grad_() if i in DIFF else t for i, t in enumerate(args)]
+    want_out = torch_qknorm_rope(*xs, **CONSTS)
+    want = torch.autograd.grad(want_out, [xs[i] for i in DIFF], up)
+    # test_matches_torch_float64_cpu's tolerance: the saved rstd_heads is float32 (the spec's dtype)
+    torch.testing.assert_close(out, want_out.detach(), rtol=1e-6, atol=1e-6)
+    for name, x, y in zip(NAMES[1:], got, want, strict=True):
+        torch.testing.assert_close(x, y, rtol=1e-6, atol=1e-6, msg=lambda s, name=name: f"{name}: {s}")
+    monkeypatch.setattr(_qknorm, "interleave_pairs", lambda split: split)
+    wrong, _, _ = grads()
+    assert not torch.allclose(wrong[0], want[0], rtol=1e-3, atol=1e-3)  # da
 
 
 def test_kernel_ready_and_refusals_cpu(monkeypatch):

@@ -7,8 +7,10 @@ descriptions say; gemm_qknorm_rope's reference is transformers' own Qwen3 attent
 (Qwen3RMSNorm, rotate_half RoPE) after the row permutation apply_coda uses, and agrees with
 an independent float64 computation (complex rotation); the backward's reference is the
 autograd of the forward, equal to the closed form its spec states (with the emitted
-correction) and to finite differences; gemm_fp8_quant's reference and baseline are
-DeepGEMM's per_token_cast_to_fp8 recipe.
+correction) and to finite differences; the forward's qkv_pre is p pair-split (even columns,
+then odd ones: quack's acc_pair mode stores only D full width) and the training op's
+``interleave_pairs`` restores the p the backward reads; gemm_fp8_quant's reference and
+baseline are DeepGEMM's per_token_cast_to_fp8 recipe.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from coda_agent.kernels import interleave_pairs
 from coda_agent.verifier.gpu.inputs import entry_inputs, make_inputs, upcast
 from coda_agent.verifier.spec import load_spec
 
@@ -148,14 +151,33 @@ def test_qknorm_rope_reference_against_independent_float64_math():
     )
     want = torch.cat((rot.flatten(1), p[:, (hq + hkv) * hd :]), dim=1)
     assert torch.allclose(out["qkv"], want, rtol=1e-10, atol=1e-10)
-    assert torch.allclose(out["qkv_pre"], p, rtol=1e-12, atol=1e-12)
+    assert torch.allclose(out["qkv_pre"], torch.cat((p[:, 0::2], p[:, 1::2]), dim=1), rtol=1e-12, atol=1e-12)
     assert torch.allclose(out["rstd_heads"].double(), r, rtol=1e-6)
-    # value heads pass through; the query/key heads have rms ~ their weights' after the norm
-    assert torch.equal(out["qkv"][:, (hq + hkv) * hd :], out["qkv_pre"][:, (hq + hkv) * hd :])
+    # value heads pass through
+    assert torch.equal(out["qkv"][:, (hq + hkv) * hd :], interleave_pairs(out["qkv_pre"])[:, (hq + hkv) * hd :])
     # bf16: the reference's own rounding stays at bf16 level
     low = ref.reference(**inputs, **consts)
     rel = (low["qkv"].double() - out["qkv"]).abs().max() / out["qkv"].abs().max()
     assert 0 < rel < 2e-2
+
+
+def test_qknorm_rope_qkv_pre_is_pair_split():
+    """qkv_pre holds p's even columns in [0, N/2) and its odd columns in [N/2, N), over the
+    whole projection width (two half-width acc_pair outputs into one buffer); the baseline
+    stores the same layout, and interleave_pairs of it is p, the backward's input."""
+    loaded, ref = _load("gemm_qknorm_rope")
+    dims, inputs, consts = _case(loaded, 0)
+    x = _f64(inputs)
+    n = (dims["HQ"] + 2 * dims["HKV"]) * dims["HD"]
+    p = (x["a"] * x["rstd"][:, None]) @ x["w_qkv"].T
+    for fn in (ref.reference, ref.baseline):
+        pre = fn(**x, **consts)["qkv_pre"]
+        assert pre.shape == (dims["M"], n), fn.__name__
+        assert torch.allclose(pre[:, : n // 2], p[:, 0::2], rtol=1e-12, atol=1e-12), fn.__name__
+        assert torch.allclose(pre[:, n // 2 :], p[:, 1::2], rtol=1e-12, atol=1e-12), fn.__name__
+        assert torch.allclose(interleave_pairs(pre), p, rtol=1e-12, atol=1e-12), fn.__name__
+    # the layouts differ (the check above is not vacuous)
+    assert (ref.reference(**x, **consts)["qkv_pre"] - p).abs().max() > 0.1
 
 
 def test_qknorm_rope_baseline_agrees_with_the_reference():

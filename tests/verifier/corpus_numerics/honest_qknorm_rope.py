@@ -26,4 +26,5 @@ def gemm_qknorm_rope(a, rstd, w_qkv, positions, inv_freq, q_norm_w, k_norm_w, *,
     u, v = z[..., 0], z[..., 1]
     rot = torch.stack((u * cos - v * sin, u * sin + v * cos), dim=-1).flatten(1)
     qkv = torch.cat((rot, p[:, nqk * hd :]), dim=1)
-    return qkv.bfloat16(), p.bfloat16(), r
+    qkv_pre = torch.cat((p[:, 0::2], p[:, 1::2]), dim=1)  # pair-split, as the spec stores p
+    return qkv.bfloat16(), qkv_pre.bfloat16(), r
