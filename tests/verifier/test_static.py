@@ -661,6 +661,17 @@ def test_allowed_torch_lifts_the_ban():
     assert "torch-math" in kinds(src)  # the stock spec allows neither
 
 
+@pytest.mark.parametrize("method", ["repeat", "repeat_interleave", "tile"])
+def test_allowed_torch_lifts_the_ban_on_copying_methods_too(method):
+    """A spec that lists ``repeat`` lets host code call ``t.repeat(...)``; without it the
+    call is torch-math (a copy made outside the fused kernel), not an unknown attribute."""
+    entry = BWD.entry.model_copy(update={"allowed_torch": [method]})
+    spec = BWD.model_copy(update={"entry": entry})
+    src = module(body=f"r = dout.{method}(2)")
+    assert check_static(spec, src).status == "pass"
+    assert kinds(src) == ["torch-math"]
+
+
 # --------------------------------------------------------------------------- attribute writes / state
 
 

@@ -254,6 +254,10 @@ TORCH_RUNTIME = frozenset(
 
 VALUE_MATH_METHODS = frozenset(
     {
+        # copies that materialize data (allowed where a spec lists them in allowed_torch)
+        "repeat",
+        "repeat_interleave",
+        "tile",
         "matmul",
         "mm",
         "bmm",
