@@ -264,8 +264,9 @@ def tile_widths(name: str) -> set[int]:
     entry(name)
     module, lookup = _BOUND[name][0], _BOUND[name][4]
     tile = getattr(getattr(module, "CFG", None), "tile_n", None)
-    widths = {tile} if isinstance(tile, int) and tile > 0 else set()
-    return widths | (lookup.tile_widths() if lookup else set()) if widths else set()
+    if not (isinstance(tile, int) and tile > 0):
+        return set()
+    return {tile} | (lookup.tile_widths() if lookup else set())
 
 
 def launchers(name: str) -> dict:

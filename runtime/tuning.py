@@ -179,14 +179,16 @@ class Lookup:
             if e.kernel == kernel and e.kernel_sha256 == kernel_sha256
         }
         self._gpu_name = gpu_name or _cuda_name
+        # Rationale: read on every residual_rmsnorm call (_rmsnorm._infinite_rows_rstd)
+        self._tile_widths = frozenset(int(e.config["tile_n"]) for e in self._entries.values() if "tile_n" in e.config)
         self._configs: dict[tuple[str, str, str], Any] = {}
 
     def __bool__(self) -> bool:
         return bool(self._entries)
 
-    def tile_widths(self) -> set[int]:
+    def tile_widths(self) -> frozenset[int]:
         """Every ``tile_n`` a tuned config of this kernel (any GPU, epilogue, bucket) uses."""
-        return {int(e.config["tile_n"]) for e in self._entries.values() if "tile_n" in e.config}
+        return self._tile_widths
 
     def entry(self, epilogue: str, m: int, n: int, k: int, device) -> Entry | None:
         if not self._entries:
