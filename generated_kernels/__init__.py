@@ -13,7 +13,8 @@ autograd-capable, ``torch.compile``-compatible ops:
   ``register_autograd``: its backward runs the fused backward kernel
   where the catalogue has one, plain torch otherwise. The exception is ``rmsnorm_linear``:
   torch code (rstd, ``h * gamma``, which torch.compile traces and fuses) around the
-  ``deferred_rmsnorm_linear`` custom op.
+  ``deferred_rmsnorm_linear`` custom op; and ``linear_fp8_quant``, not differentiable:
+  argument checks around the ``gemm_fp8_quant`` custom op.
 
 The kernel wrappers (``<kernel>_op``) check device, architecture, contiguity and 16-byte
 base pointers of what they pass on; the training ops and ``rope_bwd_op`` / ``rms_bwd_op`` /
@@ -28,7 +29,7 @@ name in this package may equal a kernel folder's name: the kernel wrappers are `
 
 Layout: ``_registry.py`` (``load``, ``accepted``, the argument checks, ``run_kernel``),
 ``_swiglu.py``, ``_rmsnorm.py``, ``_rope.py``, ``_qknorm.py``, ``_cross_entropy.py``,
-``_chain.py`` (the chained layer). The family modules look
+``_fp8.py``, ``_chain.py`` (the chained layer). The family modules look
 ``load``, ``_check_device`` and ``_check_layout`` up through this package at call time, so
 ``monkeypatch.setattr(coda_agent.kernels, "load", ...)`` reaches every op (the CPU tests run
 the specs' PyTorch baselines as stand-ins for the kernels that way).
@@ -114,6 +115,17 @@ LM head + cross-entropy -- ``linear_cross_entropy(h, w_vocab, target)`` [6 + 9]
     materialized. Forward: ``gemm_cross_entropy`` (saves lse). Backward:
     ``cross_entropy_bwd`` (logits recomputed, softmax from lse, dh and dw_vocab GEMMs).
 
+FP8 quantized projection -- ``linear_fp8_quant(x, w, *, eps=1e-4) -> (y_fp8, y_scale)`` (``_fp8``)
+    ``y = x @ w^T`` in fp32 (never stored), quantized 1x128 blockwise for the next FP8 GEMM
+    (DeepSeek-V3's activation recipe, DeepGEMM's per_token_cast_to_fp8): per row m and
+    block b of 128 columns ``y_scale[m, b] = max(max |y[m, block b]|, eps) / 448`` (fp32,
+    (M, N/128)) and ``y_fp8 = e4m3(y / y_scale)`` (float8_e4m3fn (M, N), round to nearest
+    even, saturating at +-448). N a multiple of 128. Forward: ``gemm_fp8_quant`` (verified
+    with eps = 1e-4). Not differentiable: with grad enabled, an input that requires grad is
+    a ValueError; the FP8 consumer's recipe computes this projection's backward in bf16 from
+    x, w and its own gradient. ``linear_fp8_quant_torch(x, w, eps)``: the same math in
+    PyTorch; ``dequantize_blockwise(y_fp8, y_scale)``: the fp32 values ``y_fp8 * y_scale``.
+
 Chained layer -- ``chained_layer``, ``chain_start``, ``chained_qkv_rope``, ``chained_out_proj``,
 ``chained_mlp`` [2 + 3 + 5 + 7 + 8] (``_chain``; CODA paper section 3)
     A decoder layer whose backward runs no RMSNorm backward and no rstd pass of its own:
@@ -161,6 +173,7 @@ from ._chain import (
     chained_qkv_rope,
 )
 from ._cross_entropy import cross_entropy_bwd_op, gemm_cross_entropy_op, linear_cross_entropy
+from ._fp8 import dequantize_blockwise, gemm_fp8_quant_op, linear_fp8_quant, linear_fp8_quant_torch
 from ._qknorm import (
     deferred_rmsnorm_qknorm_rope,
     gemm_qknorm_rope_bwd_op,
@@ -199,7 +212,9 @@ __all__ = [
     "deferred_rmsnorm_qkv_rope",
     "deferred_rmsnorm_swiglu",
     "deferred_rmsnorm_swiglu_mlp",
+    "dequantize_blockwise",
     "gemm_cross_entropy_op",
+    "gemm_fp8_quant_op",
     "gemm_qknorm_rope_bwd_op",
     "gemm_qknorm_rope_op",
     "gemm_residual_partial_rms_op",
@@ -209,6 +224,8 @@ __all__ = [
     "gemm_rope_op",
     "interleave_pairs",
     "linear_cross_entropy",
+    "linear_fp8_quant",
+    "linear_fp8_quant_torch",
     "load",
     "qknorm_kernel_ready",
     "qkv_rope",
