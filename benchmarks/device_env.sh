@@ -6,7 +6,7 @@
 REPO=$(pwd)
 SHIM=/tmp/coda-shim
 rm -rf "$SHIM"; mkdir -p "$SHIM/coda_agent"
-for f in __init__.py __main__.py cli.py agent verifier runtime; do ln -s "$REPO/$f" "$SHIM/coda_agent/$f"; done
+for f in __init__.py __main__.py cli.py commands agent verifier runtime; do ln -s "$REPO/$f" "$SHIM/coda_agent/$f"; done
 ln -s "$REPO/generated_kernels" "$SHIM/coda_agent/kernels"
 export PYTHONPATH="$SHIM${PYTHONPATH:+:$PYTHONPATH}"
 # Liger Kernel (the optional `liger` benchmark baseline): the wheel travels in the

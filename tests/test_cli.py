@@ -78,13 +78,13 @@ def test_usage_errors_exit_2(ws, capsys, monkeypatch):
     assert main(["generate", "swiglu_bwd", "--llm", "command"]) == 2
     assert "--cmd" in capsys.readouterr().err
     # already accepted: refused up front on a GPU machine instead of spending LLM calls
-    import coda_agent.cli as cli
+    from coda_agent.commands import common
 
-    monkeypatch.setattr(cli, "_has_gpu", lambda: True)
+    monkeypatch.setattr(common, "has_gpu", lambda: True)
     assert main(["generate", "swiglu_bwd", "--llm", "manual"]) == 2
     assert "already accepted" in capsys.readouterr().err
     # --accept on a machine that cannot verify is refused before anything runs
-    monkeypatch.setattr(cli, "_has_gpu", lambda: False)
+    monkeypatch.setattr(common, "has_gpu", lambda: False)
     good = ws / "generated_kernels" / "swiglu_fwd" / "kernel.py"
     assert main(["verify", "swiglu_fwd", str(good), "--accept"]) == 2
     assert "nothing would be accepted, so nothing was run" in capsys.readouterr().err
@@ -134,9 +134,9 @@ def test_generate_manual_writes_prompt_and_waits(ws, capsys, monkeypatch):
     # a folder named like the spec in the current folder does not shadow the spec
     assert main(["prompt", "swiglu_fwd", "--out", str(ws / "p.md")]) == 0
     # without a GPU nothing can be accepted, so an accepted spec needs no --force/--no-accept
-    import coda_agent.cli as cli
+    from coda_agent.commands import common
 
-    monkeypatch.setattr(cli, "_has_gpu", lambda: False)
+    monkeypatch.setattr(common, "has_gpu", lambda: False)
     assert main(["generate", "--llm", "manual", "swiglu_fwd"]) == 0
 
 
@@ -262,13 +262,13 @@ def test_a_resumed_run_on_an_accepted_spec_is_refused_before_the_gpu_stages(ws, 
     front on resume (not resumed on the GPU, verified and benchmarked, and only then refused
     at accept) unless the run (or the resume) says --force or --no-accept; a resumed --llm
     command run is told to give its command again."""
-    import coda_agent.cli as cli
+    from coda_agent.commands import common
 
-    monkeypatch.setattr(cli, "_has_gpu", lambda: False)
+    monkeypatch.setattr(common, "has_gpu", lambda: False)
     assert main(["generate", "--llm", "manual", "swiglu_fwd"]) == 0
     run = next((ws / "runs").iterdir()).name
     capsys.readouterr()
-    monkeypatch.setattr(cli, "_has_gpu", lambda: True)
+    monkeypatch.setattr(common, "has_gpu", lambda: True)
     assert main(["generate", "swiglu_fwd", "--resume", run]) == 2
     assert "already accepted" in capsys.readouterr().err
     assert main(["generate", "swiglu_fwd", "--resume", run, "--llm", "command"]) == 2
@@ -280,14 +280,14 @@ def test_force_is_never_read_from_the_run_folder(ws, capsys, monkeypatch):
     "force": true must not replace an accepted kernel on a resume without --force."""
     import json
 
-    import coda_agent.cli as cli
+    from coda_agent.commands import common
 
-    monkeypatch.setattr(cli, "_has_gpu", lambda: False)
+    monkeypatch.setattr(common, "has_gpu", lambda: False)
     assert main(["generate", "--llm", "manual", "swiglu_fwd", "--force"]) == 0
     run = next((ws / "runs").iterdir())
     assert json.loads((run / "run.json").read_text())["force"] is True
     assert f"--resume {run.name} --force" in capsys.readouterr().out  # the hint says it again
-    monkeypatch.setattr(cli, "_has_gpu", lambda: True)
+    monkeypatch.setattr(common, "has_gpu", lambda: True)
     assert main(["generate", "swiglu_fwd", "--resume", run.name]) == 2
     err = capsys.readouterr().err
     assert "already accepted" in err and "never read from the run folder" in err
@@ -298,9 +298,9 @@ def test_a_spec_outside_the_library_cannot_start_an_accepting_run(ws, tmp_path, 
     verification when the run would accept; --no-accept runs may use it."""
     import shutil
 
-    import coda_agent.cli as cli
+    from coda_agent.commands import common
 
-    monkeypatch.setattr(cli, "_has_gpu", lambda: True)
+    monkeypatch.setattr(common, "has_gpu", lambda: True)
     copy = tmp_path / "elsewhere" / "swiglu_fwd"
     shutil.copytree(ws / "kernel_specs" / "swiglu_fwd", copy)
     assert main(["generate", "--llm", "manual", str(copy), "--force"]) == 2

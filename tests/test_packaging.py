@@ -48,6 +48,8 @@ def test_wheel_layout_and_plain_install(tmp_path):
     assert tops == {"coda_agent"}, tops
     for must in (
         "coda_agent/cli.py",
+        "coda_agent/commands/__init__.py",
+        "coda_agent/commands/verify.py",
         "coda_agent/agent/__init__.py",
         "coda_agent/verifier/spec/__init__.py",
         "coda_agent/kernels/__init__.py",

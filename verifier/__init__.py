@@ -51,8 +51,8 @@ Trust boundaries
 
 Rules that hold everywhere (each has a test that shows why):
 
-* Imports point down: ``cli -> agent -> verifier``; inside the verifier, ``stages``
-  and ``library`` read ``gpu``'s records, ``gpu`` never imports ``stages``.
+* Imports point down: ``cli -> commands -> agent -> verifier``; inside the verifier,
+  ``stages`` and ``library`` read ``gpu``'s records, ``gpu`` never imports ``stages``.
 * Workers are started by module path (``python -m coda_agent.verifier.gpu.worker_*``):
   moving a worker means updating ``pipeline.CAND_WORKER``/``REF_WORKER``.
 * Where to start reading: the README's "Dive into the code" list (``pipeline.verify``,

@@ -2,9 +2,9 @@
 
 Every stage is a pure function ``(inputs) -> StageResult``; the pipeline stops at the
 first stage that does not pass. The same objects are rendered three ways: a rich table
-(cli.py), the feedback text of the repair prompt (verifier/feedback.py) and JSON on disk
-(``verdict.json`` in a run directory, ``manifest.json`` of an accepted kernel), always
-with sorted keys so diffs stay reviewable.
+(the CLI's commands/), the feedback text of the repair prompt (verifier/feedback.py) and
+JSON on disk (``verdict.json`` in a run directory, ``manifest.json`` of an accepted
+kernel), always with sorted keys so diffs stay reviewable.
 """
 
 from __future__ import annotations

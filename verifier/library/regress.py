@@ -27,7 +27,7 @@ first failure of that kernel:
    while the fused kernel did not get slower. Their ratio changes are reported in the
    row (``info``), never a failure.
 
-The report is data (:class:`RegressReport`); cli.py renders it and ``--json`` saves it.
+The report is data (:class:`RegressReport`); ``commands/bench.py`` renders it and ``--json`` saves it.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """``coda-agent tune`` and ``coda-agent build``: the functions behind the two commands.
 
-``cli.py`` registers the parsers (:func:`add_parsers`) and prints; these functions return
-rows and raise ``ValueError`` for bad input (the CLI turns it into exit code 2).
+``cli.py`` registers the parsers (:func:`add_parsers`) and ``commands/tune.py`` prints;
+these functions return rows and raise ``ValueError`` for bad input (the CLI turns it into
+exit code 2).
 
 * ``tune [KERNEL...] [--shape NAME]... [--space quick|full] [-j N]`` (GPU): per kernel,
   :func:`coda_agent.verifier.tune.tune.tune_kernel`; the table is merged into
