@@ -9,8 +9,10 @@ import os
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+import torch
 
 from coda_agent.verifier.gpu.memory_budget import ALONE_SHARE, PROCESS_OVERHEAD
 from coda_agent.verifier.pipeline import CpuStages
@@ -287,3 +289,22 @@ def test_verifier_errors_are_retried_then_reported_as_errors():
 def test_rejection_is_never_retried():
     v, runs = _schedule(WRONG, bench=False)
     assert runs == [(False, False)] and v.outcome == "rejected"
+
+
+def test_a_budget_applies_to_a_device_named_without_an_index(monkeypatch):
+    """A worker's plan names its device "cuda"; torch's set_per_process_memory_fraction
+    refuses a torch.device without an index, so apply() resolves it to the current one."""
+    from torch.cuda._utils import _get_device_index
+
+    from coda_agent.verifier.gpu import memory_budget
+
+    calls = []
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    monkeypatch.setattr(memory_budget, "_properties", lambda d: SimpleNamespace(total_memory=80 * GIB))
+    # torch's own argument check (raises ValueError for a bare "cuda"), then record
+    monkeypatch.setattr(memory_budget, "_set_fraction", lambda f, d: calls.append((f, _get_device_index(d))))
+    assert memory_budget.apply(torch.device("cuda"), 20 * GIB) == 20 * GIB
+    assert memory_budget.apply(torch.device("cuda", 1), None) == int(80 * GIB * ALONE_SHARE)
+    assert calls == [(0.25, 3), (int(80 * GIB * ALONE_SHARE) / (80 * GIB), 1)]
+    with pytest.raises(ValueError, match="without an index|specified index"):
+        _get_device_index(torch.device("cuda"))  # the refusal apply() must not reach

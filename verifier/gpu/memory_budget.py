@@ -34,11 +34,14 @@ _properties = torch.cuda.get_device_properties
 def apply(device: torch.device, budget: int | None) -> int:
     """Cap this process's caching allocator on ``device`` at ``budget`` bytes (None:
     :data:`ALONE_SHARE` of the device; a budget over the device's memory is cut to it).
-    Returns the budget applied, in bytes. CUDA devices only; raises ``ValueError`` for a
-    budget <= 0."""
-    total = int(_properties(device).total_memory)
+    Returns the budget applied, in bytes. CUDA devices only (``cuda`` without an index is
+    the current device: the worker's plan names its device that way); raises ``ValueError``
+    for a budget <= 0."""
+    # Rationale: set_per_process_memory_fraction refuses a torch.device without an index.
+    index = torch.cuda.current_device() if device.index is None else device.index
+    total = int(_properties(index).total_memory)
     if budget is not None and budget <= 0:
         raise ValueError(f"memory budget must be > 0 bytes, got {budget}")
     applied = int(total * ALONE_SHARE) if budget is None else min(int(budget), total)
-    _set_fraction(applied / total, device)
+    _set_fraction(applied / total, index)
     return applied
