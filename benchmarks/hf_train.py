@@ -705,12 +705,15 @@ def versions() -> dict:
         "utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     try:
-        out["commit"] = (
-            subprocess.run(
-                ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
-            ).stdout.strip()
-            or "unknown"
-        )
+
+        def git(*a: str) -> subprocess.CompletedProcess:
+            return subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True)
+
+        sha = git("rev-parse", "--short", "HEAD").stdout.strip() or "unknown"
+        # Rationale: a device machine gets a copy of the working tree whose .git may be older
+        # than the tree; "+dirty" says the code run is not the commit named.
+        dirty = git("status", "--porcelain", "--untracked-files=no").stdout.strip()
+        out["commit"] = sha + ("+dirty" if dirty and sha != "unknown" else "")
     except OSError:
         out["commit"] = "unknown"
     return out
