@@ -299,7 +299,7 @@ def test_a_budget_applies_to_a_device_named_without_an_index(monkeypatch):
     from coda_agent.verifier.gpu import memory_budget
 
     calls = []
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    monkeypatch.setattr(memory_budget, "_current_device", lambda: 3)
     monkeypatch.setattr(memory_budget, "_properties", lambda d: SimpleNamespace(total_memory=80 * GIB))
     # torch's own argument check (raises ValueError for a bare "cuda"), then record
     monkeypatch.setattr(memory_budget, "_set_fraction", lambda f, d: calls.append((f, _get_device_index(d))))

@@ -29,6 +29,7 @@ CUDA context with cuBLAS and quack's GEMM modules loaded is 0.6-1.0 GiB on an H1
 # bound when the worker imports this module, before any candidate code runs
 _set_fraction = torch.cuda.set_per_process_memory_fraction
 _properties = torch.cuda.get_device_properties
+_current_device = torch.cuda.current_device
 
 
 def apply(device: torch.device, budget: int | None) -> int:
@@ -38,7 +39,7 @@ def apply(device: torch.device, budget: int | None) -> int:
     the current device: the worker's plan names its device that way); raises ``ValueError``
     for a budget <= 0."""
     # Rationale: set_per_process_memory_fraction refuses a torch.device without an index.
-    index = torch.cuda.current_device() if device.index is None else device.index
+    index = _current_device() if device.index is None else device.index
     total = int(_properties(index).total_memory)
     if budget is not None and budget <= 0:
         raise ValueError(f"memory budget must be > 0 bytes, got {budget}")
