@@ -4,7 +4,7 @@ path and dequantize_blockwise.
 On the CPU the spec's ``reference`` stands in for the kernel: y = x @ w^T in fp32 (the
 inputs upcast, as the verifier's ref32) and its scales, the codes rounded from y / scale
 by the verifier's fp64 round-to-nearest-even (``numerics_fp8.round_fp8``, independent of
-torch's float8 cast). The layout checks stay on. On an H200 the real kernel runs (``gpu``;
+torch's float8 cast). The layout checks stay on. On a Hopper GPU the real kernel runs (``gpu``;
 skipped until it is accepted).
 """
 
@@ -15,7 +15,7 @@ import torch
 from glue_helpers import reference_module, use_standins
 
 import coda_agent.kernels as K
-from coda_agent.verifier.stages.numerics_fp8 import BAND_FACTOR, round_fp8
+from coda_agent.verifier.stages.numerics_fp8 import BAND_FACTOR, FORMATS, fp8_spacing, round_fp8
 
 BF16, E4M3 = torch.bfloat16, torch.float8_e4m3fn
 BLOCK, EPS = 128, 1e-4
@@ -51,10 +51,8 @@ def y32(x, w):
 
 
 def half_step(v: torch.Tensor) -> torch.Tensor:
-    """Half the float8_e4m3fn grid spacing at magnitudes |v| (fp64): 3 mantissa bits, so the
-    spacing in the binade [2^e, 2^(e+1)) is 2^(e-3), and 2^-9 (the subnormals') below 2^-6."""
-    _, e = torch.frexp(v.double().abs())
-    return torch.ldexp(torch.ones_like(v, dtype=torch.float64), (e - 1).clamp_min(-6) - 3) / 2
+    """Half the float8_e4m3fn grid spacing at magnitudes |v| (fp64), the verifier's grid."""
+    return fp8_spacing(v.double().abs(), FORMATS["float8_e4m3fn"]) / 2
 
 
 def per_element(scale: torch.Tensor) -> torch.Tensor:
