@@ -37,6 +37,18 @@ def _refuse_ignored(what: str, *flags: tuple[str, object]) -> None:
         raise UsageError(f"{what}, so {', '.join(ignored)} would be ignored")
 
 
+def _wrote(report, *, note_stale_plot: bool) -> str:
+    """The line naming the results page and its plot, or why there is no plot (with
+    ``note_stale_plot``: that a .png beside the page is from an earlier rendering)."""
+    if report.plot_path:
+        return f"wrote {report.markdown_path} and {report.plot_path}"
+    stale = report.markdown_path.with_suffix(".png")
+    why = " (no plot: matplotlib is not installed; pip install -e '.[bench]'"
+    if note_stale_plot and stale.exists():
+        why += f"; {stale.name} beside the page is from an earlier rendering"
+    return f"wrote {report.markdown_path}{why})"
+
+
 def cmd_bench(args) -> int:
     """Benchmark accepted kernels (GPU) and write benchmarks/results/<date>-<gpu>.md (+ PNG)."""
     from ..verifier.library.bench import bench_kernels
@@ -91,18 +103,7 @@ def cmd_bench(args) -> int:
                     else " (no *.json verdict files in it)"
                 )
             )
-        stale = report.markdown_path.with_suffix(".png")
-        console.print(
-            escape(
-                f"wrote {report.markdown_path}"
-                + (
-                    f" and {report.plot_path}"
-                    if report.plot_path
-                    else " (no plot: matplotlib is not installed; pip install -e '.[bench]'"
-                    + (f"; {stale.name} beside the page is from an earlier rendering)" if stale.exists() else ")")
-                )
-            )
-        )
+        console.print(escape(_wrote(report, note_stale_plot=True)))
         return OK
     if not args.all and not args.spec:
         raise UsageError("bench needs SPEC ... or --all")
@@ -148,16 +149,7 @@ def cmd_bench(args) -> int:
     for line in report.notes:
         console.print(escape(f"kept verdicts: {line}"))
     if report.markdown_path:
-        console.print(
-            escape(
-                f"wrote {report.markdown_path}"
-                + (
-                    f" and {report.plot_path}"
-                    if report.plot_path
-                    else " (no plot: matplotlib is not installed; pip install -e '.[bench]')"
-                )
-            )
-        )
+        console.print(escape(_wrote(report, note_stale_plot=False)))
     else:
         console.print("[yellow]nothing measured (benchmarks need a Hopper GPU); no results written[/]")
     return OK if report.ok else FAILED

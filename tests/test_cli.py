@@ -742,3 +742,22 @@ def test_generate_exits_2_when_the_llm_command_fails(ws, capsys):
         out = capsys.readouterr()
         assert rc == 2, (cmd, out)
         assert "--llm command" in out.out + out.err
+
+
+def test_bench_names_the_page_its_plot_or_why_there_is_none(tmp_path):
+    from types import SimpleNamespace
+
+    from coda_agent.commands.bench import _wrote
+
+    page = tmp_path / "page.md"
+    plotted = SimpleNamespace(markdown_path=page, plot_path=tmp_path / "page.png")
+    assert _wrote(plotted, note_stale_plot=True) == f"wrote {page} and {tmp_path / 'page.png'}"
+    bare = SimpleNamespace(markdown_path=page, plot_path=None)
+    why = " (no plot: matplotlib is not installed; pip install -e '.[bench]')"
+    assert _wrote(bare, note_stale_plot=True) == f"wrote {page}{why}"
+    (tmp_path / "page.png").write_bytes(b"")  # a plot left from an earlier rendering
+    assert _wrote(bare, note_stale_plot=True) == (
+        f"wrote {page} (no plot: matplotlib is not installed; pip install -e '.[bench]'; "
+        "page.png beside the page is from an earlier rendering)"
+    )
+    assert _wrote(bare, note_stale_plot=False) == f"wrote {page}{why}"
